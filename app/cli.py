@@ -1,0 +1,52 @@
+"""The ``omniduplex`` command line (typer)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+
+cli = typer.Typer(help="omniduplex: full-duplex voice assistant on a streaming speech-model pipeline.",
+                  no_args_is_help=True, add_completion=False)
+
+
+@cli.callback()
+def _root() -> None:
+    """omniduplex: full-duplex voice assistant on a streaming speech-model pipeline."""
+
+
+@cli.command()
+def version() -> None:
+    """Print the installed version."""
+    from importlib.metadata import version as _v
+
+    typer.echo(_v("omniduplex"))
+
+
+@cli.command("init-model")
+def init_model(
+    out: Path = typer.Option(..., "--out", help="Directory to write the checkpoint into."),
+    preset: str = typer.Option("tiny", help="tiny (tests, default run) or small (~80M, CPU benchmarks)."),
+    seed: int = typer.Option(0, help="Weight seed; the same seed gives byte-identical files."),
+    text_only: bool = typer.Option(False, "--text-only",
+                                   help="Write a Qwen3MoeForCausalLM text checkpoint (the Thinker decoder)."),
+) -> None:
+    """Write a deterministic random-weight checkpoint in the published Qwen3-Omni layout."""
+    from omniduplex.models.presets import write_checkpoint
+    from omniduplex.models.registry import load_model
+
+    t0 = time.perf_counter()
+    write_checkpoint(out, preset, seed, text_only)
+    written = time.perf_counter() - t0
+    loaded = load_model(out)
+    counts = loaded.num_parameters()
+    typer.echo(json.dumps({"out": str(out), "preset": preset, "architecture": loaded.architecture,
+                           "parameters": counts, "total_parameters": sum(counts.values()),
+                           "write_seconds": round(written, 3), "load_seconds": round(loaded.load_seconds, 3)}))
+
+
+def main() -> None:
+    """Entry point of the ``omniduplex`` console script."""
+    cli()

@@ -1,0 +1,180 @@
+"""Reading Hugging Face checkpoints: ``config.json`` + ``*.safetensors`` (single file or sharded index).
+
+Errors name the file or tensor at fault. Tensors are read lazily through ``safetensors.safe_open``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message names the offending file or tensor."""
+
+
+def read_config(model_dir: str | Path) -> dict:
+    """Parse ``model_dir/config.json``.
+
+    Raises:
+        CheckpointError: the directory or file is missing, or the JSON does not parse.
+    """
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"no config.json in {model_dir}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: invalid JSON ({e})") from e
+
+
+def weight_files(model_dir: str | Path) -> dict[str, Path]:
+    """Map every tensor name to the safetensors file holding it.
+
+    Raises:
+        CheckpointError: no weights, a shard listed in the index is missing, or a file is unreadable
+            (truncated or corrupt).
+    """
+    d = Path(model_dir)
+    index = d / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{index}: not a safetensors index ({e})") from e
+        files = {name: d / fname for name, fname in weight_map.items()}
+        for f in sorted(set(files.values())):
+            if not f.is_file():
+                raise CheckpointError(f"shard {f.name} listed in {INDEX_FILE} is missing from {d}")
+        _check_headers(set(files.values()))
+        return files
+    single = sorted(d.glob("*.safetensors"))
+    if not single:
+        raise CheckpointError(f"no *.safetensors weights in {d}")
+    _check_headers(set(single))
+    files = {}
+    for f in single:
+        with _open(f) as st:
+            files.update({name: f for name in st.keys()})
+    return files
+
+
+def _open(path: Path):
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as e:  # safetensors raises its own SafetensorError types
+        raise CheckpointError(f"{path.name}: unreadable safetensors file ({e})") from e
+
+
+def _check_headers(paths: set[Path]) -> None:
+    """Reject truncated files: the header's largest data offset must fit in the file."""
+    for p in sorted(paths):
+        raw = p.read_bytes()[:8]
+        if len(raw) < 8:
+            raise CheckpointError(f"{p.name}: truncated safetensors file (no header)")
+        n = int.from_bytes(raw, "little")
+        size = p.stat().st_size
+        if 8 + n > size:
+            raise CheckpointError(f"{p.name}: truncated safetensors file (header claims {n} bytes, file {size})")
+        with p.open("rb") as fh:
+            fh.seek(8)
+            try:
+                header = json.loads(fh.read(n))
+            except json.JSONDecodeError as e:
+                raise CheckpointError(f"{p.name}: corrupt safetensors header ({e})") from e
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        if 8 + n + end > size:
+            raise CheckpointError(f"{p.name}: truncated safetensors file: data needs {8 + n + end} bytes, "
+                                  f"file has {size}")
+
+
+def iter_tensors(files: dict[str, Path], names: list[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` for ``names`` (default: all), opening each file once."""
+    by_file: dict[Path, list[str]] = {}
+    for name in names if names is not None else files:
+        by_file.setdefault(files[name], []).append(name)
+    for f, fnames in by_file.items():
+        with _open(f) as st:
+            for name in fnames:
+                yield name, st.get_tensor(name)
+
+
+_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def fuse_expert_names(names: list[str]) -> dict[str, list[str]]:
+    """Group published per-expert names into our fused parameters.
+
+    ``...mlp.experts.{e}.gate_proj.weight`` + ``up_proj`` → ``...mlp.experts.gate_up_proj`` ``[E, 2I, H]``
+    (gate rows first); ``...down_proj.weight`` → ``...mlp.experts.down_proj`` ``[E, H, I]``. Returns
+    ``{fused name: [source names in stacking order]}``; gate_up lists all gates then all ups.
+    """
+    groups: dict[tuple[str, str], dict[int, str]] = {}
+    for n in names:
+        m = _EXPERT.match(n)
+        if m:
+            groups.setdefault((m.group(1), m.group(3)), {})[int(m.group(2))] = n
+    fused: dict[str, list[str]] = {}
+    for (prefix, kind), by_e in groups.items():
+        ordered = [by_e[e] for e in sorted(by_e)]
+        if kind == "down_proj":
+            fused[f"{prefix}.down_proj"] = ordered
+        else:
+            fused.setdefault(f"{prefix}.gate_up_proj", [])
+            fused[f"{prefix}.gate_up_proj"] = (ordered + fused[f"{prefix}.gate_up_proj"] if kind == "gate_proj"
+                                               else fused[f"{prefix}.gate_up_proj"] + ordered)
+    return fused
+
+
+def load_state_dict_into(module: torch.nn.Module, files: dict[str, Path], prefix: str = "",
+                         ignore: tuple[str, ...] = (), dtype: torch.dtype | None = None) -> None:
+    """Copy checkpoint tensors ``prefix + name`` into ``module``'s parameters, strictly.
+
+    Per-expert MoE tensors are fused (see :func:`fuse_expert_names`). Tensor names starting with one of
+    ``ignore`` (e.g. ``thinker.visual.``) are skipped.
+
+    Raises:
+        CheckpointError: a tensor is missing, has the wrong shape, or the checkpoint holds a tensor under
+            ``prefix`` that the config does not account for (config contradicts weights).
+    """
+    ours = module.state_dict()
+    tied = {n for n, p in module.named_parameters(remove_duplicate=False)} - {n for n, _ in module.named_parameters()}
+    avail = [n[len(prefix):] for n in files if n.startswith(prefix) and not n.startswith(ignore)]
+    fused = fuse_expert_names(avail)
+    consumed = {s for srcs in fused.values() for s in srcs}
+    plain = set(avail) - consumed
+    unexpected = sorted((plain - set(ours)) | {f for f in fused if f not in ours})
+    if unexpected:
+        raise CheckpointError(f"checkpoint tensor '{prefix}{unexpected[0]}' is not part of the model the config "
+                              f"describes ({len(unexpected)} such tensors) — config and weights disagree")
+    for name, param in ours.items():
+        if name in tied and name not in plain:
+            continue
+        if name in plain:
+            (_, t), = iter_tensors(files, [prefix + name])
+        elif name in fused:
+            srcs = fused[name]
+            parts = dict(iter_tensors(files, [prefix + s for s in srcs]))
+            t = _stack_experts(name, [parts[prefix + s] for s in srcs])
+        else:
+            raise CheckpointError(f"missing tensor '{prefix}{name}' (expected shape {list(param.shape)})")
+        if tuple(t.shape) != tuple(param.shape):
+            raise CheckpointError(f"tensor '{prefix}{name}' in {files.get(prefix + name, 'checkpoint')} has shape "
+                                  f"{list(t.shape)}, the config implies {list(param.shape)}")
+        with torch.no_grad():
+            param.copy_(t.to(dtype or param.dtype))
+
+
+def _stack_experts(name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+    if name.endswith("down_proj"):
+        return torch.stack(tensors)
+    half = len(tensors) // 2
+    return torch.cat((torch.stack(tensors[:half]), torch.stack(tensors[half:])), dim=1)

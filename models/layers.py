@@ -1,0 +1,216 @@
+"""Building blocks of the Qwen3-family decoders, written for a flat token batch and a paged KV cache.
+
+Parameter names match the published checkpoints (``q_proj``, ``q_norm``, ``mlp.gate``,
+``mlp.experts``, ``mlp.shared_expert``, ...). MoE experts are held fused (``gate_up_proj``
+``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``); the loader maps per-expert checkpoint tensors onto them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omniduplex.kernels import paged_attention, write_kv_cache
+
+from .config import DecoderConfig
+from .forward_batch import ForwardBatch
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Zhang & Sennrich 2019), computed in fp32: ``w * x / sqrt(mean(x²) + eps)``."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE (Su et al. 2021, "RoFormer"), rotate-half layout, ``inv_freq = theta^(-2i/D)``.
+
+    Qwen3-Omni's Thinker and Talker use interleaved M-RoPE (sections [24, 20, 20]); for text and
+    audio tokens the three position rows are equal (``get_rope_index`` gives audio sequential
+    positions), where M-RoPE reduces exactly to this 1-D RoPE. Vision grids are not supported.
+    """
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``positions`` int64 ``[T]`` → ``(cos, sin)`` fp32 ``[T, head_dim]``."""
+        freqs = positions[:, None].float() * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[T, H, D]`` by ``cos``/``sin`` ``[T, D]`` (rotate-half convention)."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
+    return x * cos + rot * sin
+
+
+class Attention(nn.Module):
+    """GQA self-attention with per-head q/k RMSNorm (Qwen3) reading/writing a paged KV cache."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                            cfg.head_dim)
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch,
+                kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``x`` ``[T, hidden]`` → ``[T, hidden]``; writes this step's K/V into ``kv`` at ``slot_mapping``."""
+        t = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(t, self.num_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        k_cache, v_cache = kv
+        write_kv_cache(k_cache, v_cache, k, v, batch.slot_mapping)
+        out = paged_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+                              self.scale, max_seq_len=batch.max_seq_len, max_query_len=batch.max_query_len)
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))`` (Shazeer 2020)."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """Top-k softmax router (Qwen3-MoE): probabilities in fp32, optionally renormalised over the top k."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(cfg.num_experts, cfg.hidden_size))
+        self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` ``[T, H]`` → ``(weights [T, k] x.dtype, expert ids [T, k] int64)``."""
+        probs = F.softmax(F.linear(x, self.weight), dim=-1, dtype=torch.float32)
+        top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+        return top_w.to(x.dtype), top_i
+
+
+class Experts(nn.Module):
+    """``E`` SwiGLU experts stored fused; tokens are grouped by expert and run one matmul per expert hit."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
+        self.down_proj = nn.Parameter(torch.empty(e, h, i))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[T, H]``, ``weights``/``ids`` ``[T, k]`` → ``[T, H]`` weighted sum of expert outputs."""
+        k = ids.shape[1]
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0]).tolist()
+        token = order // k
+        xs = x.index_select(0, token)
+        outs, start = [], 0
+        for e, c in enumerate(counts):
+            if c == 0:
+                continue
+            gate, up = F.linear(xs[start:start + c], self.gate_up_proj[e]).chunk(2, dim=-1)
+            outs.append(F.linear(F.silu(gate) * up, self.down_proj[e]))
+            start += c
+        ys = torch.cat(outs) * weights.reshape(-1)[order, None]
+        return torch.zeros_like(x).index_add_(0, token, ys)
+
+
+class SparseMoE(nn.Module):
+    """Sparse MoE block; with ``shared_expert_intermediate_size`` adds a sigmoid-gated shared expert
+    (Qwen2-MoE / Qwen3-Omni Talker)."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.gate = Router(cfg)
+        self.experts = Experts(cfg)
+        if cfg.shared_expert_intermediate_size:
+            self.shared_expert = MLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+        else:
+            self.shared_expert = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.experts(x, *self.gate(x))
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = SparseMoE(cfg) if cfg.is_moe_layer(layer_idx) else MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, rope, batch: ForwardBatch, kv) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, batch, kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderStack(nn.Module):
+    """``layers`` + final ``norm`` over a flat token batch. Subclasses add the input embedding.
+
+    ``forward(x [T, H], batch, kv_caches, capture_layer=None) -> (hidden [T, H], captured | None)``:
+    ``captured`` is the ``transformers`` ``hidden_states[capture_layer]`` of the same tokens (0 = the
+    inputs, i = output of layer i; the last index is the normed output, as ``transformers`` ties it).
+    """
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                capture_layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"got {len(kv_caches)} KV caches for {len(self.layers)} layers")
+        rope = self.rotary(batch.positions)
+        captured = x if capture_layer == 0 else None
+        for i, layer in enumerate(self.layers, start=1):
+            x = layer(x, rope, batch, kv_caches[i - 1])
+            if capture_layer == i and i < len(self.layers):
+                captured = x
+        x = self.norm(x)
+        if capture_layer == len(self.layers):
+            captured = x
+        return x, captured

@@ -1,0 +1,145 @@
+"""Model registry: ``config.json`` ``architectures`` → our modules, loaded from the published tensor names.
+
+Supported: ``Qwen3OmniMoeForConditionalGeneration`` (Thinker + audio tower, Talker + code predictor,
+Code2Wav), and the text LMs ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM`` (a Thinker without audio).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .audio_encoder import AudioEncoder, AudioEncoderConfig
+from .checkpoint import CheckpointError, load_state_dict_into, read_config, weight_files
+from .code2wav import Code2Wav, Code2WavConfig
+from .config import ConfigError, DecoderConfig, OmniConfig
+from .talker import Talker
+from .thinker import Thinker
+
+OMNI = "Qwen3OmniMoeForConditionalGeneration"
+TEXT_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+PARTS = ("audio_tower", "thinker", "talker", "code2wav")
+
+
+@dataclass
+class LoadedModel:
+    """The modules of one checkpoint (any of them ``None`` when not requested or not present).
+
+    ``config`` is the parsed :class:`OmniConfig` (``None`` for a text LM); ``load_seconds`` is the wall
+    time spent building and filling the modules.
+    """
+
+    architecture: str
+    path: Path
+    raw_config: dict
+    config: OmniConfig | None
+    thinker: Thinker | None = None
+    talker: Talker | None = None
+    code2wav: Code2Wav | None = None
+    load_seconds: float = 0.0
+    parts: tuple[str, ...] = field(default_factory=tuple)
+
+    def num_parameters(self) -> dict[str, int]:
+        """Parameter count per loaded part (tied weights counted once)."""
+        out = {}
+        for name in ("thinker", "talker", "code2wav"):
+            m = getattr(self, name)
+            if m is not None:
+                out[name] = sum(p.numel() for p in m.parameters())
+        return out
+
+
+def architecture_of(raw: dict, model_dir: Path | str) -> str:
+    """The checkpoint's architecture name.
+
+    Raises:
+        CheckpointError: missing or unsupported ``architectures``.
+    """
+    archs = raw.get("architectures") or []
+    if not archs:
+        raise CheckpointError(f"{model_dir}/config.json has no 'architectures' entry")
+    arch = archs[0]
+    if arch != OMNI and arch not in TEXT_ARCHITECTURES:
+        raise CheckpointError(f"unknown architecture '{arch}' in {model_dir}/config.json; supported: "
+                              f"{', '.join((OMNI, *TEXT_ARCHITECTURES))}")
+    return arch
+
+
+def build_modules(raw: dict) -> dict[str, nn.Module]:
+    """Freshly initialised modules for a config dict, keyed by their checkpoint name prefix."""
+    arch = architecture_of(raw, "<config>")
+    if arch != OMNI:
+        return {"": Thinker(DecoderConfig.from_dict(raw))}
+    cfg = OmniConfig.from_dict(raw)
+    tower = AudioEncoder(AudioEncoderConfig.from_dict(cfg.thinker.audio))
+    mods: dict[str, nn.Module] = {"thinker.": Thinker(cfg.thinker.text, tower, cfg.thinker.audio_token_id)}
+    if cfg.talker is not None and cfg.code2wav is not None:
+        mods["talker."] = Talker(cfg.talker)
+        mods["code2wav."] = Code2Wav(Code2WavConfig.from_dict(cfg.code2wav))
+    return mods
+
+
+def load_model(model_dir: str | Path, parts: tuple[str, ...] = PARTS, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu") -> LoadedModel:
+    """Build and load the requested parts of a checkpoint.
+
+    Args:
+        model_dir: directory with ``config.json`` and safetensors weights.
+        parts: subset of ``("audio_tower", "thinker", "talker", "code2wav")``; a stage process asks only
+            for what it runs ("thinker" without "audio_tower" loads the text model alone).
+        dtype: parameter dtype (fp32 for parity, bf16 for serving).
+
+    Raises:
+        CheckpointError: unknown architecture, unreadable/truncated files, missing or mis-shaped tensors,
+            or a config that contradicts the weights.
+    """
+    t0 = time.perf_counter()
+    model_dir = Path(model_dir)
+    raw = read_config(model_dir)
+    arch = architecture_of(raw, model_dir)
+    files = weight_files(model_dir)
+    try:
+        if arch == OMNI:
+            out = _load_omni(raw, files, parts, model_dir)
+        else:
+            text = DecoderConfig.from_dict(raw)
+            thinker = Thinker(text)
+            load_state_dict_into(thinker, files, prefix="")
+            out = LoadedModel(arch, model_dir, raw, None, thinker=thinker, parts=("thinker",))
+    except ConfigError as e:
+        raise CheckpointError(f"{model_dir}/config.json: {e}") from e
+    for name in ("thinker", "talker", "code2wav"):
+        m: nn.Module | None = getattr(out, name)
+        if m is not None:
+            m.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    out.load_seconds = time.perf_counter() - t0
+    return out
+
+
+def _load_omni(raw: dict, files, parts: tuple[str, ...], model_dir: Path) -> LoadedModel:
+    cfg = OmniConfig.from_dict(raw)
+    out = LoadedModel(OMNI, model_dir, raw, cfg, parts=parts)
+    if "thinker" in parts or "audio_tower" in parts:
+        tower = AudioEncoder(AudioEncoderConfig.from_dict(cfg.thinker.audio)) if "audio_tower" in parts else None
+        out.thinker = Thinker(cfg.thinker.text, tower, cfg.thinker.audio_token_id)
+        if "thinker" in parts:
+            load_state_dict_into(out.thinker, files, prefix="thinker.",
+                                 ignore=("thinker.visual.",) + (() if tower else ("thinker.audio_tower.",)))
+        else:  # audio tower only (encoder stage): skip the LLM weights entirely
+            out.thinker.model = None
+            out.thinker.lm_head = None
+            load_state_dict_into(tower, files, prefix="thinker.audio_tower.")
+    if "talker" in parts or "code2wav" in parts:
+        if cfg.talker is None or cfg.code2wav is None:
+            raise CheckpointError(f"{model_dir}: checkpoint has no talker/code2wav (enable_audio_output is off)")
+    if "talker" in parts:
+        out.talker = Talker(cfg.talker)
+        load_state_dict_into(out.talker, files, prefix="talker.")
+    if "code2wav" in parts:
+        out.code2wav = Code2Wav(Code2WavConfig.from_dict(cfg.code2wav))
+        load_state_dict_into(out.code2wav, files, prefix="code2wav.")
+    return out
