@@ -1,0 +1,175 @@
+"""Model adapters: how the engine embeds input rows and what a sampled id produces, per model.
+
+* :class:`ThinkerAdapter` — the Thinker or any Qwen3 text LM: inputs are token ids (prompt rows may
+  be given as embeddings, e.g. with audio merged); optionally records the prompt's hidden states at
+  one layer (the Talker's ``accept_hidden_layer``) and streams each sampled token's embedding.
+* :class:`TalkerAdapter` — the Talker: inputs are embeddings; after codebook 0 is sampled, the code
+  predictor fills the residual codebooks of all the step's frames in one batched call, and the next
+  input row (frame embedding + the next Thinker text row) is appended when that text is available.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omniduplex.models.forward_batch import ForwardBatch
+from omniduplex.models.talker import Talker
+from omniduplex.models.thinker import Thinker
+
+from .request import Request
+from .sampler import SamplingBatch
+from .sampler import sample as sample_batch
+
+PREDICTOR_TOP_K, PREDICTOR_TOP_P = 50, 0.8
+"""Code-predictor sampling filters of ``transformers``' Qwen3-Omni Talker when sampling is on."""
+
+
+class ThinkerAdapter:
+    """Adapter for :class:`Thinker` (also plain Qwen3 / Qwen3-MoE text checkpoints).
+
+    Args:
+        thinker: the model.
+        capture_layer: record ``hidden_states[capture_layer]`` of prompt rows into
+            ``req.extra["prompt_hidden"]`` (list of ``[n, hidden]`` chunks); ``None`` records nothing.
+        emit_embeds: put the sampled token's input embedding in the step extras (``"token_embed"``).
+    """
+
+    def __init__(self, thinker: Thinker, capture_layer: int | None = None, emit_embeds: bool = False) -> None:
+        self.model, self.capture_layer, self.emit_embeds = thinker, capture_layer, emit_embeds
+        cfg = thinker.cfg
+        self.num_layers, self.num_kv_heads, self.head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+        self.vocab_size = cfg.vocab_size
+        self._items: list[tuple[Request, int]] = []
+
+    def input_embeds(self, items: list[tuple[Request, int]]) -> torch.Tensor:
+        self._items = items
+        ids, from_prompt = [], []
+        for req, n in items:
+            s = req.num_computed
+            seq = req.prompt_ids + req.output_ids
+            ids.extend(seq[s:s + n])
+            if req.prompt_embeds is not None and s < req.num_prompt:
+                from_prompt.append((len(ids) - n, req.prompt_embeds[s:min(s + n, req.num_prompt)]))
+        emb = self.model.model.embed_tokens(torch.tensor(ids, device=self.model.lm_head.weight.device))
+        for at, rows in from_prompt:
+            emb[at:at + rows.shape[0]] = rows.to(emb.dtype)
+        return emb
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv) -> torch.Tensor:
+        hidden, captured = self.model(x, batch, kv, capture_layer=self.capture_layer)
+        if captured is not None:
+            at = 0
+            for req, n in self._items:
+                s = req.num_computed
+                end = min(s + n, req.num_prompt)
+                store = req.extra.setdefault("prompt_hidden", [])
+                have = sum(c.shape[0] for c in store)  # rows kept from earlier chunks (or before a preemption)
+                if end > have:
+                    store.append(captured[at + have - s:at + end - s].clone())
+                at += n
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden)
+
+    def on_sampled(self, reqs, tokens, hidden, finishing) -> list[dict]:
+        out: list[dict] = [{} for _ in reqs]
+        if self.capture_layer is not None:
+            for o, req in zip(out, reqs):
+                if not req.output_ids:  # first token: the prompt's hidden states are complete
+                    o["prompt_hidden"] = torch.cat(req.extra.pop("prompt_hidden"))
+        if self.emit_embeds:
+            emb = self.model.model.embed_tokens(tokens)
+            for i, o in enumerate(out):
+                o["token_embed"] = emb[i]
+        return out
+
+
+class TalkerAdapter:
+    """Adapter for :class:`Talker`. A request's prompt rows are ``prompt_embeds``; decode rows are built here.
+
+    Text for decode row ``j`` is fed with :meth:`feed_text` (projected rows, ``[n, talker_hidden]``) and
+    closed with :meth:`end_text` (after which ``tts_pad`` is used). ``req.extra["text"]`` holds the
+    queue; ``req.extra["frame_embeds"]`` the frames waiting for their text row.
+    """
+
+    def __init__(self, talker: Talker, tts_pad: torch.Tensor) -> None:
+        self.model, self.tts_pad = talker, tts_pad
+        cfg = talker.cfg.text
+        self.num_layers, self.num_kv_heads, self.head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+        self.vocab_size = cfg.vocab_size
+        self.suppress_ids = tuple(torch.nonzero(talker.suppressed_token_mask()).flatten().tolist())
+
+    # -- text stream from the Thinker --------------------------------------------------------------
+    def feed_text(self, req: Request, rows: torch.Tensor) -> None:
+        req.extra.setdefault("text", []).extend(rows.unbind(0))
+        self._complete_inputs(req)
+
+    def end_text(self, req: Request) -> None:
+        req.extra["text_done"] = True
+        self._complete_inputs(req)
+
+    def _complete_inputs(self, req: Request) -> None:
+        frames, text = req.extra.setdefault("frame_embeds", []), req.extra.setdefault("text", [])
+        while frames:
+            j = len(req.decode_embeds)
+            if j < len(text):
+                row = text[j]
+            elif req.extra.get("text_done"):
+                row = self.tts_pad
+            else:
+                return
+            req.decode_embeds.append(frames.pop(0) + row)
+
+    # -- engine hooks --------------------------------------------------------------------------------
+    def input_embeds(self, items: list[tuple[Request, int]]) -> torch.Tensor:
+        rows = []
+        for req, n in items:
+            s, p = req.num_computed, req.num_prompt
+            if s < p:
+                rows.append(req.prompt_embeds[s:min(s + n, p)])
+            tail = [req.decode_embeds[i - p] for i in range(max(s, p), s + n)]
+            if tail:
+                rows.append(torch.stack(tail))
+        return torch.cat(rows)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv) -> torch.Tensor:
+        return self.model(x, batch, kv)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden)
+
+    def on_sampled(self, reqs, tokens, hidden, finishing) -> list[dict]:
+        out: list[dict] = [{} for _ in reqs]
+        keep = [i for i, f in enumerate(finishing) if not f]
+        if not keep:
+            return out
+        idx = torch.tensor(keep, device=tokens.device)
+        code0 = tokens[idx]
+        live = [reqs[i] for i in keep]
+        frames = self.model.code_predictor.predict(hidden[idx], code0, self.model.model.codec_embedding(code0),
+                                                   sample=self._predictor_sampler(live))
+        embeds = self.model.frame_embedding(frames)
+        for k, i in enumerate(keep):
+            req = reqs[i]
+            out[i]["codes"] = frames[k].tolist()
+            req.extra.setdefault("frame_embeds", []).append(embeds[k])
+            self._complete_inputs(req)
+        return out
+
+    def _predictor_sampler(self, reqs: list[Request]):
+        dev = self.tts_pad.device
+        temps = torch.tensor([r.sampling.temperature for r in reqs], dtype=torch.float32, device=dev)
+        seeds = torch.tensor([r.sampling.seed for r in reqs], dtype=torch.int64, device=dev)
+        frame_idx = torch.tensor([len(r.output_ids) for r in reqs], dtype=torch.int64, device=dev)
+        groups = self.model.cfg.num_code_groups
+        b = len(reqs)
+
+        def pick(logits: torch.Tensor, g: int) -> torch.Tensor:
+            sb = SamplingBatch(temperature=temps, top_k=torch.full((b,), PREDICTOR_TOP_K, device=dev),
+                               top_p=torch.full((b,), PREDICTOR_TOP_P, device=dev),
+                               repetition_penalty=torch.ones(b, device=dev), seeds=seeds,
+                               counters=(1 << 40) + frame_idx * groups + g)
+            return sample_batch(logits, sb)
+
+        return pick

@@ -1,0 +1,187 @@
+"""The continuous-batching engine: schedule → one batched forward over the flat token batch → sample → stream.
+
+Model specifics (how input rows are embedded, what a sampled id produces downstream) live in a
+:class:`ModelAdapter`; the engine knows only requests, KV blocks and logits.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from omniduplex.models.forward_batch import BLOCK_SIZE, ForwardBatch, allocate_kv_cache
+
+from .block_manager import BlockAllocator
+from .request import Request, RequestOutput, Status
+from .sampler import SamplingBatch, sample
+from .scheduler import ScheduledBatch, Scheduler
+
+
+class ModelAdapter(Protocol):
+    """What the engine needs from a model. Shapes: ``T`` flat tokens, ``B`` sampled rows."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+
+    def input_embeds(self, items: list[tuple[Request, int]]) -> torch.Tensor:
+        """Embeddings ``[T, hidden]`` of rows ``num_computed .. num_computed + n`` of every item."""
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv) -> torch.Tensor:
+        """Final hidden states ``[T, hidden]``; may record per-request side outputs."""
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[B, hidden]`` → ``[B, vocab]``."""
+
+    def on_sampled(self, reqs: list[Request], tokens: torch.Tensor, hidden: torch.Tensor,
+                   finishing: list[bool]) -> list[dict]:
+        """Per-request extras for the step's outputs (e.g. the Talker's codec frame)."""
+
+
+class Engine:
+    """Continuous batching over a paged KV cache.
+
+    Args:
+        adapter: the model (Thinker, Talker, text LM) behind a :class:`ModelAdapter`.
+        num_blocks: KV blocks of 16 tokens in the cache (per layer).
+        max_num_seqs: most requests in one step.
+        max_num_batched_tokens: token budget of one step.
+    """
+
+    def __init__(self, adapter: ModelAdapter, num_blocks: int = 512, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 512, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> None:
+        self.adapter, self.device = adapter, torch.device(device)
+        self.kv = allocate_kv_cache(adapter.num_layers, num_blocks, adapter.num_kv_heads, adapter.head_dim,
+                                    dtype=dtype, device=device)
+        self.scheduler = Scheduler(BlockAllocator(num_blocks), max_num_seqs, max_num_batched_tokens)
+        self._counts = torch.zeros((0, adapter.vocab_size), dtype=torch.int32, device=device)
+        self._free_slots: list[int] = []
+        self.num_steps = 0
+
+    # -- request lifecycle -------------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """Queue ``req``. Raises ValueError (duplicate id, prompt larger than the cache, bad ids)."""
+        bad = [t for t in req.prompt_ids if not 0 <= t < self.adapter.vocab_size]
+        if bad and req.prompt_embeds is None:
+            raise ValueError(f"request {req.request_id!r}: token id {bad[0]} outside vocabulary "
+                             f"[0, {self.adapter.vocab_size})")
+        self.scheduler.add(req)
+        req.slot = self._take_slot()
+        if req.sampling.seed is None:
+            req.sampling.seed = int(torch.randint(0, 2**62, (1,)).item())
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a request wherever it is; its KV blocks are free when this returns. False if unknown."""
+        req = self.scheduler.requests.get(request_id)
+        if req is None:
+            return False
+        self._finish(req, Status.FINISHED_ABORTED)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def _take_slot(self) -> int:
+        if not self._free_slots:
+            n = self._counts.shape[0]
+            grow = max(8, n)
+            self._counts = torch.cat((self._counts, self._counts.new_zeros((grow, self._counts.shape[1]))))
+            self._free_slots = list(range(n + grow - 1, n - 1, -1))
+        slot = self._free_slots.pop()
+        self._counts[slot].zero_()
+        return slot
+
+    def _finish(self, req: Request, status: Status) -> None:
+        self.scheduler.finish(req, status)
+        if req.slot >= 0:
+            self._free_slots.append(req.slot)
+            req.slot = -1
+
+    # -- one iteration -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler iteration; returns the outputs of requests that sampled or finished."""
+        plan = self.scheduler.schedule()
+        if not plan.items:
+            return []
+        self.num_steps += 1
+        batch = self._build_batch(plan)
+        x = self.adapter.input_embeds(plan.items)
+        hidden = self.adapter.forward(x, batch, self.kv)
+        rows, reqs = [], []
+        end = 0
+        for req, n in plan.items:
+            end += n
+            req.num_computed += n
+            if req.num_pending == 0:
+                rows.append(end - 1)
+                reqs.append(req)
+        if not reqs:
+            return []
+        h = hidden[rows]
+        logits = self.adapter.compute_logits(h)
+        tokens = sample(logits, self._sampling_batch(reqs))
+        slots = torch.tensor([r.slot for r in reqs], device=self.device)
+        self._counts.index_put_((slots, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
+        token_list = tokens.tolist()
+        finishing = []
+        for req, tok in zip(reqs, token_list):
+            sp = req.sampling
+            finishing.append(tok in sp.stop_token_ids or len(req.output_ids) + 1 >= sp.max_tokens)
+        extras = self.adapter.on_sampled(reqs, tokens, h, finishing)
+        outs = []
+        for req, tok, fin, extra in zip(reqs, token_list, finishing, extras):
+            req.output_ids.append(tok)
+            reason = None
+            if fin:
+                status = Status.FINISHED_STOPPED if tok in req.sampling.stop_token_ids else Status.FINISHED_LENGTH
+                self._finish(req, status)
+                reason = status.value
+            outs.append(RequestOutput(req.request_id, [tok], fin, reason, extra))
+        return outs
+
+    def _build_batch(self, plan: ScheduledBatch) -> ForwardBatch:
+        positions, slots, tables, seq_lens, qsl = [], [], [], [], [0]
+        for req, n in plan.items:
+            start = req.num_computed
+            pos = range(start, start + n)
+            positions.extend(pos)
+            blocks = req.blocks
+            slots.extend(blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in pos)
+            tables.append(blocks)
+            seq_lens.append(start + n)
+            qsl.append(qsl[-1] + n)
+        width = max(len(t) for t in tables)
+        dev = self.device
+        return ForwardBatch(
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            max_seq_len=max(seq_lens), max_query_len=max(n for _, n in plan.items),
+        )
+
+    def _sampling_batch(self, reqs: list[Request]) -> SamplingBatch:
+        dev = self.device
+        sps = [r.sampling for r in reqs]
+        slots = torch.tensor([r.slot for r in reqs], device=dev)
+        suppress = None
+        if any(sp.suppress_token_ids for sp in sps):
+            rows = [i for i, sp in enumerate(sps) for _ in sp.suppress_token_ids]
+            cols = [t for sp in sps for t in sp.suppress_token_ids]
+            suppress = torch.zeros((len(reqs), self.adapter.vocab_size), dtype=torch.bool, device=dev)
+            suppress[rows, cols] = True
+        penalised = any(sp.repetition_penalty != 1.0 for sp in sps)
+        return SamplingBatch(
+            temperature=torch.tensor([sp.temperature for sp in sps], dtype=torch.float32, device=dev),
+            top_k=torch.tensor([sp.top_k for sp in sps], dtype=torch.int64, device=dev),
+            top_p=torch.tensor([sp.top_p for sp in sps], dtype=torch.float32, device=dev),
+            repetition_penalty=torch.tensor([sp.repetition_penalty for sp in sps], dtype=torch.float32, device=dev),
+            seeds=torch.tensor([sp.seed for sp in sps], dtype=torch.int64, device=dev),
+            counters=torch.tensor([len(r.output_ids) for r in reqs], dtype=torch.int64, device=dev),
+            counts=self._counts[slots] if penalised else None,
+            suppress=suppress,
+        )

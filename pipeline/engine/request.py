@@ -1,0 +1,111 @@
+"""Requests as the engine sees them: inputs, sampling parameters, KV blocks, progress and outputs."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_arrival = itertools.count()
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (Status.FINISHED_STOPPED, Status.FINISHED_LENGTH, Status.FINISHED_ABORTED)
+
+
+@dataclass
+class SamplingParams:
+    """Per-request decoding controls (vLLM / ``transformers`` semantics).
+
+    ``temperature == 0`` is greedy. ``top_k == 0`` and ``top_p == 1`` disable those filters.
+    ``repetition_penalty`` (CTRL, Keskar et al. 2019) applies to the ids this request generated.
+    ``seed`` makes sampling reproducible and independent of batch-mates; ``None`` draws one.
+    ``suppress_token_ids`` are never sampled; ``stop_token_ids`` end the request (the id is kept).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    max_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+    suppress_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.max_tokens < 1:
+            raise ValueError(f"invalid sampling parameters: {self}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request.
+
+    Inputs are ``prompt_ids`` (and, when given, ``prompt_embeds`` ``[P, hidden]`` which replace their
+    embeddings, e.g. with audio rows merged in) followed by the request's own sampled ids; models that
+    feed embeddings rather than ids append one row per decode step to ``decode_embeds``.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    prompt_embeds: torch.Tensor | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    arrival: int = field(default_factory=lambda: next(_arrival))
+    status: Status = Status.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    decode_embeds: list[torch.Tensor] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_preemptions: int = 0
+    slot: int = -1
+    embed_inputs: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError(f"request {self.request_id}: empty prompt")
+        if self.prompt_embeds is not None and self.prompt_embeds.shape[0] != len(self.prompt_ids):
+            raise ValueError(f"request {self.request_id}: {self.prompt_embeds.shape[0]} prompt embeddings for "
+                             f"{len(self.prompt_ids)} prompt ids")
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_inputs(self) -> int:
+        """Input rows known so far: the prompt, then every sampled id fed back (or, with ``embed_inputs``,
+        every decode embedding built so far)."""
+        return self.num_prompt + (len(self.decode_embeds) if self.embed_inputs else len(self.output_ids))
+
+    @property
+    def num_pending(self) -> int:
+        return self.num_inputs - self.num_computed
+
+
+@dataclass
+class RequestOutput:
+    """What one engine step produced for one request.
+
+    ``new_token_ids``: ids sampled this step (0 or 1). ``extras``: model-specific streams, e.g. the
+    Talker's full codec frame or Thinker hidden states. ``finished``/``finish_reason`` when done.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None
+    extras: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,98 @@
+"""Batched sampling: greedy, temperature, top-k, top-p, repetition penalty, suppressed ids.
+
+Randomness is counter-based: the uniform noise of request ``r`` at its ``n``-th sampled token is a
+hash (SplitMix64, Steele et al. 2014) of ``(seed_r, n, vocab index)``. A request's samples therefore
+depend only on its own seed and progress — never on its batch-mates, the batch order, or on a
+preemption and recompute — and the whole batch draws its noise in one vectorised call (Gumbel-max
+trick: ``argmax(logits/T + G)`` with ``G = -log(-log U)`` samples the softmax).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64
+_MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_MIX2 = -7723592293110705685  # 0x94D049BB133111EB
+
+
+def _lsr(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
+    return (x >> n) & ((1 << (64 - n)) - 1)
+
+
+def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, width: int) -> torch.Tensor:
+    """Uniform noise in (0, 1), float64 ``[B, width]``, from int64 ``seeds``/``counters`` ``[B]``."""
+    idx = torch.arange(width, dtype=torch.int64, device=seeds.device)
+    z = seeds[:, None] * _GOLDEN + counters[:, None] * _MIX1 + (idx[None, :] + 1) * _GOLDEN
+    z = (z ^ _lsr(z, 30)) * _MIX1
+    z = (z ^ _lsr(z, 27)) * _MIX2
+    z = z ^ _lsr(z, 31)
+    return (_lsr(z, 11).double() + 0.5) / float(1 << 53)
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling controls of one step, all ``[B]`` tensors on the logits' device.
+
+    ``counts`` (``[B, V]`` int32, optional) holds how often each id was generated, for the penalty;
+    ``suppress`` (``[B, V]`` bool, optional) marks ids that may never be sampled.
+    """
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    repetition_penalty: torch.Tensor
+    seeds: torch.Tensor
+    counters: torch.Tensor
+    counts: torch.Tensor | None = None
+    suppress: torch.Tensor | None = None
+
+
+def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Repetition penalty then suppression on fp32 ``logits`` ``[B, V]`` (returns a new tensor)."""
+    if b.counts is not None:
+        p = b.repetition_penalty[:, None]
+        seen = b.counts > 0
+        logits = torch.where(seen, torch.where(logits < 0, logits * p, logits / p), logits)
+    if b.suppress is not None:
+        logits = logits.masked_fill(b.suppress, float("-inf"))
+    return logits
+
+
+def sample(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Sample one id per row from fp32 ``logits`` ``[B, V]`` → int64 ``[B]``.
+
+    Rows with ``temperature == 0`` take the argmax of the penalised logits.
+    """
+    logits = apply_penalties(logits.float(), b)
+    greedy = logits.argmax(dim=-1)
+    random_rows = b.temperature > 0
+    if not bool(random_rows.any()):
+        return greedy
+    t = torch.where(random_rows, b.temperature, torch.ones_like(b.temperature))
+    scaled = logits / t[:, None]
+    scaled = _top_k_top_p(scaled, b.top_k, b.top_p)
+    u = counter_uniform(b.seeds, b.counters, scaled.shape[-1])
+    gumbel = -torch.log(-torch.log(u))
+    drawn = (scaled.double() + gumbel).argmax(dim=-1)
+    return torch.where(random_rows, drawn, greedy)
+
+
+def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask logits outside each row's top-k and nucleus (Holtzman et al. 2020) to ``-inf``."""
+    v = logits.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=v), torch.full_like(top_k, v))
+    if bool((k < v).any()) or bool((top_p < 1).any()):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        rank = torch.arange(v, device=logits.device)[None, :]
+        drop = rank >= k[:, None]
+        probs = sorted_logits.softmax(dim=-1)
+        # keep the smallest prefix whose mass reaches top_p (the token crossing the threshold stays)
+        drop |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+        drop[:, 0] = False
+        mask = torch.zeros_like(drop).scatter(1, order, drop)
+        logits = logits.masked_fill(mask, float("-inf"))
+    return logits
