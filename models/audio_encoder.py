@@ -275,7 +275,7 @@ class AudioEncoder(nn.Module):
                 h = F.gelu(conv(h))
                 w = (w - 1) // 2 + 1
                 # Zero what lies beyond this chunk's own padded width, as a shorter input would give.
-                h = h * 0 + h * (torch.arange(h.shape[-1], device=device) < 10**6).to(h.dtype)[:, None, None, :]
+                h = h * (torch.arange(h.shape[-1], device=device) < w[:, None]).to(h.dtype)[:, None, None, :]
             outs.append(h)
         h = torch.cat(outs)                                                            # [C, ch, F', T']
         c, ch, f, t = h.shape
