@@ -1,0 +1,43 @@
+"""Typed messages between the orchestrator and the stages (the stage ↔ orchestrator contract).
+
+A :class:`StageMessage` is what travels on an edge: a request id, a few named tensors, small JSON-able
+metadata and a ``last`` flag closing that request's stream on the edge. Events are what a turn's
+consumer (CLI, session) sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+
+@dataclass
+class StageMessage:
+    """One chunk of a request's stream on a stage edge."""
+
+    request_id: str
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    last: bool = False
+
+
+EventKind = Literal["text", "audio", "done", "error"]
+
+
+@dataclass
+class TurnEvent:
+    """Something a turn produced.
+
+    ``text``: ``text`` holds a transcript delta. ``audio``: ``pcm`` float32 ``[n]`` at 24 kHz.
+    ``done``: the turn finished; ``metrics`` has ``ttfp_ms``, ``e2el_ms``, ``rtf``, ``audio_s``.
+    ``error``: ``error`` says what failed; the turn is over.
+    """
+
+    kind: EventKind
+    request_id: str
+    text: str = ""
+    pcm: Any = None
+    error: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)

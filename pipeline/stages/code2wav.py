@@ -1,0 +1,109 @@
+"""Stage 3: Code2Wav. Buffers each request's codec frames and decodes windows with left context.
+
+Input: the Talker's frames (``codes`` int64 ``[G]``, ``last``). Output: ``pcm`` float32 ``[n]`` at
+24 kHz per decoded chunk; ``last`` on the request's final chunk (possibly empty). Windows of equal
+length from different requests are decoded in one batched call.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from omniduplex.models.code2wav import Code2Wav
+from omniduplex.models.code2wav_stream import decode_window
+
+from ..connector import ChunkingConfig, decode_windows, frames_to_decode
+from ..messages import StageMessage
+
+
+@dataclass
+class _Stream:
+    frames: list[torch.Tensor] = field(default_factory=list)  # frames [offset, offset + len)
+    offset: int = 0
+    emitted: int = 0
+    finished: bool = False
+
+    @property
+    def available(self) -> int:
+        return self.offset + len(self.frames)
+
+
+class Code2WavWorker:
+    """Streaming vocoder over all requests in flight.
+
+    Raises:
+        ValueError: at construction, when ``decode_left_context_frames`` cannot cover the decoder's
+            lookahead tail (see :func:`decode_window`).
+    """
+
+    def __init__(self, model: Code2Wav, chunking: ChunkingConfig | None = None) -> None:
+        self.model, self.cfg = model, chunking or ChunkingConfig()
+        u, la = model.total_upsample, model.lookahead_samples
+        if self.cfg.decode_left_context_frames * u < la:
+            raise ValueError(f"decode_left_context_frames={self.cfg.decode_left_context_frames} is too small: "
+                             f"the decoder needs >= {-(-la // u)} frames to emit its lookahead tail")
+        self.streams: dict[str, _Stream] = {}
+
+    def submit(self, msg: StageMessage) -> None:
+        s = self.streams.setdefault(msg.request_id, _Stream())
+        if "codes" in msg.tensors:
+            s.frames.append(msg.tensors["codes"])
+        s.finished = s.finished or msg.last
+
+    def abort(self, request_id: str) -> None:
+        self.streams.pop(request_id, None)
+
+    def has_work(self) -> bool:
+        return any(s.finished or frames_to_decode(s.available, s.emitted, False, self.cfg)
+                   for s in self.streams.values())
+
+    @torch.no_grad()
+    def step(self) -> list[StageMessage]:
+        jobs: dict[tuple[int, int], list[tuple[str, int, int]]] = defaultdict(list)  # (ctx, len) → windows
+        done: list[str] = []
+        for rid, s in self.streams.items():
+            n = frames_to_decode(s.available, s.emitted, s.finished, self.cfg)
+            for a, b in decode_windows(s.emitted, s.emitted + n, self.cfg):
+                ctx = min(self.cfg.decode_left_context_frames, a)
+                jobs[(ctx, b - a)].append((rid, a, b))
+            s.emitted += n
+            if s.finished and s.emitted == s.available:
+                done.append(rid)
+        pcm: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
+        for (ctx, _), windows in jobs.items():
+            codes = torch.stack([self._window_codes(rid, a - ctx, b) for rid, a, b in windows])
+            for (rid, a, b), wav in zip(windows, self._decode(codes, ctx, windows)):
+                pcm[rid].append((a, wav))
+        outs = []
+        for rid in list(pcm) + [r for r in done if r not in pcm]:
+            chunks = [w for _, w in sorted(pcm.get(rid, []), key=lambda x: x[0])]
+            wav = torch.cat(chunks) if chunks else torch.zeros(0)
+            outs.append(StageMessage(rid, {"pcm": wav.float()}, last=rid in done))
+        for rid in done:
+            self.streams.pop(rid)
+        for s in self.streams.values():
+            self._trim(s)
+        return outs
+
+    def _window_codes(self, rid: str, first: int, end: int) -> torch.Tensor:
+        s = self.streams[rid]
+        return torch.stack(s.frames[first - s.offset:end - s.offset], dim=1)  # [G, frames]
+
+    def _decode(self, codes: torch.Tensor, ctx: int, windows) -> list[torch.Tensor]:
+        a0 = windows[0][1]
+        # windows in one job share (context, length), so one call serves all; start>0 iff ctx>0 or a0>0
+        starts = {a for _, a, _ in windows}
+        if len(starts) > 1 and any(a == 0 for a in starts):
+            return [self._decode(codes[i:i + 1], ctx, [w])[0] for i, w in enumerate(windows)]
+        wav = decode_window(self.model, codes, a0, a0 + codes.shape[-1] - ctx, ctx, codes_offset=a0 - ctx)
+        return list(wav[:, 0])
+
+    def _trim(self, s: _Stream) -> None:
+        keep_from = max(s.offset, s.emitted - self.cfg.decode_left_context_frames)
+        drop = keep_from - s.offset
+        if drop > 0:
+            del s.frames[:drop]
+            s.offset = keep_from

@@ -1,0 +1,70 @@
+"""Stage 0: user audio → log-mel → audio encoder → Thinker prompt ids and audio embeddings."""
+
+from __future__ import annotations
+
+import torch
+
+from omniduplex.models.audio_encoder import audio_token_count
+from omniduplex.models.mel import LogMelFrontEnd
+from omniduplex.models.registry import LoadedModel
+from omniduplex.models.tokenizer import DEFAULT_SYSTEM_PROMPT, load_tokenizer, voice_turn_prompt
+
+from ..messages import StageMessage
+
+
+class EncoderWorker:
+    """Batches every pending turn of a step through one mel + encoder call.
+
+    Input tensors: ``waveform`` float32 ``[samples]`` at 16 kHz; meta ``system_prompt`` (optional) and
+    ``history`` (list of ``[role, text]``). Output tensors: ``prompt_ids`` int64 ``[P]``,
+    ``audio_embeds`` ``[N, thinker_hidden]``.
+    """
+
+    def __init__(self, model: LoadedModel, max_batch: int = 16) -> None:
+        self.model, self.max_batch = model, max_batch
+        self.tower = model.thinker.audio_tower
+        self.mel = LogMelFrontEnd(_preprocessor(model))
+        self.tok = load_tokenizer(model.path)
+        self.pending: list[StageMessage] = []
+
+    def submit(self, msg: StageMessage) -> None:
+        wav = msg.tensors.get("waveform")
+        if wav is None or wav.ndim != 1 or wav.numel() < self.mel.min_samples:
+            raise ValueError(f"turn {msg.request_id}: need a 1-D 16 kHz waveform of at least "
+                             f"{self.mel.min_samples} samples")
+        self.pending.append(msg)
+
+    def abort(self, request_id: str) -> None:
+        self.pending = [m for m in self.pending if m.request_id != request_id]
+
+    def has_work(self) -> bool:
+        return bool(self.pending)
+
+    @torch.no_grad()
+    def step(self) -> list[StageMessage]:
+        batch, self.pending = self.pending[:self.max_batch], self.pending[self.max_batch:]
+        if not batch:
+            return []
+        feats, lens = self.mel([m.tensors["waveform"].float() for m in batch])
+        embeds, out_lens = self.tower(feats.to(self.tower_dtype), lens)
+        outs, at = [], 0
+        for m, n in zip(batch, out_lens.tolist()):
+            ids = voice_turn_prompt(self.model.config, self.tok, n, m.meta.get("system_prompt", DEFAULT_SYSTEM_PROMPT),
+                                    [tuple(h) for h in m.meta.get("history", [])])
+            outs.append(StageMessage(m.request_id, {"prompt_ids": torch.tensor(ids, dtype=torch.int64),
+                                                    "audio_embeds": embeds[at:at + n]}, dict(m.meta), last=True))
+            at += n
+        assert int(audio_token_count(lens).sum()) == at
+        return outs
+
+    @property
+    def tower_dtype(self) -> torch.dtype:
+        return next(self.tower.parameters()).dtype
+
+
+
+def _preprocessor(model: LoadedModel) -> dict:
+    import json
+
+    p = model.path / "preprocessor_config.json"
+    return json.loads(p.read_text()) if p.is_file() else {}

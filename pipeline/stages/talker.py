@@ -1,0 +1,106 @@
+"""Stage 2: the Talker engine, started by the Thinker's first token and fed its text as it streams.
+
+Input: the Thinker's token stream (see :mod:`.thinker`). Output per codec frame: ``codes`` int64
+``[num_code_groups]``; ``last`` closes the request (the EOS step carries no codes). Meta
+``talker_sampling`` (dict of :class:`SamplingParams` fields) and ``speaker`` come with the first message.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omniduplex.models.registry import LoadedModel
+from omniduplex.models.talker_prompt import TalkerTextEmbeds, talker_prefill_embeds
+
+from ..engine.adapters import TalkerAdapter
+from ..engine.engine import Engine
+from ..engine.request import Request, SamplingParams
+from ..messages import StageMessage
+
+DEFAULT_TALKER_SAMPLING = dict(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, max_tokens=1024)
+"""``transformers``' Qwen3-Omni ``generate`` defaults for the Talker (``talker_*`` kwargs)."""
+
+
+class TalkerWorker:
+    """Continuous-batching Talker; ``specials`` are the projected ``tts_bos/eos/pad`` embeddings."""
+
+    def __init__(self, model: LoadedModel, specials: TalkerTextEmbeds, num_blocks: int = 1024,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 1024) -> None:
+        self.model, self.cfg, self.talker, self.specials = model, model.config, model.talker, specials
+        self.adapter = TalkerAdapter(model.talker, specials.tts_pad)
+        self.engine = Engine(self.adapter, num_blocks, max_num_seqs, max_num_batched_tokens,
+                             dtype=model.talker.codec_head.weight.dtype)
+        self.live: dict[str, Request] = {}
+        self.text_queue: list[tuple[str, torch.Tensor]] = []
+        self.finished_early: list[StageMessage] = []
+
+    @torch.no_grad()
+    def submit(self, msg: StageMessage) -> None:
+        rid, t = msg.request_id, msg.tensors
+        if "prompt_hidden" in t:
+            if msg.last:  # the Thinker stopped at its first token: nothing to speak
+                self.finished_early.append(StageMessage(rid, {}, {"finish_reason": "no_text"}, last=True))
+                return
+            self._start(msg)
+            return
+        req = self.live.get(rid)
+        if req is None:
+            return  # aborted
+        if msg.last:
+            self.text_queue.append((rid, self.specials.tts_eos))
+            self.text_queue.append((rid, None))
+        else:
+            self.text_queue.append((rid, t["token_embed"]))
+
+    def _start(self, msg: StageMessage) -> None:
+        t, tcfg = msg.tensors, self.cfg.talker
+        speaker = str(msg.meta.get("speaker", "ethan")).lower()
+        if speaker not in tcfg.speaker_id:
+            raise ValueError(f"unknown speaker {speaker!r}; this checkpoint has {sorted(tcfg.speaker_id)}")
+        prefill = talker_prefill_embeds(self.talker, self.cfg, t["prompt_ids"], t["prompt_embeds"],
+                                        t["prompt_hidden"], t["token_embed"], self.specials, tcfg.speaker_id[speaker])
+        sp = {**DEFAULT_TALKER_SAMPLING, **msg.meta.get("talker_sampling", {})}
+        sp.update(stop_token_ids=(tcfg.codec_eos_token_id,), suppress_token_ids=self.adapter.suppress_ids)
+        req = Request(msg.request_id, [self.cfg.tts_pad_token_id] * prefill.shape[0], SamplingParams(**sp),
+                      prompt_embeds=prefill.to(self.talker.codec_head.weight.dtype), embed_inputs=True)
+        self.engine.add_request(req)
+        self.live[msg.request_id] = req
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+        self.live.pop(request_id, None)
+        self.text_queue = [(r, e) for r, e in self.text_queue if r != request_id]
+
+    def has_work(self) -> bool:
+        return self.engine.has_unfinished() or bool(self.finished_early) or bool(self.text_queue)
+
+    @torch.no_grad()
+    def step(self) -> list[StageMessage]:
+        self._flush_text()
+        outs, self.finished_early = self.finished_early, []
+        for o in self.engine.step():
+            t = {"codes": torch.tensor(o.extras["codes"], dtype=torch.int64)} if "codes" in o.extras else {}
+            if o.finished:
+                self.live.pop(o.request_id, None)
+            outs.append(StageMessage(o.request_id, t, {"finish_reason": o.finish_reason} if o.finished else {},
+                                     last=o.finished))
+        return outs
+
+    def _flush_text(self) -> None:
+        """Project all queued Thinker token embeddings in one call, then feed them in order."""
+        if not self.text_queue:
+            return
+        queue, self.text_queue = self.text_queue, []
+        raw = [(i, e) for i, (_, e) in enumerate(queue) if e is not None and e is not self.specials.tts_eos]
+        projected = {}
+        if raw:
+            rows = self.talker.text_projection(torch.stack([e for _, e in raw]).to(self.talker.codec_head.weight.dtype))
+            projected = {i: rows[k] for k, (i, _) in enumerate(raw)}
+        for i, (rid, e) in enumerate(queue):
+            req = self.live.get(rid)
+            if req is None:
+                continue
+            if e is None:
+                self.adapter.end_text(req)
+            else:
+                self.adapter.feed_text(req, projected.get(i, e)[None])
