@@ -47,6 +47,28 @@ def init_model(
                            "write_seconds": round(written, 3), "load_seconds": round(loaded.load_seconds, 3)}))
 
 
+@cli.command()
+def respond(
+    input: Path = typer.Option(..., "--input", "-i", help="Spoken question: WAV/FLAC, any rate or channel count."),
+    output: Path = typer.Option(Path("answer.wav"), "--output", "-o", help="Where to write the 24 kHz answer."),
+    model: Path | None = typer.Option(None, help="Checkpoint directory (default: tiny checkpoint in the cache)."),
+    graph: Path | None = typer.Option(None, help="Stage-graph YAML (default: the shipped one)."),
+    greedy: bool = typer.Option(False, "--greedy", help="Greedy decoding in the Thinker and the Talker."),
+    dump_tokens: Path | None = typer.Option(None, "--dump-tokens", help="Write prompt/thinker ids and codes."),
+    max_tokens: int = typer.Option(64, help="Thinker max new tokens."),
+    talker_max_tokens: int = typer.Option(
+        128, help="Talker max codec frames incl. EOS (12.5 frames = 1 s; random tiny weights rarely stop)."),
+    speaker: str = typer.Option("ethan", help="Voice (talker_config.speaker_id key)."),
+    processes: bool = typer.Option(False, "--processes/--in-process",
+                                   help="Run each stage in its own process (relay) or all in this one."),
+) -> None:
+    """Answer one spoken turn: prints the transcript as it streams, then TTFP, E2EL, RTF, audio seconds."""
+    from omniduplex.app.respond import respond as run
+
+    raise typer.Exit(run(input, output, model, graph, greedy, dump_tokens, max_tokens, talker_max_tokens,
+                         speaker, processes))
+
+
 def main() -> None:
     """Entry point of the ``omniduplex`` console script."""
     cli()

@@ -34,7 +34,7 @@ from .config import ConfigError
 
 @dataclass
 class Code2WavConfig:
-    """``code2wav_config`` of a Qwen3-Omni checkpoint; defaults are ``transformers``' ``Qwen3OmniMoeCode2WavConfig``.
+    """``code2wav_config`` of a Qwen3-Omni checkpoint; defaults follow ``Qwen3OmniMoeCode2WavConfig``.
 
     ``head_dim == 0`` means ``hidden_size // num_attention_heads`` (the published config has no head_dim).
     """
@@ -64,14 +64,15 @@ class Code2WavConfig:
         if not self.head_dim:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(f"code2wav: num_attention_heads={self.num_attention_heads} is not a multiple of "
-                              f"num_key_value_heads={self.num_key_value_heads}")
+            raise ConfigError(f"code2wav: num_attention_heads={self.num_attention_heads} is not a multiple "
+                              f"of num_key_value_heads={self.num_key_value_heads}")
         if self.hidden_act != "silu":
             raise ConfigError(f"code2wav: hidden_act={self.hidden_act!r} is not supported (only 'silu')")
         if self.sliding_window < 1:
             raise ConfigError(f"code2wav: sliding_window={self.sliding_window} must be >= 1")
         if any(r < 1 for r in self.upsample_rates + self.upsampling_ratios):
-            raise ConfigError(f"code2wav: upsample rates {self.upsample_rates}/{self.upsampling_ratios} must be >= 1")
+            raise ConfigError(f"code2wav: upsample rates {self.upsample_rates}/{self.upsampling_ratios} "
+                              "must be >= 1")
         if self.decoder_dim >> len(self.upsample_rates) < 1:
             raise ConfigError(f"code2wav: decoder_dim={self.decoder_dim} is too small to halve "
                               f"{len(self.upsample_rates)} times")
@@ -111,7 +112,8 @@ class RMSNorm(nn.Module):
 
 def rope(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE (Su et al. 2021), rotate-half layout: int ``[T]`` → fp32 ``(cos, sin)`` ``[T, head_dim]``."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim
+    inv_freq = 1.0 / theta**exponents
     freqs = positions[:, None].float() * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
@@ -245,14 +247,17 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: Code2WavConfig) -> None:
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
         bias = cfg.attention_bias
         self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                ) -> torch.Tensor:
+        """``x`` ``[B, T, H]``; ``cos``/``sin`` ``[T, head_dim]``; bool ``mask`` ``[T, T]``, True = attend."""
         b, t, _ = x.shape
         q = apply_rope(self.q_proj(x).view(b, t, self.heads, self.head_dim), cos, sin)
         k = apply_rope(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim), cos, sin)
@@ -299,7 +304,8 @@ class TransformerLayer(nn.Module):
         self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
         self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                ) -> torch.Tensor:
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 

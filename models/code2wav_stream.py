@@ -63,7 +63,8 @@ def decode_window(model: Code2Wav, codes: torch.Tensor, start: int, end: int, le
     context = min(left_context_frames, start)
     first = start - context
     if first < codes_offset or end > codes_offset + codes.shape[-1]:
-        raise ValueError(f"code2wav window [{start}, {end}) with {context} frames of left context needs frames "
+        raise ValueError(f"code2wav window [{start}, {end}) with {context} frames of left context needs "
+                         "frames "
                          f"[{first}, {end}); codes hold [{codes_offset}, {codes_offset + codes.shape[-1]})")
     u, la = model.total_upsample, model.lookahead_samples
     drop = context * u - la if start > 0 else 0

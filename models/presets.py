@@ -76,7 +76,7 @@ def omni_config(preset: str) -> dict:
     thinker = dict(text_config=text, audio_config=audio, audio_token_id=_IDS["<|audio_pad|>"],
                    audio_start_token_id=_IDS["<|audio_start|>"], audio_end_token_id=_IDS["<|audio_end|>"],
                    image_token_id=_IDS["<|image_pad|>"], video_token_id=_IDS["<|video_pad|>"],
-                   vision_start_token_id=_IDS["<|vision_start|>"], user_token_id=_IDS["user"],
+                   vision_start_token_id=_IDS["<|vision_start|>"], user_token_id=_IDS["<|user|>"],
                    position_id_per_seconds=25, tie_word_embeddings=False,
                    vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
                                       out_hidden_size=th, patch_size=16, spatial_merge_size=2,
@@ -86,8 +86,8 @@ def omni_config(preset: str) -> dict:
         thinker_config=thinker, talker_config=talker, code2wav_config=code2wav, enable_audio_output=True,
         im_start_token_id=_IDS["<|im_start|>"], im_end_token_id=_IDS["<|im_end|>"],
         tts_pad_token_id=_IDS["<tts_pad>"], tts_bos_token_id=_IDS["<tts_text_bos>"],
-        tts_eos_token_id=_IDS["<tts_text_eod>"], system_token_id=_IDS["system"], user_token_id=_IDS["user"],
-        assistant_token_id=_IDS["assistant"], torch_dtype="float32",
+        tts_eos_token_id=_IDS["<tts_text_eod>"], system_token_id=_IDS["<|system|>"], user_token_id=_IDS["<|user|>"],
+        assistant_token_id=_IDS["<|assistant|>"], torch_dtype="float32",
     )
 
 

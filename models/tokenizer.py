@@ -19,8 +19,10 @@ from .config import OmniConfig
 PRESET_SPECIAL_TOKENS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>",
     "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
-    "system", "user", "assistant",
+    "<|system|>", "<|user|>", "<|assistant|>",
 ]
+"""The last three stand for the role words ("system", "user", "assistant") that are single BPE tokens in
+the published vocabulary; as bracketed special tokens they never match inside ordinary text."""
 DEFAULT_SYSTEM_PROMPT = "You are a helpful voice assistant. Answer briefly."
 
 

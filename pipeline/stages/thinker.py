@@ -3,7 +3,7 @@
 Input (from the encoder): ``prompt_ids``, ``audio_embeds``; meta ``sampling`` (dict of
 :class:`SamplingParams` fields). Output per token: ``token`` int64 ``[1]``, ``token_embed``
 ``[hidden]``; the first message also carries ``prompt_ids``, ``prompt_embeds`` and ``prompt_hidden``
-(the Talker's user-turn inputs). ``last`` marks the final token (EOS or max tokens).
+(the Talker's user-turn inputs) and the turn's meta (``talker_sampling``, ``speaker``, ...). ``last`` marks the final token (EOS or max tokens).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class ThinkerWorker:
         self.engine = Engine(ThinkerAdapter(model.thinker, capture_layer=accept, emit_embeds=True), num_blocks,
                              max_num_seqs, max_num_batched_tokens,
                              dtype=model.thinker.lm_head.weight.dtype)
-        self.prompts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.prompts: dict[str, tuple[torch.Tensor, torch.Tensor, dict]] = {}
 
     @torch.no_grad()
     def submit(self, msg: StageMessage) -> None:
@@ -41,7 +41,7 @@ class ThinkerWorker:
         sp["stop_token_ids"] = tuple(sp["stop_token_ids"])
         req = Request(msg.request_id, ids.tolist(), SamplingParams(**sp), prompt_embeds=embeds)
         self.engine.add_request(req)
-        self.prompts[msg.request_id] = (ids, embeds)
+        self.prompts[msg.request_id] = (ids, embeds, {k: v for k, v in msg.meta.items() if k != "sampling"})
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
@@ -55,11 +55,12 @@ class ThinkerWorker:
         outs = []
         for o in self.engine.step():
             t = {"token": torch.tensor(o.new_token_ids, dtype=torch.int64), "token_embed": o.extras["token_embed"]}
-            if "prompt_hidden" in o.extras:
-                ids, embeds = self.prompts[o.request_id]
+            meta = {"finish_reason": o.finish_reason} if o.finished else {}
+            if "prompt_hidden" in o.extras:  # first token: hand the Talker its prompt and the turn's options
+                ids, embeds, turn_meta = self.prompts[o.request_id]
                 t.update(prompt_ids=ids, prompt_embeds=embeds, prompt_hidden=o.extras["prompt_hidden"])
+                meta.update(turn_meta)
             if o.finished:
                 self.prompts.pop(o.request_id, None)
-            outs.append(StageMessage(o.request_id, t, {"finish_reason": o.finish_reason} if o.finished else {},
-                                     last=o.finished))
+            outs.append(StageMessage(o.request_id, t, meta, last=o.finished))
         return outs

@@ -1,0 +1,80 @@
+"""The stage graph configuration (YAML), validated with pydantic; errors name the offending key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from .connector import ChunkingConfig
+
+DEFAULT_GRAPH = Path(__file__).with_name("default_graph.yaml")
+
+
+class GraphConfigError(ValueError):
+    """An invalid stage-graph file; the message names the key (``stages.thinker.max_num_seqs``)."""
+
+
+class StageConfig(BaseModel):
+    """One stage process: device, dtype, batch and token limits, KV cache size."""
+
+    model_config = {"extra": "forbid"}
+
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_num_seqs: int = Field(64, ge=1)
+    max_num_batched_tokens: int = Field(1024, ge=1)
+    num_kv_blocks: int = Field(1024, ge=1)
+    torch_threads: int = Field(1, ge=1)
+
+
+class EdgeConfig(BaseModel):
+    """Relay edge between two stages: shared-memory slot count and size (bytes)."""
+
+    model_config = {"extra": "forbid"}
+
+    slots: int = Field(8, ge=1)
+    slot_bytes: int = Field(1 << 20, ge=4096)
+
+
+class PipelineConfig(BaseModel):
+    """The whole graph. ``model``: checkpoint directory (``None`` = the tiny checkpoint in the cache)."""
+
+    model_config = {"extra": "forbid"}
+
+    model: str | None = None
+    stages: dict[Literal["encoder", "thinker", "talker", "code2wav"], StageConfig] = Field(default_factory=dict)
+    edges: dict[str, EdgeConfig] = Field(default_factory=dict)
+    chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
+
+    @model_validator(mode="after")
+    def _fill(self) -> PipelineConfig:
+        for s in ("encoder", "thinker", "talker", "code2wav"):
+            self.stages.setdefault(s, StageConfig())
+        for name in self.edges:
+            a, sep, b = name.partition("->")
+            if not sep or not a or not b:
+                raise ValueError(f"edge name {name!r} must look like 'producer->consumer'")
+        return self
+
+
+def load_graph(path: str | Path | None = None, **overrides) -> PipelineConfig:
+    """Read and validate a graph YAML (default: the shipped ``default_graph.yaml``).
+
+    Raises:
+        GraphConfigError: unreadable YAML or invalid values, naming the dotted key.
+    """
+    path = Path(path) if path else DEFAULT_GRAPH
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise GraphConfigError(f"{path}: {e}") from e
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        raise GraphConfigError(f"{path}: {key}: {first['msg']}") from e

@@ -1,0 +1,95 @@
+"""All four stage workers in one background thread: the in-process backend (tests, debugging).
+
+Same routing as the multi-process backend (:mod:`.graph`), no relay.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections import deque
+
+from .graph import DOWNSTREAM, STAGES, TO_ORCHESTRATOR
+from .messages import StageMessage
+from .orchestrator import OutputCallback
+
+
+class LocalBackend:
+    """Runs ``workers`` (stage name → worker) round-robin in a daemon thread."""
+
+    def __init__(self, workers: dict[str, object]) -> None:
+        self.workers = workers
+        self.inbox: deque[tuple[str, object]] = deque()
+        self.wake = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.running = False
+        self.owner: dict[str, set[str]] = {s: set() for s in STAGES}  # request ids each stage holds
+
+    def start(self, on_output: OutputCallback) -> None:
+        self.on_output, self.running = on_output, True
+        self.thread = threading.Thread(target=self._loop, name="omniduplex-local-backend", daemon=True)
+        self.thread.start()
+
+    def send(self, msg: StageMessage) -> None:
+        self.inbox.append(("submit", msg))
+        self.wake.set()
+
+    def abort(self, request_id: str) -> None:
+        self.inbox.append(("abort", request_id))
+        self.wake.set()
+
+    def stop(self) -> None:
+        self.running = False
+        self.wake.set()
+        if self.thread:
+            self.thread.join(timeout=10)
+
+    def _deliver(self, stage: str, msg: StageMessage) -> None:
+        try:
+            self.workers[stage].submit(msg)
+            self.owner[stage].add(msg.request_id)
+        except Exception as e:  # bad input for this request only
+            self._fail(msg.request_id, f"{stage}: {e}")
+
+    def _fail(self, request_id: str, error: str) -> None:
+        for s in STAGES:
+            self.workers[s].abort(request_id)
+            self.owner[s].discard(request_id)
+        self.on_output("error", StageMessage(request_id, meta={"error": error}, last=True))
+
+    def _loop(self) -> None:
+        while self.running:
+            while self.inbox:
+                kind, item = self.inbox.popleft()
+                if kind == "submit":
+                    self._deliver("encoder", item)
+                else:
+                    for s in STAGES:
+                        self.workers[s].abort(item)
+                        self.owner[s].discard(item)
+            progressed = False
+            for stage in STAGES:
+                w = self.workers[stage]
+                if not w.has_work():
+                    continue
+                progressed = True
+                try:
+                    outs = w.step()
+                except Exception:
+                    err = traceback.format_exc(limit=3)
+                    for rid in list(self.owner[stage]):
+                        self._fail(rid, f"{stage} failed: {err}")
+                    continue
+                for msg in outs:
+                    if msg.last:
+                        self.owner[stage].discard(msg.request_id)
+                    if stage in TO_ORCHESTRATOR:
+                        self.on_output(stage, msg)
+                    if stage == "talker" and "codes" in msg.tensors:
+                        self.on_output("talker_codes", msg)
+                    nxt = DOWNSTREAM[stage]
+                    if nxt:
+                        self._deliver(nxt, msg)
+            if not progressed:
+                self.wake.wait(0.05)
+                self.wake.clear()

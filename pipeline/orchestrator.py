@@ -1,0 +1,175 @@
+"""The orchestrator: submit a turn, get an async stream of events, cancel it anywhere in the graph.
+
+It speaks to a :class:`Backend` (stages in this process, or stage processes joined by the relay) and
+turns the Thinker's tokens into transcript deltas and Code2Wav's PCM into audio chunks, measuring
+TTFP (turn submitted → first PCM chunk), E2EL and RTF on the way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from .audio_io import OUTPUT_RATE
+from .messages import StageMessage, TurnEvent
+
+OutputCallback = Callable[[str, StageMessage], None]
+"""``(source, message)``: source is ``"thinker"``, ``"code2wav"`` or ``"error"`` (meta ``error``)."""
+
+
+class Backend(Protocol):
+    """Where the stages run. ``send`` enters a turn at the encoder; ``abort`` reaches every stage."""
+
+    def start(self, on_output: OutputCallback) -> None: ...
+
+    def send(self, msg: StageMessage) -> None: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class _Detokenizer:
+    """Incremental detokenization that holds back incomplete UTF-8 sequences."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.tok, self.ids, self.sent = tok, [], ""
+
+    def push(self, ids: list[int], final: bool = False) -> str:
+        self.ids += ids
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") and not final:
+            return ""
+        delta, self.sent = text[len(self.sent):], text
+        return delta
+
+
+@dataclass
+class _Turn:
+    request_id: str
+    queue: asyncio.Queue
+    detok: _Detokenizer
+    t_submit: float = field(default_factory=time.perf_counter)
+    t_first_audio: float | None = None
+    samples: int = 0
+    prompt_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    codes: list[list[int]] = field(default_factory=list)
+    finished: bool = False
+
+
+class Orchestrator:
+    """Turn-level API over a backend.
+
+    Args:
+        backend: where the stages run.
+        tokenizer: decodes the Thinker's ids for transcript events.
+        record: keep each turn's token ids and codec frames (``--dump-tokens``); costs memory per turn.
+    """
+
+    def __init__(self, backend: Backend, tokenizer: Tokenizer, record: bool = False) -> None:
+        self.backend, self.tok, self.record = backend, tokenizer, record
+        self.turns: dict[str, _Turn] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._ids = itertools.count()
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self.backend.start, self._on_output)
+
+    async def stop(self) -> None:
+        for rid in list(self.turns):
+            self.cancel(rid)
+        await asyncio.to_thread(self.backend.stop)
+
+    def submit(self, waveform: np.ndarray, meta: dict | None = None, request_id: str | None = None) -> str:
+        """Start a turn from 16 kHz mono float32 ``waveform``; returns its request id.
+
+        ``meta``: ``system_prompt``, ``history`` (list of ``[role, text]``), ``sampling`` /
+        ``talker_sampling`` (dicts of sampling parameters), ``speaker``.
+        """
+        rid = request_id or f"turn-{next(self._ids)}"
+        if rid in self.turns:
+            raise ValueError(f"turn {rid!r} is already running")
+        self.turns[rid] = _Turn(rid, asyncio.Queue(), _Detokenizer(self.tok))
+        wav = torch.from_numpy(np.ascontiguousarray(waveform, dtype=np.float32))
+        self.backend.send(StageMessage(rid, {"waveform": wav}, dict(meta or {}), last=True))
+        return rid
+
+    async def events(self, request_id: str) -> AsyncIterator[TurnEvent]:
+        """Events of a turn until ``done`` or ``error`` (the turn is then forgotten)."""
+        turn = self.turns[request_id]
+        try:
+            while True:
+                ev = await turn.queue.get()
+                yield ev
+                if ev.kind in ("done", "error"):
+                    return
+        finally:
+            self.turns.pop(request_id, None)
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a turn in every stage (frees its KV blocks and relay slots); no-op when unknown."""
+        turn = self.turns.get(request_id)
+        if turn is None or turn.finished:
+            return
+        turn.finished = True
+        self.backend.abort(request_id)
+        turn.queue.put_nowait(TurnEvent("error", request_id, error="cancelled"))
+
+    def turn_record(self, request_id: str) -> dict[str, list]:
+        """``prompt_token_ids``, ``thinker_token_ids`` and ``talker_codes`` (one list per frame) of a turn."""
+        turn = self.turns[request_id]
+        return {"prompt_token_ids": turn.prompt_ids, "thinker_token_ids": turn.token_ids,
+                "talker_codes": turn.codes}
+
+    # -- called from the backend's thread ----------------------------------------------------------
+    def _on_output(self, source: str, msg: StageMessage) -> None:
+        self.loop.call_soon_threadsafe(self._handle, source, msg)
+
+    def _handle(self, source: str, msg: StageMessage) -> None:
+        turn = self.turns.get(msg.request_id)
+        if turn is None or turn.finished:
+            return
+        put = turn.queue.put_nowait
+        if source == "error":
+            turn.finished = True
+            self.backend.abort(msg.request_id)
+            put(TurnEvent("error", msg.request_id, error=str(msg.meta.get("error", "stage failure"))))
+            return
+        if source == "thinker":
+            if "prompt_ids" in msg.tensors:
+                turn.prompt_ids = msg.tensors["prompt_ids"].tolist()
+            ids = msg.tensors["token"].tolist()
+            turn.token_ids += ids
+            delta = turn.detok.push(ids, final=msg.last)
+            if delta:
+                put(TurnEvent("text", msg.request_id, text=delta))
+            return
+        if source == "talker_codes" and self.record:
+            turn.codes.append(msg.tensors["codes"].tolist())
+            return
+        if source != "code2wav":
+            return
+        pcm = msg.tensors.get("pcm")
+        if pcm is not None and pcm.numel():
+            if turn.t_first_audio is None:
+                turn.t_first_audio = time.perf_counter()
+            turn.samples += pcm.numel()
+            put(TurnEvent("audio", msg.request_id, pcm=pcm.numpy()))
+        if msg.last:
+            turn.finished = True
+            now = time.perf_counter()
+            audio_s = turn.samples / OUTPUT_RATE
+            e2el = now - turn.t_submit
+            metrics = {"ttfp_ms": 1000 * ((turn.t_first_audio or now) - turn.t_submit), "e2el_ms": 1000 * e2el,
+                       "audio_s": audio_s, "rtf": e2el / audio_s if audio_s else float("inf")}
+            put(TurnEvent("done", msg.request_id, metrics=metrics))
