@@ -8,8 +8,11 @@ from pathlib import Path
 
 import typer
 
-cli = typer.Typer(help="omniduplex: full-duplex voice assistant on a streaming speech-model pipeline.",
-                  no_args_is_help=True, add_completion=False)
+cli = typer.Typer(
+    help="omniduplex: full-duplex voice assistant on a streaming speech-model pipeline.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 
 
 @cli.callback()
@@ -30,8 +33,9 @@ def init_model(
     out: Path = typer.Option(..., "--out", help="Directory to write the checkpoint into."),
     preset: str = typer.Option("tiny", help="tiny (tests, default run) or small (~80M, CPU benchmarks)."),
     seed: int = typer.Option(0, help="Weight seed; the same seed gives byte-identical files."),
-    text_only: bool = typer.Option(False, "--text-only",
-                                   help="Write a Qwen3MoeForCausalLM text checkpoint (the Thinker decoder)."),
+    text_only: bool = typer.Option(
+        False, "--text-only", help="Write a Qwen3MoeForCausalLM text checkpoint (the Thinker decoder)."
+    ),
 ) -> None:
     """Write a deterministic random-weight checkpoint in the published Qwen3-Omni layout."""
     from omniduplex.models.presets import write_checkpoint
@@ -42,31 +46,65 @@ def init_model(
     written = time.perf_counter() - t0
     loaded = load_model(out)
     counts = loaded.num_parameters()
-    typer.echo(json.dumps({"out": str(out), "preset": preset, "architecture": loaded.architecture,
-                           "parameters": counts, "total_parameters": sum(counts.values()),
-                           "write_seconds": round(written, 3), "load_seconds": round(loaded.load_seconds, 3)}))
+    typer.echo(
+        json.dumps(
+            {
+                "out": str(out),
+                "preset": preset,
+                "architecture": loaded.architecture,
+                "parameters": counts,
+                "total_parameters": sum(counts.values()),
+                "write_seconds": round(written, 3),
+                "load_seconds": round(loaded.load_seconds, 3),
+            }
+        )
+    )
 
 
 @cli.command()
 def respond(
-    input: Path = typer.Option(..., "--input", "-i", help="Spoken question: WAV/FLAC, any rate or channel count."),
-    output: Path = typer.Option(Path("answer.wav"), "--output", "-o", help="Where to write the 24 kHz answer."),
-    model: Path | None = typer.Option(None, help="Checkpoint directory (default: tiny checkpoint in the cache)."),
+    input: Path = typer.Option(
+        ..., "--input", "-i", help="Spoken question: WAV/FLAC, any rate or channel count."
+    ),
+    output: Path = typer.Option(
+        Path("answer.wav"), "--output", "-o", help="Where to write the 24 kHz answer."
+    ),
+    model: Path | None = typer.Option(
+        None, help="Checkpoint directory (default: tiny checkpoint in the cache)."
+    ),
     graph: Path | None = typer.Option(None, help="Stage-graph YAML (default: the shipped one)."),
     greedy: bool = typer.Option(False, "--greedy", help="Greedy decoding in the Thinker and the Talker."),
-    dump_tokens: Path | None = typer.Option(None, "--dump-tokens", help="Write prompt/thinker ids and codes."),
+    dump_tokens: Path | None = typer.Option(
+        None, "--dump-tokens", help="Write prompt/thinker ids and codes."
+    ),
     max_tokens: int = typer.Option(64, help="Thinker max new tokens."),
     talker_max_tokens: int = typer.Option(
-        128, help="Talker max codec frames incl. EOS (12.5 frames = 1 s; random tiny weights rarely stop)."),
+        128, help="Talker max codec frames incl. EOS (12.5 frames = 1 s; random tiny weights rarely stop)."
+    ),
     speaker: str = typer.Option("ethan", help="Voice (talker_config.speaker_id key)."),
-    processes: bool = typer.Option(False, "--processes/--in-process",
-                                   help="Run each stage in its own process (relay) or all in this one."),
+    processes: bool = typer.Option(
+        False,
+        "--processes/--in-process",
+        help="Run each stage in its own process (relay) or all in this one.",
+    ),
 ) -> None:
     """Answer one spoken turn: prints the transcript as it streams, then TTFP, E2EL, RTF, audio seconds."""
     from omniduplex.app.respond import respond as run
 
-    raise typer.Exit(run(input, output, model, graph, greedy, dump_tokens, max_tokens, talker_max_tokens,
-                         speaker, processes))
+    raise typer.Exit(
+        run(
+            input,
+            output,
+            model,
+            graph,
+            greedy,
+            dump_tokens,
+            max_tokens,
+            talker_max_tokens,
+            speaker,
+            processes,
+        )
+    )
 
 
 def main() -> None:

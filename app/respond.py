@@ -51,9 +51,18 @@ def make_backend(pcfg, processes: bool):
     return LocalBackend(build_all(pcfg))
 
 
-def respond(input_path: Path, output_path: Path, model: Path | None, graph: Path | None, greedy: bool,
-            dump_tokens: Path | None, max_tokens: int, talker_max_tokens: int, speaker: str,
-            processes: bool = True) -> int:
+def respond(
+    input_path: Path,
+    output_path: Path,
+    model: Path | None,
+    graph: Path | None,
+    greedy: bool,
+    dump_tokens: Path | None,
+    max_tokens: int,
+    talker_max_tokens: int,
+    speaker: str,
+    processes: bool = True,
+) -> int:
     """Run one turn; returns the process exit code (0 ok, 2 bad input, 1 pipeline error)."""
     try:
         wav = load_audio(input_path)
@@ -75,7 +84,9 @@ def respond(input_path: Path, output_path: Path, model: Path | None, graph: Path
 
 
 async def _run(pcfg, wav, meta, output_path, dump_tokens, processes) -> int:
-    orch = Orchestrator(make_backend(pcfg, processes), load_tokenizer(pcfg.model), record=dump_tokens is not None)
+    orch = Orchestrator(
+        make_backend(pcfg, processes), load_tokenizer(pcfg.model), record=dump_tokens is not None
+    )
     await orch.start()
     pcm, code = [], 0
     try:
@@ -94,8 +105,10 @@ async def _run(pcfg, wav, meta, output_path, dump_tokens, processes) -> int:
                 samples = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
                 write_wav(output_path, samples)
                 m = ev.metrics
-                print(f"\n\nTTFP {m['ttfp_ms']:.0f} ms | E2EL {m['e2el_ms']:.0f} ms | RTF {m['rtf']:.3f} | "
-                      f"audio {m['audio_s']:.2f} s -> {output_path}")
+                print(
+                    f"\n\nTTFP {m['ttfp_ms']:.0f} ms | E2EL {m['e2el_ms']:.0f} ms | RTF {m['rtf']:.3f} | "
+                    f"audio {m['audio_s']:.2f} s -> {output_path}"
+                )
         if dump_tokens and record is not None:
             Path(dump_tokens).write_text(json.dumps(record))
     finally:

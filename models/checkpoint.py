@@ -63,7 +63,7 @@ def weight_files(model_dir: str | Path) -> dict[str, Path]:
     files = {}
     for f in single:
         with _open(f) as st:
-            files.update({name: f for name in st.keys()})
+            files.update(dict.fromkeys(st.keys(), f))  # noqa: SIM118 (safe_open is not iterable)
     return files
 
 
@@ -83,7 +83,9 @@ def _check_headers(paths: set[Path]) -> None:
         n = int.from_bytes(raw, "little")
         size = p.stat().st_size
         if 8 + n > size:
-            raise CheckpointError(f"{p.name}: truncated safetensors file (header claims {n} bytes, file {size})")
+            raise CheckpointError(
+                f"{p.name}: truncated safetensors file (header claims {n} bytes, file {size})"
+            )
         with p.open("rb") as fh:
             fh.seek(8)
             try:
@@ -92,11 +94,14 @@ def _check_headers(paths: set[Path]) -> None:
                 raise CheckpointError(f"{p.name}: corrupt safetensors header ({e})") from e
         end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
         if 8 + n + end > size:
-            raise CheckpointError(f"{p.name}: truncated safetensors file: data needs {8 + n + end} bytes, "
-                                  f"file has {size}")
+            raise CheckpointError(
+                f"{p.name}: truncated safetensors file: data needs {8 + n + end} bytes, file has {size}"
+            )
 
 
-def iter_tensors(files: dict[str, Path], names: list[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tensors(
+    files: dict[str, Path], names: list[str] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, tensor)`` for ``names`` (default: all), opening each file once."""
     by_file: dict[Path, list[str]] = {}
     for name in names if names is not None else files:
@@ -129,13 +134,21 @@ def fuse_expert_names(names: list[str]) -> dict[str, list[str]]:
             fused[f"{prefix}.down_proj"] = ordered
         else:
             fused.setdefault(f"{prefix}.gate_up_proj", [])
-            fused[f"{prefix}.gate_up_proj"] = (ordered + fused[f"{prefix}.gate_up_proj"] if kind == "gate_proj"
-                                               else fused[f"{prefix}.gate_up_proj"] + ordered)
+            fused[f"{prefix}.gate_up_proj"] = (
+                ordered + fused[f"{prefix}.gate_up_proj"]
+                if kind == "gate_proj"
+                else fused[f"{prefix}.gate_up_proj"] + ordered
+            )
     return fused
 
 
-def load_state_dict_into(module: torch.nn.Module, files: dict[str, Path], prefix: str = "",
-                         ignore: tuple[str, ...] = (), dtype: torch.dtype | None = None) -> None:
+def load_state_dict_into(
+    module: torch.nn.Module,
+    files: dict[str, Path],
+    prefix: str = "",
+    ignore: tuple[str, ...] = (),
+    dtype: torch.dtype | None = None,
+) -> None:
     """Copy checkpoint tensors ``prefix + name`` into ``module``'s parameters, strictly.
 
     Per-expert MoE tensors are fused (see :func:`fuse_expert_names`). Tensor names starting with one of
@@ -146,20 +159,24 @@ def load_state_dict_into(module: torch.nn.Module, files: dict[str, Path], prefix
             ``prefix`` that the config does not account for (config contradicts weights).
     """
     ours = module.state_dict()
-    tied = {n for n, p in module.named_parameters(remove_duplicate=False)} - {n for n, _ in module.named_parameters()}
-    avail = [n[len(prefix):] for n in files if n.startswith(prefix) and not n.startswith(ignore)]
+    tied = {n for n, p in module.named_parameters(remove_duplicate=False)} - {
+        n for n, _ in module.named_parameters()
+    }
+    avail = [n[len(prefix) :] for n in files if n.startswith(prefix) and not n.startswith(ignore)]
     fused = fuse_expert_names(avail)
     consumed = {s for srcs in fused.values() for s in srcs}
     plain = set(avail) - consumed
     unexpected = sorted((plain - set(ours)) | {f for f in fused if f not in ours})
     if unexpected:
-        raise CheckpointError(f"checkpoint tensor '{prefix}{unexpected[0]}' is not part of the model the config "
-                              f"describes ({len(unexpected)} such tensors) — config and weights disagree")
+        raise CheckpointError(
+            f"checkpoint tensor '{prefix}{unexpected[0]}' is not part of the model the config "
+            f"describes ({len(unexpected)} such tensors) — config and weights disagree"
+        )
     for name, param in ours.items():
         if name in tied and name not in plain:
             continue
         if name in plain:
-            (_, t), = iter_tensors(files, [prefix + name])
+            ((_, t),) = iter_tensors(files, [prefix + name])
         elif name in fused:
             srcs = fused[name]
             parts = dict(iter_tensors(files, [prefix + s for s in srcs]))
@@ -167,8 +184,10 @@ def load_state_dict_into(module: torch.nn.Module, files: dict[str, Path], prefix
         else:
             raise CheckpointError(f"missing tensor '{prefix}{name}' (expected shape {list(param.shape)})")
         if tuple(t.shape) != tuple(param.shape):
-            raise CheckpointError(f"tensor '{prefix}{name}' in {files.get(prefix + name, 'checkpoint')} has shape "
-                                  f"{list(t.shape)}, the config implies {list(param.shape)}")
+            raise CheckpointError(
+                f"tensor '{prefix}{name}' in {files.get(prefix + name, 'checkpoint')} has shape "
+                f"{list(t.shape)}, the config implies {list(param.shape)}"
+            )
         with torch.no_grad():
             param.copy_(t.to(dtype or param.dtype))
 

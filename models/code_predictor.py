@@ -30,8 +30,9 @@ class CodePredictorModel(DecoderStack):
 
     def __init__(self, cfg: DecoderConfig, num_code_groups: int) -> None:
         super().__init__(cfg)
-        self.codec_embedding = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-                                             for _ in range(num_code_groups - 1))
+        self.codec_embedding = nn.ModuleList(
+            nn.Embedding(cfg.vocab_size, cfg.hidden_size) for _ in range(num_code_groups - 1)
+        )
 
 
 class CodePredictor(nn.Module):
@@ -41,12 +42,18 @@ class CodePredictor(nn.Module):
         super().__init__()
         self.cfg, self.num_code_groups = cfg, num_code_groups
         self.model = CodePredictorModel(cfg, num_code_groups)
-        self.lm_head = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-                                     for _ in range(num_code_groups - 1))
+        self.lm_head = nn.ModuleList(
+            nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(num_code_groups - 1)
+        )
 
     @torch.no_grad()
-    def predict(self, talker_hidden: torch.Tensor, code0: torch.Tensor, code0_embed: torch.Tensor,
-                sample: SampleFn = greedy) -> torch.Tensor:
+    def predict(
+        self,
+        talker_hidden: torch.Tensor,
+        code0: torch.Tensor,
+        code0_embed: torch.Tensor,
+        sample: SampleFn = greedy,
+    ) -> torch.Tensor:
         """Generate the residual codes of ``B`` frames at once.
 
         Args:
@@ -62,8 +69,14 @@ class CodePredictor(nn.Module):
         if b == 0:
             return code0.new_zeros((0, g_total))
         nblk = -(-(g_total + 1) // BLOCK_SIZE)
-        kv = allocate_kv_cache(self.cfg.num_hidden_layers, b * nblk, self.cfg.num_key_value_heads,
-                               self.cfg.head_dim, dtype=talker_hidden.dtype, device=talker_hidden.device)
+        kv = allocate_kv_cache(
+            self.cfg.num_hidden_layers,
+            b * nblk,
+            self.cfg.num_key_value_heads,
+            self.cfg.head_dim,
+            dtype=talker_hidden.dtype,
+            device=talker_hidden.device,
+        )
         codes = [code0]
         x = torch.stack((talker_hidden, code0_embed), dim=1).reshape(2 * b, -1)
         for g in range(1, g_total):

@@ -75,14 +75,16 @@ class DecoderConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], **overrides: Any) -> DecoderConfig:
-        """Build from a HF text-config dict; ``rope_theta`` may sit in ``rope_parameters``/``rope_scaling``."""
+        """Build from a HF text-config dict (``rope_theta`` may sit in ``rope_parameters``)."""
         d = dict(d)
         for key in ("rope_parameters", "rope_scaling"):
             sub = d.get(key) or {}
             if "rope_theta" in sub and "rope_theta" not in d:
                 d["rope_theta"] = sub["rope_theta"]
         d.update(overrides)
-        missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads") if k not in d]
+        missing = [
+            k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads") if k not in d
+        ]
         if missing:
             raise ConfigError(f"text config is missing {missing}")
         d.setdefault("num_key_value_heads", d["num_attention_heads"])
@@ -104,8 +106,11 @@ class ThinkerConfig:
     def from_dict(cls, d: dict[str, Any]) -> ThinkerConfig:
         if "text_config" not in d:
             raise ConfigError("thinker_config has no text_config")
-        kw = {k: d[k] for k in ("audio_token_id", "audio_start_token_id", "audio_end_token_id", "user_token_id")
-              if k in d}
+        kw = {
+            k: d[k]
+            for k in ("audio_token_id", "audio_start_token_id", "audio_end_token_id", "user_token_id")
+            if k in d
+        }
         text = dict(d["text_config"])
         text.setdefault("tie_word_embeddings", d.get("tie_word_embeddings", False))
         return cls(text=DecoderConfig.from_dict(text), audio=dict(d.get("audio_config") or {}), **kw)
@@ -136,9 +141,17 @@ class TalkerConfig:
         text = dict(d["text_config"])
         if text.get("num_experts", 0) and "shared_expert_intermediate_size" not in text:
             raise ConfigError("talker_config.text_config.shared_expert_intermediate_size is required")
-        defaults = dict(num_code_groups=32, thinker_hidden_size=2048, accept_hidden_layer=18,
-                        codec_eos_token_id=4198, codec_nothink_id=4203, codec_think_bos_id=4204,
-                        codec_think_eos_id=4205, codec_pad_id=4196, codec_bos_id=4197)
+        defaults = dict(
+            num_code_groups=32,
+            thinker_hidden_size=2048,
+            accept_hidden_layer=18,
+            codec_eos_token_id=4198,
+            codec_nothink_id=4203,
+            codec_think_bos_id=4204,
+            codec_think_eos_id=4205,
+            codec_pad_id=4196,
+            codec_bos_id=4197,
+        )
         kw = {k: d.get(k, v) for k, v in defaults.items()}
         cfg = cls(
             text=DecoderConfig.from_dict(text),

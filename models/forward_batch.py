@@ -42,8 +42,9 @@ class ForwardBatch:
         return int(self.positions.shape[0])
 
     @classmethod
-    def contiguous(cls, q_lens: list[int], ctx_lens: list[int], device: torch.device | str = "cpu",
-                   first_block: int = 0) -> ForwardBatch:
+    def contiguous(
+        cls, q_lens: list[int], ctx_lens: list[int], device: torch.device | str = "cpu", first_block: int = 0
+    ) -> ForwardBatch:
         """Metadata for sequences whose blocks are laid out back to back from ``first_block``.
 
         Sequence ``s`` has ``ctx_lens[s]`` tokens already cached and ``q_lens[s]`` new tokens; it owns
@@ -54,7 +55,7 @@ class ForwardBatch:
         block = first_block
         totals = [c + q for c, q in zip(ctx_lens, q_lens)]
         width = max(1, max(-(-t // BLOCK_SIZE) for t in totals))
-        for ctx, q, total in zip(ctx_lens, q_lens, totals):
+        for ctx, total in zip(ctx_lens, totals):
             nblk = -(-total // BLOCK_SIZE)
             ids = list(range(block, block + nblk))
             tables.append(ids + [0] * (width - nblk))
@@ -76,10 +77,17 @@ class ForwardBatch:
         )
 
 
-def allocate_kv_cache(num_layers: int, num_blocks: int, num_kv_heads: int, head_dim: int,
-                      dtype: torch.dtype = torch.float32,
-                      device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+def allocate_kv_cache(
+    num_layers: int,
+    num_blocks: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per-layer ``(k_cache, v_cache)``, each ``[num_blocks, 16, num_kv_heads, head_dim]`` zeros."""
     shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
-    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(num_layers)]
+    return [
+        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        for _ in range(num_layers)
+    ]

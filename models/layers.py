@@ -65,8 +65,11 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (cfg.num_attention_heads, cfg.num_key_value_heads,
-                                                            cfg.head_dim)
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         bias = cfg.attention_bias
         self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
@@ -76,8 +79,13 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch,
-                kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        batch: ForwardBatch,
+        kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
         """``x`` ``[T, hidden]`` → ``[T, hidden]``; writes this step's K/V into ``kv`` at ``slot_mapping``."""
         t = x.shape[0]
         q = self.q_norm(self.q_proj(x).view(t, self.num_heads, self.head_dim))
@@ -86,8 +94,17 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         k_cache, v_cache = kv
         write_kv_cache(k_cache, v_cache, k, v, batch.slot_mapping)
-        out = paged_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-                              self.scale, max_seq_len=batch.max_seq_len, max_query_len=batch.max_query_len)
+        out = paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            batch.block_tables,
+            batch.seq_lens,
+            batch.query_start_loc,
+            self.scale,
+            max_seq_len=batch.max_seq_len,
+            max_query_len=batch.max_query_len,
+        )
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
 
@@ -142,7 +159,7 @@ class Experts(nn.Module):
         for e, c in enumerate(counts):
             if c == 0:
                 continue
-            gate, up = F.linear(xs[start:start + c], self.gate_up_proj[e]).chunk(2, dim=-1)
+            gate, up = F.linear(xs[start : start + c], self.gate_up_proj[e]).chunk(2, dim=-1)
             outs.append(F.linear(F.silu(gate) * up, self.down_proj[e]))
             start += c
         ys = torch.cat(outs) * weights.reshape(-1)[order, None]
@@ -176,7 +193,9 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
         super().__init__()
         self.self_attn = Attention(cfg)
-        self.mlp = SparseMoE(cfg) if cfg.is_moe_layer(layer_idx) else MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = (
+            SparseMoE(cfg) if cfg.is_moe_layer(layer_idx) else MLP(cfg.hidden_size, cfg.intermediate_size)
+        )
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -200,8 +219,13 @@ class DecoderStack(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                capture_layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        batch: ForwardBatch,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        capture_layer: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"got {len(kv_caches)} KV caches for {len(self.layers)} layers")
         rope = self.rotary(batch.positions)

@@ -22,13 +22,32 @@ _IDS = preset_token_ids()
 CODEBOOK = {"tiny": 256, "small": 1024}
 
 
-def _decoder(hidden, layers, heads, kv, head_dim, inter, vocab, experts=0, topk=0, moe_inter=0, **extra) -> dict:
-    d = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
-             head_dim=head_dim, intermediate_size=inter, vocab_size=vocab, hidden_act="silu", rms_norm_eps=1e-6,
-             rope_theta=1_000_000.0, attention_bias=False, max_position_embeddings=32768)
+def _decoder(
+    hidden, layers, heads, kv, head_dim, inter, vocab, experts=0, topk=0, moe_inter=0, **extra
+) -> dict:
+    d = dict(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        hidden_act="silu",
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        attention_bias=False,
+        max_position_embeddings=32768,
+    )
     if experts:
-        d.update(num_experts=experts, num_experts_per_tok=topk, moe_intermediate_size=moe_inter,
-                 decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+        d.update(
+            num_experts=experts,
+            num_experts_per_tok=topk,
+            moe_intermediate_size=moe_inter,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=True,
+        )
     d.update(extra)
     return d
 
@@ -42,52 +61,139 @@ def omni_config(preset: str) -> dict:
     groups = 4 if tiny else 8
     th = 64 if tiny else 512
     tk = 64 if tiny else 256
-    text = _decoder(th, 2 if tiny else 8, 4 if tiny else 8, 2 if tiny else 4, 16 if tiny else 64,
-                    128 if tiny else 1024, 272 if tiny else 8192, experts=4 if tiny else 8, topk=2,
-                    moe_inter=32 if tiny else 512)
-    text["rope_scaling"] = {"rope_type": "default", "mrope_section": [2, 3, 3] if tiny else [12, 10, 10],
-                            "interleaved": True, "mrope_interleaved": True}
-    audio = dict(d_model=32 if tiny else 256, encoder_layers=2 if tiny else 4,
-                 encoder_attention_heads=4, encoder_ffn_dim=64 if tiny else 1024, num_mel_bins=128,
-                 max_source_positions=1500, n_window=50, n_window_infer=800, output_dim=th,
-                 downsample_hidden_size=16 if tiny else 64, activation_function="gelu", conv_chunksize=500,
-                 scale_embedding=False, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
-    talker_text = _decoder(tk, 2 if tiny else 4, 4, 2, 16 if tiny else 64, 128 if tiny else 512, cb + 1024,
-                           experts=4, topk=2, moe_inter=32 if tiny else 256,
-                           shared_expert_intermediate_size=64 if tiny else 256)
+    text = _decoder(
+        th,
+        2 if tiny else 8,
+        4 if tiny else 8,
+        2 if tiny else 4,
+        16 if tiny else 64,
+        128 if tiny else 1024,
+        272 if tiny else 8192,
+        experts=4 if tiny else 8,
+        topk=2,
+        moe_inter=32 if tiny else 512,
+    )
+    text["rope_scaling"] = {
+        "rope_type": "default",
+        "mrope_section": [2, 3, 3] if tiny else [12, 10, 10],
+        "interleaved": True,
+        "mrope_interleaved": True,
+    }
+    audio = dict(
+        d_model=32 if tiny else 256,
+        encoder_layers=2 if tiny else 4,
+        encoder_attention_heads=4,
+        encoder_ffn_dim=64 if tiny else 1024,
+        num_mel_bins=128,
+        max_source_positions=1500,
+        n_window=50,
+        n_window_infer=800,
+        output_dim=th,
+        downsample_hidden_size=16 if tiny else 64,
+        activation_function="gelu",
+        conv_chunksize=500,
+        scale_embedding=False,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+    )
+    talker_text = _decoder(
+        tk,
+        2 if tiny else 4,
+        4,
+        2,
+        16 if tiny else 64,
+        128 if tiny else 512,
+        cb + 1024,
+        experts=4,
+        topk=2,
+        moe_inter=32 if tiny else 256,
+        shared_expert_intermediate_size=64 if tiny else 256,
+    )
     talker_text["norm_topk_prob"] = False
     talker_text["rope_scaling"] = dict(text["rope_scaling"])
     predictor = _decoder(tk, 2, 4, 2, 16 if tiny else 64, 128 if tiny else 512, cb, num_code_groups=groups)
-    code2wav = dict(codebook_size=cb, hidden_size=64 if tiny else 256, max_position_embeddings=8000,
-                    rope_theta=10000.0, num_attention_heads=4, num_key_value_heads=4, attention_bias=False,
-                    sliding_window=8 if tiny else 32, intermediate_size=128 if tiny else 512, hidden_act="silu",
-                    layer_scale_initial_scale=0.01, rms_norm_eps=1e-5, num_hidden_layers=2 if tiny else 4,
-                    num_quantizers=groups, upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2],
-                    decoder_dim=64 if tiny else 256, attention_dropout=0.0)
-    talker = dict(
-        text_config=talker_text, code_predictor_config=predictor, num_code_groups=groups, thinker_hidden_size=th,
-        accept_hidden_layer=1 if tiny else 4, codec_pad_id=cb + 100, codec_bos_id=cb + 101,
-        codec_eos_token_id=cb + 102, codec_nothink_id=cb + 107, codec_think_bos_id=cb + 108,
-        codec_think_eos_id=cb + 109, speaker_id={"ethan": cb + 200, "chelsie": cb + 201, "aiden": cb + 202},
-        audio_token_id=_IDS["<|audio_pad|>"], image_token_id=_IDS["<|image_pad|>"],
-        video_token_id=_IDS["<|video_pad|>"], vision_start_token_id=_IDS["<|vision_start|>"],
-        audio_start_token_id=_IDS["<|audio_start|>"], position_id_per_seconds=25, spatial_merge_size=2,
+    code2wav = dict(
+        codebook_size=cb,
+        hidden_size=64 if tiny else 256,
+        max_position_embeddings=8000,
+        rope_theta=10000.0,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        attention_bias=False,
+        sliding_window=8 if tiny else 32,
+        intermediate_size=128 if tiny else 512,
+        hidden_act="silu",
+        layer_scale_initial_scale=0.01,
+        rms_norm_eps=1e-5,
+        num_hidden_layers=2 if tiny else 4,
+        num_quantizers=groups,
+        upsample_rates=[8, 5, 4, 3],
+        upsampling_ratios=[2, 2],
+        decoder_dim=64 if tiny else 256,
+        attention_dropout=0.0,
     )
-    thinker = dict(text_config=text, audio_config=audio, audio_token_id=_IDS["<|audio_pad|>"],
-                   audio_start_token_id=_IDS["<|audio_start|>"], audio_end_token_id=_IDS["<|audio_end|>"],
-                   image_token_id=_IDS["<|image_pad|>"], video_token_id=_IDS["<|video_pad|>"],
-                   vision_start_token_id=_IDS["<|vision_start|>"], user_token_id=_IDS["<|user|>"],
-                   position_id_per_seconds=25, tie_word_embeddings=False,
-                   vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
-                                      out_hidden_size=th, patch_size=16, spatial_merge_size=2,
-                                      temporal_patch_size=2, deepstack_visual_indexes=[0]))
+    talker = dict(
+        text_config=talker_text,
+        code_predictor_config=predictor,
+        num_code_groups=groups,
+        thinker_hidden_size=th,
+        accept_hidden_layer=1 if tiny else 4,
+        codec_pad_id=cb + 100,
+        codec_bos_id=cb + 101,
+        codec_eos_token_id=cb + 102,
+        codec_nothink_id=cb + 107,
+        codec_think_bos_id=cb + 108,
+        codec_think_eos_id=cb + 109,
+        speaker_id={"ethan": cb + 200, "chelsie": cb + 201, "aiden": cb + 202},
+        audio_token_id=_IDS["<|audio_pad|>"],
+        image_token_id=_IDS["<|image_pad|>"],
+        video_token_id=_IDS["<|video_pad|>"],
+        vision_start_token_id=_IDS["<|vision_start|>"],
+        audio_start_token_id=_IDS["<|audio_start|>"],
+        position_id_per_seconds=25,
+        spatial_merge_size=2,
+    )
+    thinker = dict(
+        text_config=text,
+        audio_config=audio,
+        audio_token_id=_IDS["<|audio_pad|>"],
+        audio_start_token_id=_IDS["<|audio_start|>"],
+        audio_end_token_id=_IDS["<|audio_end|>"],
+        image_token_id=_IDS["<|image_pad|>"],
+        video_token_id=_IDS["<|video_pad|>"],
+        vision_start_token_id=_IDS["<|vision_start|>"],
+        user_token_id=_IDS["<|user|>"],
+        position_id_per_seconds=25,
+        tie_word_embeddings=False,
+        vision_config=dict(
+            depth=1,
+            hidden_size=16,
+            intermediate_size=32,
+            num_heads=2,
+            out_hidden_size=th,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            deepstack_visual_indexes=[0],
+        ),
+    )
     return dict(
-        architectures=["Qwen3OmniMoeForConditionalGeneration"], model_type="qwen3_omni_moe",
-        thinker_config=thinker, talker_config=talker, code2wav_config=code2wav, enable_audio_output=True,
-        im_start_token_id=_IDS["<|im_start|>"], im_end_token_id=_IDS["<|im_end|>"],
-        tts_pad_token_id=_IDS["<tts_pad>"], tts_bos_token_id=_IDS["<tts_text_bos>"],
-        tts_eos_token_id=_IDS["<tts_text_eod>"], system_token_id=_IDS["<|system|>"], user_token_id=_IDS["<|user|>"],
-        assistant_token_id=_IDS["<|assistant|>"], torch_dtype="float32",
+        architectures=["Qwen3OmniMoeForConditionalGeneration"],
+        model_type="qwen3_omni_moe",
+        thinker_config=thinker,
+        talker_config=talker,
+        code2wav_config=code2wav,
+        enable_audio_output=True,
+        im_start_token_id=_IDS["<|im_start|>"],
+        im_end_token_id=_IDS["<|im_end|>"],
+        tts_pad_token_id=_IDS["<tts_pad>"],
+        tts_bos_token_id=_IDS["<tts_text_bos>"],
+        tts_eos_token_id=_IDS["<tts_text_eod>"],
+        system_token_id=_IDS["<|system|>"],
+        user_token_id=_IDS["<|user|>"],
+        assistant_token_id=_IDS["<|assistant|>"],
+        torch_dtype="float32",
     )
 
 
@@ -95,8 +201,14 @@ def text_config(preset: str) -> dict:
     """A ``Qwen3MoeForCausalLM`` config with the preset's Thinker text decoder (for engine benchmarks)."""
     text = copy.deepcopy(omni_config(preset)["thinker_config"]["text_config"])
     text.pop("rope_scaling")
-    text.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", tie_word_embeddings=False,
-                torch_dtype="float32", bos_token_id=_IDS["<|endoftext|>"], eos_token_id=_IDS["<|im_end|>"])
+    text.update(
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+        bos_token_id=_IDS["<|endoftext|>"],
+        eos_token_id=_IDS["<|im_end|>"],
+    )
     return text
 
 
@@ -121,8 +233,10 @@ def _unfuse(name: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
     prefix = name.rsplit(".", 1)[0]
     if name.endswith("experts.gate_up_proj"):
         gate, up = t.chunk(2, dim=1)
-        return {**{f"{prefix}.{e}.gate_proj.weight": gate[e].contiguous() for e in range(t.shape[0])},
-                **{f"{prefix}.{e}.up_proj.weight": up[e].contiguous() for e in range(t.shape[0])}}
+        return {
+            **{f"{prefix}.{e}.gate_proj.weight": gate[e].contiguous() for e in range(t.shape[0])},
+            **{f"{prefix}.{e}.up_proj.weight": up[e].contiguous() for e in range(t.shape[0])},
+        }
     if name.endswith("experts.down_proj"):
         return {f"{prefix}.{e}.down_proj.weight": t[e].contiguous() for e in range(t.shape[0])}
     return {name: t}
@@ -140,8 +254,9 @@ def published_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def write_checkpoint(out: str | Path, preset: str = "tiny", seed: int = 0, text_only: bool = False,
-                     config: dict | None = None) -> Path:
+def write_checkpoint(
+    out: str | Path, preset: str = "tiny", seed: int = 0, text_only: bool = False, config: dict | None = None
+) -> Path:
     """Write ``config.json``, ``model.safetensors``, the tokenizer and ``preprocessor_config.json``.
 
     ``config`` overrides the preset's config dict (tests use variants: other layer counts, GQA ratios,
@@ -157,8 +272,19 @@ def write_checkpoint(out: str | Path, preset: str = "tiny", seed: int = 0, text_
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     write_tokenizer(out)
-    pre = dict(feature_extractor_type="WhisperFeatureExtractor", feature_size=128, sampling_rate=16000,
-               hop_length=160, n_fft=400, chunk_length=300, n_samples=4800000, nb_max_frames=30000,
-               padding_side="right", padding_value=0.0, return_attention_mask=True, dither=0.0)
+    pre = dict(
+        feature_extractor_type="WhisperFeatureExtractor",
+        feature_size=128,
+        sampling_rate=16000,
+        hop_length=160,
+        n_fft=400,
+        chunk_length=300,
+        n_samples=4800000,
+        nb_max_frames=30000,
+        padding_side="right",
+        padding_value=0.0,
+        return_attention_mask=True,
+        dither=0.0,
+    )
     (out / "preprocessor_config.json").write_text(json.dumps(pre, indent=2, sort_keys=True) + "\n")
     return out

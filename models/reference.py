@@ -20,7 +20,7 @@ from .talker_prompt import special_text_embeds, talker_prefill_embeds, trailing_
 
 @dataclass
 class TurnOutput:
-    """Result of one turn: Thinker ids (incl. the final EOS), Talker frames ``[F][G]``, waveform ``[samples]``."""
+    """One turn: Thinker ids (incl. the final EOS), Talker frames ``[F][G]``, waveform ``[samples]``."""
 
     thinker_token_ids: list[int]
     talker_codes: list[list[int]] = field(default_factory=list)
@@ -32,8 +32,9 @@ class _Sequence:
 
     def __init__(self, stack, capacity: int, dtype: torch.dtype) -> None:
         c = stack.cfg
-        self.kv = allocate_kv_cache(c.num_hidden_layers, -(-capacity // BLOCK_SIZE), c.num_key_value_heads,
-                                    c.head_dim, dtype=dtype)
+        self.kv = allocate_kv_cache(
+            c.num_hidden_layers, -(-capacity // BLOCK_SIZE), c.num_key_value_heads, c.head_dim, dtype=dtype
+        )
         self.len = 0
 
     def batch(self, n: int) -> ForwardBatch:
@@ -43,7 +44,7 @@ class _Sequence:
 
 
 def repetition_penalty(logits: torch.Tensor, seen: list[int], penalty: float) -> torch.Tensor:
-    """CTRL repetition penalty on ``logits`` ``[V]``: seen ids' positive logits ÷ penalty, negative × penalty."""
+    """CTRL repetition penalty on ``logits`` ``[V]``: seen ids' logits ÷ penalty if > 0, else × penalty."""
     if penalty == 1.0 or not seen:
         return logits
     idx = torch.tensor(sorted(set(seen)))
@@ -54,10 +55,18 @@ def repetition_penalty(logits: torch.Tensor, seen: list[int], penalty: float) ->
 
 
 @torch.no_grad()
-def generate_turn(model: LoadedModel, prompt_ids: list[int], features: torch.Tensor | None = None,
-                  max_new_tokens: int = 32, talker_max_new_tokens: int = 64, speaker: str = "ethan",
-                  talker_repetition_penalty: float = 1.05, return_audio: bool = True,
-                  decode_chunk_frames: int = 300, decode_left_context_frames: int = 25) -> TurnOutput:
+def generate_turn(
+    model: LoadedModel,
+    prompt_ids: list[int],
+    features: torch.Tensor | None = None,
+    max_new_tokens: int = 32,
+    talker_max_new_tokens: int = 64,
+    speaker: str = "ethan",
+    talker_repetition_penalty: float = 1.05,
+    return_audio: bool = True,
+    decode_chunk_frames: int = 300,
+    decode_left_context_frames: int = 25,
+) -> TurnOutput:
     """Greedy turn. ``features``: log-mel ``[n_mels, frames]`` of the user audio (or ``None``).
 
     Raises:
@@ -84,8 +93,16 @@ def generate_turn(model: LoadedModel, prompt_ids: list[int], features: torch.Ten
     out = TurnOutput(tokens)
     if not return_audio or model.talker is None or len(tokens) < 2:
         return out
-    out.talker_codes = _talk(model, ids, prompt_embeds, prompt_hidden, gen_embeds, talker_max_new_tokens,
-                             speaker, talker_repetition_penalty)
+    out.talker_codes = _talk(
+        model,
+        ids,
+        prompt_embeds,
+        prompt_hidden,
+        gen_embeds,
+        talker_max_new_tokens,
+        speaker,
+        talker_repetition_penalty,
+    )
     if out.talker_codes:
         codes = torch.tensor(out.talker_codes, dtype=torch.int64).T[None]
         out.waveform = chunked_decode(model.code2wav, codes, decode_chunk_frames, decode_left_context_frames)
@@ -98,8 +115,16 @@ def _talk(model: LoadedModel, ids, prompt_embeds, prompt_hidden, gen_embeds, max
     if speaker.lower() not in cfg.talker.speaker_id:
         raise ValueError(f"unknown speaker {speaker!r}; this checkpoint has {sorted(cfg.talker.speaker_id)}")
     specials = special_text_embeds(talker, model.thinker.model.embed_tokens, cfg)
-    prefill = talker_prefill_embeds(talker, cfg, ids, prompt_embeds, prompt_hidden, gen_embeds[0], specials,
-                                    cfg.talker.speaker_id[speaker.lower()])
+    prefill = talker_prefill_embeds(
+        talker,
+        cfg,
+        ids,
+        prompt_embeds,
+        prompt_hidden,
+        gen_embeds[0],
+        specials,
+        cfg.talker.speaker_id[speaker.lower()],
+    )
     n_text = len(gen_embeds) + 1  # thinker tokens g_0..g_{n-1}; embeds exist for g_0..g_{n-2}
     seq = _Sequence(talker.model, prefill.shape[0] + max_new, prefill.dtype)
     suppress = talker.suppressed_token_mask()
@@ -117,8 +142,13 @@ def _talk(model: LoadedModel, ids, prompt_embeds, prompt_hidden, gen_embeds, max
         frame = talker.code_predictor.predict(hidden[None], code0, talker.model.codec_embedding(code0))
         frames.append(frame[0].tolist())
         j = len(frames) - 1
-        text = trailing_text_embed(talker, gen_embeds[j + 1] if j + 1 < n_text - 1 else None,
-                                   is_final=j + 1 == n_text - 1, past_end=j + 1 > n_text - 1, specials=specials)
+        text = trailing_text_embed(
+            talker,
+            gen_embeds[j + 1] if j + 1 < n_text - 1 else None,
+            is_final=j + 1 == n_text - 1,
+            past_end=j + 1 > n_text - 1,
+            specials=specials,
+        )
         x = talker.frame_embedding(frame) + text
         hidden = talker(x, seq.batch(1), seq.kv)[-1]
         cb0.append(sample(hidden, cb0))

@@ -64,8 +64,10 @@ def architecture_of(raw: dict, model_dir: Path | str) -> str:
         raise CheckpointError(f"{model_dir}/config.json has no 'architectures' entry")
     arch = archs[0]
     if arch != OMNI and arch not in TEXT_ARCHITECTURES:
-        raise CheckpointError(f"unknown architecture '{arch}' in {model_dir}/config.json; supported: "
-                              f"{', '.join((OMNI, *TEXT_ARCHITECTURES))}")
+        raise CheckpointError(
+            f"unknown architecture '{arch}' in {model_dir}/config.json; supported: "
+            f"{', '.join((OMNI, *TEXT_ARCHITECTURES))}"
+        )
     return arch
 
 
@@ -83,8 +85,12 @@ def build_modules(raw: dict) -> dict[str, nn.Module]:
     return mods
 
 
-def load_model(model_dir: str | Path, parts: tuple[str, ...] = PARTS, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu") -> LoadedModel:
+def load_model(
+    model_dir: str | Path,
+    parts: tuple[str, ...] = PARTS,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> LoadedModel:
     """Build and load the requested parts of a checkpoint.
 
     Args:
@@ -124,18 +130,23 @@ def _load_omni(raw: dict, files, parts: tuple[str, ...], model_dir: Path) -> Loa
     cfg = OmniConfig.from_dict(raw)
     out = LoadedModel(OMNI, model_dir, raw, cfg, parts=parts)
     if "thinker" in parts or "audio_tower" in parts:
-        tower = AudioEncoder(AudioEncoderConfig.from_dict(cfg.thinker.audio)) if "audio_tower" in parts else None
+        tower = (
+            AudioEncoder(AudioEncoderConfig.from_dict(cfg.thinker.audio)) if "audio_tower" in parts else None
+        )
         out.thinker = Thinker(cfg.thinker.text, tower, cfg.thinker.audio_token_id)
         if "thinker" in parts:
-            load_state_dict_into(out.thinker, files, prefix="thinker.",
-                                 ignore=("thinker.visual.",) + (() if tower else ("thinker.audio_tower.",)))
+            load_state_dict_into(
+                out.thinker,
+                files,
+                prefix="thinker.",
+                ignore=("thinker.visual.",) + (() if tower else ("thinker.audio_tower.",)),
+            )
         else:  # audio tower only (encoder stage): skip the LLM weights entirely
             out.thinker.model = None
             out.thinker.lm_head = None
             load_state_dict_into(tower, files, prefix="thinker.audio_tower.")
-    if "talker" in parts or "code2wav" in parts:
-        if cfg.talker is None or cfg.code2wav is None:
-            raise CheckpointError(f"{model_dir}: checkpoint has no talker/code2wav (enable_audio_output is off)")
+    if ("talker" in parts or "code2wav" in parts) and (cfg.talker is None or cfg.code2wav is None):
+        raise CheckpointError(f"{model_dir}: checkpoint has no talker/code2wav (enable_audio_output is off)")
     if "talker" in parts:
         out.talker = Talker(cfg.talker)
         load_state_dict_into(out.talker, files, prefix="talker.")

@@ -55,11 +55,17 @@ class Talker(nn.Module):
         self.hidden_projection = ResizeMLP(cfg.thinker_hidden_size, t.intermediate_size, t.hidden_size)
         self.code_predictor = CodePredictor(cfg.code_predictor, cfg.num_code_groups)
         if cfg.code_predictor.hidden_size != t.hidden_size:
-            raise ValueError(f"code predictor hidden_size {cfg.code_predictor.hidden_size} != talker hidden_size "
-                             f"{t.hidden_size}")
+            raise ValueError(
+                f"code predictor hidden_size {cfg.code_predictor.hidden_size} != talker hidden_size "
+                f"{t.hidden_size}"
+            )
 
-    def forward(self, inputs_embeds: torch.Tensor, batch: ForwardBatch,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        batch: ForwardBatch,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
         """``inputs_embeds`` ``[T, hidden]`` → final normed hidden ``[T, hidden]``."""
         return self.model(inputs_embeds, batch, kv_caches)[0]
 
@@ -74,7 +80,7 @@ class Talker(nn.Module):
         """
         v = self.cfg.text.vocab_size
         mask = torch.zeros(v, dtype=torch.bool)
-        mask[max(0, v - 1024):] = True
+        mask[max(0, v - 1024) :] = True
         mask[self.cfg.codec_eos_token_id] = False
         return mask
 

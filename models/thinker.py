@@ -32,8 +32,9 @@ class Thinker(nn.Module):
         audio_token_id: id of ``<|audio_pad|>`` (151646 in the published vocabulary).
     """
 
-    def __init__(self, text_cfg: DecoderConfig, audio_tower: nn.Module | None = None,
-                 audio_token_id: int | None = None) -> None:
+    def __init__(
+        self, text_cfg: DecoderConfig, audio_tower: nn.Module | None = None, audio_token_id: int | None = None
+    ) -> None:
         super().__init__()
         self.cfg = text_cfg
         self.audio_tower = audio_tower
@@ -58,15 +59,21 @@ class Thinker(nn.Module):
         mask = input_ids == self.audio_token_id
         n_pad = int(mask.sum())
         if n_pad != n_audio:
-            raise ValueError(f"prompt has {n_pad} <|audio_pad|> tokens but {n_audio} audio embeddings were given")
+            raise ValueError(
+                f"prompt has {n_pad} <|audio_pad|> tokens but {n_audio} audio embeddings were given"
+            )
         if n_audio:
             x = x.masked_scatter(mask[:, None], audio_embeds.to(x.dtype))
         return x
 
-    def forward(self, inputs_embeds: torch.Tensor, batch: ForwardBatch,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                capture_layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``inputs_embeds`` ``[T, hidden]`` → ``(final hidden [T, hidden], hidden_states[capture_layer])``."""
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        batch: ForwardBatch,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        capture_layer: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``inputs_embeds`` ``[T, hidden]`` → ``(final hidden [T, hidden], hidden_states[capture])``."""
         return self.model(inputs_embeds, batch, kv_caches, capture_layer)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

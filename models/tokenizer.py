@@ -17,9 +17,21 @@ from .config import OmniConfig
 
 # Order defines the ids 256.. of the preset tokenizer; names are the published Qwen3-Omni tokens.
 PRESET_SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>",
-    "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
-    "<|system|>", "<|user|>", "<|assistant|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|audio_start|>",
+    "<|audio_end|>",
+    "<|audio_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<|vision_start|>",
+    "<tts_pad>",
+    "<tts_text_bos>",
+    "<tts_text_eod>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
 ]
 """The last three stand for the role words ("system", "user", "assistant") that are single BPE tokens in
 the published vocabulary; as bracketed special tokens they never match inside ordinary text."""
@@ -39,8 +51,11 @@ def build_byte_tokenizer() -> Tokenizer:
 
 def _byte_of(ch: str) -> int:
     """Inverse of the GPT-2 bytes→unicode map (printable bytes map to themselves, the rest to U+0100..)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     o = ord(ch)
     if o in printable:
         return o
@@ -57,8 +72,13 @@ def write_tokenizer(out_dir: Path) -> None:
     """Write ``tokenizer.json`` + ``tokenizer_config.json`` (loadable by ``transformers.AutoTokenizer``)."""
     tok = build_byte_tokenizer()
     (out_dir / "tokenizer.json").write_text(tok.to_str(pretty=True))
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-           "model_max_length": 32768, "clean_up_tokenization_spaces": False}
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 32768,
+        "clean_up_tokenization_spaces": False,
+    }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
@@ -74,9 +94,13 @@ def load_tokenizer(model_dir: str | Path) -> Tokenizer:
     return Tokenizer.from_file(str(path))
 
 
-def voice_turn_prompt(cfg: OmniConfig, tok: Tokenizer, num_audio_tokens: int,
-                      system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
-                      history: list[tuple[str, str]] = ()) -> list[int]:
+def voice_turn_prompt(
+    cfg: OmniConfig,
+    tok: Tokenizer,
+    num_audio_tokens: int,
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
+    history: list[tuple[str, str]] = (),
+) -> list[int]:
     """Prompt ids of a spoken user turn, ending with the assistant header ``<|im_start|>assistant\\n``.
 
     Layout (Qwen3-Omni chat template): optional system turn, earlier ``(role, text)`` turns, then
@@ -94,5 +118,7 @@ def voice_turn_prompt(cfg: OmniConfig, tok: Tokenizer, num_audio_tokens: int,
     for role, text in history:
         ids += turn(role, tok.encode(text, add_special_tokens=False).ids)
     th = cfg.thinker
-    ids += turn("user", [th.audio_start_token_id, *[th.audio_token_id] * num_audio_tokens, th.audio_end_token_id])
+    ids += turn(
+        "user", [th.audio_start_token_id, *[th.audio_token_id] * num_audio_tokens, th.audio_end_token_id]
+    )
     return ids + [cfg.im_start_token_id, cfg.assistant_token_id, *nl]

@@ -20,7 +20,7 @@ class AudioInputError(ValueError):
 
 
 def load_audio(source: str | Path | bytes, target_rate: int = MODEL_INPUT_RATE) -> np.ndarray:
-    """Decode WAV/FLAC/OGG (anything libsndfile reads), downmix to mono, resample (soxr, HQ) to ``target_rate``.
+    """Decode WAV/FLAC/OGG (anything libsndfile reads), downmix to mono, resample (soxr HQ).
 
     Returns float32 ``[samples]`` in [-1, 1].
 
@@ -28,8 +28,9 @@ def load_audio(source: str | Path | bytes, target_rate: int = MODEL_INPUT_RATE) 
         AudioInputError: the file is missing, not audio, or has no samples.
     """
     try:
-        data, rate = sf.read(io.BytesIO(source) if isinstance(source, bytes) else str(source), dtype="float32",
-                             always_2d=True)
+        data, rate = sf.read(
+            io.BytesIO(source) if isinstance(source, bytes) else str(source), dtype="float32", always_2d=True
+        )
     except (sf.LibsndfileError, RuntimeError, OSError) as e:
         name = "audio bytes" if isinstance(source, bytes) else str(source)
         raise AudioInputError(f"cannot read {name}: {e}") from e

@@ -45,7 +45,9 @@ class PipelineConfig(BaseModel):
     model_config = {"extra": "forbid"}
 
     model: str | None = None
-    stages: dict[Literal["encoder", "thinker", "talker", "code2wav"], StageConfig] = Field(default_factory=dict)
+    stages: dict[Literal["encoder", "thinker", "talker", "code2wav"], StageConfig] = Field(
+        default_factory=dict
+    )
     edges: dict[str, EdgeConfig] = Field(default_factory=dict)
     chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
 

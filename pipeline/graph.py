@@ -25,7 +25,12 @@ from .stages.thinker import ThinkerWorker
 STAGES = ("encoder", "thinker", "talker", "code2wav")
 DOWNSTREAM = {"encoder": "thinker", "thinker": "talker", "talker": "code2wav", "code2wav": None}
 TO_ORCHESTRATOR = {"thinker", "code2wav"}
-PARTS = {"encoder": ("audio_tower",), "thinker": ("thinker",), "talker": ("talker",), "code2wav": ("code2wav",)}
+PARTS = {
+    "encoder": ("audio_tower",),
+    "thinker": ("thinker",),
+    "talker": ("talker",),
+    "code2wav": ("code2wav",),
+}
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -40,8 +45,13 @@ def build_worker(stage: str, model_dir: str | Path, cfg: StageConfig, chunking: 
     if stage == "thinker":
         return ThinkerWorker(model, cfg.num_kv_blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
     if stage == "talker":
-        return TalkerWorker(model, talker_specials(model, model_dir), cfg.num_kv_blocks, cfg.max_num_seqs,
-                            cfg.max_num_batched_tokens)
+        return TalkerWorker(
+            model,
+            talker_specials(model, model_dir),
+            cfg.num_kv_blocks,
+            cfg.max_num_seqs,
+            cfg.max_num_batched_tokens,
+        )
     return Code2WavWorker(model.code2wav, chunking)
 
 
@@ -50,7 +60,7 @@ def talker_specials(model, model_dir) -> TalkerTextEmbeds:
     """Projected ``tts_bos/eos/pad`` rows, reading just those three rows of the Thinker's embedding table."""
     cfg, files = model.config, weight_files(model_dir)
     name = "thinker.model.embed_tokens.weight"
-    (_, table), = iter_tensors(files, [name])
+    ((_, table),) = iter_tensors(files, [name])
     ids = [cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id]
     rows = table[ids].to(model.talker.codec_head.weight.dtype)
     bos, eos, pad = model.talker.text_projection(rows).unbind(0)

@@ -48,7 +48,7 @@ class _Detokenizer:
         text = self.tok.decode(self.ids, skip_special_tokens=True)
         if text.endswith("\ufffd") and not final:
             return ""
-        delta, self.sent = text[len(self.sent):], text
+        delta, self.sent = text[len(self.sent) :], text
         return delta
 
 
@@ -128,8 +128,11 @@ class Orchestrator:
     def turn_record(self, request_id: str) -> dict[str, list]:
         """``prompt_token_ids``, ``thinker_token_ids`` and ``talker_codes`` (one list per frame) of a turn."""
         turn = self.turns[request_id]
-        return {"prompt_token_ids": turn.prompt_ids, "thinker_token_ids": turn.token_ids,
-                "talker_codes": turn.codes}
+        return {
+            "prompt_token_ids": turn.prompt_ids,
+            "thinker_token_ids": turn.token_ids,
+            "talker_codes": turn.codes,
+        }
 
     # -- called from the backend's thread ----------------------------------------------------------
     def _on_output(self, source: str, msg: StageMessage) -> None:
@@ -170,6 +173,10 @@ class Orchestrator:
             now = time.perf_counter()
             audio_s = turn.samples / OUTPUT_RATE
             e2el = now - turn.t_submit
-            metrics = {"ttfp_ms": 1000 * ((turn.t_first_audio or now) - turn.t_submit), "e2el_ms": 1000 * e2el,
-                       "audio_s": audio_s, "rtf": e2el / audio_s if audio_s else float("inf")}
+            metrics = {
+                "ttfp_ms": 1000 * ((turn.t_first_audio or now) - turn.t_submit),
+                "e2el_ms": 1000 * e2el,
+                "audio_s": audio_s,
+                "rtf": e2el / audio_s if audio_s else float("inf"),
+            }
             put(TurnEvent("done", msg.request_id, metrics=metrics))

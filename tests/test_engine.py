@@ -44,8 +44,12 @@ def sequential_greedy(thinker, prompt: list[int], max_tokens: int) -> list[int]:
     return out
 
 
-def run(engine: Engine, arrivals: dict[int, list[Request]], aborts: dict[int, list[str]] | None = None,
-        max_steps: int = 10_000) -> dict[str, list[int]]:
+def run(
+    engine: Engine,
+    arrivals: dict[int, list[Request]],
+    aborts: dict[int, list[str]] | None = None,
+    max_steps: int = 10_000,
+) -> dict[str, list[int]]:
     """Drive the engine: add requests at their arrival step, abort at theirs; collect outputs."""
     outputs: dict[str, list[int]] = {}
     step = 0
@@ -89,14 +93,24 @@ def test_engine_matches_sequential_reference(thinker):
 def test_batch_of_32_with_preemption_and_aborts_equals_alone(thinker, seed, num_blocks, budget):
     rng = random.Random(seed)
     prompts = _prompts(32, seed)
-    params = [SamplingParams(max_tokens=rng.randrange(1, 10), temperature=rng.choice([0.0, 0.8]),
-                             top_k=rng.choice([0, 20]), top_p=rng.choice([1.0, 0.9]), seed=1000 + i,
-                             repetition_penalty=rng.choice([1.0, 1.3])) for i in range(32)]
+    params = [
+        SamplingParams(
+            max_tokens=rng.randrange(1, 10),
+            temperature=rng.choice([0.0, 0.8]),
+            top_k=rng.choice([0, 20]),
+            top_p=rng.choice([1.0, 0.9]),
+            seed=1000 + i,
+            repetition_penalty=rng.choice([1.0, 1.3]),
+        )
+        for i in range(32)
+    ]
     alone = {}
     for i, p in enumerate(prompts):
         e = Engine(ThinkerAdapter(thinker), num_blocks=64, max_num_batched_tokens=256)
         alone.update(run(e, {0: [Request(f"r{i}", p, params[i])]}))
-    engine = Engine(ThinkerAdapter(thinker), num_blocks=num_blocks, max_num_seqs=32, max_num_batched_tokens=budget)
+    engine = Engine(
+        ThinkerAdapter(thinker), num_blocks=num_blocks, max_num_seqs=32, max_num_batched_tokens=budget
+    )
     arrivals: dict[int, list[Request]] = {}
     for i, p in enumerate(prompts):
         arrivals.setdefault(rng.randrange(0, 12), []).append(Request(f"r{i}", p, params[i]))
@@ -106,7 +120,7 @@ def test_batch_of_32_with_preemption_and_aborts_equals_alone(thinker, seed, num_
     for i in range(32):
         rid = f"r{i}"
         if i in aborted:
-            assert got[rid] == alone[rid][:len(got[rid])]  # a prefix of the full output, then nothing
+            assert got[rid] == alone[rid][: len(got[rid])]  # a prefix of the full output, then nothing
         else:
             assert got[rid] == alone[rid], rid
     assert engine.scheduler.allocator.num_free == num_blocks  # every block returned
@@ -153,5 +167,5 @@ def test_stop_tokens_and_max_tokens(thinker):
     stop = ref[3]
     req = Request("s", [5, 6, 7], SamplingParams(max_tokens=10, stop_token_ids=(stop,)))
     got = run(engine, {0: [req]})
-    assert got["s"] == ref[:ref.index(stop) + 1]
+    assert got["s"] == ref[: ref.index(stop) + 1]
     assert req.status.value == "stop"

@@ -52,14 +52,21 @@ def _speechlike(seconds: float, seed: int) -> np.ndarray:
     t = np.arange(int(16000 * seconds)) / 16000
     f0 = 120 + 30 * np.sin(2 * np.pi * 3 * t)
     voiced = sum(np.sin(2 * np.pi * k * np.cumsum(f0) / 16000) / k for k in range(1, 6))
-    return (0.3 * voiced * (0.6 + 0.4 * np.sin(2 * np.pi * 4 * t)) + 0.01 * rng.standard_normal(t.shape)).astype(
-        np.float32)
+    return (
+        0.3 * voiced * (0.6 + 0.4 * np.sin(2 * np.pi * 4 * t)) + 0.01 * rng.standard_normal(t.shape)
+    ).astype(np.float32)
 
 
 def _inputs(d, ours, seconds=1.3, seed=0):
     fe = transformers.WhisperFeatureExtractor.from_pretrained(d)
-    feats = fe(_speechlike(seconds, seed), sampling_rate=16000, return_attention_mask=True, return_tensors="pt",
-               padding=False, truncation=False)
+    feats = fe(
+        _speechlike(seconds, seed),
+        sampling_rate=16000,
+        return_attention_mask=True,
+        return_tensors="pt",
+        padding=False,
+        truncation=False,
+    )
     frames = int(feats["attention_mask"].sum())
     from omniduplex.models.audio_encoder import audio_token_count
 
@@ -72,12 +79,19 @@ def test_thinker_prefill_logits_match(checkpoint):
     d, ours, hf = checkpoint
     ids, features, feats = _inputs(d, ours)
     with torch.no_grad():
-        ref = hf.thinker(input_ids=torch.tensor([ids]), input_features=feats["input_features"],
-                         feature_attention_mask=feats["attention_mask"]).logits[0]
+        ref = hf.thinker(
+            input_ids=torch.tensor([ids]),
+            input_features=feats["input_features"],
+            feature_attention_mask=feats["attention_mask"],
+        ).logits[0]
         audio, _ = ours.thinker.audio_tower(features[None], torch.tensor([features.shape[-1]]))
         x = ours.thinker.embed(torch.tensor(ids), audio)
-        kv = allocate_kv_cache(ours.thinker.cfg.num_hidden_layers, 16, ours.thinker.cfg.num_key_value_heads,
-                               ours.thinker.cfg.head_dim)
+        kv = allocate_kv_cache(
+            ours.thinker.cfg.num_hidden_layers,
+            16,
+            ours.thinker.cfg.num_key_value_heads,
+            ours.thinker.cfg.head_dim,
+        )
         hidden, _ = ours.thinker(x, ForwardBatch.contiguous([len(ids)], [0]), kv)
         got = ours.thinker.compute_logits(hidden)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
@@ -95,13 +109,20 @@ def test_full_turn_matches_transformers_generate(checkpoint):
 
     hf.code2wav.chunked_decode = spy
     with torch.no_grad():
-        seq, wav = hf.generate(input_ids=torch.tensor([ids]), input_features=feats["input_features"],
-                               feature_attention_mask=feats["attention_mask"], return_audio=True,
-                               thinker_max_new_tokens=12, thinker_do_sample=False, talker_do_sample=False,
-                               talker_max_new_tokens=20, speaker="Ethan",
-                               thinker_eos_token_id=ours.config.im_end_token_id)
+        seq, wav = hf.generate(
+            input_ids=torch.tensor([ids]),
+            input_features=feats["input_features"],
+            feature_attention_mask=feats["attention_mask"],
+            return_audio=True,
+            thinker_max_new_tokens=12,
+            thinker_do_sample=False,
+            talker_do_sample=False,
+            talker_max_new_tokens=20,
+            speaker="Ethan",
+            thinker_eos_token_id=ours.config.im_end_token_id,
+        )
     out = generate_turn(ours, ids, features, max_new_tokens=12, talker_max_new_tokens=20)
-    assert out.thinker_token_ids == seq[0, len(ids):].tolist()
+    assert out.thinker_token_ids == seq[0, len(ids) :].tolist()
     ref_codes = captured["codes"][0].T.tolist()  # [frames][groups]
     assert len(ref_codes) > 0
     assert out.talker_codes == ref_codes

@@ -23,7 +23,10 @@ from omniduplex.pipeline.local_backend import LocalBackend
 from omniduplex.pipeline.orchestrator import Orchestrator
 
 QUESTION = Path(__file__).parents[1] / "examples" / "question.wav"
-GREEDY = {"sampling": {"temperature": 0.0, "max_tokens": 10}, "talker_sampling": {"temperature": 0.0, "max_tokens": 24}}
+GREEDY = {
+    "sampling": {"temperature": 0.0, "max_tokens": 10},
+    "talker_sampling": {"temperature": 0.0, "max_tokens": 24},
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +49,13 @@ async def _turn(orch: Orchestrator, wav, meta):
     return events, record
 
 
-@pytest.mark.parametrize("chunking", [ChunkingConfig(), ChunkingConfig(initial_codec_chunk_frames=1,
-                                                                         codec_chunk_frames=3, decode_chunk_frames=2)])
+@pytest.mark.parametrize(
+    "chunking",
+    [
+        ChunkingConfig(),
+        ChunkingConfig(initial_codec_chunk_frames=1, codec_chunk_frames=3, decode_chunk_frames=2),
+    ],
+)
 def test_streamed_turn_equals_sequential_reference(ckpt, chunking):
     wav = load_audio(QUESTION)
 
@@ -63,7 +71,9 @@ def test_streamed_turn_equals_sequential_reference(ckpt, chunking):
     assert [e.kind for e in events][-1] == "done"
     model = load_model(ckpt)
     feats, _ = LogMelFrontEnd()([torch.from_numpy(wav)])
-    ref = generate_turn(model, record["prompt_token_ids"], feats[0], max_new_tokens=10, talker_max_new_tokens=24)
+    ref = generate_turn(
+        model, record["prompt_token_ids"], feats[0], max_new_tokens=10, talker_max_new_tokens=24
+    )
     assert record["thinker_token_ids"] == ref.thinker_token_ids
     assert record["talker_codes"] == ref.talker_codes and len(ref.talker_codes) > 0
     streamed = np.concatenate([e.pcm for e in events if e.kind == "audio"])

@@ -37,7 +37,11 @@ class ThinkerAdapter:
     def __init__(self, thinker: Thinker, capture_layer: int | None = None, emit_embeds: bool = False) -> None:
         self.model, self.capture_layer, self.emit_embeds = thinker, capture_layer, emit_embeds
         cfg = thinker.cfg
-        self.num_layers, self.num_kv_heads, self.head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+        self.num_layers, self.num_kv_heads, self.head_dim = (
+            cfg.num_hidden_layers,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         self.vocab_size = cfg.vocab_size
         self._items: list[tuple[Request, int]] = []
 
@@ -47,12 +51,12 @@ class ThinkerAdapter:
         for req, n in items:
             s = req.num_computed
             seq = req.prompt_ids + req.output_ids
-            ids.extend(seq[s:s + n])
+            ids.extend(seq[s : s + n])
             if req.prompt_embeds is not None and s < req.num_prompt:
-                from_prompt.append((len(ids) - n, req.prompt_embeds[s:min(s + n, req.num_prompt)]))
+                from_prompt.append((len(ids) - n, req.prompt_embeds[s : min(s + n, req.num_prompt)]))
         emb = self.model.model.embed_tokens(torch.tensor(ids, device=self.model.lm_head.weight.device))
         for at, rows in from_prompt:
-            emb[at:at + rows.shape[0]] = rows.to(emb.dtype)
+            emb[at : at + rows.shape[0]] = rows.to(emb.dtype)
         return emb
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, kv) -> torch.Tensor:
@@ -63,9 +67,11 @@ class ThinkerAdapter:
                 s = req.num_computed
                 end = min(s + n, req.num_prompt)
                 store = req.extra.setdefault("prompt_hidden", [])
-                have = sum(c.shape[0] for c in store)  # rows kept from earlier chunks (or before a preemption)
+                have = sum(
+                    c.shape[0] for c in store
+                )  # rows kept from earlier chunks (or before a preemption)
                 if end > have:
-                    store.append(captured[at + have - s:at + end - s].clone())
+                    store.append(captured[at + have - s : at + end - s].clone())
                 at += n
         return hidden
 
@@ -96,7 +102,11 @@ class TalkerAdapter:
     def __init__(self, talker: Talker, tts_pad: torch.Tensor) -> None:
         self.model, self.tts_pad = talker, tts_pad
         cfg = talker.cfg.text
-        self.num_layers, self.num_kv_heads, self.head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+        self.num_layers, self.num_kv_heads, self.head_dim = (
+            cfg.num_hidden_layers,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         self.vocab_size = cfg.vocab_size
         self.suppress_ids = tuple(torch.nonzero(talker.suppressed_token_mask()).flatten().tolist())
 
@@ -127,7 +137,7 @@ class TalkerAdapter:
         for req, n in items:
             s, p = req.num_computed, req.num_prompt
             if s < p:
-                rows.append(req.prompt_embeds[s:min(s + n, p)])
+                rows.append(req.prompt_embeds[s : min(s + n, p)])
             tail = [req.decode_embeds[i - p] for i in range(max(s, p), s + n)]
             if tail:
                 rows.append(torch.stack(tail))
@@ -147,8 +157,9 @@ class TalkerAdapter:
         idx = torch.tensor(keep, device=tokens.device)
         code0 = tokens[idx]
         live = [reqs[i] for i in keep]
-        frames = self.model.code_predictor.predict(hidden[idx], code0, self.model.model.codec_embedding(code0),
-                                                   sample=self._predictor_sampler(live))
+        frames = self.model.code_predictor.predict(
+            hidden[idx], code0, self.model.model.codec_embedding(code0), sample=self._predictor_sampler(live)
+        )
         embeds = self.model.frame_embedding(frames)
         for k, i in enumerate(keep):
             req = reqs[i]
@@ -166,10 +177,14 @@ class TalkerAdapter:
         b = len(reqs)
 
         def pick(logits: torch.Tensor, g: int) -> torch.Tensor:
-            sb = SamplingBatch(temperature=temps, top_k=torch.full((b,), PREDICTOR_TOP_K, device=dev),
-                               top_p=torch.full((b,), PREDICTOR_TOP_P, device=dev),
-                               repetition_penalty=torch.ones(b, device=dev), seeds=seeds,
-                               counters=(1 << 40) + frame_idx * groups + g)
+            sb = SamplingBatch(
+                temperature=temps,
+                top_k=torch.full((b,), PREDICTOR_TOP_K, device=dev),
+                top_p=torch.full((b,), PREDICTOR_TOP_P, device=dev),
+                repetition_penalty=torch.ones(b, device=dev),
+                seeds=seeds,
+                counters=(1 << 40) + frame_idx * groups + g,
+            )
             return sample_batch(logits, sb)
 
         return pick

@@ -35,8 +35,9 @@ class ModelAdapter(Protocol):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[B, hidden]`` → ``[B, vocab]``."""
 
-    def on_sampled(self, reqs: list[Request], tokens: torch.Tensor, hidden: torch.Tensor,
-                   finishing: list[bool]) -> list[dict]:
+    def on_sampled(
+        self, reqs: list[Request], tokens: torch.Tensor, hidden: torch.Tensor, finishing: list[bool]
+    ) -> list[dict]:
         """Per-request extras for the step's outputs (e.g. the Talker's codec frame)."""
 
 
@@ -50,12 +51,19 @@ class Engine:
         max_num_batched_tokens: token budget of one step.
     """
 
-    def __init__(self, adapter: ModelAdapter, num_blocks: int = 512, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 512, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        num_blocks: int = 512,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 512,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
         self.adapter, self.device = adapter, torch.device(device)
-        self.kv = allocate_kv_cache(adapter.num_layers, num_blocks, adapter.num_kv_heads, adapter.head_dim,
-                                    dtype=dtype, device=device)
+        self.kv = allocate_kv_cache(
+            adapter.num_layers, num_blocks, adapter.num_kv_heads, adapter.head_dim, dtype=dtype, device=device
+        )
         self.scheduler = Scheduler(BlockAllocator(num_blocks), max_num_seqs, max_num_batched_tokens)
         self._counts = torch.zeros((0, adapter.vocab_size), dtype=torch.int32, device=device)
         self._free_slots: list[int] = []
@@ -66,8 +74,10 @@ class Engine:
         """Queue ``req``. Raises ValueError (duplicate id, prompt larger than the cache, bad ids)."""
         bad = [t for t in req.prompt_ids if not 0 <= t < self.adapter.vocab_size]
         if bad and req.prompt_embeds is None:
-            raise ValueError(f"request {req.request_id!r}: token id {bad[0]} outside vocabulary "
-                             f"[0, {self.adapter.vocab_size})")
+            raise ValueError(
+                f"request {req.request_id!r}: token id {bad[0]} outside vocabulary "
+                f"[0, {self.adapter.vocab_size})"
+            )
         self.scheduler.add(req)
         req.slot = self._take_slot()
         if req.sampling.seed is None:
@@ -136,7 +146,9 @@ class Engine:
             req.output_ids.append(tok)
             reason = None
             if fin:
-                status = Status.FINISHED_STOPPED if tok in req.sampling.stop_token_ids else Status.FINISHED_LENGTH
+                status = (
+                    Status.FINISHED_STOPPED if tok in req.sampling.stop_token_ids else Status.FINISHED_LENGTH
+                )
                 self._finish(req, status)
                 reason = status.value
             outs.append(RequestOutput(req.request_id, [tok], fin, reason, extra))
@@ -158,10 +170,13 @@ class Engine:
         return ForwardBatch(
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev),
+            block_tables=torch.tensor(
+                [t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev
+            ),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
             query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            max_seq_len=max(seq_lens), max_query_len=max(n for _, n in plan.items),
+            max_seq_len=max(seq_lens),
+            max_query_len=max(n for _, n in plan.items),
         )
 
     def _sampling_batch(self, reqs: list[Request]) -> SamplingBatch:
@@ -179,7 +194,9 @@ class Engine:
             temperature=torch.tensor([sp.temperature for sp in sps], dtype=torch.float32, device=dev),
             top_k=torch.tensor([sp.top_k for sp in sps], dtype=torch.int64, device=dev),
             top_p=torch.tensor([sp.top_p for sp in sps], dtype=torch.float32, device=dev),
-            repetition_penalty=torch.tensor([sp.repetition_penalty for sp in sps], dtype=torch.float32, device=dev),
+            repetition_penalty=torch.tensor(
+                [sp.repetition_penalty for sp in sps], dtype=torch.float32, device=dev
+            ),
             seeds=torch.tensor([sp.seed for sp in sps], dtype=torch.int64, device=dev),
             counters=torch.tensor([len(r.output_ids) for r in reqs], dtype=torch.int64, device=dev),
             counts=self._counts[slots] if penalised else None,

@@ -78,8 +78,10 @@ class Request:
         if not self.prompt_ids:
             raise ValueError(f"request {self.request_id}: empty prompt")
         if self.prompt_embeds is not None and self.prompt_embeds.shape[0] != len(self.prompt_ids):
-            raise ValueError(f"request {self.request_id}: {self.prompt_embeds.shape[0]} prompt embeddings for "
-                             f"{len(self.prompt_ids)} prompt ids")
+            raise ValueError(
+                f"request {self.request_id}: {self.prompt_embeds.shape[0]} prompt embeddings for "
+                f"{len(self.prompt_ids)} prompt ids"
+            )
 
     @property
     def num_prompt(self) -> int:

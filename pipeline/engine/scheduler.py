@@ -37,7 +37,9 @@ class Scheduler:
         max_num_batched_tokens: token budget of one step (prefill chunks + decodes).
     """
 
-    def __init__(self, allocator: BlockAllocator, max_num_seqs: int = 64, max_num_batched_tokens: int = 512) -> None:
+    def __init__(
+        self, allocator: BlockAllocator, max_num_seqs: int = 64, max_num_batched_tokens: int = 512
+    ) -> None:
         self.allocator = allocator
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -51,8 +53,10 @@ class Scheduler:
             raise ValueError(f"duplicate request id {req.request_id!r}")
         need = blocks_for(req.num_prompt + req.sampling.max_tokens)
         if need > self.allocator.num_blocks:
-            raise ValueError(f"request {req.request_id!r} needs {need} KV blocks; the cache has "
-                             f"{self.allocator.num_blocks}")
+            raise ValueError(
+                f"request {req.request_id!r} needs {need} KV blocks; the cache has "
+                f"{self.allocator.num_blocks}"
+            )
         self.requests[req.request_id] = req
         self.waiting.append(req)
 

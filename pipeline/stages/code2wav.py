@@ -43,8 +43,10 @@ class Code2WavWorker:
         self.model, self.cfg = model, chunking or ChunkingConfig()
         u, la = model.total_upsample, model.lookahead_samples
         if self.cfg.decode_left_context_frames * u < la:
-            raise ValueError(f"decode_left_context_frames={self.cfg.decode_left_context_frames} is too small: "
-                             f"the decoder needs >= {-(-la // u)} frames to emit its lookahead tail")
+            raise ValueError(
+                f"decode_left_context_frames={self.cfg.decode_left_context_frames} is too small: "
+                f"the decoder needs >= {-(-la // u)} frames to emit its lookahead tail"
+            )
         self.streams: dict[str, _Stream] = {}
 
     def submit(self, msg: StageMessage) -> None:
@@ -57,8 +59,10 @@ class Code2WavWorker:
         self.streams.pop(request_id, None)
 
     def has_work(self) -> bool:
-        return any(s.finished or frames_to_decode(s.available, s.emitted, False, self.cfg)
-                   for s in self.streams.values())
+        return any(
+            s.finished or frames_to_decode(s.available, s.emitted, False, self.cfg)
+            for s in self.streams.values()
+        )
 
     @torch.no_grad()
     def step(self) -> list[StageMessage]:
@@ -75,7 +79,7 @@ class Code2WavWorker:
         pcm: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
         for (ctx, _), windows in jobs.items():
             codes = torch.stack([self._window_codes(rid, a - ctx, b) for rid, a, b in windows])
-            for (rid, a, b), wav in zip(windows, self._decode(codes, ctx, windows)):
+            for (rid, a, _), wav in zip(windows, self._decode(codes, ctx, windows)):
                 pcm[rid].append((a, wav))
         outs = []
         for rid in list(pcm) + [r for r in done if r not in pcm]:
@@ -90,14 +94,14 @@ class Code2WavWorker:
 
     def _window_codes(self, rid: str, first: int, end: int) -> torch.Tensor:
         s = self.streams[rid]
-        return torch.stack(s.frames[first - s.offset:end - s.offset], dim=1)  # [G, frames]
+        return torch.stack(s.frames[first - s.offset : end - s.offset], dim=1)  # [G, frames]
 
     def _decode(self, codes: torch.Tensor, ctx: int, windows) -> list[torch.Tensor]:
         a0 = windows[0][1]
         # windows in one job share (context, length), so one call serves all; start>0 iff ctx>0 or a0>0
         starts = {a for _, a, _ in windows}
         if len(starts) > 1 and any(a == 0 for a in starts):
-            return [self._decode(codes[i:i + 1], ctx, [w])[0] for i, w in enumerate(windows)]
+            return [self._decode(codes[i : i + 1], ctx, [w])[0] for i, w in enumerate(windows)]
         wav = decode_window(self.model, codes, a0, a0 + codes.shape[-1] - ctx, ctx, codes_offset=a0 - ctx)
         return list(wav[:, 0])
 

@@ -30,8 +30,10 @@ class EncoderWorker:
     def submit(self, msg: StageMessage) -> None:
         wav = msg.tensors.get("waveform")
         if wav is None or wav.ndim != 1 or wav.numel() < self.mel.min_samples:
-            raise ValueError(f"turn {msg.request_id}: need a 1-D 16 kHz waveform of at least "
-                             f"{self.mel.min_samples} samples")
+            raise ValueError(
+                f"turn {msg.request_id}: need a 1-D 16 kHz waveform of at least "
+                f"{self.mel.min_samples} samples"
+            )
         self.pending.append(msg)
 
     def abort(self, request_id: str) -> None:
@@ -42,17 +44,28 @@ class EncoderWorker:
 
     @torch.no_grad()
     def step(self) -> list[StageMessage]:
-        batch, self.pending = self.pending[:self.max_batch], self.pending[self.max_batch:]
+        batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch :]
         if not batch:
             return []
         feats, lens = self.mel([m.tensors["waveform"].float() for m in batch])
         embeds, out_lens = self.tower(feats.to(self.tower_dtype), lens)
         outs, at = [], 0
         for m, n in zip(batch, out_lens.tolist()):
-            ids = voice_turn_prompt(self.model.config, self.tok, n, m.meta.get("system_prompt", DEFAULT_SYSTEM_PROMPT),
-                                    [tuple(h) for h in m.meta.get("history", [])])
-            outs.append(StageMessage(m.request_id, {"prompt_ids": torch.tensor(ids, dtype=torch.int64),
-                                                    "audio_embeds": embeds[at:at + n]}, dict(m.meta), last=True))
+            ids = voice_turn_prompt(
+                self.model.config,
+                self.tok,
+                n,
+                m.meta.get("system_prompt", DEFAULT_SYSTEM_PROMPT),
+                [tuple(h) for h in m.meta.get("history", [])],
+            )
+            outs.append(
+                StageMessage(
+                    m.request_id,
+                    {"prompt_ids": torch.tensor(ids, dtype=torch.int64), "audio_embeds": embeds[at : at + n]},
+                    dict(m.meta),
+                    last=True,
+                )
+            )
             at += n
         assert int(audio_token_count(lens).sum()) == at
         return outs
@@ -60,7 +73,6 @@ class EncoderWorker:
     @property
     def tower_dtype(self) -> torch.dtype:
         return next(self.tower.parameters()).dtype
-
 
 
 def _preprocessor(model: LoadedModel) -> dict:

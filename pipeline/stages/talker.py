@@ -24,12 +24,23 @@ DEFAULT_TALKER_SAMPLING = dict(temperature=0.9, top_k=50, top_p=1.0, repetition_
 class TalkerWorker:
     """Continuous-batching Talker; ``specials`` are the projected ``tts_bos/eos/pad`` embeddings."""
 
-    def __init__(self, model: LoadedModel, specials: TalkerTextEmbeds, num_blocks: int = 1024,
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 1024) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        specials: TalkerTextEmbeds,
+        num_blocks: int = 1024,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 1024,
+    ) -> None:
         self.model, self.cfg, self.talker, self.specials = model, model.config, model.talker, specials
         self.adapter = TalkerAdapter(model.talker, specials.tts_pad)
-        self.engine = Engine(self.adapter, num_blocks, max_num_seqs, max_num_batched_tokens,
-                             dtype=model.talker.codec_head.weight.dtype)
+        self.engine = Engine(
+            self.adapter,
+            num_blocks,
+            max_num_seqs,
+            max_num_batched_tokens,
+            dtype=model.talker.codec_head.weight.dtype,
+        )
         self.live: dict[str, Request] = {}
         self.text_queue: list[tuple[str, torch.Tensor]] = []
         self.finished_early: list[StageMessage] = []
@@ -57,12 +68,25 @@ class TalkerWorker:
         speaker = str(msg.meta.get("speaker", "ethan")).lower()
         if speaker not in tcfg.speaker_id:
             raise ValueError(f"unknown speaker {speaker!r}; this checkpoint has {sorted(tcfg.speaker_id)}")
-        prefill = talker_prefill_embeds(self.talker, self.cfg, t["prompt_ids"], t["prompt_embeds"],
-                                        t["prompt_hidden"], t["token_embed"], self.specials, tcfg.speaker_id[speaker])
+        prefill = talker_prefill_embeds(
+            self.talker,
+            self.cfg,
+            t["prompt_ids"],
+            t["prompt_embeds"],
+            t["prompt_hidden"],
+            t["token_embed"],
+            self.specials,
+            tcfg.speaker_id[speaker],
+        )
         sp = {**DEFAULT_TALKER_SAMPLING, **msg.meta.get("talker_sampling", {})}
         sp.update(stop_token_ids=(tcfg.codec_eos_token_id,), suppress_token_ids=self.adapter.suppress_ids)
-        req = Request(msg.request_id, [self.cfg.tts_pad_token_id] * prefill.shape[0], SamplingParams(**sp),
-                      prompt_embeds=prefill.to(self.talker.codec_head.weight.dtype), embed_inputs=True)
+        req = Request(
+            msg.request_id,
+            [self.cfg.tts_pad_token_id] * prefill.shape[0],
+            SamplingParams(**sp),
+            prompt_embeds=prefill.to(self.talker.codec_head.weight.dtype),
+            embed_inputs=True,
+        )
         self.engine.add_request(req)
         self.live[msg.request_id] = req
 
@@ -82,8 +106,11 @@ class TalkerWorker:
             t = {"codes": torch.tensor(o.extras["codes"], dtype=torch.int64)} if "codes" in o.extras else {}
             if o.finished:
                 self.live.pop(o.request_id, None)
-            outs.append(StageMessage(o.request_id, t, {"finish_reason": o.finish_reason} if o.finished else {},
-                                     last=o.finished))
+            outs.append(
+                StageMessage(
+                    o.request_id, t, {"finish_reason": o.finish_reason} if o.finished else {}, last=o.finished
+                )
+            )
         return outs
 
     def _flush_text(self) -> None:
@@ -94,7 +121,9 @@ class TalkerWorker:
         raw = [(i, e) for i, (_, e) in enumerate(queue) if e is not None and e is not self.specials.tts_eos]
         projected = {}
         if raw:
-            rows = self.talker.text_projection(torch.stack([e for _, e in raw]).to(self.talker.codec_head.weight.dtype))
+            rows = self.talker.text_projection(
+                torch.stack([e for _, e in raw]).to(self.talker.codec_head.weight.dtype)
+            )
             projected = {i: rows[k] for k, (i, _) in enumerate(raw)}
         for i, (rid, e) in enumerate(queue):
             req = self.live.get(rid)

@@ -3,7 +3,8 @@
 Input (from the encoder): ``prompt_ids``, ``audio_embeds``; meta ``sampling`` (dict of
 :class:`SamplingParams` fields). Output per token: ``token`` int64 ``[1]``, ``token_embed``
 ``[hidden]``; the first message also carries ``prompt_ids``, ``prompt_embeds`` and ``prompt_hidden``
-(the Talker's user-turn inputs) and the turn's meta (``talker_sampling``, ``speaker``, ...). ``last`` marks the final token (EOS or max tokens).
+(the Talker's user-turn inputs) and the turn's meta (``talker_sampling``, ``speaker``, ...).
+``last`` marks the final token (EOS or max tokens).
 """
 
 from __future__ import annotations
@@ -21,15 +22,24 @@ from ..messages import StageMessage
 class ThinkerWorker:
     """Continuous-batching Thinker over all turns in flight."""
 
-    def __init__(self, model: LoadedModel, num_blocks: int = 1024, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 1024) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        num_blocks: int = 1024,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 1024,
+    ) -> None:
         cfg = model.config
         self.thinker = model.thinker
         accept = cfg.talker.accept_hidden_layer if cfg.talker else None
         self.eos = cfg.im_end_token_id
-        self.engine = Engine(ThinkerAdapter(model.thinker, capture_layer=accept, emit_embeds=True), num_blocks,
-                             max_num_seqs, max_num_batched_tokens,
-                             dtype=model.thinker.lm_head.weight.dtype)
+        self.engine = Engine(
+            ThinkerAdapter(model.thinker, capture_layer=accept, emit_embeds=True),
+            num_blocks,
+            max_num_seqs,
+            max_num_batched_tokens,
+            dtype=model.thinker.lm_head.weight.dtype,
+        )
         self.prompts: dict[str, tuple[torch.Tensor, torch.Tensor, dict]] = {}
 
     @torch.no_grad()
@@ -54,7 +64,10 @@ class ThinkerWorker:
     def step(self) -> list[StageMessage]:
         outs = []
         for o in self.engine.step():
-            t = {"token": torch.tensor(o.new_token_ids, dtype=torch.int64), "token_embed": o.extras["token_embed"]}
+            t = {
+                "token": torch.tensor(o.new_token_ids, dtype=torch.int64),
+                "token_embed": o.extras["token_embed"],
+            }
             meta = {"finish_reason": o.finish_reason} if o.finished else {}
             if "prompt_hidden" in o.extras:  # first token: hand the Talker its prompt and the turn's options
                 ids, embeds, turn_meta = self.prompts[o.request_id]
