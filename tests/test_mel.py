@@ -7,9 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from omniduplex.models.mel import LogMelConfig, LogMelFrontEnd, mel_filter_bank
 from transformers import WhisperFeatureExtractor
 from transformers.audio_utils import mel_filter_bank as hf_mel_filter_bank
+
+from omniduplex.models.mel import LogMelConfig, LogMelFrontEnd, mel_filter_bank
 
 SR = 16000
 # Keys in the layout of Qwen3-Omni's preprocessor_config.json (feature-extractor part).
