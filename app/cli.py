@@ -131,6 +131,27 @@ def bench_engine(
     run(model, [int(c) for c in concurrency.split(",")], json_out, vllm_python, threads)
 
 
+@bench.command("serve")
+def bench_serve(
+    model: Path | None = typer.Option(None, help="Checkpoint (default: tiny checkpoint in the cache)."),
+    graph: Path | None = typer.Option(None, help="Stage-graph YAML."),
+    concurrency: str = typer.Option("1,4,16", help="Comma-separated concurrent turn counts."),
+    rounds: int = typer.Option(2, help="Rounds per concurrency level."),
+    wavs: list[Path] | None = typer.Option(None, "--wav", help="Speech WAVs (default: benchmarks/speech/*.wav)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+    processes: bool = typer.Option(False, "--processes/--in-process", help="Stage processes or one process."),
+) -> None:
+    """TTFP / E2EL / RTF percentiles and audio throughput over a concurrency sweep of spoken turns."""
+    from omniduplex.app.respond import default_model, make_backend
+    from omniduplex.benchmarks.serve import run
+    from omniduplex.pipeline.config import load_graph
+
+    pcfg = load_graph(graph, model=str(model) if model else None)
+    pcfg.model = pcfg.model or str(default_model())
+    paths = wavs or sorted((Path(__file__).parents[1] / "benchmarks" / "speech").glob("*.wav"))
+    run(pcfg, make_backend(pcfg, processes), paths, [int(c) for c in concurrency.split(",")], rounds, json_out)
+
+
 def main() -> None:
     """Entry point of the ``omniduplex`` console script."""
     cli()

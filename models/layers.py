@@ -163,7 +163,9 @@ class Experts(nn.Module):
             outs.append(F.linear(F.silu(gate) * up, self.down_proj[e]))
             start += c
         ys = torch.cat(outs) * weights.reshape(-1)[order, None]
-        return torch.zeros_like(x).index_add_(0, token, ys)
+        # un-sort to [T, k, H] and sum over k (index_add_ is slow on CPU)
+        unsorted = torch.empty_like(ys).index_copy_(0, order, ys)
+        return unsorted.view(x.shape[0], k, -1).sum(dim=1)
 
 
 class SparseMoE(nn.Module):
