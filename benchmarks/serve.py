@@ -54,19 +54,36 @@ async def _sweep(orch: Orchestrator, wavs: list[np.ndarray], concurrency: list[i
         ttfp = [m["ttfp_ms"] for m in turns]
         e2el = [m["e2el_ms"] for m in turns]
         rtf = [m["rtf"] for m in turns]
-        results[c] = {"turns": len(turns), "errors": errors, "ttfp_p50_ms": _pct(ttfp, 50),
-                      "ttfp_p90_ms": _pct(ttfp, 90), "ttfp_p99_ms": _pct(ttfp, 99), "e2el_p50_ms": _pct(e2el, 50),
-                      "e2el_p90_ms": _pct(e2el, 90), "rtf_p50": _pct(rtf, 50),
-                      "audio_throughput_s_per_s": audio_total / wall_total if wall_total else 0.0}
+        results[c] = {
+            "turns": len(turns),
+            "errors": errors,
+            "ttfp_p50_ms": _pct(ttfp, 50),
+            "ttfp_p90_ms": _pct(ttfp, 90),
+            "ttfp_p99_ms": _pct(ttfp, 99),
+            "e2el_p50_ms": _pct(e2el, 50),
+            "e2el_p90_ms": _pct(e2el, 90),
+            "rtf_p50": _pct(rtf, 50),
+            "audio_throughput_s_per_s": audio_total / wall_total if wall_total else 0.0,
+        }
     return results
 
 
-def run(pcfg, backend, wav_paths: list[Path], concurrency: list[int], rounds: int, json_out: Path | None,
-        max_tokens: int = 24, talker_max_tokens: int = 48) -> dict:
+def run(
+    pcfg,
+    backend,
+    wav_paths: list[Path],
+    concurrency: list[int],
+    rounds: int,
+    json_out: Path | None,
+    max_tokens: int = 24,
+    talker_max_tokens: int = 48,
+) -> dict:
     """Run the sweep and print a markdown table; returns ``{c: metrics}``."""
     wavs = [load_audio(p) for p in wav_paths]
-    meta = {"sampling": {"max_tokens": max_tokens, "temperature": 0.7, "top_p": 0.8, "top_k": 20},
-            "talker_sampling": {"max_tokens": talker_max_tokens}}
+    meta = {
+        "sampling": {"max_tokens": max_tokens, "temperature": 0.7, "top_p": 0.8, "top_k": 20},
+        "talker_sampling": {"max_tokens": talker_max_tokens},
+    }
 
     async def main():
         orch = Orchestrator(backend, load_tokenizer(pcfg.model))
@@ -77,14 +94,19 @@ def run(pcfg, backend, wav_paths: list[Path], concurrency: list[int], rounds: in
             await orch.stop()
 
     res = asyncio.run(main())
-    print(f"\nserve benchmark: {pcfg.model}  {len(wavs)} speech WAVs, {rounds} rounds per level, thinker "
-          f"{max_tokens} tokens, talker ≤{talker_max_tokens} frames")
+    print(
+        f"\nserve benchmark: {pcfg.model}  {len(wavs)} speech WAVs, {rounds} rounds per level, thinker "
+        f"{max_tokens} tokens, talker ≤{talker_max_tokens} frames"
+    )
     print("| c | turns | TTFP p50 ms | p90 | p99 | E2EL p50 ms | p90 | RTF p50 | audio-s/s | errors |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for c, m in res.items():
-        print(f"| {c} | {m['turns']} | {m['ttfp_p50_ms']:.0f} | {m['ttfp_p90_ms']:.0f} | {m['ttfp_p99_ms']:.0f} | "
-              f"{m['e2el_p50_ms']:.0f} | {m['e2el_p90_ms']:.0f} | {m['rtf_p50']:.3f} | "
-              f"{m['audio_throughput_s_per_s']:.2f} | {m['errors']} |")
+        print(
+            f"| {c} | {m['turns']} | {m['ttfp_p50_ms']:.0f} | {m['ttfp_p90_ms']:.0f} | "
+            f"{m['ttfp_p99_ms']:.0f} | "
+            f"{m['e2el_p50_ms']:.0f} | {m['e2el_p90_ms']:.0f} | {m['rtf_p50']:.3f} | "
+            f"{m['audio_throughput_s_per_s']:.2f} | {m['errors']} |"
+        )
     if json_out:
         json_out.write_text(json.dumps(res, indent=2))
     return res
