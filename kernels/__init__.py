@@ -1,1 +1,20 @@
+"""Attention kernels over the paged KV cache: Triton kernels, plain-torch references, and a dispatcher.
 
+The package imports without Triton installed: ``paged_attention`` then runs the torch path and
+``paged_decode_attention_triton`` raises ``RuntimeError`` when called.
+"""
+
+from .attention import BACKEND_ENV, paged_attention, select_backend
+from .paged_attention_ref import paged_attention_torch, write_kv_cache
+from .paged_decode_attention import HAS_TRITON, choose_num_splits, paged_decode_attention_triton
+
+__all__ = [
+    "BACKEND_ENV",
+    "HAS_TRITON",
+    "choose_num_splits",
+    "paged_attention",
+    "paged_attention_torch",
+    "paged_decode_attention_triton",
+    "select_backend",
+    "write_kv_cache",
+]

@@ -1,0 +1,92 @@
+"""Paged attention dispatcher: the Triton decode kernel where it applies, the torch path elsewhere.
+
+Selection (``OMNIDUPLEX_ATTENTION_BACKEND`` unset or ``auto``): the Triton decode kernel when ``q`` is on
+CUDA, Triton is importable and every query length is 1; otherwise :func:`paged_attention_torch`.
+
+``OMNIDUPLEX_ATTENTION_BACKEND=torch`` always takes the torch path. ``=triton`` sends every decode-only
+batch to the Triton kernel and raises if it cannot run (Triton missing, or ``q`` on CPU without
+``TRITON_INTERPRET=1``); batches with a query longer than 1 still take the torch path, since there is no
+Triton prefill kernel.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .paged_attention_ref import paged_attention_torch, write_kv_cache
+from .paged_decode_attention import HAS_TRITON, paged_decode_attention_triton
+
+__all__ = ["BACKEND_ENV", "paged_attention", "select_backend", "write_kv_cache"]
+
+BACKEND_ENV = "OMNIDUPLEX_ATTENTION_BACKEND"
+
+
+def select_backend(device: torch.device, decode_only: bool) -> str:
+    """Return ``"triton"`` or ``"torch"`` for a batch on ``device`` (see module docstring).
+
+    Raises:
+        ValueError: unknown value of ``OMNIDUPLEX_ATTENTION_BACKEND``.
+        RuntimeError: ``triton`` forced for a decode batch where it cannot run.
+    """
+    forced = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
+    if forced not in ("auto", "torch", "triton"):
+        raise ValueError(f"{BACKEND_ENV}={forced!r}; expected torch, triton or auto")
+    if forced == "torch" or not decode_only:
+        return "torch"
+    if forced == "auto":
+        return "triton" if HAS_TRITON and device.type == "cuda" else "torch"
+    if not HAS_TRITON:
+        raise RuntimeError(f"{BACKEND_ENV}=triton but triton is not installed")
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(f"{BACKEND_ENV}=triton on {device.type} needs TRITON_INTERPRET=1 (tests only)")
+    return "triton"
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    max_seq_len: int | None = None,
+    max_query_len: int | None = None,
+    is_decode_only: bool | None = None,
+) -> torch.Tensor:
+    """Causal attention of a flat query batch over the paged KV cache, on the best available backend.
+
+    Shapes and dtypes as in :func:`~omniduplex.kernels.paged_attention_ref.paged_attention_torch`:
+    ``q [num_tokens, num_q_heads, head_dim]``, caches ``[num_blocks, 16, num_kv_heads, head_dim]``,
+    int32 ``block_tables [num_seqs, max_blocks]``, ``seq_lens [num_seqs]``, ``query_start_loc
+    [num_seqs + 1]``; returns ``[num_tokens, num_q_heads, head_dim]`` in the dtype of ``q``.
+
+    Args:
+        max_seq_len, max_query_len: host-side bounds that spare device-to-host syncs.
+        is_decode_only: ``True`` promises every query length is 1 (then ``num_tokens == num_seqs``).
+            When ``None`` it is inferred from ``max_query_len``, from ``num_tokens != num_seqs``, and
+            only as a last resort from ``query_start_loc`` (a device-to-host sync; pass a hint on GPU).
+
+    Raises:
+        ValueError / RuntimeError: from :func:`select_backend` or the chosen implementation.
+    """
+    num_tokens, num_seqs = q.shape[0], seq_lens.shape[0]
+    if is_decode_only is None:
+        if num_tokens != num_seqs:
+            is_decode_only = False
+        elif max_query_len is not None:
+            is_decode_only = max_query_len == 1
+        else:
+            is_decode_only = bool((query_start_loc[1:] - query_start_loc[:-1] == 1).all())
+    if is_decode_only:
+        max_query_len = 1
+    if select_backend(q.device, is_decode_only) == "triton":
+        return paged_decode_attention_triton(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len=max_seq_len
+        )
+    return paged_attention_torch(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_seq_len, max_query_len
+    )

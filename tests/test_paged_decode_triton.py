@@ -1,0 +1,270 @@
+"""The Triton paged decode kernel (single pass and split-KV) and the dispatcher.
+
+Runs under the Triton interpreter on CPU. Constraint: ``TRITON_INTERPRET=1`` must be in the environment
+before the first ``import triton`` of the pytest process, because ``triton.jit`` fixes, at decoration
+time, whether triton's own library functions (``tl.sum``, ``tl.max``, ...) are interpretable. This module
+sets it at its top, before anything imports triton; ``omniduplex.kernels`` imports triton lazily, on the
+first kernel call, so earlier test modules importing ``omniduplex.kernels`` are harmless. If some earlier
+test imports triton itself (e.g. through ``torch.compile``), the kernel raises a RuntimeError saying so;
+the fix is to set the variable at the top of ``tests/conftest.py``. With ``TRITON_INTERPRET=0`` exported
+and CUDA present, the same tests run compiled on the GPU.
+
+The expected output is ``paged_attention_torch`` on float64 copies of the inputs; that reference is
+itself checked against a naive per-sequence loop in ``test_paged_attention_ref.py``.
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from omniduplex.kernels import attention  # noqa: E402
+from omniduplex.kernels.paged_attention_ref import paged_attention_torch, write_kv_cache  # noqa: E402
+from omniduplex.kernels.paged_decode_attention import choose_num_splits  # noqa: E402
+
+BLOCK = 16
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+@pytest.fixture(scope="module")
+def decode():
+    """The kernel entry point; skips only when triton (or, uninterpreted, a GPU) is really missing."""
+    pytest.importorskip("triton")
+    if DEVICE == "cpu" and not INTERPRET:
+        pytest.skip("TRITON_INTERPRET is not 1 and there is no CUDA device")
+    from omniduplex.kernels import paged_decode_attention as module
+
+    return module.paged_decode_attention_triton
+
+
+def decode_case(seq_lens, num_q_heads, num_kv_heads, head_dim, dtype, seed, unwritten=1e4):
+    """Decode batch (one query per sequence) over blocks handed out in a random permutation; unused
+    block-table entries are garbage and never-written cache rows hold ``unwritten``-scaled noise (or NaN
+    when ``unwritten`` is NaN)."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-n // BLOCK) for n in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 2
+    perm = torch.randperm(num_blocks, generator=gen)
+    block_tables = torch.randint(-3, 10**6, (len(seq_lens), max(blocks_per_seq) + 1), generator=gen)
+    block_tables = block_tables.to(torch.int32)
+    shape = (num_blocks, BLOCK, num_kv_heads, head_dim)
+    if unwritten != unwritten:  # NaN
+        k_cache, v_cache = torch.full(shape, float("nan")), torch.full(shape, float("nan"))
+    else:
+        k_cache = torch.empty(shape).uniform_(-unwritten, unwritten, generator=gen)
+        v_cache = torch.empty(shape).uniform_(-unwritten, unwritten, generator=gen)
+    k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
+    used, slots = 0, []
+    for s, n in enumerate(seq_lens):
+        ids = perm[used : used + blocks_per_seq[s]]
+        used += blocks_per_seq[s]
+        block_tables[s, : len(ids)] = ids.to(torch.int32)
+        slots += [int(ids[p // BLOCK]) * BLOCK + p % BLOCK for p in range(n)]
+    k = torch.randn(len(slots), num_kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(len(slots), num_kv_heads, head_dim, generator=gen).to(dtype)
+    write_kv_cache(k_cache, v_cache, k, v, torch.tensor(slots, dtype=torch.int64))
+    q = torch.randn(len(seq_lens), num_q_heads, head_dim, generator=gen).to(dtype)
+    case = dict(
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=block_tables,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        scale=head_dim**-0.5,
+    )
+    return {name: t.to(DEVICE) if isinstance(t, torch.Tensor) else t for name, t in case.items()}
+
+
+def expected(case):
+    """float64 torch reference on CPU."""
+    cpu = {n: t.cpu() if isinstance(t, torch.Tensor) else t for n, t in case.items()}
+    num_seqs = cpu["q"].shape[0]
+    return paged_attention_torch(
+        cpu["q"].double(),
+        cpu["k_cache"].double(),
+        cpu["v_cache"].double(),
+        cpu["block_tables"],
+        cpu["seq_lens"],
+        torch.arange(num_seqs + 1, dtype=torch.int32),
+        cpu["scale"],
+    )
+
+
+def assert_matches(out, case):
+    assert out.shape == case["q"].shape and out.dtype == case["q"].dtype
+    tol = TOL[case["q"].dtype]
+    torch.testing.assert_close(out.cpu().double(), expected(case), atol=tol, rtol=tol)
+
+
+ODD = [1, 15, 16, 17, 33, 50]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_odd_lengths_shuffled_blocks(decode, dtype, num_splits):
+    case = decode_case(ODD, 8, 2, 32, dtype, seed=1)
+    assert_matches(decode(**case, num_splits=num_splits), case)
+
+
+@pytest.mark.parametrize("ratio", [1, 2, 4, 8])
+def test_gqa_ratios_single_and_split(decode, ratio):
+    case = decode_case([17, 40, 3], ratio * 2, 2, 16, torch.float32, seed=ratio)
+    assert_matches(decode(**case, num_splits=1), case)
+    assert_matches(decode(**case, num_splits=2), case)
+
+
+def test_non_power_of_two_head_dim_fp16(decode):
+    case = decode_case([1, 31, 48], 6, 3, 24, torch.float16, seed=7)
+    assert_matches(decode(**case, num_splits=1), case)
+    assert_matches(decode(**case, num_splits=4), case)
+
+
+def test_more_splits_than_blocks_and_empty_splits(decode):
+    """Splits that start past a short sequence's end contribute nothing; splits beyond the block count
+    are clamped."""
+    case = decode_case([1, 65], 4, 4, 16, torch.float32, seed=2)
+    assert_matches(decode(**case, num_splits=64), case)
+    assert_matches(decode(**case, num_splits=5, max_seq_len=65), case)
+
+
+def test_automatic_split_choice(decode):
+    case = decode_case([97, 5], 4, 1, 16, torch.float32, seed=4)
+    assert_matches(decode(**case), case)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_unwritten_nan_rows_are_masked(decode, num_splits):
+    case = decode_case([17, 2, 33], 4, 2, 16, torch.float32, seed=5, unwritten=float("nan"))
+    out = decode(**case, num_splits=num_splits)
+    assert torch.isfinite(out).all()
+    assert_matches(out, case)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_empty_sequence_gives_zeros(decode, num_splits):
+    case = decode_case([20, 1], 2, 1, 16, torch.float32, seed=6)
+    case["seq_lens"][0] = 0
+    out = decode(**case, num_splits=num_splits)
+    assert torch.equal(out[0].cpu(), torch.zeros_like(out[0].cpu()))
+    torch.testing.assert_close(out[1:].cpu().double(), expected(case)[1:], atol=1e-5, rtol=0)
+
+
+def test_rejects_bad_inputs(decode):
+    case = decode_case([5], 4, 2, 16, torch.float32, seed=0)
+    with pytest.raises(ValueError):
+        decode(**{**case, "q": case["q"][:, :3]})
+    with pytest.raises(ValueError):
+        decode(**{**case, "k_cache": case["k_cache"].double()})
+
+
+def test_choose_num_splits():
+    assert choose_num_splits(64, 8, 256, num_sms=108) == 1  # batch fills the device
+    assert choose_num_splits(1, 8, 256, num_sms=108) == 27  # ceil(216 / 8)
+    assert choose_num_splits(1, 8, 16, num_sms=108) == 2  # capped by 8 blocks per split
+    assert choose_num_splits(1, 1, 4096, num_sms=108) == 32  # capped by max_splits
+    assert choose_num_splits(1, 8, 7, num_sms=108) == 1  # too short to split
+
+
+def mixed_case(dtype=torch.float32):
+    """Dispatcher input: a decode case plus its ``query_start_loc``."""
+    case = decode_case([9, 33, 16], 4, 2, 16, dtype, seed=9)
+    case["query_start_loc"] = torch.arange(4, dtype=torch.int32, device=DEVICE)
+    return case
+
+
+def test_dispatcher_forced_triton_decode(decode, monkeypatch):
+    calls = []
+    real = attention.paged_decode_attention_triton
+    monkeypatch.setattr(
+        attention, "paged_decode_attention_triton", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    monkeypatch.setenv(attention.BACKEND_ENV, "triton")
+    case = mixed_case()
+    assert_matches(attention.paged_attention(**case), case)
+    assert_matches(attention.paged_attention(**case, max_query_len=1, max_seq_len=33), case)
+    assert len(calls) == 2
+    # A batch with a prefill chunk has no Triton kernel: it goes to torch even when triton is forced.
+    assert attention.select_backend(torch.device(DEVICE), decode_only=False) == "torch"
+
+
+def test_dispatcher_torch_paths(monkeypatch):
+    case = mixed_case()
+    monkeypatch.setenv(attention.BACKEND_ENV, "torch")
+    assert attention.select_backend(torch.device("cuda"), decode_only=True) == "torch"
+    assert_matches(attention.paged_attention(**case, is_decode_only=True), case)
+    monkeypatch.delenv(attention.BACKEND_ENV)
+    assert attention.select_backend(torch.device("cpu"), decode_only=True) == "torch"
+    monkeypatch.setenv(attention.BACKEND_ENV, "cuda-graphs")
+    with pytest.raises(ValueError):
+        attention.select_backend(torch.device("cpu"), decode_only=True)
+
+
+def test_dispatcher_refuses_triton_on_cpu_without_interpreter(monkeypatch):
+    monkeypatch.setenv(attention.BACKEND_ENV, "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    if attention.HAS_TRITON:
+        with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+            attention.select_backend(torch.device("cpu"), decode_only=True)
+    assert attention.select_backend(torch.device("cpu"), decode_only=False) == "torch"
+
+
+def test_imports_and_falls_back_without_triton():
+    """With triton unimportable the package still imports, the dispatcher runs the torch path, and the
+    kernel raises a clear error."""
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["triton"] = None  # makes `import triton` raise ImportError
+        import torch
+        from omniduplex import kernels
+        assert not kernels.HAS_TRITON
+        q = torch.randn(2, 4, 16)
+        cache = torch.randn(4, 16, 2, 16)
+        bt = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+        sl = torch.tensor([20, 7], dtype=torch.int32)
+        qsl = torch.tensor([0, 1, 2], dtype=torch.int32)
+        out = kernels.paged_attention(q, cache, cache, bt, sl, qsl, 0.25)
+        assert out.shape == (2, 4, 16) and torch.isfinite(out).all()
+        try:
+            kernels.paged_decode_attention_triton(q, cache, cache, bt, sl, 0.25)
+        except RuntimeError as e:
+            assert "triton" in str(e)
+        else:
+            raise AssertionError("expected RuntimeError")
+        print("ok")
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != attention.BACKEND_ENV}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    seq_lens=st.lists(st.integers(1, 70), min_size=1, max_size=4),
+    num_kv_heads=st.sampled_from([1, 2]),
+    ratio=st.sampled_from([1, 2, 4]),
+    head_dim=st.sampled_from([16, 40, 64]),
+    num_splits=st.sampled_from([1, 2, 3]),
+    low_precision=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_random_decode_batches(
+    decode, seq_lens, num_kv_heads, ratio, head_dim, num_splits, low_precision, seed
+):
+    dtype = torch.bfloat16 if low_precision else torch.float32
+    case = decode_case(seq_lens, num_kv_heads * ratio, num_kv_heads, head_dim, dtype, seed)
+    assert_matches(decode(**case, num_splits=num_splits), case)
