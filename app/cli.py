@@ -36,13 +36,24 @@ def init_model(
     text_only: bool = typer.Option(
         False, "--text-only", help="Write a Qwen3MoeForCausalLM text checkpoint (the Thinker decoder)."
     ),
+    arch: str = typer.Option(
+        "qwen3-omni", "--arch", help="qwen3-omni (Thinker-Talker) or unified (delay-pattern speech LM + DAC)."
+    ),
 ) -> None:
-    """Write a deterministic random-weight checkpoint in the published Qwen3-Omni layout."""
+    """Write a deterministic random-weight checkpoint (Qwen3-Omni layout, or the unified delay-pattern LM)."""
     from omniduplex.models.presets import write_checkpoint
     from omniduplex.models.registry import load_model
+    from omniduplex.models.unified_presets import write_unified_checkpoint
 
+    if arch not in ("qwen3-omni", "unified"):
+        raise typer.BadParameter(f"unknown --arch {arch!r}; choose qwen3-omni or unified")
+    if arch == "unified" and text_only:
+        raise typer.BadParameter("--text-only applies to --arch qwen3-omni only")
     t0 = time.perf_counter()
-    write_checkpoint(out, preset, seed, text_only)
+    if arch == "unified":
+        write_unified_checkpoint(out, preset, seed)
+    else:
+        write_checkpoint(out, preset, seed, text_only)
     written = time.perf_counter() - t0
     loaded = load_model(out)
     counts = loaded.num_parameters()
@@ -107,6 +118,50 @@ def respond(
     )
 
 
+@cli.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
+    port: int = typer.Option(8000, help="HTTP port (page, signalling, health)."),
+    max_sessions: int = typer.Option(8, "--max-sessions", min=1, help="Concurrent sessions; more get 503."),
+    model: Path | None = typer.Option(None, help="Checkpoint directory (default: tiny one in the cache)."),
+    graph: Path | None = typer.Option(None, help="Stage-graph YAML (default: the shipped one)."),
+    processes: bool | None = typer.Option(
+        None,
+        "--processes/--in-process",
+        help="Stage processes joined by the relay, or all stages in this process "
+        "(default: processes when the process backend is available).",
+    ),
+    endpoint_ms: int = typer.Option(500, help="Silence that ends a user turn (ms)."),
+    barge_in_ms: int = typer.Option(300, help="Speech over a reply that interrupts it (ms)."),
+    min_turn_ms: int = typer.Option(200, help="Shortest speech committed as a turn (ms)."),
+    vad_aggressiveness: int = typer.Option(2, min=0, max=3, help="webrtcvad mode, 0 (lenient) … 3 (strict)."),
+    max_tokens: int = typer.Option(64, help="Thinker max new tokens per reply."),
+    talker_max_tokens: int = typer.Option(125, help="Talker max codec frames per reply (12.5 frames = 1 s)."),
+    speaker: str = typer.Option("ethan", help="Voice (talker_config.speaker_id key)."),
+    media_timeout: float = typer.Option(5.0, help="End a session after this long without client audio (s)."),
+    log_level: str = typer.Option("info", help="debug, info, warning."),
+) -> None:
+    """Serve the browser voice chat (WebRTC, full duplex, barge-in) at http://HOST:PORT/."""
+    from omniduplex.app.server import ServerConfig
+    from omniduplex.app.server import serve as run
+    from omniduplex.app.session import SessionConfig
+    from omniduplex.app.vad import TurnConfig
+
+    turn = TurnConfig(endpoint_ms=endpoint_ms, barge_in_ms=barge_in_ms, min_turn_ms=min_turn_ms)
+    cfg = ServerConfig(
+        max_sessions=max_sessions,
+        session=SessionConfig(turn=turn, vad_aggressiveness=vad_aggressiveness),
+        model=str(model) if model else None,
+        graph=str(graph) if graph else None,
+        processes=processes,
+        max_tokens=max_tokens,
+        talker_max_tokens=talker_max_tokens,
+        speaker=speaker,
+        media_timeout_s=media_timeout,
+    )
+    run(cfg, host, port, log_level)
+
+
 bench = typer.Typer(
     help="Benchmarks that print tables and write JSON (no timed tests).", no_args_is_help=True
 )
@@ -163,3 +218,7 @@ def bench_serve(
 def main() -> None:
     """Entry point of the ``omniduplex`` console script."""
     cli()
+
+
+if __name__ == "__main__":
+    main()

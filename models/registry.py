@@ -1,7 +1,8 @@
 """Model registry: ``config.json`` ``architectures`` → our modules, loaded from the published tensor names.
 
 Supported: ``Qwen3OmniMoeForConditionalGeneration`` (Thinker + audio tower, Talker + code predictor,
-Code2Wav), and the text LMs ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM`` (a Thinker without audio).
+Code2Wav), the text LMs ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM`` (a Thinker without audio), and
+``OmniduplexUnifiedLM`` (:mod:`.unified`: one delay-pattern speech LM + a DAC codec decoder under ``codec.``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from .audio_encoder import AudioEncoder, AudioEncoderConfig
 from .checkpoint import CheckpointError, load_state_dict_into, read_config, weight_files
 from .code2wav import Code2Wav, Code2WavConfig
 from .config import ConfigError, DecoderConfig, OmniConfig
+from .dac import DacCodec, DacDecoderConfig, load_codec_into
 from .talker import Talker
 from .thinker import Thinker
+from .unified import ARCHITECTURE as UNIFIED
+from .unified import UnifiedConfig, UnifiedLM
 
 OMNI = "Qwen3OmniMoeForConditionalGeneration"
 TEXT_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
@@ -40,13 +44,15 @@ class LoadedModel:
     thinker: Thinker | None = None
     talker: Talker | None = None
     code2wav: Code2Wav | None = None
+    unified: UnifiedLM | None = None
+    codec: DacCodec | None = None
     load_seconds: float = 0.0
     parts: tuple[str, ...] = field(default_factory=tuple)
 
     def num_parameters(self) -> dict[str, int]:
         """Parameter count per loaded part (tied weights counted once)."""
         out = {}
-        for name in ("thinker", "talker", "code2wav"):
+        for name in ("thinker", "talker", "code2wav", "unified", "codec"):
             m = getattr(self, name)
             if m is not None:
                 out[name] = sum(p.numel() for p in m.parameters())
@@ -63,10 +69,10 @@ def architecture_of(raw: dict, model_dir: Path | str) -> str:
     if not archs:
         raise CheckpointError(f"{model_dir}/config.json has no 'architectures' entry")
     arch = archs[0]
-    if arch != OMNI and arch not in TEXT_ARCHITECTURES:
+    if arch not in (OMNI, UNIFIED) and arch not in TEXT_ARCHITECTURES:
         raise CheckpointError(
             f"unknown architecture '{arch}' in {model_dir}/config.json; supported: "
-            f"{', '.join((OMNI, *TEXT_ARCHITECTURES))}"
+            f"{', '.join((OMNI, *TEXT_ARCHITECTURES, UNIFIED))}"
         )
     return arch
 
@@ -74,6 +80,9 @@ def architecture_of(raw: dict, model_dir: Path | str) -> str:
 def build_modules(raw: dict) -> dict[str, nn.Module]:
     """Freshly initialised modules for a config dict, keyed by their checkpoint name prefix."""
     arch = architecture_of(raw, "<config>")
+    if arch == UNIFIED:
+        cfg = UnifiedConfig.from_dict(raw)
+        return {"": UnifiedLM(cfg), "codec.": DacCodec(DacDecoderConfig.from_dict(cfg.codec_config))}
     if arch != OMNI:
         return {"": Thinker(DecoderConfig.from_dict(raw))}
     cfg = OmniConfig.from_dict(raw)
@@ -96,7 +105,8 @@ def load_model(
     Args:
         model_dir: directory with ``config.json`` and safetensors weights.
         parts: subset of ``("audio_tower", "thinker", "talker", "code2wav")``; a stage process asks only
-            for what it runs ("thinker" without "audio_tower" loads the text model alone).
+            for what it runs ("thinker" without "audio_tower" loads the text model alone). For a unified
+            checkpoint "thinker"/"unified" load the LM into ``unified``, "code2wav"/"codec" the codec.
         dtype: parameter dtype (fp32 for parity, bf16 for serving).
 
     Raises:
@@ -111,6 +121,8 @@ def load_model(
     try:
         if arch == OMNI:
             out = _load_omni(raw, files, parts, model_dir)
+        elif arch == UNIFIED:
+            out = _load_unified(raw, files, parts, model_dir)
         else:
             text = DecoderConfig.from_dict(raw)
             thinker = Thinker(text)
@@ -118,7 +130,7 @@ def load_model(
             out = LoadedModel(arch, model_dir, raw, None, thinker=thinker, parts=("thinker",))
     except ConfigError as e:
         raise CheckpointError(f"{model_dir}/config.json: {e}") from e
-    for name in ("thinker", "talker", "code2wav"):
+    for name in ("thinker", "talker", "code2wav", "unified", "codec"):
         m: nn.Module | None = getattr(out, name)
         if m is not None:
             m.to(device=device, dtype=dtype).eval().requires_grad_(False)
@@ -153,4 +165,18 @@ def _load_omni(raw: dict, files, parts: tuple[str, ...], model_dir: Path) -> Loa
     if "code2wav" in parts:
         out.code2wav = Code2Wav(Code2WavConfig.from_dict(cfg.code2wav))
         load_state_dict_into(out.code2wav, files, prefix="code2wav.")
+    return out
+
+
+def _load_unified(raw: dict, files, parts: tuple[str, ...], model_dir: Path) -> LoadedModel:
+    cfg = UnifiedConfig.from_dict(raw)
+    out = LoadedModel(UNIFIED, model_dir, raw, None, parts=parts)
+    if "thinker" in parts or "unified" in parts:
+        out.unified = UnifiedLM(cfg)
+        load_state_dict_into(out.unified, files, prefix="", ignore=("codec.",))
+    if "code2wav" in parts or "codec" in parts:
+        if not cfg.codec_config:
+            raise CheckpointError(f"{model_dir}/config.json: unified checkpoint has no codec_config")
+        out.codec = DacCodec(DacDecoderConfig.from_dict(cfg.codec_config))
+        load_codec_into(out.codec, files, prefix="codec.")
     return out

@@ -79,6 +79,8 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         out = ScheduledBatch()
         budget = self.max_num_batched_tokens
+        # oldest first, so the preemption victim (the youngest) is never one already planned this step
+        self.running.sort(key=lambda r: r.arrival)
         for req in list(self.running):
             if budget == 0:
                 break

@@ -1,0 +1,154 @@
+"""DAC codec decoder: parity with ``transformers.DacModel.decode``, checkpoint name variants, streaming."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import DacConfig, DacModel
+
+from omniduplex.models.checkpoint import CheckpointError, weight_files
+from omniduplex.models.dac import DacCodec, DacDecoderConfig, decode_window, load_codec_into, stream_decode
+
+CONFIGS = {
+    # even strides: T·hop samples; odd stride: transformers' conv-transpose padding drops samples
+    "even": dict(
+        encoder_hidden_size=4,
+        downsampling_ratios=[2, 4],
+        decoder_hidden_size=32,
+        n_codebooks=3,
+        codebook_size=16,
+        codebook_dim=4,
+    ),
+    "odd": dict(
+        encoder_hidden_size=2,
+        downsampling_ratios=[2, 3, 2],
+        decoder_hidden_size=32,
+        n_codebooks=4,
+        codebook_size=32,
+        codebook_dim=6,
+    ),
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny convs: intra-op threading only adds barrier waits (very slow on a busy 2-core box)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _reference(name: str, weight_norm: bool, seed: int = 0) -> DacModel:
+    """A tiny ``DacModel`` with every parameter drawn from a seeded generator.
+
+    Conv kernels N(0, (0.6/√fan_in)²), biases N(0, 0.05²), codebooks N(0, 1), Snake α U(0.5, 1.5),
+    weight-norm magnitudes g U(0.5, 1.5) (so ``g`` is not just ``‖v‖``).
+    """
+    model = DacModel(DacConfig(**CONFIGS[name])).eval()
+    if weight_norm:
+        model.apply_weight_norm()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for pname, p in sorted(model.named_parameters()):
+            if pname.endswith("alpha") or pname.endswith("original0"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+            elif pname.endswith("bias"):
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+            elif pname.endswith("codebook.weight"):
+                p.copy_(torch.randn(p.shape, generator=g))
+            else:
+                fan_in = p.shape[1] * p.shape[2] if p.dim() == 3 else p.shape[-1]
+                p.copy_(0.6 * fan_in**-0.5 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def _ours_from(model: DacModel, tmp_path, rename_legacy: bool = False) -> DacCodec:
+    sd = {f"codec.{k}": v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    if rename_legacy:
+        sd = {
+            k.replace("parametrizations.weight.original0", "weight_g").replace(
+                "parametrizations.weight.original1", "weight_v"
+            ): v
+            for k, v in sd.items()
+        }
+    assert any(k.startswith("codec.encoder.") for k in sd)  # encoder tensors present, ignored
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    ours = DacCodec(DacDecoderConfig.from_dict(model.config.to_dict())).eval()
+    load_codec_into(ours, weight_files(tmp_path), prefix="codec.")
+    return ours
+
+
+def _codes(cfg: dict, t: int, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, cfg["codebook_size"], (2, cfg["n_codebooks"], t), generator=g)
+
+
+@pytest.mark.parametrize(
+    "name,weight_norm,legacy",
+    [("even", False, False), ("even", True, False), ("odd", True, True)],
+)
+@torch.no_grad()
+def test_decode_matches_transformers(tmp_path, name, weight_norm, legacy):
+    ref = _reference(name, weight_norm)
+    ours = _ours_from(ref, tmp_path, rename_legacy=legacy)
+    codes = _codes(CONFIGS[name], 13)
+    want = ref.decode(audio_codes=codes).audio_values  # [B, L]
+    got = ours.decode(codes)
+    assert got.shape == (2, 1, ours.output_length(13)) == (2, 1, want.shape[-1])
+    if name == "even":
+        assert got.shape[-1] == 13 * ours.hop_length
+    assert want.abs().max() > 0.05  # not a silent decoder
+    torch.testing.assert_close(got[:, 0], want, atol=1e-4, rtol=0)
+
+
+def test_loader_errors(tmp_path):
+    ref = _reference("even", weight_norm=True)
+    sd = {f"codec.{k}": v.detach().clone().contiguous() for k, v in ref.state_dict().items()}
+    half = "codec.decoder.conv1.parametrizations.weight.original0"
+    ours = DacCodec(DacDecoderConfig.from_dict(ref.config.to_dict()))
+    save_file({k: v for k, v in sd.items() if k != half}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="decoder.conv1.weight"):
+        load_codec_into(ours, weight_files(tmp_path))
+    sd["codec.decoder.extra.weight"] = torch.zeros(1)
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="codec.decoder.extra.weight"):
+        load_codec_into(ours, weight_files(tmp_path))
+
+
+@torch.no_grad()
+def test_receptive_field_bound_holds():
+    ours = DacCodec(DacDecoderConfig.from_dict(_reference("even", False).config.to_dict())).eval()
+    for n, p in _reference("even", False).state_dict().items():
+        if n in ours.state_dict():
+            ours.state_dict()[n].copy_(p)
+    r, hop = ours.receptive_field_frames(), ours.hop_length
+    codes = _codes(CONFIGS["even"], 3 * r + 5)
+    k = r + 2
+    moved = codes.clone()
+    moved[:, :, k] = (moved[:, :, k] + 1) % CONFIGS["even"]["codebook_size"]
+    diff = (ours.decode(codes) - ours.decode(moved)).abs()[0, 0]
+    changed = torch.nonzero(diff > 0).flatten()
+    assert changed.numel() > 0
+    assert changed.min() >= (k - r) * hop and changed.max() < (k + r + 1) * hop
+
+
+@pytest.mark.parametrize("name", ["even", "odd"])
+@torch.no_grad()
+def test_streaming_equals_one_shot_with_both_contexts(tmp_path, name):
+    ours = _ours_from(_reference(name, weight_norm=False), tmp_path)
+    r = ours.receptive_field_frames()
+    codes = _codes(CONFIGS[name], 2 * r + 11)
+    full = ours.decode(codes)
+    chunks = stream_decode(ours, codes, chunk_frames=7, left_context=r, right_context=r)
+    torch.testing.assert_close(torch.cat(chunks, dim=-1), full, atol=1e-5, rtol=0)
+    # a middle window with exactly enough context on each side
+    mid = decode_window(ours, codes, r, r + 5, r, r)
+    torch.testing.assert_close(
+        mid, full[..., r * ours.hop_length : (r + 5) * ours.hop_length], atol=1e-5, rtol=0
+    )
+    # the convs are centred: left context alone (no look-ahead) is not exact
+    causal = torch.cat(stream_decode(ours, codes, 7, r, 0), dim=-1)
+    assert causal.shape[-1] <= full.shape[-1]
+    assert (causal - full[..., : causal.shape[-1]]).abs().max() > 1e-4
