@@ -1,0 +1,270 @@
+"""``omniduplex serve``: FastAPI app with the voice chat page, WebRTC signalling and the pipeline.
+
+Routes:
+    ``GET /``            the voice chat page (``web/``).
+    ``POST /offer``      ``{"sdp", "type": "offer"}`` → ``{"sdp", "type": "answer", "session_id"}``;
+                         400 with ``{"error"}`` for a bad offer, 503 when ``max_sessions`` are open.
+    ``DELETE /sessions/{id}``, ``POST /sessions/{id}/bye``  hang up a session (the page also says
+                         ``bye`` on the data channel).
+    ``GET /healthz``     liveness and session count.
+    ``GET /metrics``     sessions, turn counters, barge-in stop times, latencies, pipeline resources.
+
+The pipeline stages start with the app (lifespan) and are shared by every session; each session
+has its own turn ids, history and playout buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from .responder import OrchestratorResponder, Responder
+from .session import SessionConfig
+from .webrtc import OfferError, PeerSession, check_offer
+
+log = logging.getLogger("omniduplex.server")
+
+WEB_DIR = Path(__file__).resolve().parents[1] / "web"
+"""The browser client, at the repository's top level (works from an editable install)."""
+
+
+@dataclass
+class ServerConfig:
+    """Everything ``serve`` needs. Pipeline: ``model`` / ``graph`` (``None`` = defaults), ``processes``
+    (``None`` = stage processes when the process backend is available). Replies: ``max_tokens``
+    (Thinker), ``talker_max_tokens`` (codec frames, 12.5 per second of audio)."""
+
+    max_sessions: int = 8
+    session: SessionConfig = field(default_factory=SessionConfig)
+    model: str | None = None
+    graph: str | None = None
+    processes: bool | None = None
+    max_tokens: int = 64
+    talker_max_tokens: int = 125
+    speaker: str = "ethan"
+    media_timeout_s: float = 5.0
+    connect_timeout_s: float = 20.0
+    web_dir: Path = WEB_DIR
+
+
+def process_backend_available() -> bool:
+    """Whether ``omniduplex.pipeline.process_backend`` imports (the multi-process backend)."""
+    try:
+        import omniduplex.pipeline.process_backend  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class SessionFull(RuntimeError):
+    """All ``max_sessions`` slots are taken."""
+
+
+class ServerState:
+    """Open sessions, the shared responder, counters. Lives on ``app.state.server``."""
+
+    def __init__(self, cfg: ServerConfig, responder: Responder | None = None) -> None:
+        self.cfg = cfg
+        self.responder = responder
+        self.orchestrator = None
+        self.sessions: dict[str, PeerSession] = {}
+        self.started_total = 0
+        self.closed_stats: list = []  # SessionStats of closed sessions (for /metrics)
+        self._ids = itertools.count(1)
+
+    async def start(self) -> None:
+        """Build and start the pipeline unless a responder was given."""
+        if self.responder is not None:
+            return
+        from omniduplex.app.respond import default_model, make_backend
+        from omniduplex.models.tokenizer import load_tokenizer
+        from omniduplex.pipeline.config import load_graph
+        from omniduplex.pipeline.orchestrator import Orchestrator
+
+        cfg = self.cfg
+        pcfg = load_graph(cfg.graph, model=cfg.model)
+        if pcfg.model is None:
+            pcfg.model = str(await asyncio.to_thread(default_model))
+        processes = process_backend_available() if cfg.processes is None else cfg.processes
+        log.info(
+            "starting pipeline (%s) from %s", "stage processes" if processes else "in-process", pcfg.model
+        )
+        backend = await asyncio.to_thread(make_backend, pcfg, processes)
+        self.orchestrator = Orchestrator(backend, load_tokenizer(pcfg.model))
+        await self.orchestrator.start()
+        meta = {
+            "sampling": {"max_tokens": cfg.max_tokens, "temperature": 0.7, "top_p": 0.8, "top_k": 20},
+            "talker_sampling": {"max_tokens": cfg.talker_max_tokens},
+            "speaker": cfg.speaker,
+        }
+        self.responder = OrchestratorResponder(self.orchestrator, meta)
+
+    async def stop(self) -> None:
+        """Close every session, then stop the pipeline."""
+        await asyncio.gather(*(p.close("server shutdown") for p in list(self.sessions.values())))
+        if self.orchestrator is not None:
+            await self.orchestrator.stop()
+
+    async def open(self, sdp: str) -> tuple[str, str]:
+        """Answer an offer with a new session; returns ``(session_id, answer_sdp)``.
+
+        Raises:
+            SessionFull: no free slot. OfferError: the offer cannot be answered.
+        """
+        if len(self.sessions) >= self.cfg.max_sessions:
+            raise SessionFull(
+                f"server is full: {len(self.sessions)} of {self.cfg.max_sessions} sessions in use"
+            )
+        sid = f"s{next(self._ids)}-{secrets.token_hex(3)}"
+        peer = PeerSession(
+            sid,
+            self.responder,
+            replace(self.cfg.session),
+            self._closed,
+            self.cfg.media_timeout_s,
+            self.cfg.connect_timeout_s,
+        )
+        self.sessions[sid] = peer  # take the slot before awaiting, so concurrent offers count it
+        try:
+            answer = await peer.answer(sdp)
+        except Exception:
+            self.sessions.pop(sid, None)
+            raise
+        self.started_total += 1
+        log.info("session %s opened (%d/%d)", sid, len(self.sessions), self.cfg.max_sessions)
+        return sid, answer
+
+    async def _closed(self, peer: PeerSession) -> None:
+        if self.sessions.pop(peer.id, None) is not None:
+            self.closed_stats.append(peer.session.stats)
+            del self.closed_stats[:-256]
+            log.info("session %s closed (%d/%d)", peer.id, len(self.sessions), self.cfg.max_sessions)
+
+    def metrics(self) -> dict:
+        """Counters, per-event measurements and pipeline resources (JSON-able)."""
+        stats = [p.session.stats for p in self.sessions.values()] + self.closed_stats
+        stop = [x for s in stats for x in s.stop_ms]
+        lat = [x for s in stats for x in s.latency_ms]
+        return {
+            "sessions": len(self.sessions),
+            "max_sessions": self.cfg.max_sessions,
+            "sessions_started": self.started_total,
+            "turns": sum(s.turns for s in stats),
+            "barge_ins": sum(s.barge_ins for s in stats),
+            "barge_in_stop_ms": summarize(stop),
+            "speech_end_to_first_audio_ms": summarize(lat),
+            "pipeline": pipeline_resources(self.orchestrator),
+            "config": {"session": asdict(self.cfg.session)},
+        }
+
+
+def summarize(xs: list[float]) -> dict:
+    """``n``, ``p50``, ``p90``, ``max`` and ``last`` of a list of ms values (``None`` when empty)."""
+    if not xs:
+        return {"n": 0, "p50": None, "p90": None, "max": None, "last": None}
+    s = sorted(xs)
+    return {
+        "n": len(s),
+        "p50": s[len(s) // 2],
+        "p90": s[min(len(s) - 1, int(0.9 * len(s)))],
+        "max": s[-1],
+        "last": xs[-1],
+    }
+
+
+def pipeline_resources(orchestrator) -> dict:
+    """Turns in flight and, for the in-process backend, KV blocks and decode streams per stage."""
+    if orchestrator is None:
+        return {}
+    out: dict = {"turns_in_flight": len(orchestrator.turns)}
+    backend = orchestrator.backend
+    workers = getattr(backend, "workers", None)
+    if workers:
+        for stage in ("thinker", "talker"):
+            eng = workers[stage].engine
+            alloc = eng.scheduler.allocator
+            out[stage] = {
+                "kv_blocks_free": alloc.num_free,
+                "kv_blocks_total": alloc.num_blocks,
+                "unfinished": bool(eng.has_unfinished()),
+            }
+        out["code2wav"] = {"streams": len(workers["code2wav"].streams)}
+        out["encoder"] = {"pending": len(workers["encoder"].pending)}
+    if hasattr(backend, "inflight"):
+        out["backend_inflight"] = len(backend.inflight)
+    return out
+
+
+def create_app(cfg: ServerConfig | None = None, responder: Responder | None = None) -> FastAPI:
+    """The FastAPI app. ``responder``: use this instead of building the pipeline (tests)."""
+    cfg = cfg or ServerConfig()
+    state = ServerState(cfg, responder)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    app = FastAPI(title="omniduplex", lifespan=lifespan)
+    app.state.server = state
+
+    @app.post("/offer")
+    async def offer(request: Request):
+        try:
+            body = await request.json()
+        except ValueError:
+            return JSONResponse({"error": 'body must be JSON: {"sdp": ..., "type": "offer"}'}, 400)
+        if not isinstance(body, dict):
+            return JSONResponse({"error": "body must be a JSON object with 'sdp' and 'type'"}, 400)
+        try:
+            sdp = check_offer(body.get("sdp"), body.get("type"))
+            sid, answer = await state.open(sdp)
+        except SessionFull as e:
+            return JSONResponse({"error": str(e), "max_sessions": cfg.max_sessions}, 503)
+        except OfferError as e:
+            return JSONResponse({"error": f"bad offer: {e}"}, 400)
+        return {"sdp": answer, "type": "answer", "session_id": sid}
+
+    @app.delete("/sessions/{session_id}")
+    @app.post("/sessions/{session_id}/bye")  # navigator.sendBeacon on page unload
+    async def hang_up(session_id: str):
+        peer = state.sessions.get(session_id)
+        if peer is None:
+            return JSONResponse({"error": f"no session {session_id!r}"}, 404)
+        await peer.close("client hung up")
+        return {"closed": session_id}
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok", "sessions": len(state.sessions), "max_sessions": cfg.max_sessions}
+
+    @app.get("/metrics")
+    async def metrics():
+        return state.metrics()
+
+    if cfg.web_dir.is_dir():
+        app.mount("/", StaticFiles(directory=cfg.web_dir, html=True), name="web")
+    else:
+        log.warning("no web client at %s; serving the API only", cfg.web_dir)
+    return app
+
+
+def serve(cfg: ServerConfig, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+    """Run the app under uvicorn until interrupted."""
+    import uvicorn
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aioice").setLevel(max(logging.WARNING, logging.getLogger().level))
+    uvicorn.run(create_app(cfg), host=host, port=port, log_level=log_level)

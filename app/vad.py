@@ -1,0 +1,130 @@
+"""Voice activity on 20 ms frames and the turn-taking policy built on it.
+
+Two pieces, one job each:
+
+* :class:`WebRtcVad` — is this 20 ms frame (16 kHz mono, 320 samples) speech? (webrtcvad).
+* :class:`SpeechSegmenter` — pure state machine over those per-frame decisions: when a speech
+  segment starts, how many milliseconds of speech it holds, and when it ends (endpointing). It
+  counts audio time (frames × 20 ms), never wall time, so it is deterministic under test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+"""Session input rate (Hz)."""
+FRAME_MS = 20
+"""Session input frame length (ms)."""
+FRAME_SAMPLES = SAMPLE_RATE * FRAME_MS // 1000
+"""Samples in one input frame (320)."""
+
+
+def to_int16(frame: np.ndarray) -> np.ndarray:
+    """``frame`` as int16 PCM: int16 passes through, float in [-1, 1] is scaled and clipped."""
+    if frame.dtype == np.int16:
+        return frame
+    return (np.clip(np.asarray(frame, np.float32), -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+class FrameVad(Protocol):
+    """Per-frame speech decision on one 20 ms, 16 kHz mono int16 frame."""
+
+    def is_speech(self, frame: np.ndarray) -> bool: ...
+
+
+class WebRtcVad:
+    """webrtcvad (the WebRTC GMM VAD). ``aggressiveness`` 0 (permissive) … 3 (strict)."""
+
+    def __init__(self, aggressiveness: int = 2) -> None:
+        import webrtcvad
+
+        if not 0 <= aggressiveness <= 3:
+            raise ValueError(f"vad aggressiveness must be 0..3, got {aggressiveness}")
+        self.vad = webrtcvad.Vad(aggressiveness)
+
+    def is_speech(self, frame: np.ndarray) -> bool:
+        pcm = to_int16(frame)
+        if pcm.shape != (FRAME_SAMPLES,):
+            raise ValueError(f"vad frame must be {FRAME_SAMPLES} samples (20 ms at 16 kHz), got {pcm.shape}")
+        return self.vad.is_speech(pcm.tobytes(), SAMPLE_RATE)
+
+
+@dataclass
+class TurnConfig:
+    """Turn-taking thresholds, all in milliseconds of input audio.
+
+    Attributes:
+        start_ms: consecutive voiced audio that opens a speech segment.
+        endpoint_ms: trailing silence that closes it (endpointing; commits a user turn).
+        barge_in_ms: voiced audio in a segment, while the assistant is replying, that interrupts it.
+        min_turn_ms: voiced audio a segment needs to become a user turn (shorter ones are noise).
+        max_turn_ms: a segment this long is committed even without silence.
+        preroll_ms: audio kept from before the segment opened (the onset the VAD needed to decide).
+    """
+
+    start_ms: int = 60
+    endpoint_ms: int = 500
+    barge_in_ms: int = 300
+    min_turn_ms: int = 200
+    max_turn_ms: int = 20000
+    preroll_ms: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("start_ms", "endpoint_ms", "barge_in_ms", "min_turn_ms", "max_turn_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0 ms")
+        if self.preroll_ms < 0:
+            raise ValueError("preroll_ms must be >= 0 ms")
+
+
+SegmentEvent = Literal["start", "end"]
+
+
+class SpeechSegmenter:
+    """Speech segments from per-frame VAD decisions (pure; 20 ms per :meth:`update`).
+
+    ``start`` after ``start_ms`` of consecutive voiced frames; ``end`` after ``endpoint_ms`` of
+    consecutive unvoiced frames inside a segment, or when it reaches ``max_turn_ms``.
+    ``speech_ms`` is the voiced audio of the open segment (short pauses do not reset it).
+    """
+
+    def __init__(self, cfg: TurnConfig, frame_ms: int = FRAME_MS) -> None:
+        self.cfg, self.frame_ms = cfg, frame_ms
+        self.in_speech = False
+        self.run_ms = 0  # consecutive voiced ms (outside a segment) or unvoiced ms (inside)
+        self.speech_ms = 0
+        self.segment_ms = 0
+
+    def update(self, voiced: bool) -> SegmentEvent | None:
+        """Feed one frame's decision; returns ``"start"``, ``"end"`` or ``None``."""
+        f = self.frame_ms
+        if not self.in_speech:
+            self.run_ms = self.run_ms + f if voiced else 0
+            if self.run_ms >= self.cfg.start_ms:
+                self.in_speech, self.speech_ms, self.segment_ms, self.run_ms = (
+                    True,
+                    self.run_ms,
+                    self.run_ms,
+                    0,
+                )
+                return "start"
+            return None
+        self.segment_ms += f
+        if voiced:
+            self.speech_ms += f
+            self.run_ms = 0
+        else:
+            self.run_ms += f
+        if self.run_ms >= self.cfg.endpoint_ms or self.segment_ms >= self.cfg.max_turn_ms:
+            self.in_speech, self.run_ms = False, 0
+            return "end"
+        return None
+
+    @property
+    def trailing_silence_ms(self) -> int:
+        """Unvoiced audio at the end of the open segment (ms); 0 outside a segment."""
+        return self.run_ms if self.in_speech else 0

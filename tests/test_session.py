@@ -1,0 +1,372 @@
+"""Session turn-taking without a browser: endpointing, reply playout, barge-in with truncation, history.
+
+A scripted responder stands in for the pipeline and a loud/quiet VAD for webrtcvad (webrtcvad itself is
+covered in test_vad.py, and end to end in test_session_webrtcvad below). A fake clock advances 20 ms
+per frame; the test pulls one 20 ms output frame per input frame, as the WebRTC transport does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from omniduplex.app.events import (
+    BargeIn,
+    ReplyAudioStarted,
+    ReplyEnded,
+    ReplyText,
+    SessionClosed,
+    UserSpeechStarted,
+    UserTurnCommitted,
+)
+from omniduplex.app.history import History, truncate_reply
+from omniduplex.app.playout import PlayoutBuffer
+from omniduplex.app.responder import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
+from omniduplex.app.session import Session, SessionConfig
+from omniduplex.app.vad import TurnConfig
+
+OUT_RATE = 48000
+OUT_FRAME = 960  # 20 ms at 48 kHz
+LOUD = np.full(320, 8000, np.int16)
+QUIET = np.zeros(320, np.int16)
+
+
+class LoudVad:
+    """Speech = any sample above 1000 in magnitude."""
+
+    def is_speech(self, frame: np.ndarray) -> bool:
+        return bool(np.abs(frame.astype(np.int32)).max() > 1000)
+
+
+class ScriptedResponder:
+    """Replies are fed by the test through ``feed``; ``cancel`` ends the stream with ReplyFailed."""
+
+    output_rate = 24000
+
+    def __init__(self) -> None:
+        self.started: list[tuple[str, np.ndarray, list]] = []
+        self.cancelled: list[str] = []
+        self.queues: dict[str, asyncio.Queue] = {}
+        self.finished: set[str] = set()
+
+    def start(self, turn_id, waveform, history):
+        self.started.append((turn_id, waveform, history))
+        self.queues[turn_id] = asyncio.Queue()
+
+    async def events(self, turn_id):
+        q = self.queues[turn_id]
+        while True:
+            ev = await q.get()
+            yield ev
+            if isinstance(ev, ReplyDone | ReplyFailed):
+                self.finished.add(turn_id)
+                return
+
+    def cancel(self, turn_id):
+        if turn_id in self.finished or turn_id in self.cancelled:
+            return
+        self.cancelled.append(turn_id)
+        self.queues[turn_id].put_nowait(ReplyFailed("cancelled"))
+
+    def feed(self, turn_id, *events):
+        for ev in events:
+            self.queues[turn_id].put_nowait(ev)
+
+
+class Harness:
+    """Drives a session frame by frame on a fake clock; records events and output audio."""
+
+    def __init__(self, turn: TurnConfig | None = None) -> None:
+        self.t = 100.0
+        self.events = []
+        self.responder = ScriptedResponder()
+        cfg = SessionConfig(turn=turn or TurnConfig(), output_rate=OUT_RATE)
+        self.session = Session("s", self.responder, self.events.append, cfg, LoudVad(), lambda: self.t)
+        self.out: list[np.ndarray] = []
+
+    async def frames(self, frame: np.ndarray, n: int) -> None:
+        """``n`` input frames (20 ms each), pulling one output frame after each."""
+        for _ in range(n):
+            self.t += 0.020
+            self.session.push_audio(frame)
+            self.out.append(self.session.pull_audio(OUT_FRAME))
+            await asyncio.sleep(0)  # let the reply task move events into the playout buffer
+
+    def of(self, kind):
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+def tone(seconds: float, rate: int = 24000) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_endpointing_commits_after_configured_silence():
+    async def main():
+        h = Harness(TurnConfig(endpoint_ms=300))
+        await h.frames(QUIET, 10)
+        await h.frames(LOUD, 25)  # 500 ms of speech
+        assert len(h.of(UserSpeechStarted)) == 1
+        await h.frames(QUIET, 14)  # 280 ms: not yet
+        assert h.of(UserTurnCommitted) == [] and h.responder.started == []
+        await h.frames(QUIET, 1)  # 300 ms of silence
+        return h
+
+    h = run(main())
+    (c,) = h.of(UserTurnCommitted)
+    assert c.turn_id == "s-1" and c.speech_ms == 500
+    turn_id, wav, history = h.responder.started[0]
+    assert turn_id == "s-1" and history == [] and wav.dtype == np.float32
+    # 200 ms pre-roll before the frame that opened the segment (8 quiet + 2 onset frames), the 23
+    # remaining speech frames, 100 ms of the trailing silence
+    assert wav.size == 320 * (10 + 23 + 5)
+    assert np.abs(wav[: 320 * 8]).max() == 0 and np.abs(wav[320 * 8 : 320 * 33]).min() > 0.2
+    assert np.abs(wav[320 * 33 :]).max() == 0
+
+
+def test_noise_shorter_than_min_turn_is_not_committed():
+    async def main():
+        h = Harness(TurnConfig(min_turn_ms=200))
+        await h.frames(LOUD, 5)  # 100 ms
+        await h.frames(QUIET, 40)
+        return h
+
+    h = run(main())
+    assert len(h.of(UserSpeechStarted)) == 1 and h.of(UserTurnCommitted) == []
+
+
+def test_reply_plays_completely_and_history_carries_to_the_next_turn():
+    async def main():
+        h = Harness()
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 25)
+        (c,) = h.of(UserTurnCommitted)
+        h.responder.feed(c.turn_id, ReplyTextDelta("hello "), ReplyAudioChunk(tone(0.5)))
+        h.responder.feed(c.turn_id, ReplyTextDelta("there"), ReplyAudioChunk(tone(0.5)), ReplyDone())
+        await h.frames(QUIET, 60)  # 1.2 s: the whole reply plays
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 25)
+        return h, c
+
+    h, c = run(main())
+    assert "".join(e.text for e in h.of(ReplyText)) == "hello there"
+    (started,) = h.of(ReplyAudioStarted)
+    # speech ended on the last loud frame, the commit came 500 ms later, the reply task filled the
+    # playout buffer during the next frame and its audio was pulled on the one after
+    assert started.latency_ms == pytest.approx(540, abs=1e-6)
+    assert started.commit_to_audio_ms == pytest.approx(40, abs=1e-6)
+    (ended,) = h.of(ReplyEnded)
+    assert ended.reason == "completed" and ended.kept_text == "hello there"
+    assert ended.played_ms == pytest.approx(1000, abs=2) and ended.generated_ms == ended.played_ms
+    audio = np.concatenate(h.out)
+    voiced = np.flatnonzero(np.abs(audio) > 0)
+    assert voiced.size > 0.95 * OUT_RATE and np.abs(audio).max() > 0.25 * 32767
+    _, _, history = h.responder.started[1]
+    assert history == [["user", "[spoken turn, 0.4 s]"], ["assistant", "hello there"]]
+
+
+def test_barge_in_flushes_playout_cancels_and_truncates_history():
+    async def main():
+        h = Harness(TurnConfig(barge_in_ms=200))
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 25)
+        (c,) = h.of(UserTurnCommitted)
+        text = "one two three four five six seven eight nine ten"
+        h.responder.feed(c.turn_id, ReplyTextDelta(text), ReplyAudioChunk(tone(2.0)))
+        await h.frames(QUIET, 25)  # 480 ms of the 2 s reply played (it starts on the 2nd pull)
+        n_before = len(h.out)
+        await h.frames(LOUD, 9)  # 180 ms of speech: below the barge-in threshold, still playing
+        assert h.of(BargeIn) == []
+        await h.frames(LOUD, 1)  # 200 ms → barge-in on this frame; this pull is already silent
+        return h, c, text, n_before
+
+    h, c, text, n_before = run(main())
+    (b,) = h.of(BargeIn)
+    assert b.turn_id == c.turn_id and b.speech_ms == 200
+    assert h.responder.cancelled == [c.turn_id]
+    assert all(np.abs(f).max() > 0 for f in h.out[n_before + 1 : n_before + 9])
+    assert np.abs(h.out[-1]).max() == 0
+    (ended,) = h.of(ReplyEnded)
+    assert ended.reason == "interrupted" and ended.stop_ms == pytest.approx(0.0, abs=1e-6)
+    # 24 + 9 frames played; the streaming resampler still holds ~30 ms of the generated 2 s
+    assert ended.played_ms == pytest.approx(660) and ended.generated_ms == pytest.approx(2000, abs=40)
+    assert ended.kept_text == truncate_reply(text, ended.played_ms, ended.generated_ms) == "one two three"
+
+
+def test_after_barge_in_the_next_turn_carries_the_truncated_reply():
+    async def main():
+        h = Harness(TurnConfig(barge_in_ms=200))
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 25)
+        (c,) = h.of(UserTurnCommitted)
+        h.responder.feed(c.turn_id, ReplyTextDelta("alpha beta gamma delta"), ReplyAudioChunk(tone(2.0)))
+        await h.frames(QUIET, 40)
+        await h.frames(LOUD, 30)  # barge-in, then the speech goes on and ends
+        late = ReplyAudioChunk(tone(1.0))  # the pipeline's late output for the cancelled turn is dropped
+        h.responder.queues[c.turn_id].put_nowait(late)
+        await h.frames(QUIET, 30)
+        return h, c
+
+    h, c = run(main())
+    assert [e.turn_id for e in h.of(UserTurnCommitted)] == ["s-1", "s-2"]
+    ended = h.of(ReplyEnded)[0]
+    _, _, history = h.responder.started[1]
+    assert history == [["user", "[spoken turn, 0.4 s]"], ["assistant", ended.kept_text]]
+    assert 0 < len(ended.kept_text) < len("alpha beta gamma delta")
+    after = h.out[-50:]  # nothing of the cancelled reply plays after the barge-in
+    assert all(np.abs(f).max() == 0 for f in after)
+
+
+def test_short_speech_over_the_reply_is_ignored():
+    async def main():
+        h = Harness(TurnConfig(barge_in_ms=300))
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 25)
+        (c,) = h.of(UserTurnCommitted)
+        h.responder.feed(c.turn_id, ReplyTextDelta("hi"), ReplyAudioChunk(tone(2.0)), ReplyDone())
+        await h.frames(QUIET, 10)
+        await h.frames(LOUD, 10)  # 200 ms cough
+        await h.frames(QUIET, 100)
+        return h
+
+    h = run(main())
+    assert h.of(BargeIn) == [] and len(h.of(UserTurnCommitted)) == 1
+    (ended,) = h.of(ReplyEnded)
+    assert ended.reason == "completed" and ended.played_ms == pytest.approx(2000, abs=2)
+
+
+def test_speech_while_the_reply_is_pending_cancels_it_with_nothing_kept():
+    async def main():
+        h = Harness(TurnConfig(barge_in_ms=200))
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 25)
+        (c,) = h.of(UserTurnCommitted)
+        h.responder.feed(c.turn_id, ReplyTextDelta("thinking out loud"))
+        await h.frames(LOUD, 12)
+        return h, c
+
+    h, c = run(main())
+    assert h.responder.cancelled == [c.turn_id]
+    (ended,) = h.of(ReplyEnded)
+    assert ended.reason == "interrupted" and ended.played_ms == 0 and ended.kept_text == ""
+    assert h.session.history.entries == [["user", "[spoken turn, 0.4 s]"]]
+
+
+def test_pipeline_error_ends_the_reply_and_the_session_goes_on():
+    async def main():
+        h = Harness()
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 25)
+        h.responder.feed("s-1", ReplyAudioChunk(tone(1.0)), ReplyFailed("talker failed"))
+        await h.frames(QUIET, 5)
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 25)
+        return h
+
+    h = run(main())
+    (ended,) = h.of(ReplyEnded)
+    assert ended.reason == "error" and ended.error == "talker failed"
+    assert all(np.abs(f).max() == 0 for f in h.out[-30:])
+    assert [e.turn_id for e in h.of(UserTurnCommitted)] == ["s-1", "s-2"]
+
+
+def test_close_mid_reply_cancels_and_drains_the_turn():
+    async def main():
+        h = Harness()
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 25)
+        h.responder.feed("s-1", ReplyTextDelta("a b c d"), ReplyAudioChunk(tone(2.0)))
+        await h.frames(QUIET, 25)
+        await h.session.close("client gone")
+        await h.frames(LOUD, 50)  # ignored after close
+        return h
+
+    h = run(main())
+    assert h.responder.cancelled == ["s-1"] and "s-1" in h.responder.finished
+    assert h.session.tasks == set()
+    (ended,) = h.of(ReplyEnded)
+    assert ended.reason == "closed" and 0 < ended.played_ms < ended.generated_ms
+    assert isinstance(h.events[-1], SessionClosed) and h.events[-1].reason == "client gone"
+    assert len(h.of(UserTurnCommitted)) == 1
+
+
+def test_events_serialize_with_their_type():
+    b = BargeIn("s", "s-1", speech_ms=300.0, played_ms=1234.5)
+    assert b.to_dict() == {
+        "type": "barge_in",
+        "session_id": "s",
+        "turn_id": "s-1",
+        "speech_ms": 300.0,
+        "played_ms": 1234.5,
+    }
+    assert '"type": "barge_in"' in b.to_json()
+
+
+@pytest.mark.parametrize(
+    ("text", "played", "generated", "kept"),
+    [
+        ("hello there world", 0, 1000, ""),
+        ("hello there world", 1000, 1000, "hello there world"),
+        ("hello there world", 1500, 1000, "hello there world"),
+        ("hello there world", 500, 1000, "hello"),  # 8.5 → 8 chars "hello th" → back to a word end
+        ("hello there world", 700, 1000, "hello there"),  # 12 chars end on the space
+        ("abcdefghij", 500, 1000, "abcde"),  # one word: raw prefix
+        ("", 500, 1000, ""),
+    ],
+)
+def test_truncate_reply_keeps_characters_in_proportion_to_played_audio(text, played, generated, kept):
+    assert truncate_reply(text, played, generated) == kept
+
+
+def test_history_is_bounded_and_snapshots_are_copies():
+    h = History(max_entries=3)
+    for i in range(5):
+        h.add("user", f"u{i}")
+    h.add("assistant", "")
+    snap = h.snapshot()
+    assert snap == [["user", "u2"], ["user", "u3"], ["user", "u4"]]
+    snap[0][1] = "x"
+    assert h.entries[0] == ["user", "u2"]
+
+
+def test_playout_buffer_resamples_reads_exact_frames_and_flushes():
+    p = PlayoutBuffer(24000, 48000)
+    queued = p.push(tone(0.1)) + p.push(np.zeros(0, np.float32), last=True)
+    assert queued == 4800 and p.queued_ms == pytest.approx(100)
+    frame, filled = p.read(960)
+    assert frame.dtype == np.int16 and frame.shape == (960,) and filled == 960
+    assert p.flush() == 3840 and p.queued == 0
+    frame, filled = p.read(960)
+    assert filled == 0 and not frame.any()
+
+
+def test_sessions_sharing_a_responder_are_isolated():
+    async def main():
+        a, b = Harness(TurnConfig(barge_in_ms=200)), Harness(TurnConfig(barge_in_ms=200))
+        shared = ScriptedResponder()
+        for h, name in ((a, "a"), (b, "b")):
+            h.responder = shared
+            h.session = Session(name, shared, h.events.append, h.session.cfg, LoudVad(), lambda h=h: h.t)
+        for h in (a, b):
+            await h.frames(LOUD, 20)
+            await h.frames(QUIET, 25)
+        shared.feed("a-1", ReplyTextDelta("for a"), ReplyAudioChunk(tone(2.0)))
+        shared.feed("b-1", ReplyTextDelta("for b"), ReplyAudioChunk(tone(2.0)))
+        await a.frames(QUIET, 10)
+        await b.frames(QUIET, 10)
+        await a.frames(LOUD, 12)  # a interrupts its reply; b keeps playing
+        await b.frames(QUIET, 10)
+        return a, b, shared
+
+    a, b, shared = run(main())
+    assert [s[0] for s in shared.started] == ["a-1", "b-1"] and shared.cancelled == ["a-1"]
+    assert [e.text for e in a.of(ReplyText)] == ["for a"] and [e.text for e in b.of(ReplyText)] == ["for b"]
+    assert len(a.of(BargeIn)) == 1 and b.of(BargeIn) == [] and b.of(ReplyEnded) == []
+    assert all(np.abs(f).max() > 0 for f in b.out[-10:])
+    assert b.session.history.entries == [["user", "[spoken turn, 0.4 s]"]]
