@@ -79,14 +79,19 @@ class Engine:
                 f"[0, {self.adapter.vocab_size})"
             )
         self.scheduler.add(req)
-        req.slot = self._take_slot()
+        for r in req.group:
+            r.slot = self._take_slot()
         if req.sampling.seed is None:
             req.sampling.seed = int(torch.randint(0, 2**62, (1,)).item())
+        if req.companion is not None:
+            req.companion.sampling.seed = req.sampling.seed
+        if hasattr(self.adapter, "on_added"):
+            self.adapter.on_added(req)
 
     def abort(self, request_id: str) -> bool:
         """Abort a request wherever it is; its KV blocks are free when this returns. False if unknown."""
         req = self.scheduler.requests.get(request_id)
-        if req is None:
+        if req is None or req.is_companion:
             return False
         self._finish(req, Status.FINISHED_ABORTED)
         return True
@@ -106,9 +111,10 @@ class Engine:
 
     def _finish(self, req: Request, status: Status) -> None:
         self.scheduler.finish(req, status)
-        if req.slot >= 0:
-            self._free_slots.append(req.slot)
-            req.slot = -1
+        for r in req.group:
+            if r.slot >= 0:
+                self._free_slots.append(r.slot)
+                r.slot = -1
 
     # -- one iteration -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -131,28 +137,35 @@ class Engine:
         if not reqs:
             return []
         h = hidden[rows]
+        if hasattr(self.adapter, "decode"):  # models that sample several streams / pair CFG rows
+            token_list, finishing, extras = self.adapter.decode(reqs, h)
+        else:
+            token_list, finishing, extras = self._sample(reqs, h)
+        outs = []
+        for req, tok, fin, extra in zip(reqs, token_list, finishing, extras):
+            req.output_ids.append(tok)
+            if req.is_companion:
+                continue  # hidden: it follows its main request, which reports and finishes both
+            reason = None
+            if fin:
+                status = Status.FINISHED_STOPPED if tok in req.sampling.stop_token_ids else Status.FINISHED_LENGTH
+                self._finish(req, status)
+                reason = status.value
+            outs.append(RequestOutput(req.request_id, [tok], fin, reason, extra))
+        return outs
+
+    def _sample(self, reqs: list[Request], h: torch.Tensor) -> tuple[list[int], list[bool], list[dict]]:
+        """Primary-token sampling of single-stream models: logits → penalties → sample → adapter extras."""
         logits = self.adapter.compute_logits(h)
         tokens = sample(logits, self._sampling_batch(reqs))
         slots = torch.tensor([r.slot for r in reqs], device=self.device)
         self._counts.index_put_((slots, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
         token_list = tokens.tolist()
-        finishing = []
-        for req, tok in zip(reqs, token_list):
-            sp = req.sampling
-            finishing.append(tok in sp.stop_token_ids or len(req.output_ids) + 1 >= sp.max_tokens)
-        extras = self.adapter.on_sampled(reqs, tokens, h, finishing)
-        outs = []
-        for req, tok, fin, extra in zip(reqs, token_list, finishing, extras):
-            req.output_ids.append(tok)
-            reason = None
-            if fin:
-                status = (
-                    Status.FINISHED_STOPPED if tok in req.sampling.stop_token_ids else Status.FINISHED_LENGTH
-                )
-                self._finish(req, status)
-                reason = status.value
-            outs.append(RequestOutput(req.request_id, [tok], fin, reason, extra))
-        return outs
+        finishing = [
+            tok in r.sampling.stop_token_ids or len(r.output_ids) + 1 >= r.sampling.max_tokens
+            for r, tok in zip(reqs, token_list)
+        ]
+        return token_list, finishing, self.adapter.on_sampled(reqs, tokens, h, finishing)
 
     def _build_batch(self, plan: ScheduledBatch) -> ForwardBatch:
         positions, slots, tables, seq_lens, qsl = [], [], [], [], [0]

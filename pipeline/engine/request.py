@@ -54,6 +54,9 @@ class SamplingParams:
 class Request:
     """One generation request.
 
+    A request with a ``companion`` (the null-prompt twin of classifier-free guidance) is scheduled
+    with it as one unit: admitted, preempted, aborted and batched together.
+
     Inputs are ``prompt_ids`` (and, when given, ``prompt_embeds`` ``[P, hidden]`` which replace their
     embeddings, e.g. with audio rows merged in) followed by the request's own sampled ids; models that
     feed embeddings rather than ids append one row per decode step to ``decode_embeds``.
@@ -73,8 +76,12 @@ class Request:
     num_preemptions: int = 0
     slot: int = -1
     embed_inputs: bool = False
+    companion: Request | None = None
+    is_companion: bool = False
 
     def __post_init__(self) -> None:
+        if self.companion is not None:
+            self.companion.is_companion = True
         if not self.prompt_ids:
             raise ValueError(f"request {self.request_id}: empty prompt")
         if self.prompt_embeds is not None and self.prompt_embeds.shape[0] != len(self.prompt_ids):
@@ -96,6 +103,11 @@ class Request:
     @property
     def num_pending(self) -> int:
         return self.num_inputs - self.num_computed
+
+    @property
+    def group(self) -> list[Request]:
+        """The scheduling unit: the request and its hidden CFG companion, if any."""
+        return [self] if self.companion is None else [self, self.companion]
 
 
 @dataclass

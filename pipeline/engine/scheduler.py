@@ -46,32 +46,38 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
 
     def add(self, req: Request) -> None:
-        """Queue a request. Raises ValueError for a duplicate id or one that can never fit the cache."""
-        if req.request_id in self.requests:
-            raise ValueError(f"duplicate request id {req.request_id!r}")
-        need = blocks_for(req.num_prompt + req.sampling.max_tokens)
+        """Queue a request (with its CFG companion, if any).
+
+        Raises ValueError for a duplicate id or a request that can never fit the cache.
+        """
+        for r in req.group:
+            if r.request_id in self.requests:
+                raise ValueError(f"duplicate request id {r.request_id!r}")
+        need = sum(blocks_for(r.num_prompt + r.sampling.max_tokens) for r in req.group)
         if need > self.allocator.num_blocks:
             raise ValueError(
-                f"request {req.request_id!r} needs {need} KV blocks; the cache has "
-                f"{self.allocator.num_blocks}"
+                f"request {req.request_id!r} needs {need} KV blocks; the cache has {self.allocator.num_blocks}"
             )
-        self.requests[req.request_id] = req
+        for r in req.group:
+            self.requests[r.request_id] = r
         self.waiting.append(req)
 
     def finish(self, req: Request, status: Status) -> None:
-        """Mark finished (stop, length or abort) and release its blocks immediately."""
+        """Mark finished (stop, length or abort) and release its blocks (and its companion's) now."""
         if req.status.finished:
             return
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.allocator.free(req.blocks)
-        req.blocks = []
-        req.status = status
-        self.requests.pop(req.request_id, None)
+        for r in req.group:
+            self.allocator.free(r.blocks)
+            r.blocks = []
+            r.status = status
+            self.requests.pop(r.request_id, None)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -84,52 +90,69 @@ class Scheduler:
         for req in list(self.running):
             if budget == 0:
                 break
-            if req.status is not Status.RUNNING or req.num_pending == 0:
+            if req.status is not Status.RUNNING:
                 continue
-            n = min(req.num_pending, budget)
-            while not self._grow(req, req.num_computed + n):
+            ns = self._chunk(req, budget, bool(out.items))
+            if not any(ns):
+                continue
+            while not self._grow(req, ns):
                 victim = max(self.running, key=lambda r: r.arrival)
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is req:
                     break
             if req.status is Status.RUNNING:
-                out.items.append((req, n))
-                budget -= n
+                out.items += [(r, n) for r, n in zip(req.group, ns) if n]
+                budget -= sum(ns)
         if out.preempted:
             return out
         skipped = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting.popleft()
-            if req.num_pending == 0:
+            ns = self._chunk(req, budget, bool(out.items))
+            if not any(ns):
                 skipped.append(req)
                 continue
-            n = min(req.num_pending, budget)
-            if not self._grow(req, req.num_computed + n):
+            if not self._grow(req, ns):
                 self.waiting.appendleft(req)
                 break
-            req.status = Status.RUNNING
+            for r in req.group:
+                r.status = Status.RUNNING
             self.running.append(req)
-            out.items.append((req, n))
-            budget -= n
+            out.items += [(r, n) for r, n in zip(req.group, ns) if n]
+            budget -= sum(ns)
         self.waiting.extendleft(reversed(skipped))
         return out
 
-    def _grow(self, req: Request, num_tokens: int) -> bool:
-        extra = blocks_for(num_tokens) - len(req.blocks)
-        if extra <= 0:
-            return True
-        if extra > self.allocator.num_free:
+    @staticmethod
+    def _chunk(req: Request, budget: int, others_planned: bool) -> list[int]:
+        """Tokens to run per member of ``req.group``. A single request may take a prefill chunk; a CFG
+        pair runs whole (both members must reach their sampling point in the same step), waiting for a
+        step with room unless nothing else is planned."""
+        if req.companion is None:
+            return [min(req.num_pending, budget)]
+        ns = [r.num_pending for r in req.group]
+        if not all(ns) or (sum(ns) > budget and others_planned):
+            return [0, 0]
+        return ns
+
+    def _grow(self, req: Request, ns: list[int]) -> bool:
+        extra = [blocks_for(r.num_computed + n) - len(r.blocks) for r, n in zip(req.group, ns)]
+        if sum(max(0, e) for e in extra) > self.allocator.num_free:
             return False
-        req.blocks += self.allocator.allocate(extra)
+        for r, e in zip(req.group, extra):
+            if e > 0:
+                r.blocks += self.allocator.allocate(e)
         return True
 
     def _preempt(self, req: Request) -> None:
-        """Recompute-style preemption: drop the KV, keep the outputs, requeue at the front."""
+        """Recompute-style preemption of a whole group: drop the KV, keep the outputs, requeue first."""
         self.running.remove(req)
-        self.allocator.free(req.blocks)
-        req.blocks = []
-        req.num_computed = 0
-        req.num_preemptions += 1
-        req.status = Status.WAITING
+        self.num_preemptions += 1
+        for r in req.group:
+            self.allocator.free(r.blocks)
+            r.blocks = []
+            r.num_computed = 0
+            r.num_preemptions += 1
+            r.status = Status.WAITING
         self.waiting.appendleft(req)

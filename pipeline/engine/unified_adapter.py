@@ -1,0 +1,188 @@
+"""Engine adapter of the unified delay-pattern LM: primary–auxiliary decoding and CFG pairs.
+
+Stream 0 is the primary token the scheduler sees (``Request.output_ids``); streams ``1..S-1`` are
+sampled in the same step from ``logits_i = W_H(h + e_i)`` and kept in a batched step buffer. Every
+request's decode state — phase, phase counter, frames, budgets, audio start, step tokens — lives in
+tensors indexed by the request's slot, and one step runs the phase rules of
+:mod:`omniduplex.models.unified_phases` over the whole batch at once.
+
+CFG: a request with ``extra["cfg_scale"] = w > 1`` gets a hidden companion on the null prompt (see
+:meth:`UnifiedAdapter.make_request`); the scheduler keeps the pair in one batch, its two rows share
+this forward, their logits merge as ``w·cond + (1−w)·uncond`` in AUDIO/DRAIN, and the sampled step is
+appended to both.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omniduplex.models.forward_batch import ForwardBatch
+from omniduplex.models.unified import UnifiedLM, null_prompt_ids
+from omniduplex.models.unified_phases import (
+    AUDIO,
+    DONE,
+    DRAIN,
+    PHASE_NAMES,
+    TEXT,
+    PhaseState,
+    PhaseTables,
+    assemble,
+    cfg_active,
+    merge_cfg,
+    next_state,
+    resolve_step,
+    sample_masks,
+)
+
+from .request import Request, SamplingParams
+from .sampler import counter_uniform
+
+
+class UnifiedAdapter:
+    """Adapter for :class:`UnifiedLM`. ``max_len``: longest request (prompt + steps) the buffers hold."""
+
+    def __init__(self, model: UnifiedLM, max_len: int = 4096) -> None:
+        self.model, self.cfg = model, model.cfg
+        d = self.cfg.decoder
+        self.num_layers, self.num_kv_heads, self.head_dim = d.num_hidden_layers, d.num_key_value_heads, d.head_dim
+        self.vocab_size = self.cfg.vocab_size
+        self.s = self.cfg.num_streams
+        dev = model.lm_head.weight.device
+        self.tables = PhaseTables.from_config(self.cfg, dev)
+        self.offsets = torch.tensor([self.cfg.stream_offset(i) for i in range(self.s)], device=dev)
+        self.max_len = max_len
+        self.cap = 0
+        self.state = PhaseState.initial(0, 0, 0, dev)
+        self.audio_start = torch.zeros(0, dtype=torch.int64, device=dev)
+        self.steps = torch.zeros((0, max_len, self.s), dtype=torch.int64, device=dev)
+
+    # -- requests ------------------------------------------------------------------------------------
+    def make_request(self, request_id: str, prompt_ids: list[int], max_text_tokens: int, max_audio_frames: int,
+                     cfg_scale: float = 1.0, temperature: float = 0.0, seed: int | None = None) -> Request:
+        """A request (with its null-prompt companion when ``cfg_scale != 1``) for :meth:`Engine.add_request`."""
+        budget = max_text_tokens + len(self.cfg.bridge_token_ids) + max_audio_frames + self.s
+        sp = dict(temperature=temperature, max_tokens=budget, seed=seed)
+        extra = {"max_text": max_text_tokens, "max_frames": max_audio_frames, "cfg_scale": cfg_scale}
+        comp = None
+        if cfg_scale != 1.0:
+            comp = Request(f"{request_id}#cfg", null_prompt_ids(self.cfg), SamplingParams(**sp), extra=dict(extra))
+        return Request(request_id, list(prompt_ids), SamplingParams(**sp), extra=extra, companion=comp)
+
+    def on_added(self, req: Request) -> None:
+        """Reset the slot state of ``req`` (and its companion)."""
+        for r in req.group:
+            self._ensure(r.slot)
+            i = r.slot
+            self.state.phase[i] = TEXT
+            self.state.count[i] = 0
+            self.state.frames[i] = 0
+            self.state.max_text[i] = r.extra["max_text"]
+            self.state.max_frames[i] = r.extra["max_frames"]
+            self.audio_start[i] = -1
+            self.steps[i].fill_(-1)
+
+    def _ensure(self, slot: int) -> None:
+        if slot < self.cap:
+            return
+        grow = max(8, self.cap, slot + 1 - self.cap)
+        st = self.state
+        z = torch.zeros(grow, dtype=torch.int64, device=st.phase.device)
+        self.state = PhaseState(*(torch.cat((t, z)) for t in (st.phase, st.count, st.frames, st.max_text,
+                                                               st.max_frames)))
+        self.audio_start = torch.cat((self.audio_start, z - 1))
+        self.steps = torch.cat((self.steps, self.steps.new_full((grow, self.max_len, self.s), -1)))
+        self.cap += grow
+
+    # -- engine hooks --------------------------------------------------------------------------------
+    def input_embeds(self, items: list[tuple[Request, int]]) -> torch.Tensor:
+        rows = []
+        for req, n in items:
+            s, p = req.num_computed, req.num_prompt
+            if s < p:
+                ids = torch.tensor(req.prompt_ids[s:min(s + n, p)], device=self.steps.device)
+                rows.append(torch.cat((ids[:, None], ids.new_full((ids.shape[0], self.s - 1), -1)), dim=1))
+            if s + n > p:
+                rows.append(self.steps[req.slot, max(s, p) - p:s + n - p])
+        return self.model.embed_step(torch.cat(rows))
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv) -> torch.Tensor:
+        return self.model(x, batch, kv)
+
+    def decode(self, reqs: list[Request], hidden: torch.Tensor) -> tuple[list[int], list[bool], list[dict]]:
+        """One step of every sampled row: CFG merge, phase rules, per-request seeded sampling, buffers."""
+        dev = hidden.device
+        logits = self.model.stream_logits(hidden).float()  # [B, S, V]
+        main_rows = [i for i, r in enumerate(reqs) if not r.is_companion]
+        mains = [reqs[i] for i in main_rows]
+        slots = torch.tensor([r.slot for r in mains], device=dev)
+        cond = logits[main_rows]
+        pos = {id(r): i for i, r in enumerate(reqs)}
+        comp_rows = [pos.get(id(r.companion), pos[id(r)]) for r in mains]
+        scale = torch.tensor([r.extra["cfg_scale"] if r.companion is not None else 1.0 for r in mains], device=dev)
+        state = PhaseState(*(t[slots] for t in (self.state.phase, self.state.count, self.state.frames,
+                                                 self.state.max_text, self.state.max_frames)))
+        merged = merge_cfg(cond, logits[comp_rows], scale, cfg_active(state))
+        step = resolve_step(state, merged[:, 0].argmax(-1), self.tables)
+        sampled = self._sample(merged, sample_masks(step, self.tables), mains)
+        tokens = assemble(step, sampled, self.tables)
+        new = next_state(step, tokens, self.tables)
+        # write back the state of mains and companions (a companion mirrors its main)
+        n_done = torch.tensor([len(r.output_ids) for r in mains], device=dev)
+        became_audio = (step.phase == AUDIO) & (self.audio_start[slots] < 0)
+        audio_start = torch.where(became_audio, n_done, self.audio_start[slots])
+        all_slots = [slots]
+        comp_slots = [r.companion.slot for r in mains if r.companion is not None]
+        comp_of = [k for k, r in enumerate(mains) if r.companion is not None]
+        if comp_slots:
+            all_slots.append(torch.tensor(comp_slots, device=dev))
+        idx = torch.cat(all_slots)
+        rep = torch.cat((torch.arange(len(mains), device=dev), torch.tensor(comp_of, dtype=torch.int64, device=dev)))
+        for dst, src in zip((self.state.phase, self.state.count, self.state.frames), (new.phase, new.count,
+                                                                                       new.frames)):
+            dst[idx] = src[rep]
+        self.audio_start[idx] = audio_start[rep]
+        self.steps[idx, n_done[rep]] = tokens[rep]
+        codes, has_frame = self._completed_frames(step, slots, audio_start)
+        # outputs
+        tok0 = tokens[:, 0].tolist()
+        finished = (new.phase == DONE).tolist()
+        phases = step.phase.tolist()
+        tok_rows, codes_rows, has = tokens.tolist(), codes.tolist(), has_frame.tolist()
+        by_main = {}
+        for k, r in enumerate(mains):
+            extra = {"phase": PHASE_NAMES[phases[k]], "step": tok_rows[k]}
+            if phases[k] == TEXT:
+                extra["text_token"] = tok0[k]
+            if has[k]:
+                extra["codes"] = codes_rows[k]
+            by_main[id(r)] = (tok0[k], finished[k], extra)
+            if r.companion is not None:
+                by_main[id(r.companion)] = (tok0[k], finished[k], {})
+        out = [by_main[id(r)] for r in reqs]
+        return [o[0] for o in out], [o[1] for o in out], [o[2] for o in out]
+
+    def _sample(self, logits: torch.Tensor, allowed: torch.Tensor, mains: list[Request]) -> torch.Tensor:
+        """``[B, S]`` ids: argmax for greedy requests, Gumbel-max with counter-based noise otherwise."""
+        masked = logits.masked_fill(~allowed, float("-inf"))
+        greedy = masked.argmax(-1)
+        temps = torch.tensor([r.sampling.temperature for r in mains], device=logits.device)
+        if not bool((temps > 0).any()):
+            return greedy
+        b, s, v = masked.shape
+        seeds = torch.tensor([r.sampling.seed for r in mains], device=logits.device).repeat_interleave(s)
+        counters = torch.tensor([len(r.output_ids) * s for r in mains], device=logits.device)
+        counters = (counters[:, None] + torch.arange(s, device=logits.device)).reshape(-1)
+        g = -torch.log(-torch.log(counter_uniform(seeds, counters, v))).view(b, s, v)
+        t = torch.where(temps > 0, temps, torch.ones_like(temps))[:, None, None]
+        drawn = (masked.double() / t + g).argmax(-1)
+        return torch.where((temps > 0)[:, None], drawn, greedy)
+
+    def _completed_frames(self, step: PhaseState, slots: torch.Tensor, audio_start: torch.Tensor):
+        """Codebook ids ``[B, S]`` of the frame this step completes (delay pattern), and whether one did."""
+        a = step.frames + torch.where(step.phase == DRAIN, step.count, 0)
+        f = a - (self.s - 1)
+        ok = ((step.phase == AUDIO) | (step.phase == DRAIN)) & (f >= 0)
+        ar = torch.arange(self.s, device=slots.device)
+        rows = (audio_start + f.clamp_min(0))[:, None] + ar[None, :]
+        codes = self.steps[slots[:, None], rows.clamp(0, self.max_len - 1), ar[None, :]] - self.offsets[None, :]
+        return codes, ok
