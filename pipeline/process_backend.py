@@ -9,6 +9,7 @@ restarted; its edges re-attach (the relay's reattach) and the next turns run nor
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing as mp
 import queue
@@ -61,10 +62,14 @@ class ProcessBackend:
         self.status.bind(self.wiring.status)
         self.control = ctx.socket(zmq.PUB)
         self.control.bind(self.wiring.control)
-        self.to_encoder = EdgeProducer("orchestrator-encoder", self.wiring.edge("orchestrator", "encoder"),
-                                       edge_config(self.pcfg, "orchestrator", "encoder"))
-        self.inputs = {s: EdgeConsumer(f"{s}-orchestrator", self.wiring.edge(s, "orchestrator"))
-                       for s in FROM_STAGES}
+        self.to_encoder = EdgeProducer(
+            "orchestrator-encoder",
+            self.wiring.edge("orchestrator", "encoder"),
+            edge_config(self.pcfg, "orchestrator", "encoder"),
+        )
+        self.inputs = {
+            s: EdgeConsumer(f"{s}-orchestrator", self.wiring.edge(s, "orchestrator")) for s in FROM_STAGES
+        }
         for s in STAGES:
             self._spawn(s)
         self._wait_ready(set(STAGES))
@@ -82,10 +87,8 @@ class ProcessBackend:
         self.running = False
         if self.thread:
             self.thread.join(timeout=10)
-        try:
+        with contextlib.suppress(zmq.ZMQError):
             self.control.send_string("stop")
-        except zmq.ZMQError:
-            pass
         for p in self.procs.values():
             p.join(timeout=5)
             if p.is_alive():
@@ -104,8 +107,12 @@ class ProcessBackend:
 
     # -- process management ------------------------------------------------------------------------
     def _spawn(self, stage: str) -> None:
-        p = self.mp.Process(target=run_stage, args=(stage, self.pcfg.model_dump_json(), self.run_dir),
-                            name=f"omniduplex-{stage}", daemon=True)
+        p = self.mp.Process(
+            target=run_stage,
+            args=(stage, self.pcfg.model_dump_json(), self.run_dir),
+            name=f"omniduplex-{stage}",
+            daemon=True,
+        )
         p.start()
         self.procs[stage] = p
 
@@ -114,7 +121,9 @@ class ProcessBackend:
         while stages:
             for s in list(stages):
                 if not self.procs[s].is_alive():
-                    raise StageStartError(f"stage {s} exited with code {self.procs[s].exitcode} during start-up")
+                    raise StageStartError(
+                        f"stage {s} exited with code {self.procs[s].exitcode} during start-up"
+                    )
             if time.monotonic() > deadline:
                 raise StageStartError(f"stages {sorted(stages)} not ready after {STARTUP_TIMEOUT_S:.0f} s")
             if self.status.poll(100):

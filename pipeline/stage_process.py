@@ -34,8 +34,12 @@ EDGE_TENSORS: dict[tuple[str, str], tuple[str, ...] | None] = {
     ("talker", "orchestrator"): ("codes",),
     ("code2wav", "orchestrator"): ("pcm",),
 }
-OUT_EDGES = {"encoder": ["thinker"], "thinker": ["talker", "orchestrator"], "talker": ["code2wav", "orchestrator"],
-             "code2wav": ["orchestrator"]}
+OUT_EDGES = {
+    "encoder": ["thinker"],
+    "thinker": ["talker", "orchestrator"],
+    "talker": ["code2wav", "orchestrator"],
+    "code2wav": ["orchestrator"],
+}
 IN_EDGE = {"encoder": "orchestrator", "thinker": "encoder", "talker": "thinker", "code2wav": "talker"}
 
 
@@ -90,8 +94,10 @@ def stage_main(stage: str, pcfg_json: str, run_dir: str) -> None:
     control = ctx.socket(zmq.SUB)
     control.connect(wiring.control)
     control.setsockopt(zmq.SUBSCRIBE, b"")
-    producers = {dst: EdgeProducer(f"{stage}-{dst}", wiring.edge(stage, dst), edge_config(pcfg, stage, dst))
-                 for dst in OUT_EDGES[stage]}
+    producers = {
+        dst: EdgeProducer(f"{stage}-{dst}", wiring.edge(stage, dst), edge_config(pcfg, stage, dst))
+        for dst in OUT_EDGES[stage]
+    }
     consumer = EdgeConsumer(f"{IN_EDGE[stage]}-{stage}", wiring.edge(IN_EDGE[stage], stage))
     worker = build_worker(stage, pcfg.model, scfg, pcfg.chunking)
     status.send_json({"kind": "ready", "stage": stage, "pid": os.getpid()})

@@ -37,8 +37,15 @@ def text_only_lm(lm):
 
 def _jobs(n: int, seed: int):
     rng = random.Random(seed)
-    return [dict(prompt=[rng.randrange(1, 200) for _ in range(rng.randrange(1, 12))], max_text=rng.randrange(0, 4),
-                 frames=rng.randrange(1, 7), cfg=rng.choice([1.0, 1.0, 2.5])) for _ in range(n)]
+    return [
+        dict(
+            prompt=[rng.randrange(1, 200) for _ in range(rng.randrange(1, 12))],
+            max_text=rng.randrange(0, 4),
+            frames=rng.randrange(1, 7),
+            cfg=rng.choice([1.0, 1.0, 2.5]),
+        )
+        for _ in range(n)
+    ]
 
 
 def _run(lm, jobs, arrivals=None, aborts=None, num_blocks=64, budget=64):
@@ -51,7 +58,9 @@ def _run(lm, jobs, arrivals=None, aborts=None, num_blocks=64, budget=64):
     while engine.has_unfinished() or any(k >= t for k in arrivals):
         for i in arrivals.get(t, []):
             j = jobs[i]
-            engine.add_request(adapter.make_request(str(i), j["prompt"], j["max_text"], j["frames"], j["cfg"]))
+            engine.add_request(
+                adapter.make_request(str(i), j["prompt"], j["max_text"], j["frames"], j["cfg"])
+            )
         for i in (aborts or {}).get(t, []):
             engine.abort(str(i))
         for o in engine.step():
@@ -86,7 +95,7 @@ def test_mixed_batch_text_only_audio_cfg_with_preemption_and_aborts(lm, text_onl
     for i, j in enumerate(jobs):
         ref = generate(lm, j["prompt"], j["max_text"], j["frames"], cfg_scale=j["cfg"]).steps.tolist()
         if i in (0, 5):
-            assert steps[i] == ref[:len(steps[i])]
+            assert steps[i] == ref[: len(steps[i])]
         else:
             assert steps[i] == ref, i
     assert engine.scheduler.num_preemptions > 0

@@ -148,7 +148,9 @@ class Engine:
                 continue  # hidden: it follows its main request, which reports and finishes both
             reason = None
             if fin:
-                status = Status.FINISHED_STOPPED if tok in req.sampling.stop_token_ids else Status.FINISHED_LENGTH
+                status = (
+                    Status.FINISHED_STOPPED if tok in req.sampling.stop_token_ids else Status.FINISHED_LENGTH
+                )
                 self._finish(req, status)
                 reason = status.value
             outs.append(RequestOutput(req.request_id, [tok], fin, reason, extra))

@@ -59,7 +59,8 @@ class Scheduler:
         need = sum(blocks_for(r.num_prompt + r.sampling.max_tokens) for r in req.group)
         if need > self.allocator.num_blocks:
             raise ValueError(
-                f"request {req.request_id!r} needs {need} KV blocks; the cache has {self.allocator.num_blocks}"
+                f"request {req.request_id!r} needs {need} KV blocks; "
+                f"the cache has {self.allocator.num_blocks}"
             )
         for r in req.group:
             self.requests[r.request_id] = r

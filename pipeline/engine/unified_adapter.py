@@ -44,7 +44,11 @@ class UnifiedAdapter:
     def __init__(self, model: UnifiedLM, max_len: int = 4096) -> None:
         self.model, self.cfg = model, model.cfg
         d = self.cfg.decoder
-        self.num_layers, self.num_kv_heads, self.head_dim = d.num_hidden_layers, d.num_key_value_heads, d.head_dim
+        self.num_layers, self.num_kv_heads, self.head_dim = (
+            d.num_hidden_layers,
+            d.num_key_value_heads,
+            d.head_dim,
+        )
         self.vocab_size = self.cfg.vocab_size
         self.s = self.cfg.num_streams
         dev = model.lm_head.weight.device
@@ -57,15 +61,25 @@ class UnifiedAdapter:
         self.steps = torch.zeros((0, max_len, self.s), dtype=torch.int64, device=dev)
 
     # -- requests ------------------------------------------------------------------------------------
-    def make_request(self, request_id: str, prompt_ids: list[int], max_text_tokens: int, max_audio_frames: int,
-                     cfg_scale: float = 1.0, temperature: float = 0.0, seed: int | None = None) -> Request:
-        """A request (with its null-prompt companion when ``cfg_scale != 1``) for :meth:`Engine.add_request`."""
+    def make_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        max_text_tokens: int,
+        max_audio_frames: int,
+        cfg_scale: float = 1.0,
+        temperature: float = 0.0,
+        seed: int | None = None,
+    ) -> Request:
+        """A request for :meth:`Engine.add_request` (with its null-prompt companion if ``cfg_scale != 1``)."""
         budget = max_text_tokens + len(self.cfg.bridge_token_ids) + max_audio_frames + self.s
         sp = dict(temperature=temperature, max_tokens=budget, seed=seed)
         extra = {"max_text": max_text_tokens, "max_frames": max_audio_frames, "cfg_scale": cfg_scale}
         comp = None
         if cfg_scale != 1.0:
-            comp = Request(f"{request_id}#cfg", null_prompt_ids(self.cfg), SamplingParams(**sp), extra=dict(extra))
+            comp = Request(
+                f"{request_id}#cfg", null_prompt_ids(self.cfg), SamplingParams(**sp), extra=dict(extra)
+            )
         return Request(request_id, list(prompt_ids), SamplingParams(**sp), extra=extra, companion=comp)
 
     def on_added(self, req: Request) -> None:
@@ -87,8 +101,9 @@ class UnifiedAdapter:
         grow = max(8, self.cap, slot + 1 - self.cap)
         st = self.state
         z = torch.zeros(grow, dtype=torch.int64, device=st.phase.device)
-        self.state = PhaseState(*(torch.cat((t, z)) for t in (st.phase, st.count, st.frames, st.max_text,
-                                                               st.max_frames)))
+        self.state = PhaseState(
+            *(torch.cat((t, z)) for t in (st.phase, st.count, st.frames, st.max_text, st.max_frames))
+        )
         self.audio_start = torch.cat((self.audio_start, z - 1))
         self.steps = torch.cat((self.steps, self.steps.new_full((grow, self.max_len, self.s), -1)))
         self.cap += grow
@@ -99,10 +114,10 @@ class UnifiedAdapter:
         for req, n in items:
             s, p = req.num_computed, req.num_prompt
             if s < p:
-                ids = torch.tensor(req.prompt_ids[s:min(s + n, p)], device=self.steps.device)
+                ids = torch.tensor(req.prompt_ids[s : min(s + n, p)], device=self.steps.device)
                 rows.append(torch.cat((ids[:, None], ids.new_full((ids.shape[0], self.s - 1), -1)), dim=1))
             if s + n > p:
-                rows.append(self.steps[req.slot, max(s, p) - p:s + n - p])
+                rows.append(self.steps[req.slot, max(s, p) - p : s + n - p])
         return self.model.embed_step(torch.cat(rows))
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, kv) -> torch.Tensor:
@@ -118,9 +133,21 @@ class UnifiedAdapter:
         cond = logits[main_rows]
         pos = {id(r): i for i, r in enumerate(reqs)}
         comp_rows = [pos.get(id(r.companion), pos[id(r)]) for r in mains]
-        scale = torch.tensor([r.extra["cfg_scale"] if r.companion is not None else 1.0 for r in mains], device=dev)
-        state = PhaseState(*(t[slots] for t in (self.state.phase, self.state.count, self.state.frames,
-                                                 self.state.max_text, self.state.max_frames)))
+        scale = torch.tensor(
+            [r.extra["cfg_scale"] if r.companion is not None else 1.0 for r in mains], device=dev
+        )
+        state = PhaseState(
+            *(
+                t[slots]
+                for t in (
+                    self.state.phase,
+                    self.state.count,
+                    self.state.frames,
+                    self.state.max_text,
+                    self.state.max_frames,
+                )
+            )
+        )
         merged = merge_cfg(cond, logits[comp_rows], scale, cfg_active(state))
         step = resolve_step(state, merged[:, 0].argmax(-1), self.tables)
         sampled = self._sample(merged, sample_masks(step, self.tables), mains)
@@ -136,9 +163,12 @@ class UnifiedAdapter:
         if comp_slots:
             all_slots.append(torch.tensor(comp_slots, device=dev))
         idx = torch.cat(all_slots)
-        rep = torch.cat((torch.arange(len(mains), device=dev), torch.tensor(comp_of, dtype=torch.int64, device=dev)))
-        for dst, src in zip((self.state.phase, self.state.count, self.state.frames), (new.phase, new.count,
-                                                                                       new.frames)):
+        rep = torch.cat(
+            (torch.arange(len(mains), device=dev), torch.tensor(comp_of, dtype=torch.int64, device=dev))
+        )
+        for dst, src in zip(
+            (self.state.phase, self.state.count, self.state.frames), (new.phase, new.count, new.frames)
+        ):
             dst[idx] = src[rep]
         self.audio_start[idx] = audio_start[rep]
         self.steps[idx, n_done[rep]] = tokens[rep]
@@ -184,5 +214,7 @@ class UnifiedAdapter:
         ok = ((step.phase == AUDIO) | (step.phase == DRAIN)) & (f >= 0)
         ar = torch.arange(self.s, device=slots.device)
         rows = (audio_start + f.clamp_min(0))[:, None] + ar[None, :]
-        codes = self.steps[slots[:, None], rows.clamp(0, self.max_len - 1), ar[None, :]] - self.offsets[None, :]
+        codes = (
+            self.steps[slots[:, None], rows.clamp(0, self.max_len - 1), ar[None, :]] - self.offsets[None, :]
+        )
         return codes, ok

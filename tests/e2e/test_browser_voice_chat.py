@@ -44,7 +44,8 @@ STATE_JS = """() => ({
   events: omni.events.filter((e) => e.type !== "reply_text"),
   inboundBytes: omni.inboundBytes, inboundPackets: omni.inboundPackets,
   replyLevelMax: omni.replyLevelMax, latencyMs: omni.latencyMs,
-  stopMs: omni.stopMs, heardStopMs: omni.heardStopMs, jitterBufferMs: omni.jitterBufferMs, errors: omni.errors,
+  stopMs: omni.stopMs, heardStopMs: omni.heardStopMs, jitterBufferMs: omni.jitterBufferMs,
+  errors: omni.errors,
 })"""
 
 
