@@ -74,8 +74,8 @@ def init_model(
 
 @cli.command()
 def respond(
-    input: Path = typer.Option(
-        ..., "--input", "-i", help="Spoken question: WAV/FLAC, any rate or channel count."
+    input: Path | None = typer.Option(
+        None, "--input", "-i", help="Spoken question: WAV/FLAC, any rate or channel count."
     ),
     output: Path = typer.Option(
         Path("answer.wav"), "--output", "-o", help="Where to write the 24 kHz answer."
@@ -94,14 +94,27 @@ def respond(
     ),
     speaker: str = typer.Option("ethan", help="Voice (talker_config.speaker_id key)."),
     processes: bool = typer.Option(
-        False,
+        True,
         "--processes/--in-process",
         help="Run each stage in its own process (relay) or all in this one.",
     ),
+    prompt: str | None = typer.Option(
+        None, help="Text prompt (unified checkpoints: they take no speech input)."
+    ),
+    cfg_scale: float = typer.Option(1.0, "--cfg-scale", help="Unified checkpoints: CFG guidance scale w."),
+    max_audio_frames: int = typer.Option(64, help="Unified checkpoints: max codec frames."),
 ) -> None:
     """Answer one spoken turn: prints the transcript as it streams, then TTFP, E2EL, RTF, audio seconds."""
     from omniduplex.app.respond import respond as run
+    from omniduplex.app.respond import respond_unified
+    from omniduplex.pipeline.unified_turn import is_unified
 
+    if model is not None and (model / "config.json").is_file() and is_unified(model):
+        raise typer.Exit(
+            respond_unified(model, input, output, prompt, greedy, max_tokens, max_audio_frames, cfg_scale)
+        )
+    if input is None:
+        raise typer.BadParameter("--input is required (a spoken question)")
     raise typer.Exit(
         run(
             input,
@@ -213,6 +226,29 @@ def bench_serve(
     run(
         pcfg, make_backend(pcfg, processes), paths, [int(c) for c in concurrency.split(",")], rounds, json_out
     )
+
+
+@bench.command("cfg")
+def bench_cfg(
+    model: Path | None = typer.Option(
+        None, help="Unified checkpoint (default: small unified preset in the cache)."
+    ),
+    concurrency: int = typer.Option(16, help="Concurrent turns."),
+    frames: int = typer.Option(48, help="Codec frames per turn."),
+    cfg_scale: float = typer.Option(3.0, "--cfg-scale", help="Guidance scale w of the CFG run."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+    threads: int = typer.Option(2, help="torch intra-op threads."),
+) -> None:
+    """Audio-frame throughput with CFG (paired co-scheduling) vs without."""
+    from omniduplex.app.respond import cache_dir
+    from omniduplex.benchmarks.cfg import run
+    from omniduplex.models.unified_presets import write_unified_checkpoint
+
+    if model is None:
+        model = cache_dir() / "small-unified"
+        if not (model / "model.safetensors").is_file():
+            write_unified_checkpoint(model, "small")
+    run(model, concurrency, frames, cfg_scale, json_out, threads)
 
 
 def main() -> None:

@@ -114,3 +114,55 @@ async def _run(pcfg, wav, meta, output_path, dump_tokens, processes) -> int:
     finally:
         await orch.stop()
     return code
+
+
+def respond_unified(
+    model_dir: Path,
+    input_path: Path | None,
+    output_path: Path,
+    prompt: str | None,
+    greedy: bool,
+    max_tokens: int,
+    max_audio_frames: int,
+    cfg_scale: float,
+) -> int:
+    """One turn of a unified delay-pattern checkpoint: text then speech, optional CFG; returns the exit code.
+
+    The unified shape has no speech encoder, so it is conditioned on ``prompt`` text; an ``--input``
+    WAV is still validated (bad audio → exit 2) and its duration noted.
+    """
+    from omniduplex.models.registry import load_model
+    from omniduplex.pipeline.unified_turn import UnifiedTurnRunner
+
+    if input_path is not None:
+        try:
+            wav = load_audio(input_path)
+        except AudioInputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(
+            f"(unified checkpoint: no speech input path; {wav.size / 16000:.1f} s of audio noted, "
+            f"conditioning on the text prompt)",
+            file=sys.stderr,
+        )
+    model = load_model(model_dir)
+    tok = load_tokenizer(model_dir)
+    cfg = model.unified.cfg
+    text = prompt or "Say hello."
+    ids = [cfg.bos_token_id, *tok.encode(f"user: {text}\nassistant: ", add_special_tokens=False).ids]
+    runner = UnifiedTurnRunner(model)
+    pcm = []
+    for ev in runner.run(ids, tok, max_tokens, max_audio_frames, cfg_scale, 0.0 if greedy else 0.8):
+        if ev.kind == "text":
+            print(ev.text, end="", flush=True)
+        elif ev.kind == "audio":
+            pcm.append(ev.pcm)
+        elif ev.kind == "done":
+            samples = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
+            write_wav(output_path, samples, runner.rate)
+            m = ev.metrics
+            print(
+                f"\n\nTTFP {m['ttfp_ms']:.0f} ms | E2EL {m['e2el_ms']:.0f} ms | RTF {m['rtf']:.3f} | "
+                f"audio {m['audio_s']:.2f} s ({m['frames']} frames, cfg {cfg_scale}) -> {output_path}"
+            )
+    return 0

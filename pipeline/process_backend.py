@@ -26,7 +26,7 @@ from .config import PipelineConfig
 from .graph import STAGES
 from .messages import StageMessage
 from .orchestrator import OutputCallback
-from .stage_process import Wiring, edge_config, pack, run_stage, unpack
+from .stage_process import POLL_BUSY_S, Wiring, edge_config, pack, run_stage, unpack
 
 FROM_STAGES = ("thinker", "talker", "code2wav")
 STARTUP_TIMEOUT_S = 180.0
@@ -158,10 +158,8 @@ class ProcessBackend:
     def _loop(self) -> None:
         last_check = 0.0
         while self.running:
-            idle = True
             while not self.commands.empty():
                 kind, item = self.commands.get_nowait()
-                idle = False
                 if kind == "send":
                     rid = next(self._counter)
                     self.ids[item.request_id], self.names[rid] = rid, item.request_id
@@ -182,11 +180,10 @@ class ProcessBackend:
                     self._fail(m["request_id"], m["error"])
             for s, consumer in self.inputs.items():
                 try:
-                    m = consumer.recv(timeout_s=0)
+                    m = consumer.recv(timeout_s=POLL_BUSY_S)
                 except RelayError:
                     continue  # the stage died; _check_stages handles it
                 while m is not None:
-                    idle = False
                     self._deliver(s, m)
                     try:
                         m = consumer.recv(timeout_s=0)
@@ -196,8 +193,6 @@ class ProcessBackend:
             if now - last_check > 0.1:
                 last_check = now
                 self._check_stages()
-            if idle:
-                time.sleep(0.001)
 
     def _deliver(self, stage: str, m) -> None:
         name = self.names.get(m.request_id)

@@ -23,6 +23,9 @@ from .config import PipelineConfig
 from .messages import StageMessage
 
 META_KEY = "__meta__"
+POLL_BUSY_S = 0.0002
+"""Shortest wait on an input edge (s). Not 0: the relay consumer handles (re)connection events only
+while it waits, so a zero timeout would never attach to a producer that binds later."""
 
 # (producer stage, consumer) → tensors that travel on that edge (None = all)
 EDGE_TENSORS: dict[tuple[str, str], tuple[str, ...] | None] = {
@@ -123,7 +126,7 @@ def stage_main(stage: str, pcfg_json: str, run_dir: str) -> None:
                     p.abort(int(rid))
         busy = worker.has_work()
         try:
-            m = consumer.recv(timeout_s=0 if busy else 0.005)
+            m = consumer.recv(timeout_s=POLL_BUSY_S if busy else 0.005)
             while m is not None:
                 msg = unpack(m.request_id, m.tensors, m.last)
                 try:

@@ -148,7 +148,8 @@ class UnifiedAdapter:
                 )
             )
         )
-        merged = merge_cfg(cond, logits[comp_rows], scale, cfg_active(state))
+        active = cfg_active(state) & (scale != 1.0)
+        merged = merge_cfg(cond, logits[comp_rows], scale, active) if bool(active.any()) else cond
         step = resolve_step(state, merged[:, 0].argmax(-1), self.tables)
         sampled = self._sample(merged, sample_masks(step, self.tables), mains)
         tokens = assemble(step, sampled, self.tables)
