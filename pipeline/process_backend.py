@@ -20,7 +20,7 @@ import time
 
 import zmq
 
-from omniduplex.relay import EdgeConsumer, EdgeProducer, RelayError
+from omniduplex.relay import ConsumerDied, EdgeConsumer, EdgeProducer, RelayError
 
 from .config import PipelineConfig
 from .graph import STAGES
@@ -164,8 +164,12 @@ class ProcessBackend:
                     rid = next(self._counter)
                     self.ids[item.request_id], self.names[rid] = rid, item.request_id
                     self.inflight.add(rid)
+                    payload = pack(item, ("orchestrator", "encoder"))
                     try:
-                        self.to_encoder.send(rid, pack(item, ("orchestrator", "encoder")), last=True)
+                        try:
+                            self.to_encoder.send(rid, payload, last=True)
+                        except ConsumerDied:  # the encoder was restarted since the last turn: resend
+                            self.to_encoder.send(rid, payload, last=True)
                     except RelayError as e:
                         self._fail(rid, f"orchestrator->encoder: {e}")
                 else:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import zmq
 
-from omniduplex.relay import EdgeConfig, EdgeConsumer, EdgeProducer, RelayError
+from omniduplex.relay import ConsumerDied, EdgeConfig, EdgeConsumer, EdgeProducer, RelayError
 
 from .config import PipelineConfig
 from .messages import StageMessage
@@ -150,7 +150,12 @@ def stage_main(stage: str, pcfg_json: str, run_dir: str) -> None:
                 seq = seqs.get(key, 0)
                 seqs[key] = seq + 1
                 try:
-                    producers[dst].send(int(msg.request_id), tensors, seq=seq, last=msg.last)
+                    try:
+                        producers[dst].send(int(msg.request_id), tensors, seq=seq, last=msg.last)
+                    except ConsumerDied:
+                        # reported once, at the first send after the consumer died (its turns were failed
+                        # by the orchestrator): this chunk was not sent; send it to the restarted consumer
+                        producers[dst].send(int(msg.request_id), tensors, seq=seq, last=msg.last)
                 except RelayError as e:
                     fail(msg.request_id, f"{stage}->{dst}: {e}")
                 if msg.last:
