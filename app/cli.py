@@ -251,6 +251,15 @@ def bench_cfg(
     run(model, concurrency, frames, cfg_scale, json_out, threads)
 
 
+@bench.command("relay", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench_relay(ctx: typer.Context) -> None:
+    """Relay throughput/latency (shm slots vs pickle-over-ZMQ vs multiprocessing.Queue), signal latency,
+    memory under a slow consumer. Options: --sizes, --methods, --quick, --no-memory, --json."""
+    from omniduplex.relay.bench import main as relay_main
+
+    relay_main(list(ctx.args))
+
+
 def main() -> None:
     """Entry point of the ``omniduplex`` console script."""
     cli()
