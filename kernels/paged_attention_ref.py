@@ -110,7 +110,8 @@ def _scratch(name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Ten
     buffers = _workspace.__dict__.setdefault("buffers", {})
     buf = buffers.get((name, like.dtype))
     if buf is None or buf.numel() < numel:
-        buf = buffers[(name, like.dtype)] = torch.empty(numel + numel // 4, dtype=like.dtype)
+        with torch.inference_mode(False):  # a normal tensor works in and out of inference mode
+            buf = buffers[(name, like.dtype)] = torch.empty(numel + numel // 4, dtype=like.dtype)
     return buf[:numel].view(shape)
 
 

@@ -180,3 +180,21 @@ def test_random_batches(specs, num_kv_heads, ratio, head_dim, low_precision, see
         check(case, atol=2e-2, rtol=2e-2)
     else:
         check(case, atol=1e-5)
+
+
+def test_workspace_survives_inference_mode_switches():
+    """The reused CPU gather buffer must work whether it was first made in or out of inference mode."""
+    from omniduplex.kernels import paged_attention_torch
+
+    torch.manual_seed(0)
+    k_cache, v_cache = torch.randn(8, 16, 2, 16), torch.randn(8, 16, 2, 16)
+    q = torch.randn(3, 4, 16)
+    args = (k_cache, v_cache, torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32),
+            torch.tensor([20, 30, 17], dtype=torch.int32), torch.tensor([0, 1, 2, 3], dtype=torch.int32), 0.25)
+    with torch.inference_mode():
+        first = paged_attention_torch(q * 1.0, *args).clone()
+    big_q = torch.randn(3, 4, 16)
+    with torch.no_grad():
+        paged_attention_torch(big_q, *args)
+        again = paged_attention_torch(q, *args)
+    torch.testing.assert_close(again, first)
