@@ -214,3 +214,22 @@ class UnifiedLM(nn.Module):
         """
         e = self.stream_embeddings if streams is None else self.stream_embeddings[streams]
         return self.lm_head(hidden[:, None, :] + e[None].to(hidden.dtype))
+
+    def decode_logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What one decode step needs, in compact form (fp32):
+
+        * ``primary`` ``[B, V]``: stream 0 over the whole vocabulary (its unmasked argmax decides the phase);
+        * ``aux`` ``[B, S-1, A]``: stream ``i >= 1`` over its own audio region only (``A = audio_vocab_size``,
+          local ids: codes, then pad, then EOS).
+
+        Equal to :meth:`stream_logits` on those ids, at ``V + (S-1)·A`` head columns instead of ``S·V``.
+        """
+        cfg = self.cfg
+        s, a = cfg.num_streams, cfg.audio_vocab_size
+        e = self.stream_embeddings.to(hidden.dtype)
+        w = self.lm_head.weight
+        primary = torch.nn.functional.linear(hidden + e[0], w).float()
+        lo = cfg.stream_offset(1)
+        regions = w[lo: lo + (s - 1) * a].view(s - 1, a, -1)  # rows of streams 1..S-1 (contiguous)
+        aux = torch.einsum("bsh,sah->bsa", hidden[:, None, :] + e[None, 1:], regions).float()
+        return primary, aux

@@ -189,8 +189,14 @@ def test_workspace_survives_inference_mode_switches():
     torch.manual_seed(0)
     k_cache, v_cache = torch.randn(8, 16, 2, 16), torch.randn(8, 16, 2, 16)
     q = torch.randn(3, 4, 16)
-    args = (k_cache, v_cache, torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32),
-            torch.tensor([20, 30, 17], dtype=torch.int32), torch.tensor([0, 1, 2, 3], dtype=torch.int32), 0.25)
+    args = (
+        k_cache,
+        v_cache,
+        torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32),
+        torch.tensor([20, 30, 17], dtype=torch.int32),
+        torch.tensor([0, 1, 2, 3], dtype=torch.int32),
+        0.25,
+    )
     with torch.inference_mode():
         first = paged_attention_torch(q * 1.0, *args).clone()
     big_q = torch.randn(3, 4, 16)

@@ -228,3 +228,14 @@ def test_sampling_is_seeded_and_codes_decode(lm, loaded):
     _check_turn(a, lm.cfg, 3, 5)
     wav = loaded.codec.decode(a.codes[None])
     assert wav.shape == (1, 1, 5 * loaded.codec.hop_length) and 0 < wav.abs().max() < 1
+
+
+def test_decode_logits_equal_stream_logits_where_sampled(lm):
+    h = torch.randn(5, lm.cfg.decoder.hidden_size)
+    full = lm.stream_logits(h).float()
+    primary, aux = lm.decode_logits(h)
+    torch.testing.assert_close(primary, full[:, 0])
+    a = lm.cfg.audio_vocab_size
+    for i in range(1, lm.cfg.num_streams):
+        lo = lm.cfg.stream_offset(i)
+        torch.testing.assert_close(aux[:, i - 1], full[:, i, lo:lo + a], rtol=1e-5, atol=1e-5)

@@ -31,7 +31,6 @@ from omniduplex.models.unified_phases import (
     merge_cfg,
     next_state,
     resolve_step,
-    sample_masks,
 )
 
 from .request import Request, SamplingParams
@@ -124,13 +123,16 @@ class UnifiedAdapter:
         return self.model(x, batch, kv)
 
     def decode(self, reqs: list[Request], hidden: torch.Tensor) -> tuple[list[int], list[bool], list[dict]]:
-        """One step of every sampled row: CFG merge, phase rules, per-request seeded sampling, buffers."""
+        """One step of every sampled row: CFG merge, phase rules, per-request seeded sampling, buffers.
+
+        Works on the compact logits of :meth:`UnifiedLM.decode_logits` (stream 0 over the vocabulary,
+        streams ``1..S-1`` over their own region), never on ``[B, S, V]``.
+        """
         dev = hidden.device
-        logits = self.model.stream_logits(hidden).float()  # [B, S, V]
+        primary, aux = self.model.decode_logits(hidden)  # [R, V], [R, S-1, A]
         main_rows = [i for i, r in enumerate(reqs) if not r.is_companion]
         mains = [reqs[i] for i in main_rows]
         slots = torch.tensor([r.slot for r in mains], device=dev)
-        cond = logits[main_rows]
         pos = {id(r): i for i, r in enumerate(reqs)}
         comp_rows = [pos.get(id(r.companion), pos[id(r)]) for r in mains]
         scale = torch.tensor(
@@ -148,22 +150,25 @@ class UnifiedAdapter:
                 )
             )
         )
+        p, x = primary[main_rows], aux[main_rows]
         active = cfg_active(state) & (scale != 1.0)
-        merged = merge_cfg(cond, logits[comp_rows], scale, active) if bool(active.any()) else cond
-        step = resolve_step(state, merged[:, 0].argmax(-1), self.tables)
-        sampled = self._sample(merged, sample_masks(step, self.tables), mains)
-        tokens = assemble(step, sampled, self.tables)
+        if bool(active.any()):
+            p = merge_cfg(p, primary[comp_rows], scale, active)
+            x = merge_cfg(x, aux[comp_rows], scale, active)
+        step = resolve_step(state, p.argmax(-1), self.tables)
+        allow0 = self.tables.allowed[step.phase, 0]  # [B, V]
+        s0 = self._pick(p.masked_fill(~allow0, float("-inf"))[:, None], mains, 0)[:, 0]
+        codes = self._pick(x[..., : self.cfg.codebook_size], mains, 1) + self.offsets[None, 1:]
+        tokens = assemble(step, torch.cat((s0[:, None], codes), dim=1), self.tables)
         new = next_state(step, tokens, self.tables)
         # write back the state of mains and companions (a companion mirrors its main)
         n_done = torch.tensor([len(r.output_ids) for r in mains], device=dev)
         became_audio = (step.phase == AUDIO) & (self.audio_start[slots] < 0)
         audio_start = torch.where(became_audio, n_done, self.audio_start[slots])
-        all_slots = [slots]
-        comp_slots = [r.companion.slot for r in mains if r.companion is not None]
         comp_of = [k for k, r in enumerate(mains) if r.companion is not None]
-        if comp_slots:
-            all_slots.append(torch.tensor(comp_slots, device=dev))
-        idx = torch.cat(all_slots)
+        idx = torch.cat(
+            (slots, torch.tensor([mains[k].companion.slot for k in comp_of], dtype=torch.int64, device=dev))
+        )
         rep = torch.cat(
             (torch.arange(len(mains), device=dev), torch.tensor(comp_of, dtype=torch.int64, device=dev))
         )
@@ -173,39 +178,40 @@ class UnifiedAdapter:
             dst[idx] = src[rep]
         self.audio_start[idx] = audio_start[rep]
         self.steps[idx, n_done[rep]] = tokens[rep]
-        codes, has_frame = self._completed_frames(step, slots, audio_start)
-        # outputs
-        tok0 = tokens[:, 0].tolist()
-        finished = (new.phase == DONE).tolist()
-        phases = step.phase.tolist()
-        tok_rows, codes_rows, has = tokens.tolist(), codes.tolist(), has_frame.tolist()
-        by_main = {}
+        frame, has_frame = self._completed_frames(step, slots, audio_start)
+        return self._outputs(reqs, mains, step, tokens, new, frame, has_frame)
+
+    @staticmethod
+    def _outputs(reqs, mains, step, tokens, new, frame, has_frame):
+        tok0, finished, phases = tokens[:, 0].tolist(), (new.phase == DONE).tolist(), step.phase.tolist()
+        tok_rows, frame_rows, has = tokens.tolist(), frame.tolist(), has_frame.tolist()
+        by_req = {}
         for k, r in enumerate(mains):
             extra = {"phase": PHASE_NAMES[phases[k]], "step": tok_rows[k]}
             if phases[k] == TEXT:
                 extra["text_token"] = tok0[k]
             if has[k]:
-                extra["codes"] = codes_rows[k]
-            by_main[id(r)] = (tok0[k], finished[k], extra)
+                extra["codes"] = frame_rows[k]
+            by_req[id(r)] = (tok0[k], finished[k], extra)
             if r.companion is not None:
-                by_main[id(r.companion)] = (tok0[k], finished[k], {})
-        out = [by_main[id(r)] for r in reqs]
+                by_req[id(r.companion)] = (tok0[k], finished[k], {})
+        out = [by_req[id(r)] for r in reqs]
         return [o[0] for o in out], [o[1] for o in out], [o[2] for o in out]
 
-    def _sample(self, logits: torch.Tensor, allowed: torch.Tensor, mains: list[Request]) -> torch.Tensor:
-        """``[B, S]`` ids: argmax for greedy requests, Gumbel-max with counter-based noise otherwise."""
-        masked = logits.masked_fill(~allowed, float("-inf"))
-        greedy = masked.argmax(-1)
+    def _pick(self, logits: torch.Tensor, mains: list[Request], first_stream: int) -> torch.Tensor:
+        """``[B, M, K]`` → ids ``[B, M]``: argmax for greedy requests, else Gumbel-max with noise keyed by
+        (seed, step, stream) so a request's draw never depends on its batch-mates."""
+        greedy = logits.argmax(-1)
         temps = torch.tensor([r.sampling.temperature for r in mains], device=logits.device)
         if not bool((temps > 0).any()):
             return greedy
-        b, s, v = masked.shape
-        seeds = torch.tensor([r.sampling.seed for r in mains], device=logits.device).repeat_interleave(s)
-        counters = torch.tensor([len(r.output_ids) * s for r in mains], device=logits.device)
-        counters = (counters[:, None] + torch.arange(s, device=logits.device)).reshape(-1)
-        g = -torch.log(-torch.log(counter_uniform(seeds, counters, v))).view(b, s, v)
+        b, m, k = logits.shape
+        seeds = torch.tensor([r.sampling.seed for r in mains], device=logits.device).repeat_interleave(m)
+        base = torch.tensor([len(r.output_ids) * self.s + first_stream for r in mains], device=logits.device)
+        counters = (base[:, None] + torch.arange(m, device=logits.device)).reshape(-1)
+        g = -torch.log(-torch.log(counter_uniform(seeds, counters, k))).view(b, m, k)
         t = torch.where(temps > 0, temps, torch.ones_like(temps))[:, None, None]
-        drawn = (masked.double() / t + g).argmax(-1)
+        drawn = (logits.double() / t + g).argmax(-1)
         return torch.where((temps > 0)[:, None], drawn, greedy)
 
     def _completed_frames(self, step: PhaseState, slots: torch.Tensor, audio_start: torch.Tensor):
