@@ -91,3 +91,31 @@ def allocate_kv_cache(
         (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
         for _ in range(num_layers)
     ]
+
+
+class SequenceCache:
+    """One sequence's contiguous paged KV cache, for the sequential references (not the engine).
+
+    Args:
+        cfg: the decoder's :class:`~.config.DecoderConfig` (layers, KV heads, head dim).
+        capacity: most tokens the sequence will hold.
+    """
+
+    def __init__(
+        self, cfg, capacity: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    ) -> None:
+        self.kv = allocate_kv_cache(
+            cfg.num_hidden_layers,
+            -(-capacity // BLOCK_SIZE),
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            dtype=dtype,
+            device=device,
+        )
+        self.len = 0
+
+    def batch(self, n: int) -> ForwardBatch:
+        """Metadata for appending ``n`` tokens; advances the length."""
+        b = ForwardBatch.contiguous([n], [self.len], device=self.kv[0][0].device)
+        self.len += n
+        return b

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .code2wav_stream import chunked_decode
-from .forward_batch import BLOCK_SIZE, ForwardBatch, allocate_kv_cache
+from .forward_batch import SequenceCache
 from .registry import LoadedModel
 from .talker_prompt import special_text_embeds, talker_prefill_embeds, trailing_text_embed
 
@@ -25,22 +25,6 @@ class TurnOutput:
     thinker_token_ids: list[int]
     talker_codes: list[list[int]] = field(default_factory=list)
     waveform: torch.Tensor | None = None
-
-
-class _Sequence:
-    """A single sequence's contiguous paged KV cache for a decoder stack."""
-
-    def __init__(self, stack, capacity: int, dtype: torch.dtype) -> None:
-        c = stack.cfg
-        self.kv = allocate_kv_cache(
-            c.num_hidden_layers, -(-capacity // BLOCK_SIZE), c.num_key_value_heads, c.head_dim, dtype=dtype
-        )
-        self.len = 0
-
-    def batch(self, n: int) -> ForwardBatch:
-        b = ForwardBatch.contiguous([n], [self.len])
-        self.len += n
-        return b
 
 
 def repetition_penalty(logits: torch.Tensor, seen: list[int], penalty: float) -> torch.Tensor:
@@ -79,7 +63,7 @@ def generate_turn(
         audio, _ = thinker.audio_tower(features[None], torch.tensor([features.shape[-1]]))
     dtype = thinker.lm_head.weight.dtype
     prompt_embeds = thinker.embed(ids, audio)
-    seq = _Sequence(thinker.model, len(prompt_ids) + max_new_tokens, dtype)
+    seq = SequenceCache(thinker.cfg, len(prompt_ids) + max_new_tokens, dtype)
     accept = cfg.talker.accept_hidden_layer if (cfg and cfg.talker) else None
     hidden, prompt_hidden = thinker(prompt_embeds, seq.batch(len(prompt_ids)), seq.kv, capture_layer=accept)
     eos = cfg.im_end_token_id if cfg else None
@@ -126,7 +110,7 @@ def _talk(model: LoadedModel, ids, prompt_embeds, prompt_hidden, gen_embeds, max
         cfg.talker.speaker_id[speaker.lower()],
     )
     n_text = len(gen_embeds) + 1  # thinker tokens g_0..g_{n-1}; embeds exist for g_0..g_{n-2}
-    seq = _Sequence(talker.model, prefill.shape[0] + max_new, prefill.dtype)
+    seq = SequenceCache(talker.cfg.text, prefill.shape[0] + max_new, prefill.dtype)
     suppress = talker.suppressed_token_mask()
     eos = cfg.talker.codec_eos_token_id
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .delay_pattern import deinterleave
-from .forward_batch import BLOCK_SIZE, ForwardBatch, allocate_kv_cache
+from .forward_batch import SequenceCache
 from .unified import UnifiedLM, null_prompt_ids, text_steps
 from .unified_phases import (
     AUDIO,
@@ -50,22 +50,9 @@ class UnifiedOutput:
     steps: torch.Tensor | None = None
 
 
-class _Sequence:
-    """One sequence's contiguous paged KV cache."""
-
-    def __init__(self, model: UnifiedLM, capacity: int, dtype: torch.dtype) -> None:
-        c = model.cfg.decoder
-        blocks = -(-capacity // BLOCK_SIZE)
-        self.kv = allocate_kv_cache(
-            c.num_hidden_layers, blocks, c.num_key_value_heads, c.head_dim, dtype=dtype
-        )
-        self.len = 0
-
-    def forward(self, model: UnifiedLM, tokens: torch.Tensor) -> torch.Tensor:
-        """Step tokens ``[T, S]`` → hidden ``[1, H]`` of the last one."""
-        batch = ForwardBatch.contiguous([tokens.shape[0]], [self.len])
-        self.len += tokens.shape[0]
-        return model(model.embed_step(tokens), batch, self.kv)[-1:]
+def _forward(model: UnifiedLM, seq: SequenceCache, tokens: torch.Tensor) -> torch.Tensor:
+    """Append step tokens ``[T, S]`` to ``seq`` → hidden ``[1, H]`` of the last one."""
+    return model(model.embed_step(tokens), seq.batch(tokens.shape[0]), seq.kv)[-1:]
 
 
 def _as_steps(prompt, num_streams: int) -> torch.Tensor:
@@ -109,12 +96,12 @@ def generate(
     tables = PhaseTables.from_config(cfg, device)
     budget = max_text_tokens + len(cfg.bridge_token_ids) + max_audio_frames + s
     use_cfg = cfg_scale != 1.0
-    main = _Sequence(model, prompt.shape[0] + budget, dtype)
-    hidden = main.forward(model, prompt.to(device))
+    main = SequenceCache(cfg.decoder, prompt.shape[0] + budget, dtype, device)
+    hidden = _forward(model, main, prompt.to(device))
     if use_cfg:
         null = text_steps(null_prompt_ids(cfg), s).to(device)
-        comp = _Sequence(model, null.shape[0] + budget, dtype)
-        hidden_u = comp.forward(model, null)
+        comp = SequenceCache(cfg.decoder, null.shape[0] + budget, dtype, device)
+        hidden_u = _forward(model, comp, null)
     state = PhaseState.initial(1, max_text_tokens, max_audio_frames, device)
     steps, phases = [], []
     while True:
@@ -130,9 +117,9 @@ def generate(
         state = res.state
         if int(state.phase) == DONE:
             break
-        hidden = main.forward(model, res.tokens)
+        hidden = _forward(model, main, res.tokens)
         if use_cfg:
-            hidden_u = comp.forward(model, res.tokens)
+            hidden_u = _forward(model, comp, res.tokens)
     return _output(cfg, torch.stack(steps).cpu() if steps else torch.empty(0, s, dtype=torch.int64), phases)
 
 
