@@ -238,6 +238,8 @@ def bench_cfg(
     cfg_scale: float = typer.Option(3.0, "--cfg-scale", help="Guidance scale w of the CFG run."),
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
     threads: int = typer.Option(2, help="torch intra-op threads."),
+    dtype: str = typer.Option("bfloat16", help="Weights and KV cache: bfloat16 (serving) or float32."),
+    repeats: int = typer.Option(5, help="Alternating rounds per mode; the medians are reported."),
 ) -> None:
     """Audio-frame throughput with CFG (paired co-scheduling) vs without."""
     from omniduplex.app.respond import cache_dir
@@ -248,7 +250,9 @@ def bench_cfg(
         model = cache_dir() / "small-unified"
         if not (model / "model.safetensors").is_file():
             write_unified_checkpoint(model, "small")
-    run(model, concurrency, frames, cfg_scale, json_out, threads)
+    if dtype not in ("bfloat16", "float32"):
+        raise typer.BadParameter(f"--dtype {dtype!r}: choose bfloat16 or float32")
+    run(model, concurrency, frames, cfg_scale, json_out, threads, dtype, repeats)
 
 
 @bench.command("relay", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

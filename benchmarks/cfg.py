@@ -4,13 +4,15 @@
 ``frames`` codec frames each, greedy) run to completion in the engine; throughput = codec frames
 emitted ÷ wall seconds. With CFG every turn brings its null-prompt companion into the same batch and
 forward, so the batch holds 2c rows; the ratio CFG / no-CFG is the figure of merit (OpusLM reports
-~80% with co-scheduling).
+~80% with co-scheduling). The two modes alternate for ``repeats`` rounds and each reports its median,
+so a noisy neighbour on a shared machine skews both alike.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import statistics
 import time
 from pathlib import Path
 
@@ -22,47 +24,72 @@ from omniduplex.pipeline.engine.unified_adapter import UnifiedAdapter
 
 
 def frames_per_second(lm, c: int, frames: int, cfg_scale: float) -> float:
+    """Codec frames/s of ``c`` concurrent turns of ``frames`` frames each (engine built outside the clock)."""
     adapter = UnifiedAdapter(lm, max_len=frames + 64)
     engine = Engine(
-        adapter, num_blocks=4 * c * (frames // 16 + 4), max_num_seqs=c, max_num_batched_tokens=4096
+        adapter,
+        num_blocks=4 * c * (frames // 16 + 4),
+        max_num_seqs=c,
+        max_num_batched_tokens=4096,
+        dtype=lm.lm_head.weight.dtype,
     )
     rng = random.Random(0)
-    warm = adapter.make_request("warm", [1, 2, 3], 0, 2, cfg_scale)
-    engine.add_request(warm)
-    while engine.has_unfinished():
-        engine.step()
-    t0 = time.perf_counter()
-    for i in range(c):
-        prompt = [rng.randrange(1, 200) for _ in range(16)]
-        engine.add_request(adapter.make_request(f"r{i}", prompt, 0, frames, cfg_scale))
-    n = 0
     with torch.no_grad():
+        engine.add_request(adapter.make_request("warm", [1, 2, 3], 0, 2, cfg_scale))
+        while engine.has_unfinished():
+            engine.step()
+        t0 = time.perf_counter()
+        for i in range(c):
+            prompt = [rng.randrange(1, 200) for _ in range(16)]
+            engine.add_request(adapter.make_request(f"r{i}", prompt, 0, frames, cfg_scale))
+        n = 0
         while engine.has_unfinished():
             n += sum("codes" in o.extras for o in engine.step())
     return n / (time.perf_counter() - t0)
 
 
 def run(
-    model_dir: Path, c: int, frames: int, cfg_scale: float, json_out: Path | None, threads: int = 2
+    model_dir: Path,
+    c: int,
+    frames: int,
+    cfg_scale: float,
+    json_out: Path | None,
+    threads: int = 2,
+    dtype: str = "bfloat16",
+    repeats: int = 5,
 ) -> dict:
-    """Measure both modes and print the table; returns the figures."""
+    """Measure both modes (alternating, ``repeats`` rounds, medians) and print the table.
+
+    ``dtype``: ``float32`` or ``bfloat16`` (weights and KV cache). Returns the figures.
+    """
     torch.set_num_threads(threads)
-    lm = load_model(model_dir).unified
-    plain = frames_per_second(lm, c, frames, 1.0)
-    guided = frames_per_second(lm, c, frames, cfg_scale)
+    lm = load_model(model_dir, dtype=getattr(torch, dtype)).unified
+    frames_per_second(lm, c, 4, cfg_scale)  # first-call kernel setup (oneDNN primitives) off the clock
+    plain, guided = [], []
+    for _ in range(repeats):
+        plain.append(frames_per_second(lm, c, frames, 1.0))
+        guided.append(frames_per_second(lm, c, frames, cfg_scale))
+    p, g = statistics.median(plain), statistics.median(guided)
     res = {
         "c": c,
         "frames": frames,
         "cfg_scale": cfg_scale,
-        "no_cfg_frames_per_s": plain,
-        "cfg_frames_per_s": guided,
-        "ratio": guided / plain,
+        "dtype": dtype,
+        "threads": threads,
+        "no_cfg_frames_per_s": p,
+        "cfg_frames_per_s": g,
+        "ratio": g / p,
+        "no_cfg_runs": plain,
+        "cfg_runs": guided,
     }
-    print(f"\ncfg benchmark: {model_dir}  c={c}, {frames} frames per turn, greedy, {threads} threads")
+    print(
+        f"\ncfg benchmark: {model_dir}  c={c}, {frames} frames per turn, greedy, {dtype}, {threads} threads, "
+        f"median of {repeats}"
+    )
     print("| mode | audio frames/s | vs no-CFG |")
     print("|---|---|---|")
-    print(f"| no CFG | {plain:.1f} | 100% |")
-    print(f"| CFG w={cfg_scale} (paired) | {guided:.1f} | {100 * guided / plain:.0f}% |")
+    print(f"| no CFG | {p:.1f} | 100% |")
+    print(f"| CFG w={cfg_scale} (paired) | {g:.1f} | {100 * g / p:.0f}% |")
     if json_out:
         json_out.write_text(json.dumps(res, indent=2))
     return res

@@ -153,7 +153,8 @@ def merge_cfg(cond: torch.Tensor, uncond: torch.Tensor, scale, active: torch.Ten
     """``w·cond + (1 − w)·uncond`` where ``active`` (bool ``[B]``), ``cond`` elsewhere.
 
     ``cond``/``uncond`` ``[B, ...]`` logits of a request and its null-prompt companion; ``scale`` a float
-    or ``[B]`` tensor (Ho & Salimans 2022; ``w = 1`` is no guidance). Computed in fp32.
+    or ``[B]`` tensor (Ho & Salimans 2022; ``w = 1`` is no guidance). Computed in fp32. Also applied to
+    final hidden states ``[B, H]`` by the engine, which is the same merge for the linear bias-free head.
     """
     cond, uncond = cond.float(), uncond.float()
     w = torch.as_tensor(scale, dtype=torch.float32, device=cond.device).reshape(-1, *[1] * (cond.dim() - 1))

@@ -122,3 +122,42 @@ def test_companion_is_hidden_and_paired(lm):
     assert seen == {"a"}
     assert req.companion.output_ids == req.output_ids
     assert not engine.abort("a#cfg")  # the companion is not addressable
+
+
+def test_cfg_merge_on_hidden_states_equals_merge_on_logits(lm):
+    """The engine merges ``w·h_c + (1−w)·h_u`` before the bias-free shared head; that must equal the
+    specified logit merge ``w·W(h_c + e_i) + (1−w)·W(h_u + e_i)`` for every stream."""
+    from omniduplex.models.unified_phases import merge_cfg
+
+    g = torch.Generator().manual_seed(0)
+    h_c, h_u = (torch.randn(5, lm.cfg.decoder.hidden_size, generator=g) for _ in range(2))
+    active = torch.tensor([True, False, True, True, False])
+    scale = torch.tensor([3.0, 3.0, 1.5, 7.0, 2.0])
+    p, x = lm.decode_logits(merge_cfg(h_c, h_u, scale, active))
+    (pc, xc), (pu, xu) = lm.decode_logits(h_c), lm.decode_logits(h_u)
+    torch.testing.assert_close(p, merge_cfg(pc, pu, scale, active), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(x, merge_cfg(xc, xu, scale, active), rtol=1e-4, atol=1e-4)
+    assert lm.lm_head.bias is None
+
+
+def test_bfloat16_engine_runs_cfg_turns_to_complete_frames(tmp_path):
+    """Serving dtype: bf16 weights and KV cache; CFG and plain turns in one batch end with every frame."""
+    lm16 = load_model(write_unified_checkpoint(tmp_path, "tiny", seed=1), dtype=torch.bfloat16).unified
+    adapter = UnifiedAdapter(lm16, max_len=64)
+    engine = Engine(adapter, num_blocks=64, dtype=torch.bfloat16)
+    for i, w in enumerate((1.0, 3.0, 3.0)):
+        engine.add_request(adapter.make_request(str(i), [5 + i, 6, 7], 0, 6, cfg_scale=w))
+    frames: dict[str, list] = {}
+    done = set()
+    while engine.has_unfinished():
+        for o in engine.step():
+            if "codes" in o.extras:
+                frames.setdefault(o.request_id, []).append(o.extras["codes"])
+            if o.finished:
+                done.add(o.request_id)
+    assert done == {"0", "1", "2"}
+    cb = lm16.cfg.codebook_size
+    for rid in done:
+        assert len(frames[rid]) == 6
+        assert all(len(f) == lm16.cfg.num_streams and all(0 <= c < cb for c in f) for f in frames[rid])
+    assert engine.scheduler.allocator.num_free == 64

@@ -9,7 +9,10 @@ tensors indexed by the request's slot, and one step runs the phase rules of
 CFG: a request with ``extra["cfg_scale"] = w > 1`` gets a hidden companion on the null prompt (see
 :meth:`UnifiedAdapter.make_request`); the scheduler keeps the pair in one batch, its two rows share
 this forward, their logits merge as ``w·cond + (1−w)·uncond`` in AUDIO/DRAIN, and the sampled step is
-appended to both.
+appended to both. The merge is computed on the final hidden states, before the head: the head is linear
+and bias-free, so ``w·W(h_c + e_i) + (1−w)·W(h_u + e_i) = W(w·h_c + (1−w)·h_u + e_i)`` for every stream
+``i``, and companions never reach the LM head (the head's ``[2c, V]`` GEMM and the ``[c, V]`` merge
+become one ``[c, H]`` merge). Equal to the sequential reference's logit merge up to fp32 rounding.
 """
 
 from __future__ import annotations
@@ -123,13 +126,13 @@ class UnifiedAdapter:
         return self.model(x, batch, kv)
 
     def decode(self, reqs: list[Request], hidden: torch.Tensor) -> tuple[list[int], list[bool], list[dict]]:
-        """One step of every sampled row: CFG merge, phase rules, per-request seeded sampling, buffers.
+        """One step of every sampled row: CFG merge (on hidden states), phase rules, per-request seeded
+        sampling, buffers.
 
         Works on the compact logits of :meth:`UnifiedLM.decode_logits` (stream 0 over the vocabulary,
         streams ``1..S-1`` over their own region), never on ``[B, S, V]``.
         """
         dev = hidden.device
-        primary, aux = self.model.decode_logits(hidden)  # [R, V], [R, S-1, A]
         main_rows = [i for i, r in enumerate(reqs) if not r.is_companion]
         mains = [reqs[i] for i in main_rows]
         slots = torch.tensor([r.slot for r in mains], device=dev)
@@ -150,11 +153,11 @@ class UnifiedAdapter:
                 )
             )
         )
-        p, x = primary[main_rows], aux[main_rows]
+        h = hidden[main_rows]
         active = cfg_active(state) & (scale != 1.0)
         if bool(active.any()):
-            p = merge_cfg(p, primary[comp_rows], scale, active)
-            x = merge_cfg(x, aux[comp_rows], scale, active)
+            h = merge_cfg(h, hidden[comp_rows], scale, active).to(h.dtype)
+        p, x = self.model.decode_logits(h)  # [B, V], [B, S-1, A]: companions never reach the LM head
         step = resolve_step(state, p.argmax(-1), self.tables)
         allow0 = self.tables.allowed[step.phase, 0]  # [B, V]
         s0 = self._pick(p.masked_fill(~allow0, float("-inf"))[:, None], mains, 0)[:, 0]
