@@ -78,7 +78,7 @@ def respond(
         None, "--input", "-i", help="Spoken question: WAV/FLAC, any rate or channel count."
     ),
     output: Path = typer.Option(
-        Path("answer.wav"), "--output", "-o", help="Where to write the 24 kHz answer."
+        Path("answer.wav"), "--output", "-o", help="Where to write the answer (24 kHz, or the DAC rate)."
     ),
     model: Path | None = typer.Option(
         None, help="Checkpoint directory (default: tiny checkpoint in the cache)."
@@ -99,36 +99,27 @@ def respond(
         help="Run each stage in its own process (relay) or all in this one.",
     ),
     prompt: str | None = typer.Option(
-        None, help="Text prompt (unified checkpoints: they take no speech input)."
+        None, help="Unified checkpoints: user text before the speech (alone = a text-only turn)."
     ),
     cfg_scale: float = typer.Option(1.0, "--cfg-scale", help="Unified checkpoints: CFG guidance scale w."),
     max_audio_frames: int = typer.Option(64, help="Unified checkpoints: max codec frames."),
 ) -> None:
     """Answer one spoken turn: prints the transcript as it streams, then TTFP, E2EL, RTF, audio seconds."""
+    from omniduplex.app.respond import TurnOptions
     from omniduplex.app.respond import respond as run
-    from omniduplex.app.respond import respond_unified
-    from omniduplex.pipeline.unified_turn import is_unified
 
-    if model is not None and (model / "config.json").is_file() and is_unified(model):
-        raise typer.Exit(
-            respond_unified(model, input, output, prompt, greedy, max_tokens, max_audio_frames, cfg_scale)
-        )
-    if input is None:
+    if input is None and prompt is None:
         raise typer.BadParameter("--input is required (a spoken question)")
-    raise typer.Exit(
-        run(
-            input,
-            output,
-            model,
-            graph,
-            greedy,
-            dump_tokens,
-            max_tokens,
-            talker_max_tokens,
-            speaker,
-            processes,
-        )
+    opts = TurnOptions(
+        greedy=greedy,
+        max_tokens=max_tokens,
+        talker_max_tokens=talker_max_tokens,
+        speaker=speaker,
+        user_text=prompt,
+        cfg_scale=cfg_scale,
+        max_audio_frames=max_audio_frames,
     )
+    raise typer.Exit(run(input, output, model, graph, opts, dump_tokens, processes))
 
 
 @cli.command()

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.audio_io import AudioInputError, load_audio, write_wav
 from omniduplex.pipeline.config import load_graph
 from omniduplex.pipeline.orchestrator import Orchestrator
+from omniduplex.pipeline.topology import UNIFIED, output_rate, topology_for
 
 
 def cache_dir() -> Path:
@@ -51,41 +53,73 @@ def make_backend(pcfg, processes: bool):
     return LocalBackend(build_all(pcfg))
 
 
+@dataclass
+class TurnOptions:
+    """Per-turn options of ``respond``. ``user_text``, ``cfg_scale`` and ``max_audio_frames`` apply to unified
+    checkpoints (``max_tokens`` is their text budget), ``talker_max_tokens`` and ``speaker`` to Qwen3-Omni."""
+
+    greedy: bool = False
+    max_tokens: int = 64
+    talker_max_tokens: int = 128
+    speaker: str = "ethan"
+    user_text: str | None = None
+    cfg_scale: float = 1.0
+    max_audio_frames: int = 64
+
+    def meta(self, unified: bool) -> dict:
+        """The turn's pipeline meta (see :meth:`Orchestrator.submit`)."""
+        if unified:
+            return {
+                "user_text": self.user_text or "",
+                "max_text_tokens": self.max_tokens,
+                "max_audio_frames": self.max_audio_frames,
+                "cfg_scale": self.cfg_scale,
+                "sampling": {"temperature": 0.0 if self.greedy else 0.8},
+            }
+        sampling = {"max_tokens": self.max_tokens}
+        talker = {"max_tokens": self.talker_max_tokens}
+        if self.greedy:
+            sampling["temperature"] = 0.0
+            talker["temperature"] = 0.0
+        else:
+            sampling.update(temperature=0.7, top_p=0.8, top_k=20)  # Qwen3-Omni model-card defaults
+        return {"sampling": sampling, "talker_sampling": talker, "speaker": self.speaker}
+
+
 def respond(
-    input_path: Path,
+    input_path: Path | None,
     output_path: Path,
     model: Path | None,
     graph: Path | None,
-    greedy: bool,
-    dump_tokens: Path | None,
-    max_tokens: int,
-    talker_max_tokens: int,
-    speaker: str,
+    opts: TurnOptions,
+    dump_tokens: Path | None = None,
     processes: bool = True,
 ) -> int:
-    """Run one turn; returns the process exit code (0 ok, 2 bad input, 1 pipeline error)."""
-    try:
-        wav = load_audio(input_path)
-    except AudioInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    """Run one turn; returns the process exit code (0 ok, 2 bad input, 1 pipeline error).
+
+    ``input_path`` may be ``None`` only for a unified checkpoint with ``opts.user_text`` (a text turn).
+    """
     pcfg = load_graph(graph, model=str(model) if model else None)
     if pcfg.model is None:
         pcfg.model = str(default_model())
-    sampling = {"max_tokens": max_tokens}
-    talker = {"max_tokens": talker_max_tokens}
-    if greedy:
-        sampling["temperature"] = 0.0
-        talker["temperature"] = 0.0
-    else:
-        sampling.update(temperature=0.7, top_p=0.8, top_k=20)  # Qwen3-Omni model-card defaults
-    meta = {"sampling": sampling, "talker_sampling": talker, "speaker": speaker}
-    return asyncio.run(_run(pcfg, wav, meta, output_path, dump_tokens, processes))
+    unified = topology_for(pcfg.model) is UNIFIED
+    if input_path is None and not (unified and opts.user_text):
+        print("error: --input is required (a spoken question)", file=sys.stderr)
+        return 2
+    try:
+        wav = load_audio(input_path) if input_path is not None else np.zeros(0, np.float32)
+    except AudioInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return asyncio.run(_run(pcfg, wav, opts.meta(unified), output_path, dump_tokens, processes))
 
 
 async def _run(pcfg, wav, meta, output_path, dump_tokens, processes) -> int:
     orch = Orchestrator(
-        make_backend(pcfg, processes), load_tokenizer(pcfg.model), record=dump_tokens is not None
+        make_backend(pcfg, processes),
+        load_tokenizer(pcfg.model),
+        record=dump_tokens is not None,
+        output_rate=output_rate(pcfg.model),
     )
     await orch.start()
     pcm, code = [], 0
@@ -103,7 +137,7 @@ async def _run(pcfg, wav, meta, output_path, dump_tokens, processes) -> int:
             elif ev.kind == "done":
                 record = orch.turn_record(rid) if dump_tokens else None
                 samples = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
-                write_wav(output_path, samples)
+                write_wav(output_path, samples, orch.output_rate)
                 m = ev.metrics
                 print(
                     f"\n\nTTFP {m['ttfp_ms']:.0f} ms | E2EL {m['e2el_ms']:.0f} ms | RTF {m['rtf']:.3f} | "
@@ -114,55 +148,3 @@ async def _run(pcfg, wav, meta, output_path, dump_tokens, processes) -> int:
     finally:
         await orch.stop()
     return code
-
-
-def respond_unified(
-    model_dir: Path,
-    input_path: Path | None,
-    output_path: Path,
-    prompt: str | None,
-    greedy: bool,
-    max_tokens: int,
-    max_audio_frames: int,
-    cfg_scale: float,
-) -> int:
-    """One turn of a unified delay-pattern checkpoint: text then speech, optional CFG; returns the exit code.
-
-    The unified shape has no speech encoder, so it is conditioned on ``prompt`` text; an ``--input``
-    WAV is still validated (bad audio → exit 2) and its duration noted.
-    """
-    from omniduplex.models.registry import load_model
-    from omniduplex.pipeline.unified_turn import UnifiedTurnRunner
-
-    if input_path is not None:
-        try:
-            wav = load_audio(input_path)
-        except AudioInputError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print(
-            f"(unified checkpoint: no speech input path; {wav.size / 16000:.1f} s of audio noted, "
-            f"conditioning on the text prompt)",
-            file=sys.stderr,
-        )
-    model = load_model(model_dir)
-    tok = load_tokenizer(model_dir)
-    cfg = model.unified.cfg
-    text = prompt or "Say hello."
-    ids = [cfg.bos_token_id, *tok.encode(f"user: {text}\nassistant: ", add_special_tokens=False).ids]
-    runner = UnifiedTurnRunner(model)
-    pcm = []
-    for ev in runner.run(ids, tok, max_tokens, max_audio_frames, cfg_scale, 0.0 if greedy else 0.8):
-        if ev.kind == "text":
-            print(ev.text, end="", flush=True)
-        elif ev.kind == "audio":
-            pcm.append(ev.pcm)
-        elif ev.kind == "done":
-            samples = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
-            write_wav(output_path, samples, runner.rate)
-            m = ev.metrics
-            print(
-                f"\n\nTTFP {m['ttfp_ms']:.0f} ms | E2EL {m['e2el_ms']:.0f} ms | RTF {m['rtf']:.3f} | "
-                f"audio {m['audio_s']:.2f} s ({m['frames']} frames, cfg {cfg_scale}) -> {output_path}"
-            )
-    return 0

@@ -73,10 +73,9 @@ class OrchestratorResponder:
     ``speaker``, ``system_prompt``); ``history`` is set per turn.
     """
 
-    output_rate = 24000
-
     def __init__(self, orchestrator: Orchestrator, meta: dict | None = None) -> None:
         self.orch, self.meta = orchestrator, dict(meta or {})
+        self.output_rate = orchestrator.output_rate
 
     def start(self, turn_id: str, waveform: np.ndarray, history: list[list[str]]) -> None:
         self.orch.submit(waveform, {**self.meta, "history": history}, request_id=turn_id)

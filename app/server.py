@@ -89,6 +89,7 @@ class ServerState:
         from omniduplex.models.tokenizer import load_tokenizer
         from omniduplex.pipeline.config import load_graph
         from omniduplex.pipeline.orchestrator import Orchestrator
+        from omniduplex.pipeline.topology import output_rate
 
         cfg = self.cfg
         pcfg = load_graph(cfg.graph, model=cfg.model)
@@ -99,12 +100,17 @@ class ServerState:
             "starting pipeline (%s) from %s", "stage processes" if processes else "in-process", pcfg.model
         )
         backend = await asyncio.to_thread(make_backend, pcfg, processes)
-        self.orchestrator = Orchestrator(backend, load_tokenizer(pcfg.model))
+        self.orchestrator = Orchestrator(
+            backend, load_tokenizer(pcfg.model), output_rate=output_rate(pcfg.model)
+        )
         await self.orchestrator.start()
         meta = {
             "sampling": {"max_tokens": cfg.max_tokens, "temperature": 0.7, "top_p": 0.8, "top_k": 20},
             "talker_sampling": {"max_tokens": cfg.talker_max_tokens},
             "speaker": cfg.speaker,
+            # unified checkpoints (see Orchestrator.submit)
+            "max_text_tokens": cfg.max_tokens,
+            "max_audio_frames": cfg.talker_max_tokens,
         }
         self.responder = OrchestratorResponder(self.orchestrator, meta)
 

@@ -63,7 +63,7 @@ def run(
     ``dtype``: ``float32`` or ``bfloat16`` (weights and KV cache). Returns the figures.
     """
     torch.set_num_threads(threads)
-    lm = load_model(model_dir, dtype=getattr(torch, dtype)).unified
+    lm = load_model(model_dir, parts=("unified",), dtype=getattr(torch, dtype)).unified
     frames_per_second(lm, c, 4, cfg_scale)  # first-call kernel setup (oneDNN primitives) off the clock
     plain, guided = [], []
     for _ in range(repeats):

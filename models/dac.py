@@ -8,10 +8,11 @@ residual units with dilations 1, 3, 9), ``snake1``, ``conv2`` (k=7, one channel)
 Parameter names are those of ``transformers``' ``DacModel.state_dict()`` (``quantizer.quantizers.{i}.
 codebook.weight``, ``quantizer.quantizers.{i}.out_proj.weight``, ``decoder.conv1``, ``decoder.block.{i}.
 {snake1,conv_t1,res_unit{1,2,3}.{snake1,conv1,snake2,conv2}}``, ``decoder.snake1``, ``decoder.conv2``);
-the encoder and ``in_proj`` (encode-side) tensors are not part of this module. Weights are held plain;
-:func:`load_codec_into` folds weight-norm pairs (``weight_g``/``weight_v`` in the original DAC and
-older ``transformers`` saves, ``parametrizations.weight.original0``/``original1`` after
-``DacModel.apply_weight_norm()``) into ``weight = g · v / ‖v‖`` (norm over all dims but 0).
+the encoder and ``in_proj`` (encode-side) tensors are not part of this module (:mod:`.dac_encoder`
+holds them). Weights are held plain; :func:`load_codec_into` folds weight-norm pairs (``weight_g``/
+``weight_v`` in the original DAC and older ``transformers`` saves,
+``parametrizations.weight.original0``/``original1`` after ``DacModel.apply_weight_norm()``) into
+``weight = g · v / ‖v‖`` (norm over all dims but 0).
 
 The decoder convolutions are centred, not causal: see :func:`decode_window` for exact streaming.
 """
@@ -19,6 +20,7 @@ The decoder convolutions are centred, not causal: see :func:`decode_window` for 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -295,18 +297,19 @@ def _is_encode_side(name: str) -> bool:
     return name.startswith(_ENCODE_SIDE) or (name.startswith("quantizer.") and ".in_proj." in name)
 
 
-def load_codec_into(codec: DacCodec, files: dict[str, Path], prefix: str = "codec.") -> None:
-    """Fill ``codec`` from checkpoint tensors ``prefix + name`` (names of ``DacModel.state_dict()``).
+def read_codec_tensors(
+    files: dict[str, Path], prefix: str, keep: Callable[[str], bool]
+) -> dict[str, torch.Tensor]:
+    """Checkpoint tensors ``prefix + name`` with ``keep(name)``, keyed by ``name``, weight-norm folded.
 
-    Encode-side tensors (``encoder.*``, ``quantizer.quantizers.{i}.in_proj.*``) are ignored; weight-norm
-    pairs are folded (module docstring).
+    Each ``weight_g``/``weight_v`` or ``parametrizations.weight.original0``/``original1`` pair becomes
+    one float32 ``weight = g · v / ‖v‖`` (module docstring); other tensors are returned as stored.
 
     Raises:
-        CheckpointError: a tensor is missing, mis-shaped, half of a weight-norm pair, or not part of the
-            decoder the config describes.
+        CheckpointError: only one half of a weight-norm pair is present.
     """
     names = [n[len(prefix) :] for n in files if n.startswith(prefix)]
-    names = [n for n in names if not _is_encode_side(n)]
+    names = [n for n in names if keep(n)]
     loaded = dict(iter_tensors(files, [prefix + n for n in names]))
     plain: dict[str, torch.Tensor] = {}
     pairs: dict[str, dict[str, torch.Tensor]] = {}
@@ -322,11 +325,23 @@ def load_codec_into(codec: DacCodec, files: dict[str, Path], prefix: str = "code
         if set(gv) != {"g", "v"}:
             raise CheckpointError(f"weight-norm tensor '{prefix}{target}' has only its {sorted(gv)} half")
         plain[target] = torch._weight_norm(gv["v"].float(), gv["g"].float(), 0)
-    ours = codec.state_dict()
+    return plain
+
+
+def copy_codec_tensors(module: nn.Module, plain: dict[str, torch.Tensor], prefix: str, part: str) -> None:
+    """Copy ``plain`` (from :func:`read_codec_tensors`) into ``module``'s parameters by name.
+
+    ``part`` names the module in errors ("decoder", "encoder"). Every ``module`` tensor must be present.
+
+    Raises:
+        CheckpointError: a tensor of ``plain`` is not in ``module`` (config and weights disagree), or
+            one of ``module``'s is missing or mis-shaped; the message names the tensor.
+    """
+    ours = module.state_dict()
     unexpected = sorted(set(plain) - set(ours))
     if unexpected:
         raise CheckpointError(
-            f"checkpoint tensor '{prefix}{unexpected[0]}' is not part of the codec decoder the config "
+            f"checkpoint tensor '{prefix}{unexpected[0]}' is not part of the codec {part} the config "
             f"describes ({len(unexpected)} such tensors) — codec_config and weights disagree"
         )
     for name, param in ours.items():
@@ -339,3 +354,17 @@ def load_codec_into(codec: DacCodec, files: dict[str, Path], prefix: str = "code
             )
         with torch.no_grad():
             param.copy_(t.to(param.dtype))
+
+
+def load_codec_into(codec: DacCodec, files: dict[str, Path], prefix: str = "codec.") -> None:
+    """Fill ``codec`` from checkpoint tensors ``prefix + name`` (names of ``DacModel.state_dict()``).
+
+    Encode-side tensors (``encoder.*``, ``quantizer.quantizers.{i}.in_proj.*``) are ignored; weight-norm
+    pairs are folded (module docstring).
+
+    Raises:
+        CheckpointError: a tensor is missing, mis-shaped, half of a weight-norm pair, or not part of the
+            decoder the config describes.
+    """
+    plain = read_codec_tensors(files, prefix, lambda n: not _is_encode_side(n))
+    copy_codec_tensors(codec, plain, prefix, "decoder")

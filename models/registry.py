@@ -19,6 +19,7 @@ from .checkpoint import CheckpointError, load_state_dict_into, read_config, weig
 from .code2wav import Code2Wav, Code2WavConfig
 from .config import ConfigError, DecoderConfig, OmniConfig
 from .dac import DacCodec, DacDecoderConfig, load_codec_into
+from .dac_encoder import DacCodecEncoder, DacEncoderConfig, load_codec_encoder_into
 from .talker import Talker
 from .thinker import Thinker
 from .unified import ARCHITECTURE as UNIFIED
@@ -46,17 +47,25 @@ class LoadedModel:
     code2wav: Code2Wav | None = None
     unified: UnifiedLM | None = None
     codec: DacCodec | None = None
+    codec_encoder: DacCodecEncoder | None = None
     load_seconds: float = 0.0
     parts: tuple[str, ...] = field(default_factory=tuple)
 
     def num_parameters(self) -> dict[str, int]:
         """Parameter count per loaded part (tied weights counted once)."""
         out = {}
-        for name in ("thinker", "talker", "code2wav", "unified", "codec"):
+        for name in ("thinker", "talker", "code2wav", "unified", "codec", "codec_encoder"):
             m = getattr(self, name)
             if m is not None:
                 out[name] = sum(p.numel() for p in m.parameters())
         return out
+
+    @property
+    def unified_config(self) -> UnifiedConfig:
+        """The parsed config of a unified checkpoint. Raises CheckpointError for other architectures."""
+        if self.architecture != UNIFIED:
+            raise CheckpointError(f"{self.path} is a {self.architecture} checkpoint, not {UNIFIED}")
+        return UnifiedConfig.from_dict(self.raw_config)
 
 
 def architecture_of(raw: dict, model_dir: Path | str) -> str:
@@ -106,7 +115,8 @@ def load_model(
         model_dir: directory with ``config.json`` and safetensors weights.
         parts: subset of ``("audio_tower", "thinker", "talker", "code2wav")``; a stage process asks only
             for what it runs ("thinker" without "audio_tower" loads the text model alone). For a unified
-            checkpoint "thinker"/"unified" load the LM into ``unified``, "code2wav"/"codec" the codec.
+            checkpoint "thinker"/"unified" load the LM into ``unified``, "code2wav"/"codec" the codec
+            decoder, "audio_tower"/"codec_encoder" the codec encoder (speech input).
         dtype: parameter dtype (fp32 for parity, bf16 for serving).
 
     Raises:
@@ -130,7 +140,7 @@ def load_model(
             out = LoadedModel(arch, model_dir, raw, None, thinker=thinker, parts=("thinker",))
     except ConfigError as e:
         raise CheckpointError(f"{model_dir}/config.json: {e}") from e
-    for name in ("thinker", "talker", "code2wav", "unified", "codec"):
+    for name in ("thinker", "talker", "code2wav", "unified", "codec", "codec_encoder"):
         m: nn.Module | None = getattr(out, name)
         if m is not None:
             m.to(device=device, dtype=dtype).eval().requires_grad_(False)
@@ -179,4 +189,9 @@ def _load_unified(raw: dict, files, parts: tuple[str, ...], model_dir: Path) -> 
             raise CheckpointError(f"{model_dir}/config.json: unified checkpoint has no codec_config")
         out.codec = DacCodec(DacDecoderConfig.from_dict(cfg.codec_config))
         load_codec_into(out.codec, files, prefix="codec.")
+    if "audio_tower" in parts or "codec_encoder" in parts:
+        if not cfg.codec_config:
+            raise CheckpointError(f"{model_dir}/config.json: unified checkpoint has no codec_config")
+        out.codec_encoder = DacCodecEncoder(DacEncoderConfig.from_dict(cfg.codec_config))
+        load_codec_encoder_into(out.codec_encoder, files, prefix="codec.")
     return out

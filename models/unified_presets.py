@@ -3,8 +3,9 @@
 ``tiny`` (S = 4 streams, codebook 64, hidden 64, 2 layers, GQA 4:2) for tests; ``small`` (S = 8,
 codebook 1024, hidden 512, 12 layers, ~55M LM parameters) for CPU benchmarks. Every tensor is drawn
 from a generator seeded by ``(seed, tensor name)`` (:func:`.presets.draw_tensor`), so the files are
-byte-identical across runs. Codec tensors: Snake α = 1, biases 0,
-codebooks N(0, 1), convs N(0, 0.36/fan_in): the waveform is O(0.1), neither silent nor clipped.
+byte-identical across runs. Codec tensors (``codec.*``, both halves of a ``transformers`` ``DacModel``:
+the decoder and the encoder with ``in_proj``): Snake α = 1, biases 0, codebooks N(0, 1), convs
+N(0, 0.36/fan_in): the waveform is O(0.1), neither silent nor clipped.
 
 Text region: the presets' byte tokenizer (:mod:`.tokenizer`) plus :data:`UNIFIED_SPECIAL_TOKENS`,
 padded to ``text_vocab_size``. Specials: bos ``<|im_start|>``, text eos ``<|im_end|>``, speech start
@@ -21,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from .dac import DacCodec, DacDecoderConfig
+from .dac_encoder import DacCodecEncoder, DacEncoderConfig
 from .presets import draw_tensor
 from .tokenizer import PRESET_SPECIAL_TOKENS, build_byte_tokenizer
 from .unified import UnifiedConfig, UnifiedLM
@@ -110,11 +112,15 @@ def _draw_codec(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
 
 
 def unified_shapes(config: dict) -> dict[str, tuple[int, ...]]:
-    """Checkpoint tensor name → shape for ``config`` (LM tensors, then ``codec.*``)."""
+    """Checkpoint tensor name → shape for ``config`` (LM tensors, then ``codec.*``: decode and encode side;
+    the quantizer's ``codebook``/``out_proj`` belong to both and appear once)."""
     cfg = UnifiedConfig.from_dict(config)
     shapes = {n: tuple(t.shape) for n, t in UnifiedLM(cfg).state_dict().items()}
-    codec = DacCodec(DacDecoderConfig.from_dict(cfg.codec_config))
-    shapes.update({f"codec.{n}": tuple(t.shape) for n, t in codec.state_dict().items()})
+    for codec in (
+        DacCodec(DacDecoderConfig.from_dict(cfg.codec_config)),
+        DacCodecEncoder(DacEncoderConfig.from_dict(cfg.codec_config)),
+    ):
+        shapes.update({f"codec.{n}": tuple(t.shape) for n, t in codec.state_dict().items()})
     return shapes
 
 

@@ -40,26 +40,31 @@ class EdgeConfig(BaseModel):
 
 
 class PipelineConfig(BaseModel):
-    """The whole graph. ``model``: checkpoint directory (``None`` = the tiny checkpoint in the cache)."""
+    """The whole graph. ``model``: checkpoint directory (``None`` = the tiny checkpoint in the cache).
+
+    ``stages`` may list the stages of both graph shapes (:mod:`.topology`); a checkpoint runs only those of
+    its own shape, and unlisted stages take the :class:`StageConfig` defaults."""
 
     model_config = {"extra": "forbid"}
 
     model: str | None = None
-    stages: dict[Literal["encoder", "thinker", "talker", "code2wav"], StageConfig] = Field(
-        default_factory=dict
-    )
+    stages: dict[
+        Literal["encoder", "thinker", "talker", "code2wav", "codec_encoder", "unified", "codec"], StageConfig
+    ] = Field(default_factory=dict)
     edges: dict[str, EdgeConfig] = Field(default_factory=dict)
     chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
 
     @model_validator(mode="after")
     def _fill(self) -> PipelineConfig:
-        for s in ("encoder", "thinker", "talker", "code2wav"):
-            self.stages.setdefault(s, StageConfig())
         for name in self.edges:
             a, sep, b = name.partition("->")
             if not sep or not a or not b:
                 raise ValueError(f"edge name {name!r} must look like 'producer->consumer'")
         return self
+
+    def stage(self, name: str) -> StageConfig:
+        """The settings of stage ``name`` (defaults when the file does not list it)."""
+        return self.stages.get(name) or StageConfig()
 
 
 def load_graph(path: str | Path | None = None, **overrides) -> PipelineConfig:

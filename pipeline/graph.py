@@ -1,8 +1,6 @@
-"""The Thinker–Talker stage graph: which worker feeds which, and how each worker is built from a checkpoint.
+"""How each stage's worker is built from a checkpoint (routing lives in :mod:`.topology`).
 
-Edges: ``encoder → thinker → talker → code2wav``; the Thinker's tokens also go to the orchestrator
-(transcript) and Code2Wav's PCM goes to the orchestrator (audio). Used both in-process and by the
-stage processes, so routing is defined once.
+Used both in-process and by the stage processes, so the wiring is defined once.
 """
 
 from __future__ import annotations
@@ -18,18 +16,22 @@ from omniduplex.models.talker_prompt import TalkerTextEmbeds
 from .config import PipelineConfig, StageConfig
 from .connector import ChunkingConfig
 from .stages.code2wav import Code2WavWorker
+from .stages.codec import CodecWorker
+from .stages.codec_encoder import CodecEncoderWorker
 from .stages.encoder import EncoderWorker
 from .stages.talker import TalkerWorker
 from .stages.thinker import ThinkerWorker
+from .stages.unified import UnifiedWorker
+from .topology import topology_for
 
-STAGES = ("encoder", "thinker", "talker", "code2wav")
-DOWNSTREAM = {"encoder": "thinker", "thinker": "talker", "talker": "code2wav", "code2wav": None}
-TO_ORCHESTRATOR = {"thinker", "code2wav"}
 PARTS = {
     "encoder": ("audio_tower",),
     "thinker": ("thinker",),
     "talker": ("talker",),
     "code2wav": ("code2wav",),
+    "codec_encoder": ("codec_encoder",),
+    "unified": ("unified",),
+    "codec": ("codec",),
 }
 
 
@@ -40,6 +42,12 @@ def _dtype(name: str) -> torch.dtype:
 def build_worker(stage: str, model_dir: str | Path, cfg: StageConfig, chunking: ChunkingConfig):
     """Load the parts of the checkpoint ``stage`` runs and wrap them in its worker."""
     model = load_model(model_dir, parts=PARTS[stage], dtype=_dtype(cfg.dtype), device=cfg.device)
+    if stage == "codec_encoder":
+        return CodecEncoderWorker(model, max_batch=cfg.max_num_seqs)
+    if stage == "unified":
+        return UnifiedWorker(model, cfg.num_kv_blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+    if stage == "codec":
+        return CodecWorker(model.codec, chunking)
     if stage == "encoder":
         return EncoderWorker(model, max_batch=cfg.max_num_seqs)
     if stage == "thinker":
@@ -68,5 +76,7 @@ def talker_specials(model, model_dir) -> TalkerTextEmbeds:
 
 
 def build_all(pcfg: PipelineConfig) -> dict[str, object]:
-    """Every worker of the graph, in-process."""
-    return {s: build_worker(s, pcfg.model, pcfg.stages[s], pcfg.chunking) for s in STAGES}
+    """Every worker of the checkpoint's graph (:func:`.topology.topology_for`), in-process."""
+    return {
+        s: build_worker(s, pcfg.model, pcfg.stage(s), pcfg.chunking) for s in topology_for(pcfg.model).stages
+    }

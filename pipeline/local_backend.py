@@ -1,6 +1,6 @@
-"""All four stage workers in one background thread: the in-process backend (tests, debugging).
+"""All stage workers in one background thread: the in-process backend (tests, debugging).
 
-Same routing as the multi-process backend (:mod:`.graph`), no relay.
+Same routing as the multi-process backend (:mod:`.topology`), no relay.
 """
 
 from __future__ import annotations
@@ -9,21 +9,23 @@ import threading
 import traceback
 from collections import deque
 
-from .graph import DOWNSTREAM, STAGES, TO_ORCHESTRATOR
 from .messages import StageMessage
-from .orchestrator import OutputCallback
+from .orchestrator import OutputCallback, output_sources
+from .topology import QWEN3_OMNI, UNIFIED, Topology
 
 
 class LocalBackend:
-    """Runs ``workers`` (stage name → worker) round-robin in a daemon thread."""
+    """Runs ``workers`` (stage name → worker) round-robin in a daemon thread, routed by ``topology``
+    (default: the shape whose stage names the workers carry)."""
 
-    def __init__(self, workers: dict[str, object]) -> None:
+    def __init__(self, workers: dict[str, object], topology: Topology | None = None) -> None:
         self.workers = workers
+        self.topo = topology or (UNIFIED if set(workers) == set(UNIFIED.stages) else QWEN3_OMNI)
         self.inbox: deque[tuple[str, object]] = deque()
         self.wake = threading.Event()
         self.thread: threading.Thread | None = None
         self.running = False
-        self.owner: dict[str, set[str]] = {s: set() for s in STAGES}  # request ids each stage holds
+        self.owner: dict[str, set[str]] = {s: set() for s in self.topo.stages}  # request ids each stage holds
 
     def start(self, on_output: OutputCallback) -> None:
         self.on_output, self.running = on_output, True
@@ -52,7 +54,7 @@ class LocalBackend:
             self._fail(msg.request_id, f"{stage}: {e}")
 
     def _fail(self, request_id: str, error: str) -> None:
-        for s in STAGES:
+        for s in self.topo.stages:
             self.workers[s].abort(request_id)
             self.owner[s].discard(request_id)
         self.on_output("error", StageMessage(request_id, meta={"error": error}, last=True))
@@ -62,13 +64,13 @@ class LocalBackend:
             while self.inbox:
                 kind, item = self.inbox.popleft()
                 if kind == "submit":
-                    self._deliver("encoder", item)
+                    self._deliver(self.topo.first, item)
                 else:
-                    for s in STAGES:
+                    for s in self.topo.stages:
                         self.workers[s].abort(item)
                         self.owner[s].discard(item)
             progressed = False
-            for stage in STAGES:
+            for stage in self.topo.stages:
                 w = self.workers[stage]
                 if not w.has_work():
                     continue
@@ -83,11 +85,9 @@ class LocalBackend:
                 for msg in outs:
                     if msg.last:
                         self.owner[stage].discard(msg.request_id)
-                    if stage in TO_ORCHESTRATOR:
-                        self.on_output(stage, msg)
-                    if stage == "talker" and "codes" in msg.tensors:
-                        self.on_output("talker_codes", msg)
-                    nxt = DOWNSTREAM[stage]
+                    for source in output_sources(stage, msg, self.topo):
+                        self.on_output(source, msg)
+                    nxt = self.topo.downstream(stage)
                     if nxt:
                         self._deliver(nxt, msg)
             if not progressed:

@@ -1,8 +1,9 @@
 """The orchestrator: submit a turn, get an async stream of events, cancel it anywhere in the graph.
 
 It speaks to a :class:`Backend` (stages in this process, or stage processes joined by the relay) and
-turns the Thinker's tokens into transcript deltas and Code2Wav's PCM into audio chunks, measuring
-TTFP (turn submitted → first PCM chunk), E2EL and RTF on the way.
+turns the text stage's tokens (Thinker, unified LM) into transcript deltas and the last stage's PCM
+(Code2Wav, DAC) into audio chunks, measuring TTFP (turn submitted → first PCM chunk), E2EL and RTF on
+the way.
 """
 
 from __future__ import annotations
@@ -20,9 +21,20 @@ from tokenizers import Tokenizer
 
 from .audio_io import OUTPUT_RATE
 from .messages import StageMessage, TurnEvent
+from .topology import Topology
 
 OutputCallback = Callable[[str, StageMessage], None]
-"""``(source, message)``: source is ``"thinker"``, ``"code2wav"`` or ``"error"`` (meta ``error``)."""
+"""``(source, message)``: source is ``"text"`` (tensor ``token``, maybe ``prompt_ids``), ``"codes"``
+(a codec frame ``codes``), ``"audio"`` (``pcm``; ``last`` ends the turn) or ``"error"`` (meta ``error``)."""
+
+
+def output_sources(stage: str, msg: StageMessage, topo: Topology) -> list[str]:
+    """The :data:`OutputCallback` sources a message of ``stage`` reports to the orchestrator as."""
+    if stage not in topo.to_orchestrator:
+        return []
+    if stage == topo.audio_stage:
+        return ["audio"]
+    return [k for t, k in (("token", "text"), ("codes", "codes")) if t in msg.tensors]
 
 
 class Backend(Protocol):
@@ -73,10 +85,14 @@ class Orchestrator:
         backend: where the stages run.
         tokenizer: decodes the Thinker's ids for transcript events.
         record: keep each turn's token ids and codec frames (``--dump-tokens``); costs memory per turn.
+        output_rate: sample rate of the PCM the graph emits (Hz; :func:`.topology.output_rate`).
     """
 
-    def __init__(self, backend: Backend, tokenizer: Tokenizer, record: bool = False) -> None:
+    def __init__(
+        self, backend: Backend, tokenizer: Tokenizer, record: bool = False, output_rate: int = OUTPUT_RATE
+    ) -> None:
         self.backend, self.tok, self.record = backend, tokenizer, record
+        self.output_rate = output_rate
         self.turns: dict[str, _Turn] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
@@ -94,7 +110,8 @@ class Orchestrator:
         """Start a turn from 16 kHz mono float32 ``waveform``; returns its request id.
 
         ``meta``: ``system_prompt``, ``history`` (list of ``[role, text]``), ``sampling`` /
-        ``talker_sampling`` (dicts of sampling parameters), ``speaker``.
+        ``talker_sampling`` (dicts of sampling parameters), ``speaker``; for unified checkpoints
+        ``user_text``, ``max_text_tokens``, ``max_audio_frames``, ``cfg_scale``.
         """
         rid = request_id or f"turn-{next(self._ids)}"
         if rid in self.turns:
@@ -148,7 +165,7 @@ class Orchestrator:
             self.backend.abort(msg.request_id)
             put(TurnEvent("error", msg.request_id, error=str(msg.meta.get("error", "stage failure"))))
             return
-        if source == "thinker":
+        if source == "text":
             if "prompt_ids" in msg.tensors:
                 turn.prompt_ids = msg.tensors["prompt_ids"].tolist()
             ids = msg.tensors["token"].tolist()
@@ -157,10 +174,11 @@ class Orchestrator:
             if delta:
                 put(TurnEvent("text", msg.request_id, text=delta))
             return
-        if source == "talker_codes" and self.record:
-            turn.codes.append(msg.tensors["codes"].tolist())
+        if source == "codes":
+            if self.record:
+                turn.codes.append(msg.tensors["codes"].tolist())
             return
-        if source != "code2wav":
+        if source != "audio":
             return
         pcm = msg.tensors.get("pcm")
         if pcm is not None and pcm.numel():
@@ -171,7 +189,7 @@ class Orchestrator:
         if msg.last:
             turn.finished = True
             now = time.perf_counter()
-            audio_s = turn.samples / OUTPUT_RATE
+            audio_s = turn.samples / self.output_rate
             e2el = now - turn.t_submit
             metrics = {
                 "ttfp_ms": 1000 * ((turn.t_first_audio or now) - turn.t_submit),

@@ -1,10 +1,11 @@
 """Each stage in its own process, joined by the relay; the orchestrator's side of the wiring.
 
 A backend thread owns every socket of the orchestrator process (ZMQ sockets are not thread-safe):
-it sends new turns to the encoder edge, reads the Thinker / Talker / Code2Wav → orchestrator edges,
-the status bus (ready, per-request errors) and watches the stage processes. A stage that dies fails
-the turns in flight (error events), its peers drop those turns (abort on the control bus), and it is
-restarted; its edges re-attach (the relay's reattach) and the next turns run normally.
+it sends new turns to the first stage's edge, reads the stage → orchestrator edges of the checkpoint's
+graph (:mod:`.topology`), the status bus (ready, per-request errors) and watches the stage processes.
+A stage that dies fails the turns in flight (error events), its peers drop those turns (abort on the
+control bus), and it is restarted; its edges re-attach (the relay's reattach) and the next turns run
+normally.
 """
 
 from __future__ import annotations
@@ -23,12 +24,11 @@ import zmq
 from omniduplex.relay import ConsumerDied, EdgeConsumer, EdgeProducer, RelayError
 
 from .config import PipelineConfig
-from .graph import STAGES
 from .messages import StageMessage
-from .orchestrator import OutputCallback
+from .orchestrator import OutputCallback, output_sources
 from .stage_process import POLL_BUSY_S, Wiring, edge_config, pack, run_stage, unpack
+from .topology import ORCHESTRATOR, topology_for
 
-FROM_STAGES = ("thinker", "talker", "code2wav")
 STARTUP_TIMEOUT_S = 180.0
 
 
@@ -41,6 +41,7 @@ class ProcessBackend:
 
     def __init__(self, pcfg: PipelineConfig, restart_on_crash: bool = True) -> None:
         self.pcfg, self.restart_on_crash = pcfg, restart_on_crash
+        self.topo = topology_for(pcfg.model)
         self.run_dir = tempfile.mkdtemp(prefix="omniduplex-")
         self.wiring = Wiring(self.run_dir)
         self.mp = mp.get_context("spawn")
@@ -50,7 +51,7 @@ class ProcessBackend:
         self.names: dict[int, str] = {}
         self.inflight: set[int] = set()
         self._counter = itertools.count(1)
-        self.restarts = {s: 0 for s in STAGES}
+        self.restarts = {s: 0 for s in self.topo.stages}
         self.thread: threading.Thread | None = None
         self.running = False
 
@@ -62,17 +63,20 @@ class ProcessBackend:
         self.status.bind(self.wiring.status)
         self.control = ctx.socket(zmq.PUB)
         self.control.bind(self.wiring.control)
-        self.to_encoder = EdgeProducer(
-            "orchestrator-encoder",
-            self.wiring.edge("orchestrator", "encoder"),
-            edge_config(self.pcfg, "orchestrator", "encoder"),
+        first = self.topo.first
+        self.to_first = EdgeProducer(
+            f"{ORCHESTRATOR}-{first}",
+            self.wiring.edge(ORCHESTRATOR, first),
+            edge_config(self.pcfg, ORCHESTRATOR, first),
         )
         self.inputs = {
-            s: EdgeConsumer(f"{s}-orchestrator", self.wiring.edge(s, "orchestrator")) for s in FROM_STAGES
+            s: EdgeConsumer(f"{s}-{ORCHESTRATOR}", self.wiring.edge(s, ORCHESTRATOR))
+            for s in self.topo.stages
+            if s in self.topo.to_orchestrator
         }
-        for s in STAGES:
+        for s in self.topo.stages:
             self._spawn(s)
-        self._wait_ready(set(STAGES))
+        self._wait_ready(set(self.topo.stages))
         self.running = True
         self.thread = threading.Thread(target=self._loop, name="omniduplex-process-backend", daemon=True)
         self.thread.start()
@@ -94,7 +98,7 @@ class ProcessBackend:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
-        self.to_encoder.close()
+        self.to_first.close()
         for c in self.inputs.values():
             c.close()
         self.status.close(linger=0)
@@ -164,14 +168,14 @@ class ProcessBackend:
                     rid = next(self._counter)
                     self.ids[item.request_id], self.names[rid] = rid, item.request_id
                     self.inflight.add(rid)
-                    payload = pack(item, ("orchestrator", "encoder"))
+                    payload = pack(item, (ORCHESTRATOR, self.topo.first), self.topo)
                     try:
                         try:
-                            self.to_encoder.send(rid, payload, last=True)
-                        except ConsumerDied:  # the encoder was restarted since the last turn: resend
-                            self.to_encoder.send(rid, payload, last=True)
+                            self.to_first.send(rid, payload, last=True)
+                        except ConsumerDied:  # the first stage was restarted since the last turn: resend
+                            self.to_first.send(rid, payload, last=True)
                     except RelayError as e:
-                        self._fail(rid, f"orchestrator->encoder: {e}")
+                        self._fail(rid, f"{ORCHESTRATOR}->{self.topo.first}: {e}")
                 else:
                     rid = self.ids.pop(item, None)
                     if rid is not None:
@@ -204,11 +208,9 @@ class ProcessBackend:
             return  # finished, failed or aborted
         msg = unpack(m.request_id, m.tensors, m.last)
         msg.request_id = name
-        source = "talker_codes" if stage == "talker" else stage
-        if source == "talker_codes" and "codes" not in msg.tensors:
-            return
-        self.on_output(source, msg)
-        if stage == "code2wav" and m.last:
+        for source in output_sources(stage, msg, self.topo):
+            self.on_output(source, msg)
+        if stage == self.topo.audio_stage and m.last:
             self.inflight.discard(m.request_id)
             self.names.pop(m.request_id, None)
             self.ids.pop(name, None)

@@ -21,30 +21,12 @@ from omniduplex.relay import ConsumerDied, EdgeConfig, EdgeConsumer, EdgeProduce
 
 from .config import PipelineConfig
 from .messages import StageMessage
+from .topology import Topology, topology_for
 
 META_KEY = "__meta__"
 POLL_BUSY_S = 0.0002
 """Shortest wait on an input edge (s). Not 0: the relay consumer handles (re)connection events only
 while it waits, so a zero timeout would never attach to a producer that binds later."""
-
-# (producer stage, consumer) → tensors that travel on that edge (None = all)
-EDGE_TENSORS: dict[tuple[str, str], tuple[str, ...] | None] = {
-    ("orchestrator", "encoder"): None,
-    ("encoder", "thinker"): None,
-    ("thinker", "talker"): None,
-    ("thinker", "orchestrator"): ("token", "prompt_ids"),
-    ("talker", "code2wav"): None,
-    ("talker", "orchestrator"): ("codes",),
-    ("code2wav", "orchestrator"): ("pcm",),
-}
-OUT_EDGES = {
-    "encoder": ["thinker"],
-    "thinker": ["talker", "orchestrator"],
-    "talker": ["code2wav", "orchestrator"],
-    "code2wav": ["orchestrator"],
-}
-IN_EDGE = {"encoder": "orchestrator", "thinker": "encoder", "talker": "thinker", "code2wav": "talker"}
-
 
 @dataclass
 class Wiring:
@@ -69,9 +51,10 @@ def edge_config(pcfg: PipelineConfig, src: str, dst: str) -> EdgeConfig:
     return EdgeConfig(slots=e.slots, slot_bytes=e.slot_bytes) if e else EdgeConfig(slots=16)
 
 
-def pack(msg: StageMessage, edge: tuple[str, str]) -> dict[str, torch.Tensor]:
-    """Tensors of ``msg`` that travel on ``edge``, plus its meta as a JSON byte tensor."""
-    keep = EDGE_TENSORS[edge]
+def pack(msg: StageMessage, edge: tuple[str, str], topo: Topology) -> dict[str, torch.Tensor]:
+    """Tensors of ``msg`` that travel on ``edge`` (``topo.edge_tensors``), plus its meta as a JSON byte
+    tensor."""
+    keep = topo.edge_tensors[edge]
     out = {k: v.contiguous() for k, v in msg.tensors.items() if keep is None or k in keep}
     if msg.meta:
         out[META_KEY] = torch.frombuffer(bytearray(json.dumps(msg.meta).encode()), dtype=torch.uint8)
@@ -88,7 +71,8 @@ def stage_main(stage: str, pcfg_json: str, run_dir: str) -> None:
     from .graph import build_worker
 
     pcfg = PipelineConfig.model_validate_json(pcfg_json)
-    scfg = pcfg.stages[stage]
+    topo = topology_for(pcfg.model)
+    scfg = pcfg.stage(stage)
     torch.set_num_threads(scfg.torch_threads)
     wiring = Wiring(run_dir)
     ctx = zmq.Context.instance()
@@ -99,9 +83,10 @@ def stage_main(stage: str, pcfg_json: str, run_dir: str) -> None:
     control.setsockopt(zmq.SUBSCRIBE, b"")
     producers = {
         dst: EdgeProducer(f"{stage}-{dst}", wiring.edge(stage, dst), edge_config(pcfg, stage, dst))
-        for dst in OUT_EDGES[stage]
+        for dst in topo.out_edges(stage)
     }
-    consumer = EdgeConsumer(f"{IN_EDGE[stage]}-{stage}", wiring.edge(IN_EDGE[stage], stage))
+    src = topo.upstream(stage)
+    consumer = EdgeConsumer(f"{src}-{stage}", wiring.edge(src, stage))
     worker = build_worker(stage, pcfg.model, scfg, pcfg.chunking)
     status.send_json({"kind": "ready", "stage": stage, "pid": os.getpid()})
     seqs: dict[tuple[str, str], int] = {}
@@ -141,11 +126,10 @@ def stage_main(stage: str, pcfg_json: str, run_dir: str) -> None:
         if not worker.has_work():
             continue
         for msg in worker.step():
-            for dst in OUT_EDGES[stage]:
-                edge = (stage, dst)
-                tensors = pack(msg, edge)
-                if dst == "orchestrator" and not (set(tensors) - {META_KEY}) and not msg.last:
-                    continue
+            for dst in producers:
+                tensors = pack(msg, (stage, dst), topo)
+                if not (set(tensors) - {META_KEY}) and not msg.last:
+                    continue  # nothing for this edge in this message
                 key = (msg.request_id, dst)
                 seq = seqs.get(key, 0)
                 seqs[key] = seq + 1

@@ -66,14 +66,27 @@ class UnifiedAdapter:
     def make_request(
         self,
         request_id: str,
-        prompt_ids: list[int],
+        prompt_ids: list[int] | torch.Tensor,
         max_text_tokens: int,
         max_audio_frames: int,
         cfg_scale: float = 1.0,
         temperature: float = 0.0,
         seed: int | None = None,
     ) -> Request:
-        """A request for :meth:`Engine.add_request` (with its null-prompt companion if ``cfg_scale != 1``)."""
+        """A request for :meth:`Engine.add_request` (with its null-prompt companion if ``cfg_scale != 1``).
+
+        ``prompt_ids``: text ids ``[P]``, or step tokens int64 ``[P, S]`` (``-1`` = absent) for prompts
+        with speech (:mod:`omniduplex.models.unified_prompt`); the scheduler sees their stream-0 column.
+
+        Raises:
+            ValueError: a ``[P, S]`` prompt with the wrong stream count or an absent stream-0 token.
+        """
+        steps = None
+        if isinstance(prompt_ids, torch.Tensor) and prompt_ids.dim() == 2:
+            if prompt_ids.shape[1] != self.s or bool((prompt_ids[:, 0] < 0).any()):
+                raise ValueError(f"prompt steps must be [P, S={self.s}] with a stream-0 token in every step")
+            steps = prompt_ids.to(torch.int64)
+            prompt_ids = steps[:, 0].tolist()
         budget = max_text_tokens + len(self.cfg.bridge_token_ids) + max_audio_frames + self.s
         sp = dict(temperature=temperature, max_tokens=budget, seed=seed)
         extra = {"max_text": max_text_tokens, "max_frames": max_audio_frames, "cfg_scale": cfg_scale}
@@ -82,7 +95,8 @@ class UnifiedAdapter:
             comp = Request(
                 f"{request_id}#cfg", null_prompt_ids(self.cfg), SamplingParams(**sp), extra=dict(extra)
             )
-        return Request(request_id, list(prompt_ids), SamplingParams(**sp), extra=extra, companion=comp)
+        main_extra = extra if steps is None else {**extra, "prompt_steps": steps}
+        return Request(request_id, list(prompt_ids), SamplingParams(**sp), extra=main_extra, companion=comp)
 
     def on_added(self, req: Request) -> None:
         """Reset the slot state of ``req`` (and its companion)."""
@@ -116,8 +130,13 @@ class UnifiedAdapter:
         for req, n in items:
             s, p = req.num_computed, req.num_prompt
             if s < p:
-                ids = torch.tensor(req.prompt_ids[s : min(s + n, p)], device=self.steps.device)
-                rows.append(torch.cat((ids[:, None], ids.new_full((ids.shape[0], self.s - 1), -1)), dim=1))
+                if "prompt_steps" in req.extra:
+                    rows.append(req.extra["prompt_steps"][s : min(s + n, p)].to(self.steps.device))
+                else:
+                    ids = torch.tensor(req.prompt_ids[s : min(s + n, p)], device=self.steps.device)
+                    rows.append(
+                        torch.cat((ids[:, None], ids.new_full((ids.shape[0], self.s - 1), -1)), dim=1)
+                    )
             if s + n > p:
                 rows.append(self.steps[req.slot, max(s, p) - p : s + n - p])
         return self.model.embed_step(torch.cat(rows))

@@ -1,0 +1,79 @@
+"""The unified LM stage: one continuous-batching engine writes each turn's text, then speaks (CFG pairs).
+
+Input (from the codec encoder): ``prompt_steps`` int64 ``[P, S]``; meta ``max_text_tokens``,
+``max_audio_frames``, ``cfg_scale`` and ``sampling`` (``temperature``, ``seed``). Output per engine step
+of a turn: ``token`` int64 ``[1]`` for a text step, ``codes`` int64 ``[S]`` for each de-interleaved codec
+frame (local ids), nothing for bridge/drain steps; ``last`` on the turn's final step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omniduplex.models.registry import LoadedModel
+
+from ..engine.engine import Engine
+from ..engine.unified_adapter import UnifiedAdapter
+from ..messages import StageMessage
+
+DEFAULT_MAX_TEXT_TOKENS = 48
+DEFAULT_MAX_AUDIO_FRAMES = 256
+
+
+class UnifiedWorker:
+    """Continuous batching of every turn in flight over one :class:`UnifiedAdapter` engine."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        num_blocks: int = 1024,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 2048,
+        max_len: int = 4096,
+    ) -> None:
+        lm = model.unified
+        self.adapter = UnifiedAdapter(lm, max_len=max_len)
+        self.engine = Engine(
+            self.adapter, num_blocks, max_num_seqs, max_num_batched_tokens, dtype=lm.lm_head.weight.dtype
+        )
+
+    def submit(self, msg: StageMessage) -> None:
+        """Queue a turn. Raises ValueError on a malformed prompt or budget (this turn only)."""
+        steps = msg.tensors.get("prompt_steps")
+        if steps is None or steps.dim() != 2 or steps.shape[0] == 0:
+            raise ValueError(f"turn {msg.request_id}: need prompt_steps [P, S]")
+        meta, sp = msg.meta, dict(msg.meta.get("sampling") or {})
+        max_text = int(meta.get("max_text_tokens", DEFAULT_MAX_TEXT_TOKENS))
+        max_frames = int(meta.get("max_audio_frames", DEFAULT_MAX_AUDIO_FRAMES))
+        if max_text < 0 or max_frames < 0:
+            raise ValueError(f"turn {msg.request_id}: budgets must be >= 0")
+        req = self.adapter.make_request(
+            msg.request_id,
+            steps,
+            max_text,
+            max_frames,
+            float(meta.get("cfg_scale", 1.0)),
+            float(sp.get("temperature", 0.0)),
+            sp.get("seed"),
+        )
+        self.engine.add_request(req)
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+
+    def has_work(self) -> bool:
+        return self.engine.has_unfinished()
+
+    @torch.no_grad()
+    def step(self) -> list[StageMessage]:
+        outs = []
+        for o in self.engine.step():
+            t = {}
+            if "text_token" in o.extras:
+                t["token"] = torch.tensor([o.extras["text_token"]], dtype=torch.int64)
+            if "codes" in o.extras:
+                t["codes"] = torch.tensor(o.extras["codes"], dtype=torch.int64)
+            if t or o.finished:
+                meta = {"finish_reason": o.finish_reason} if o.finished else {}
+                outs.append(StageMessage(o.request_id, t, meta, last=o.finished))
+        return outs
