@@ -205,6 +205,7 @@ def bench_serve(
     ),
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
     processes: bool = typer.Option(False, "--processes/--in-process", help="Stage processes or one process."),
+    cfg_scale: float = typer.Option(1.0, "--cfg-scale", help="Unified checkpoints: CFG guidance scale w."),
 ) -> None:
     """TTFP / E2EL / RTF percentiles and audio throughput over a concurrency sweep of spoken turns."""
     from omniduplex.app.respond import default_model, make_backend
@@ -214,9 +215,8 @@ def bench_serve(
     pcfg = load_graph(graph, model=str(model) if model else None)
     pcfg.model = pcfg.model or str(default_model())
     paths = wavs or sorted((Path(__file__).parents[1] / "benchmarks" / "speech").glob("*.wav"))
-    run(
-        pcfg, make_backend(pcfg, processes), paths, [int(c) for c in concurrency.split(",")], rounds, json_out
-    )
+    levels = [int(c) for c in concurrency.split(",")]
+    run(pcfg, make_backend(pcfg, processes), paths, levels, rounds, json_out, cfg_scale=cfg_scale)
 
 
 @bench.command("cfg")

@@ -194,17 +194,18 @@ def pipeline_resources(orchestrator) -> dict:
     out: dict = {"turns_in_flight": len(orchestrator.turns)}
     backend = orchestrator.backend
     workers = getattr(backend, "workers", None)
-    if workers:
-        for stage in ("thinker", "talker"):
-            eng = workers[stage].engine
-            alloc = eng.scheduler.allocator
+    for stage, w in (workers or {}).items():
+        if hasattr(w, "engine"):  # thinker, talker, unified
+            alloc = w.engine.scheduler.allocator
             out[stage] = {
                 "kv_blocks_free": alloc.num_free,
                 "kv_blocks_total": alloc.num_blocks,
-                "unfinished": bool(eng.has_unfinished()),
+                "unfinished": bool(w.engine.has_unfinished()),
             }
-        out["code2wav"] = {"streams": len(workers["code2wav"].streams)}
-        out["encoder"] = {"pending": len(workers["encoder"].pending)}
+        elif hasattr(w, "streams"):  # code2wav, codec
+            out[stage] = {"streams": len(w.streams)}
+        elif hasattr(w, "pending"):  # encoder, codec_encoder
+            out[stage] = {"pending": len(w.pending)}
     if hasattr(backend, "inflight"):
         out["backend_inflight"] = len(backend.inflight)
     return out

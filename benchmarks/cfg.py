@@ -4,8 +4,9 @@
 ``frames`` codec frames each, greedy) run to completion in the engine; throughput = codec frames
 emitted ÷ wall seconds. With CFG every turn brings its null-prompt companion into the same batch and
 forward, so the batch holds 2c rows; the ratio CFG / no-CFG is the figure of merit (OpusLM reports
-~80% with co-scheduling). The two modes alternate for ``repeats`` rounds and each reports its median,
-so a noisy neighbour on a shared machine skews both alike.
+~80% with co-scheduling). The two modes' engines run interleaved step by step, each step timed and
+charged to its mode (:func:`interleaved_frames_per_second`), for ``repeats`` rounds; each mode reports
+its median, so a noisy neighbour on a shared machine skews both alike.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.unified_adapter import UnifiedAdapter
 
 
-def frames_per_second(lm, c: int, frames: int, cfg_scale: float) -> float:
-    """Codec frames/s of ``c`` concurrent turns of ``frames`` frames each (engine built outside the clock)."""
+def _engine(lm, c: int, frames: int, cfg_scale: float) -> Engine:
+    """An engine holding ``c`` fresh turns (random 16-token prompts, speech from the first step)."""
     adapter = UnifiedAdapter(lm, max_len=frames + 64)
     engine = Engine(
         adapter,
@@ -34,18 +35,29 @@ def frames_per_second(lm, c: int, frames: int, cfg_scale: float) -> float:
         dtype=lm.lm_head.weight.dtype,
     )
     rng = random.Random(0)
+    for i in range(c):
+        prompt = [rng.randrange(1, 200) for _ in range(16)]
+        engine.add_request(adapter.make_request(f"r{i}", prompt, 0, frames, cfg_scale))
+    return engine
+
+
+def interleaved_frames_per_second(lm, c: int, frames: int, cfg_scales: list[float]) -> list[float]:
+    """Codec frames/s of each mode, its engine stepped in turn with the others' (one step each per round).
+
+    Every step is timed on its own and charged to its mode, so slow phases of a shared machine (noisy
+    neighbours, frequency changes) fall on all modes alike instead of on whichever ran then.
+    """
+    engines = [_engine(lm, c, frames, w) for w in cfg_scales]
+    spent, produced = [0.0] * len(engines), [0] * len(engines)
     with torch.no_grad():
-        engine.add_request(adapter.make_request("warm", [1, 2, 3], 0, 2, cfg_scale))
-        while engine.has_unfinished():
-            engine.step()
-        t0 = time.perf_counter()
-        for i in range(c):
-            prompt = [rng.randrange(1, 200) for _ in range(16)]
-            engine.add_request(adapter.make_request(f"r{i}", prompt, 0, frames, cfg_scale))
-        n = 0
-        while engine.has_unfinished():
-            n += sum("codes" in o.extras for o in engine.step())
-    return n / (time.perf_counter() - t0)
+        while any(e.has_unfinished() for e in engines):
+            for k, e in enumerate(engines):
+                if e.has_unfinished():
+                    t0 = time.perf_counter()
+                    outs = e.step()
+                    spent[k] += time.perf_counter() - t0
+                    produced[k] += sum("codes" in o.extras for o in outs)
+    return [n / t for n, t in zip(produced, spent)]
 
 
 def run(
@@ -58,17 +70,18 @@ def run(
     dtype: str = "bfloat16",
     repeats: int = 5,
 ) -> dict:
-    """Measure both modes (alternating, ``repeats`` rounds, medians) and print the table.
+    """Measure both modes (interleaved, ``repeats`` rounds, medians) and print the table.
 
     ``dtype``: ``float32`` or ``bfloat16`` (weights and KV cache). Returns the figures.
     """
     torch.set_num_threads(threads)
     lm = load_model(model_dir, parts=("unified",), dtype=getattr(torch, dtype)).unified
-    frames_per_second(lm, c, 4, cfg_scale)  # first-call kernel setup (oneDNN primitives) off the clock
+    interleaved_frames_per_second(lm, c, 4, [1.0, cfg_scale])  # first-call kernel setup off the clock
     plain, guided = [], []
     for _ in range(repeats):
-        plain.append(frames_per_second(lm, c, frames, 1.0))
-        guided.append(frames_per_second(lm, c, frames, cfg_scale))
+        p, g = interleaved_frames_per_second(lm, c, frames, [1.0, cfg_scale])
+        plain.append(p)
+        guided.append(g)
     p, g = statistics.median(plain), statistics.median(guided)
     res = {
         "c": c,

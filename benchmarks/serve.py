@@ -18,6 +18,7 @@ import numpy as np
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.orchestrator import Orchestrator
+from omniduplex.pipeline.topology import output_rate
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -77,16 +78,21 @@ def run(
     json_out: Path | None,
     max_tokens: int = 24,
     talker_max_tokens: int = 48,
+    cfg_scale: float = 1.0,
 ) -> dict:
     """Run the sweep and print a markdown table; returns ``{c: metrics}``."""
     wavs = [load_audio(p) for p in wav_paths]
     meta = {
         "sampling": {"max_tokens": max_tokens, "temperature": 0.7, "top_p": 0.8, "top_k": 20},
         "talker_sampling": {"max_tokens": talker_max_tokens},
+        # unified checkpoints: the same budgets, plus CFG
+        "max_text_tokens": max_tokens,
+        "max_audio_frames": talker_max_tokens,
+        "cfg_scale": cfg_scale,
     }
 
     async def main():
-        orch = Orchestrator(backend, load_tokenizer(pcfg.model))
+        orch = Orchestrator(backend, load_tokenizer(pcfg.model), output_rate=output_rate(pcfg.model))
         await orch.start()
         try:
             return await _sweep(orch, wavs, concurrency, rounds, meta)
@@ -96,7 +102,7 @@ def run(
     res = asyncio.run(main())
     print(
         f"\nserve benchmark: {pcfg.model}  {len(wavs)} speech WAVs, {rounds} rounds per level, thinker "
-        f"{max_tokens} tokens, talker ≤{talker_max_tokens} frames"
+        f"{max_tokens} tokens, talker ≤{talker_max_tokens} frames, cfg {cfg_scale} (unified)"
     )
     print("| c | turns | TTFP p50 ms | p90 | p99 | E2EL p50 ms | p90 | RTF p50 | audio-s/s | errors |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -29,6 +29,22 @@ def ckpt(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def unified_ckpt(tmp_path_factory):
+    """A tiny unified checkpoint whose stream-0 audio EOS logit is always 0 (its head row zeroed), so a
+    reply runs to its frame budget instead of stopping wherever the random weights say."""
+    from safetensors.torch import load_file, save_file
+
+    from omniduplex.models.unified import UnifiedConfig
+    from omniduplex.models.unified_presets import unified_config, write_unified_checkpoint
+
+    d = write_unified_checkpoint(tmp_path_factory.mktemp("unified"), "tiny", seed=3)
+    tensors = load_file(d / "model.safetensors")
+    tensors["lm_head.weight"][UnifiedConfig.from_dict(unified_config("tiny")).audio_eos_id(0)] = 0.0
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    return str(d)
+
+
+@pytest.fixture(scope="module")
 def speech():
     """The spoken question at 48 kHz, then 1.5 s of silence (endpointing commits the turn)."""
     q = soxr.resample(load_audio(QUESTION), 16000, 48000).astype(np.float32)
@@ -42,8 +58,7 @@ def config(ckpt: str, max_sessions: int, **kw) -> ServerConfig:
         model=ckpt,
         processes=False,
         max_tokens=24,
-        talker_max_tokens=150,  # 12 s of reply: still playing when the client goes away
-        **kw,
+        **{"talker_max_tokens": 150, **kw},  # 12 s of Code2Wav reply: still playing when the client goes away
     )
 
 
@@ -57,14 +72,16 @@ async def until(cond, timeout: float, what: str) -> None:
 
 def pipeline_idle(state) -> bool:
     p = state.metrics()["pipeline"]
+    stages = [v for v in p.values() if isinstance(v, dict)]
+    assert len(stages) >= 3  # every stage of the graph reports
     return (
         p["turns_in_flight"] == 0
         and all(
-            p[s]["kv_blocks_free"] == p[s]["kv_blocks_total"] and not p[s]["unfinished"]
-            for s in ("thinker", "talker")
+            v["kv_blocks_free"] == v["kv_blocks_total"] and not v["unfinished"]
+            for v in stages
+            if "kv_blocks_free" in v
         )
-        and p["code2wav"]["streams"] == 0
-        and p["encoder"]["pending"] == 0
+        and all(v.get("streams", 0) == 0 and v.get("pending", 0) == 0 for v in stages)
     )
 
 
@@ -113,7 +130,10 @@ def test_session_limit_refuses_with_503_and_frees_the_slot_on_hang_up(ckpt, spee
     run_server(config(ckpt, 1), body)
 
 
-def test_client_vanishing_mid_turn_cancels_the_turn_and_frees_everything(ckpt, speech):
+@pytest.mark.parametrize("shape", ["qwen3-omni", "unified"])
+def test_client_vanishing_mid_turn_cancels_the_turn_and_frees_everything(ckpt, unified_ckpt, speech, shape):
+    model = ckpt if shape == "qwen3-omni" else unified_ckpt
+
     async def body(state, http):
         baseline = set(asyncio.all_tasks())
         cancelled, cancel = [], state.responder.cancel
@@ -131,7 +151,9 @@ def test_client_vanishing_mid_turn_cancels_the_turn_and_frees_everything(ckpt, s
         await until(lambda: not other_tasks(baseline), 10, "no tasks left behind")
         return committed, cancelled, peer
 
-    committed, cancelled, peer = run_server(config(ckpt, 2, media_timeout_s=1.0), body)
+    # unified: 1200 frames ≈ 14 s of 44.1 kHz DAC audio, still playing when the client goes away
+    extra = {"talker_max_tokens": 1200} if shape == "unified" else {}
+    committed, cancelled, peer = run_server(config(model, 2, media_timeout_s=1.0, **extra), body)
     assert committed["audio_ms"] > 3000  # the whole spoken question
     assert cancelled == [committed["turn_id"]]  # the 12 s reply was cut off in the pipeline
     assert peer.session.closed and peer.session.reply is None and peer.pc.connectionState == "closed"
