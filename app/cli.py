@@ -230,7 +230,8 @@ def bench_cfg(
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
     threads: int = typer.Option(2, help="torch intra-op threads."),
     dtype: str = typer.Option("bfloat16", help="Weights and KV cache: bfloat16 (serving) or float32."),
-    repeats: int = typer.Option(5, help="Alternating rounds per mode; the medians are reported."),
+    repeats: int = typer.Option(5, help="Interleaved rounds per mode; the medians are reported."),
+    text_tokens: int = typer.Option(0, help="Text budget per turn before speech (0 = speech at once)."),
 ) -> None:
     """Audio-frame throughput with CFG (paired co-scheduling) vs without."""
     from omniduplex.app.respond import cache_dir
@@ -243,7 +244,7 @@ def bench_cfg(
             write_unified_checkpoint(model, "small")
     if dtype not in ("bfloat16", "float32"):
         raise typer.BadParameter(f"--dtype {dtype!r}: choose bfloat16 or float32")
-    run(model, concurrency, frames, cfg_scale, json_out, threads, dtype, repeats)
+    run(model, concurrency, frames, cfg_scale, json_out, threads, dtype, repeats, text_tokens)
 
 
 @bench.command("relay", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

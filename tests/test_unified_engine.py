@@ -161,3 +161,31 @@ def test_bfloat16_engine_runs_cfg_turns_to_complete_frames(tmp_path):
         assert len(frames[rid]) == 6
         assert all(len(f) == lm16.cfg.num_streams and all(0 <= c < cb for c in f) for f in frames[rid])
     assert engine.scheduler.allocator.num_free == 64
+
+
+def test_lazy_companion_skips_text_and_catches_up_in_one_chunk(lm):
+    """Through TEXT and TRANSITION the companion never runs; in the step after the last bridge token it
+    prefills everything it skipped in one chunk beside its main request's decode; output = reference."""
+    adapter = UnifiedAdapter(lm, max_len=64)
+    engine = Engine(adapter, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64)
+    req = adapter.make_request("a", [5, 6, 7, 8], 5, 4, cfg_scale=3.0)
+    engine.add_request(req)
+    comp, n_bridge = req.companion, len(lm.cfg.bridge_token_ids)
+    plan_log, schedule = [], engine.scheduler.schedule
+
+    def logged():
+        plan = schedule()
+        plan_log.append({("comp" if r.is_companion else "main"): n for r, n in plan.items})
+        return plan
+
+    engine.scheduler.schedule = logged
+    steps = []
+    while engine.has_unfinished():
+        steps += [o.extras["step"] for o in engine.step()]
+    first_comp = next(i for i, p in enumerate(plan_log) if "comp" in p)
+    # the 5 text steps (the first one is the prompt's prefill) and the bridge steps ran without it
+    assert first_comp == 5 + n_bridge
+    assert plan_log[first_comp] == {"main": 1, "comp": 1 + 5 + n_bridge}  # null prompt + skipped steps
+    assert all(p.get("comp") == 1 for p in plan_log[first_comp + 1 :])
+    assert comp.output_ids == req.output_ids
+    assert steps == generate(lm, [5, 6, 7, 8], 5, 4, cfg_scale=3.0).steps.tolist()

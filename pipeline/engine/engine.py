@@ -142,10 +142,13 @@ class Engine:
         else:
             token_list, finishing, extras = self._sample(reqs, h)
         outs = []
+        ran = {id(r) for r in reqs}
         for req, tok, fin, extra in zip(reqs, token_list, finishing, extras):
             req.output_ids.append(tok)
             if req.is_companion:
                 continue  # hidden: it follows its main request, which reports and finishes both
+            if req.companion is not None and id(req.companion) not in ran:
+                req.companion.output_ids.append(tok)  # not live yet: it catches up on these later
             reason = None
             if fin:
                 status = (

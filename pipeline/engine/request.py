@@ -55,7 +55,10 @@ class Request:
     """One generation request.
 
     A request with a ``companion`` (the null-prompt twin of classifier-free guidance) is scheduled
-    with it as one unit: admitted, preempted, aborted and batched together.
+    with it as one unit: admitted, preempted, aborted and batched together. While ``companion_live`` is
+    False the companion is not run: it only receives the request's sampled ids, and catches up on them in
+    one prefill chunk in the first step after the adapter sets ``companion_live`` (guidance is needed
+    from then on).
 
     Inputs are ``prompt_ids`` (and, when given, ``prompt_embeds`` ``[P, hidden]`` which replace their
     embeddings, e.g. with audio rows merged in) followed by the request's own sampled ids; models that
@@ -78,6 +81,7 @@ class Request:
     embed_inputs: bool = False
     companion: Request | None = None
     is_companion: bool = False
+    companion_live: bool = True
 
     def __post_init__(self) -> None:
         if self.companion is not None:

@@ -127,11 +127,14 @@ class Scheduler:
 
     @staticmethod
     def _chunk(req: Request, budget: int, others_planned: bool) -> list[int]:
-        """Tokens to run per member of ``req.group``. A single request may take a prefill chunk; a CFG
-        pair runs whole (both members must reach their sampling point in the same step), waiting for a
-        step with room unless nothing else is planned."""
+        """Tokens to run per member of ``req.group``. A single request may take a prefill chunk, and so
+        may a CFG request whose companion is not live yet (the companion waits); a live CFG pair runs
+        whole (both members must reach their sampling point in the same step, the companion catching up
+        on everything it skipped), waiting for a step with room unless nothing else is planned."""
         if req.companion is None:
             return [min(req.num_pending, budget)]
+        if not req.companion_live:
+            return [min(req.num_pending, budget), 0]
         ns = [r.num_pending for r in req.group]
         if not all(ns) or (sum(ns) > budget and others_planned):
             return [0, 0]

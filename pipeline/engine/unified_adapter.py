@@ -7,12 +7,16 @@ tensors indexed by the request's slot, and one step runs the phase rules of
 :mod:`omniduplex.models.unified_phases` over the whole batch at once.
 
 CFG: a request with ``extra["cfg_scale"] = w > 1`` gets a hidden companion on the null prompt (see
-:meth:`UnifiedAdapter.make_request`); the scheduler keeps the pair in one batch, its two rows share
-this forward, their logits merge as ``w·cond + (1−w)·uncond`` in AUDIO/DRAIN, and the sampled step is
-appended to both. The merge is computed on the final hidden states, before the head: the head is linear
-and bias-free, so ``w·W(h_c + e_i) + (1−w)·W(h_u + e_i) = W(w·h_c + (1−w)·h_u + e_i)`` for every stream
-``i``, and companions never reach the LM head (the head's ``[2c, V]`` GEMM and the ``[c, V]`` merge
-become one ``[c, H]`` merge). Equal to the sequential reference's logit merge up to fp32 rounding.
+:meth:`UnifiedAdapter.make_request`). The companion is lazy: through TEXT and TRANSITION (where its
+logits are unused) it is not run, only handed the sampled steps; after the last bridge token it
+catches up on all of them in one prefill chunk, in the same step as its main request. From then on
+the scheduler keeps the pair in one batch, its two rows share this forward, their logits merge as
+``w·cond + (1−w)·uncond`` in AUDIO/DRAIN, and the sampled step is appended to both.
+
+The merge is computed on the final hidden states, before the head: the head is linear and bias-free,
+so ``w·W(h_c + e_i) + (1−w)·W(h_u + e_i) = W(w·h_c + (1−w)·h_u + e_i)`` for every stream ``i``, and
+companions never reach the LM head (the head's ``[2c, V]`` GEMM and the ``[c, V]`` merge become one
+``[c, H]`` merge). Equal to the sequential reference's logit merge up to fp32 rounding.
 """
 
 from __future__ import annotations
@@ -96,7 +100,9 @@ class UnifiedAdapter:
                 f"{request_id}#cfg", null_prompt_ids(self.cfg), SamplingParams(**sp), extra=dict(extra)
             )
         main_extra = extra if steps is None else {**extra, "prompt_steps": steps}
-        return Request(request_id, list(prompt_ids), SamplingParams(**sp), extra=main_extra, companion=comp)
+        req = Request(request_id, list(prompt_ids), SamplingParams(**sp), extra=main_extra, companion=comp)
+        req.companion_live = comp is None  # the companion's logits matter from AUDIO on (cfg_active)
+        return req
 
     def on_added(self, req: Request) -> None:
         """Reset the slot state of ``req`` (and its companion)."""
@@ -206,6 +212,7 @@ class UnifiedAdapter:
     @staticmethod
     def _outputs(reqs, mains, step, tokens, new, frame, has_frame):
         tok0, finished, phases = tokens[:, 0].tolist(), (new.phase == DONE).tolist(), step.phase.tolist()
+        live = cfg_active(new).tolist()
         tok_rows, frame_rows, has = tokens.tolist(), frame.tolist(), has_frame.tolist()
         by_req = {}
         for k, r in enumerate(mains):
@@ -216,6 +223,7 @@ class UnifiedAdapter:
                 extra["codes"] = frame_rows[k]
             by_req[id(r)] = (tok0[k], finished[k], extra)
             if r.companion is not None:
+                r.companion_live = r.companion_live or live[k]
                 by_req[id(r.companion)] = (tok0[k], finished[k], {})
         out = [by_req[id(r)] for r in reqs]
         return [o[0] for o in out], [o[1] for o in out], [o[2] for o in out]
