@@ -34,6 +34,23 @@ from .config import ConfigError
 RESIDUAL_DILATIONS = (1, 3, 9)
 
 
+def codec_fields(d: dict[str, Any], need: list[str]) -> dict[str, Any]:
+    """The ``need`` keys of a ``DacConfig`` dict plus ``sampling_rate`` (default 16000), with ``hidden_size``
+    (latent channels) derived as ``DacConfig`` does: ``encoder_hidden_size · 2^len(downsampling_ratios)``.
+
+    Raises:
+        ConfigError: a needed key is missing.
+    """
+    d = dict(d)
+    down = d.get("downsampling_ratios")
+    if "hidden_size" not in d and down is not None and "encoder_hidden_size" in d:
+        d["hidden_size"] = d["encoder_hidden_size"] * 2 ** len(down)
+    missing = [k for k in need if k not in d]
+    if missing:
+        raise ConfigError(f"codec_config is missing {missing}")
+    return {**{k: d[k] for k in need}, "sampling_rate": d.get("sampling_rate", 16000)}
+
+
 @dataclass
 class DacDecoderConfig:
     """The decode-side fields of a ``transformers`` ``DacConfig`` dict.
@@ -58,20 +75,8 @@ class DacDecoderConfig:
         down = d.get("downsampling_ratios")
         if "upsampling_ratios" not in d and down is not None:
             d["upsampling_ratios"] = list(down)[::-1]
-        if "hidden_size" not in d and down is not None and "encoder_hidden_size" in d:
-            d["hidden_size"] = d["encoder_hidden_size"] * 2 ** len(down)
-        need = [
-            "hidden_size",
-            "decoder_hidden_size",
-            "upsampling_ratios",
-            "n_codebooks",
-            "codebook_size",
-            "codebook_dim",
-        ]
-        missing = [k for k in need if k not in d]
-        if missing:
-            raise ConfigError(f"codec_config is missing {missing}")
-        cfg = cls(**{k: d[k] for k in need}, sampling_rate=d.get("sampling_rate", 16000))
+        need = ["hidden_size", "decoder_hidden_size", "upsampling_ratios"]
+        cfg = cls(**codec_fields(d, need + ["n_codebooks", "codebook_size", "codebook_dim"]))
         cfg.upsampling_ratios = [int(s) for s in cfg.upsampling_ratios]
         if cfg.decoder_hidden_size % 2 ** len(cfg.upsampling_ratios):
             raise ConfigError(

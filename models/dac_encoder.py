@@ -33,7 +33,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ConfigError
-from .dac import RESIDUAL_DILATIONS, ResidualUnit, Snake1d, copy_codec_tensors, read_codec_tensors
+from .dac import (
+    RESIDUAL_DILATIONS,
+    ResidualUnit,
+    Snake1d,
+    codec_fields,
+    copy_codec_tensors,
+    read_codec_tensors,
+)
 
 
 @dataclass
@@ -56,21 +63,8 @@ class DacEncoderConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DacEncoderConfig:
         """Raises ``ConfigError`` when a field is missing or a downsampling ratio is not a positive int."""
-        d = dict(d)
-        if "hidden_size" not in d and "downsampling_ratios" in d and "encoder_hidden_size" in d:
-            d["hidden_size"] = d["encoder_hidden_size"] * 2 ** len(d["downsampling_ratios"])
-        need = [
-            "encoder_hidden_size",
-            "downsampling_ratios",
-            "hidden_size",
-            "n_codebooks",
-            "codebook_size",
-            "codebook_dim",
-        ]
-        missing = [k for k in need if k not in d]
-        if missing:
-            raise ConfigError(f"codec_config is missing {missing}")
-        cfg = cls(**{k: d[k] for k in need}, sampling_rate=d.get("sampling_rate", 16000))
+        need = ["encoder_hidden_size", "downsampling_ratios", "hidden_size"]
+        cfg = cls(**codec_fields(d, need + ["n_codebooks", "codebook_size", "codebook_dim"]))
         cfg.downsampling_ratios = [int(s) for s in cfg.downsampling_ratios]
         if not cfg.downsampling_ratios or min(cfg.downsampling_ratios) < 1:
             raise ConfigError(f"codec downsampling_ratios={cfg.downsampling_ratios} must be positive ints")

@@ -8,27 +8,14 @@ length from different requests are decoded in one batched call.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
 
 import torch
 
 from omniduplex.models.code2wav import Code2Wav
 from omniduplex.models.code2wav_stream import decode_window
 
-from ..connector import ChunkingConfig, decode_windows, frames_to_decode
+from ..connector import ChunkingConfig, FrameStream, decode_windows, frames_to_decode
 from ..messages import StageMessage
-
-
-@dataclass
-class _Stream:
-    frames: list[torch.Tensor] = field(default_factory=list)  # frames [offset, offset + len)
-    offset: int = 0
-    emitted: int = 0
-    finished: bool = False
-
-    @property
-    def available(self) -> int:
-        return self.offset + len(self.frames)
 
 
 class Code2WavWorker:
@@ -47,10 +34,10 @@ class Code2WavWorker:
                 f"decode_left_context_frames={self.cfg.decode_left_context_frames} is too small: "
                 f"the decoder needs >= {-(-la // u)} frames to emit its lookahead tail"
             )
-        self.streams: dict[str, _Stream] = {}
+        self.streams: dict[str, FrameStream] = {}
 
     def submit(self, msg: StageMessage) -> None:
-        s = self.streams.setdefault(msg.request_id, _Stream())
+        s = self.streams.setdefault(msg.request_id, FrameStream())
         if "codes" in msg.tensors:
             s.frames.append(msg.tensors["codes"])
         s.finished = s.finished or msg.last
@@ -78,7 +65,7 @@ class Code2WavWorker:
                 done.append(rid)
         pcm: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
         for (ctx, _), windows in jobs.items():
-            codes = torch.stack([self._window_codes(rid, a - ctx, b) for rid, a, b in windows])
+            codes = torch.stack([self.streams[rid].codes(a - ctx, b) for rid, a, b in windows])
             for (rid, a, _), wav in zip(windows, self._decode(codes, ctx, windows)):
                 pcm[rid].append((a, wav))
         outs = []
@@ -89,12 +76,8 @@ class Code2WavWorker:
         for rid in done:
             self.streams.pop(rid)
         for s in self.streams.values():
-            self._trim(s)
+            s.trim(self.cfg.decode_left_context_frames)
         return outs
-
-    def _window_codes(self, rid: str, first: int, end: int) -> torch.Tensor:
-        s = self.streams[rid]
-        return torch.stack(s.frames[first - s.offset : end - s.offset], dim=1)  # [G, frames]
 
     def _decode(self, codes: torch.Tensor, ctx: int, windows) -> list[torch.Tensor]:
         a0 = windows[0][1]
@@ -104,10 +87,3 @@ class Code2WavWorker:
             return [self._decode(codes[i : i + 1], ctx, [w])[0] for i, w in enumerate(windows)]
         wav = decode_window(self.model, codes, a0, a0 + codes.shape[-1] - ctx, ctx, codes_offset=a0 - ctx)
         return list(wav[:, 0])
-
-    def _trim(self, s: _Stream) -> None:
-        keep_from = max(s.offset, s.emitted - self.cfg.decode_left_context_frames)
-        drop = keep_from - s.offset
-        if drop > 0:
-            del s.frames[:drop]
-            s.offset = keep_from

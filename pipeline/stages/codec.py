@@ -10,26 +10,12 @@ concatenated windows equal the one-shot decode (:func:`omniduplex.models.dac.dec
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from omniduplex.models.dac import DacCodec, decode_window
 
-from ..connector import ChunkingConfig
+from ..connector import ChunkingConfig, FrameStream
 from ..messages import StageMessage
-
-
-@dataclass
-class _Stream:
-    frames: list[torch.Tensor] = field(default_factory=list)  # frames [offset, offset + len)
-    offset: int = 0
-    emitted: int = 0
-    finished: bool = False
-
-    @property
-    def available(self) -> int:
-        return self.offset + len(self.frames)
 
 
 class CodecWorker:
@@ -52,11 +38,11 @@ class CodecWorker:
         rf = codec.receptive_field_frames()
         self.left = rf if left is None else left
         self.right = rf if right is None else right
-        self.streams: dict[str, _Stream] = {}
+        self.streams: dict[str, FrameStream] = {}
 
     def submit(self, msg: StageMessage) -> None:
         """Raises ValueError on a frame of the wrong shape (this turn only)."""
-        s = self.streams.setdefault(msg.request_id, _Stream())
+        s = self.streams.setdefault(msg.request_id, FrameStream())
         codes = msg.tensors.get("codes")
         if codes is not None:
             if codes.dim() != 1:
@@ -67,7 +53,7 @@ class CodecWorker:
     def abort(self, request_id: str) -> None:
         self.streams.pop(request_id, None)
 
-    def _window(self, s: _Stream) -> int:
+    def _window(self, s: FrameStream) -> int:
         """Frames of the next window to emit (0 = not ready yet)."""
         chunk = self.cfg.initial_codec_chunk_frames if s.emitted == 0 else self.cfg.codec_chunk_frames
         left = s.available - s.emitted
@@ -85,7 +71,7 @@ class CodecWorker:
             chunks = []
             while n := self._window(s):
                 lo = max(s.offset, s.emitted - self.left)
-                codes = torch.stack(s.frames[lo - s.offset :], dim=1)[None]  # [1, S, frames since lo]
+                codes = s.codes(lo, s.available)[None]  # [1, S, frames since lo]
                 a = s.emitted - lo
                 wav = decode_window(self.codec, codes, a, a + n, a, self.right)
                 chunks.append(wav[0, 0].float())
@@ -97,9 +83,7 @@ class CodecWorker:
             if last:
                 done.append(rid)
             else:
-                drop = max(s.offset, s.emitted - self.left) - s.offset
-                del s.frames[:drop]
-                s.offset += drop
+                s.trim(self.left)
         for rid in done:
             self.streams.pop(rid)
         return outs
