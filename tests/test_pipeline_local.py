@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from turns import run_turn
 
 from omniduplex.models.mel import LogMelFrontEnd
 from omniduplex.models.presets import write_checkpoint
@@ -39,14 +40,6 @@ def _orchestrator(ckpt, chunking: ChunkingConfig | None = None) -> Orchestrator:
     return Orchestrator(LocalBackend(build_all(pcfg)), load_tokenizer(ckpt), record=True)
 
 
-async def _turn(orch: Orchestrator, wav, meta):
-    rid = orch.submit(wav, meta)
-    events, record = [], None
-    async for ev in orch.events(rid):
-        events.append(ev)
-        if ev.kind == "done":
-            record = orch.turn_record(rid)
-    return events, record
 
 
 @pytest.mark.parametrize(
@@ -63,7 +56,7 @@ def test_streamed_turn_equals_sequential_reference(ckpt, chunking):
         orch = _orchestrator(ckpt, chunking)
         await orch.start()
         try:
-            return await _turn(orch, wav, GREEDY)
+            return await run_turn(orch, wav, GREEDY)
         finally:
             await orch.stop()
 
@@ -96,7 +89,7 @@ def test_cancel_frees_every_stage_and_other_turns_continue(ckpt):
         await orch.start()
         try:
             victim = orch.submit(wav, long)
-            other = asyncio.create_task(_turn(orch, wav, GREEDY))
+            other = asyncio.create_task(run_turn(orch, wav, GREEDY))
             kinds = []
             async for ev in orch.events(victim):
                 kinds.append(ev.kind)
@@ -126,8 +119,8 @@ def test_bad_audio_fails_its_turn_only(ckpt):
         orch = _orchestrator(ckpt)
         await orch.start()
         try:
-            bad = asyncio.create_task(_turn(orch, np.zeros(10, np.float32), GREEDY))
-            good = asyncio.create_task(_turn(orch, wav, GREEDY))
+            bad = asyncio.create_task(run_turn(orch, np.zeros(10, np.float32), GREEDY))
+            good = asyncio.create_task(run_turn(orch, wav, GREEDY))
             return await bad, await good
         finally:
             await orch.stop()

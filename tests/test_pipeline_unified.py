@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from turns import run_turn
 
 from omniduplex.models.registry import load_model
 from omniduplex.models.tokenizer import load_tokenizer
@@ -38,14 +39,6 @@ def _orchestrator(ckpt, chunking: ChunkingConfig | None = None):
     return Orchestrator(backend, load_tokenizer(ckpt), record=True, output_rate=output_rate(ckpt)), backend
 
 
-async def _turn(orch: Orchestrator, wav, meta):
-    rid = orch.submit(wav, meta)
-    events, record = [], None
-    async for ev in orch.events(rid):
-        events.append(ev)
-        if ev.kind == "done":
-            record = orch.turn_record(rid)
-    return events, record
 
 
 def _meta(**kw):
@@ -75,7 +68,7 @@ def test_spoken_turn_equals_reference_and_one_shot_decode(ckpt, chunking):
         orch, _ = _orchestrator(ckpt, chunking)
         await orch.start()
         try:
-            return await _turn(orch, wav, _meta())
+            return await run_turn(orch, wav, _meta())
         finally:
             await orch.stop()
 
@@ -106,8 +99,8 @@ def test_text_only_turn_and_bad_input_fail_alone(ckpt):
         orch, _ = _orchestrator(ckpt)
         await orch.start()
         try:
-            bad = await _turn(orch, np.zeros(0, np.float32), _meta())
-            text = await _turn(orch, np.zeros(0, np.float32), _meta(user_text="Say hi."))
+            bad = await run_turn(orch, np.zeros(0, np.float32), _meta())
+            text = await run_turn(orch, np.zeros(0, np.float32), _meta(user_text="Say hi."))
             return bad, text
         finally:
             await orch.stop()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from turns import run_turn
 
 from omniduplex.models.presets import write_checkpoint
 from omniduplex.models.tokenizer import load_tokenizer
@@ -19,6 +19,7 @@ from omniduplex.pipeline.graph import build_all
 from omniduplex.pipeline.local_backend import LocalBackend
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.process_backend import ProcessBackend
+from omniduplex.relay import list_segments
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]
@@ -34,30 +35,19 @@ def ckpt(tmp_path_factory):
     return write_checkpoint(tmp_path_factory.mktemp("tiny"), "tiny", seed=6)
 
 
-async def _turn(orch, wav, meta):
-    rid = orch.submit(wav, meta)
-    events, record = [], None
-    async for ev in orch.events(rid):
-        events.append(ev)
-        if ev.kind == "done":
-            record = orch.turn_record(rid)
-    return events, record
 
-
-def _segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("omniduplex")}
 
 
 def test_processes_equal_in_process_and_survive_a_killed_stage(ckpt):
     wav = load_audio(QUESTION)
     pcfg = PipelineConfig(model=str(ckpt))
-    before = _segments()
+    before = set(list_segments())
 
     async def local():
         orch = Orchestrator(LocalBackend(build_all(pcfg)), load_tokenizer(ckpt), record=True)
         await orch.start()
         try:
-            return await _turn(orch, wav, GREEDY)
+            return await run_turn(orch, wav, GREEDY)
         finally:
             await orch.stop()
 
@@ -66,7 +56,7 @@ def test_processes_equal_in_process_and_survive_a_killed_stage(ckpt):
         orch = Orchestrator(backend, load_tokenizer(ckpt), record=True)
         await orch.start()
         try:
-            first = await _turn(orch, wav, GREEDY)
+            first = await run_turn(orch, wav, GREEDY)
             # cancel mid-turn: the turn ends with an error event, nothing else is affected
             rid = orch.submit(wav, {**GREEDY, "talker_sampling": {"max_tokens": 400}})
             cancelled = []
@@ -81,7 +71,7 @@ def test_processes_equal_in_process_and_survive_a_killed_stage(ckpt):
                 crashed.append(ev)
                 if ev.kind == "audio" and len(crashed) < 50:
                     backend.kill_stage("talker")
-            after = await _turn(orch, wav, GREEDY)
+            after = await run_turn(orch, wav, GREEDY)
             return first, cancelled, crashed, after, dict(backend.restarts)
         finally:
             await orch.stop()
@@ -97,7 +87,7 @@ def test_processes_equal_in_process_and_survive_a_killed_stage(ckpt):
     assert restarts["talker"] == 1
     assert after[-1].kind == "done", after[-1].error
     assert after_record == ref_record
-    assert _segments() <= before  # no shared-memory segment left behind
+    assert set(list_segments()) <= before  # no shared-memory segment left behind
 
 
 def test_respond_cli_in_processes_writes_24k_wav_and_dump(ckpt, tmp_path):

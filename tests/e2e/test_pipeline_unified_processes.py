@@ -4,11 +4,11 @@ a killed codec stage fails only the turn in flight, and no shared-memory segment
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from turns import run_turn
 
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.models.unified_presets import write_unified_checkpoint
@@ -19,6 +19,7 @@ from omniduplex.pipeline.local_backend import LocalBackend
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.process_backend import ProcessBackend
 from omniduplex.pipeline.topology import output_rate
+from omniduplex.relay import list_segments
 
 pytestmark = pytest.mark.slow
 QUESTION = Path(__file__).parents[2] / "examples" / "question.wav"
@@ -30,25 +31,14 @@ def ckpt(tmp_path_factory):
     return write_unified_checkpoint(tmp_path_factory.mktemp("unified"), "tiny", seed=3)
 
 
-async def _turn(orch, wav, meta):
-    rid = orch.submit(wav, meta)
-    events, record = [], None
-    async for ev in orch.events(rid):
-        events.append(ev)
-        if ev.kind == "done":
-            record = orch.turn_record(rid)
-    return events, record
 
-
-def _segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("omniduplex")}
 
 
 def test_unified_processes_equal_in_process_and_survive_a_killed_codec(ckpt):
     wav = load_audio(QUESTION)
     pcfg = PipelineConfig(model=str(ckpt))
     rate = output_rate(ckpt)
-    before = _segments()
+    before = set(list_segments())
 
     async def local():
         orch = Orchestrator(
@@ -56,7 +46,7 @@ def test_unified_processes_equal_in_process_and_survive_a_killed_codec(ckpt):
         )
         await orch.start()
         try:
-            return await _turn(orch, wav, META)
+            return await run_turn(orch, wav, META)
         finally:
             await orch.stop()
 
@@ -66,7 +56,7 @@ def test_unified_processes_equal_in_process_and_survive_a_killed_codec(ckpt):
         await orch.start()
         try:
             assert set(backend.procs) == {"codec_encoder", "unified", "codec"}
-            first = await _turn(orch, wav, META)
+            first = await run_turn(orch, wav, META)
             rid = orch.submit(wav, META | {"max_audio_frames": 2000})
             killed = None
             async for ev in orch.events(rid):
@@ -74,7 +64,7 @@ def test_unified_processes_equal_in_process_and_survive_a_killed_codec(ckpt):
                     killed = True
                     backend.kill_stage("codec")
             after_kill = ev
-            again = await _turn(orch, wav, META)
+            again = await run_turn(orch, wav, META)
             return first, after_kill, again, dict(backend.restarts)
         finally:
             await orch.stop()
@@ -92,4 +82,4 @@ def test_unified_processes_equal_in_process_and_survive_a_killed_codec(ckpt):
     assert after_kill.kind == "error" and "codec" in after_kill.error
     assert restarts["codec"] == 1
     assert again[-1].kind == "done" and again_record == ref_record
-    assert _segments() <= before
+    assert set(list_segments()) <= before
