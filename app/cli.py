@@ -108,8 +108,6 @@ def respond(
     from omniduplex.app.respond import TurnOptions
     from omniduplex.app.respond import respond as run
 
-    if input is None and prompt is None:
-        raise typer.BadParameter("--input is required (a spoken question)")
     opts = TurnOptions(
         greedy=greedy,
         max_tokens=max_tokens,

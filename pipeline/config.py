@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from .connector import ChunkingConfig
+from .topology import ALL_STAGES
 
 DEFAULT_GRAPH = Path(__file__).with_name("default_graph.yaml")
 
@@ -48,9 +49,7 @@ class PipelineConfig(BaseModel):
     model_config = {"extra": "forbid"}
 
     model: str | None = None
-    stages: dict[
-        Literal["encoder", "thinker", "talker", "code2wav", "codec_encoder", "unified", "codec"], StageConfig
-    ] = Field(default_factory=dict)
+    stages: dict[Literal[ALL_STAGES], StageConfig] = Field(default_factory=dict)
     edges: dict[str, EdgeConfig] = Field(default_factory=dict)
     chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
 

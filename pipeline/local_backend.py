@@ -11,16 +11,23 @@ from collections import deque
 
 from .messages import StageMessage
 from .orchestrator import OutputCallback, output_sources
-from .topology import QWEN3_OMNI, UNIFIED, Topology
+from .topology import QWEN3_OMNI, UNIFIED
 
 
 class LocalBackend:
-    """Runs ``workers`` (stage name → worker) round-robin in a daemon thread, routed by ``topology``
-    (default: the shape whose stage names the workers carry)."""
+    """Runs ``workers`` (stage name → worker, as :func:`.graph.build_all` builds them) round-robin in a
+    daemon thread, routed by the graph shape whose stages they are.
 
-    def __init__(self, workers: dict[str, object], topology: Topology | None = None) -> None:
+    Raises:
+        ValueError: the worker names are not the stages of one graph shape.
+    """
+
+    def __init__(self, workers: dict[str, object]) -> None:
         self.workers = workers
-        self.topo = topology or (UNIFIED if set(workers) == set(UNIFIED.stages) else QWEN3_OMNI)
+        shape = [t for t in (QWEN3_OMNI, UNIFIED) if set(t.stages) == set(workers)]
+        if not shape:
+            raise ValueError(f"workers {sorted(workers)} are not the stages of a known graph shape")
+        self.topo = shape[0]
         self.inbox: deque[tuple[str, object]] = deque()
         self.wake = threading.Event()
         self.thread: threading.Thread | None = None
