@@ -204,6 +204,9 @@ def bench_serve(
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
     processes: bool = typer.Option(False, "--processes/--in-process", help="Stage processes or one process."),
     cfg_scale: float = typer.Option(1.0, "--cfg-scale", help="Unified checkpoints: CFG guidance scale w."),
+    ignore_eos: bool = typer.Option(
+        False, "--ignore-eos", help="Qwen3-Omni: every reply runs to its token budgets (fixed-length load)."
+    ),
 ) -> None:
     """TTFP / E2EL / RTF percentiles and audio throughput over a concurrency sweep of spoken turns."""
     from omniduplex.app.respond import default_model, make_backend
@@ -214,7 +217,8 @@ def bench_serve(
     pcfg.model = pcfg.model or str(default_model())
     paths = wavs or sorted((Path(__file__).parents[1] / "benchmarks" / "speech").glob("*.wav"))
     levels = [int(c) for c in concurrency.split(",")]
-    run(pcfg, make_backend(pcfg, processes), paths, levels, rounds, json_out, cfg_scale=cfg_scale)
+    backend = make_backend(pcfg, processes)
+    run(pcfg, backend, paths, levels, rounds, json_out, cfg_scale=cfg_scale, ignore_eos=ignore_eos)
 
 
 @bench.command("cfg")

@@ -41,7 +41,8 @@ WEB_DIR = Path(__file__).resolve().parents[1] / "web"
 class ServerConfig:
     """Everything ``serve`` needs. Pipeline: ``model`` / ``graph`` (``None`` = defaults), ``processes``
     (``None`` = stage processes when the process backend is available). Replies: ``max_tokens``
-    (Thinker), ``talker_max_tokens`` (codec frames, 12.5 per second of audio)."""
+    (Thinker), ``talker_max_tokens`` (codec frames, 12.5 per second of audio); ``ignore_eos`` makes every
+    reply run to those budgets (benchmarks and tests; see ``pipeline.engine.request.SamplingParams``)."""
 
     max_sessions: int = 8
     session: SessionConfig = field(default_factory=SessionConfig)
@@ -51,6 +52,7 @@ class ServerConfig:
     max_tokens: int = 64
     talker_max_tokens: int = 125
     speaker: str = "ethan"
+    ignore_eos: bool = False
     media_timeout_s: float = 5.0
     connect_timeout_s: float = 20.0
     web_dir: Path = WEB_DIR
@@ -105,8 +107,14 @@ class ServerState:
         )
         await self.orchestrator.start()
         meta = {
-            "sampling": {"max_tokens": cfg.max_tokens, "temperature": 0.7, "top_p": 0.8, "top_k": 20},
-            "talker_sampling": {"max_tokens": cfg.talker_max_tokens},
+            "sampling": {
+                "max_tokens": cfg.max_tokens,
+                "temperature": 0.7,
+                "top_p": 0.8,
+                "top_k": 20,
+                "ignore_eos": cfg.ignore_eos,
+            },
+            "talker_sampling": {"max_tokens": cfg.talker_max_tokens, "ignore_eos": cfg.ignore_eos},
             "speaker": cfg.speaker,
             # unified checkpoints (see Orchestrator.submit)
             "max_text_tokens": cfg.max_tokens,

@@ -79,12 +79,19 @@ def run(
     max_tokens: int = 24,
     talker_max_tokens: int = 48,
     cfg_scale: float = 1.0,
+    ignore_eos: bool = False,
 ) -> dict:
     """Run the sweep and print a markdown table; returns ``{c: metrics}``."""
     wavs = [load_audio(p) for p in wav_paths]
     meta = {
-        "sampling": {"max_tokens": max_tokens, "temperature": 0.7, "top_p": 0.8, "top_k": 20},
-        "talker_sampling": {"max_tokens": talker_max_tokens},
+        "sampling": {
+            "max_tokens": max_tokens,
+            "temperature": 0.7,
+            "top_p": 0.8,
+            "top_k": 20,
+            "ignore_eos": ignore_eos,
+        },
+        "talker_sampling": {"max_tokens": talker_max_tokens, "ignore_eos": ignore_eos},
         # unified checkpoints: the same budgets, plus CFG
         "max_text_tokens": max_tokens,
         "max_audio_frames": talker_max_tokens,
@@ -102,7 +109,8 @@ def run(
     res = asyncio.run(main())
     print(
         f"\nserve benchmark: {pcfg.model}  {len(wavs)} speech WAVs, {rounds} rounds per level, thinker "
-        f"{max_tokens} tokens, talker ≤{talker_max_tokens} frames, cfg {cfg_scale} (unified)"
+        f"{max_tokens} tokens, talker {'=' if ignore_eos else '≤'}{talker_max_tokens} frames, "
+        f"cfg {cfg_scale} (unified)"
     )
     print("| c | turns | TTFP p50 ms | p90 | p99 | E2EL p50 ms | p90 | RTF p50 | audio-s/s | errors |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -169,3 +169,9 @@ def test_stop_tokens_and_max_tokens(thinker):
     got = run(engine, {0: [req]})
     assert got["s"] == ref[: ref.index(stop) + 1]
     assert req.status.value == "stop"
+
+    fixed = Request("f", [5, 6, 7], SamplingParams(max_tokens=10, stop_token_ids=(stop,), ignore_eos=True))
+    got = run(engine, {0: [fixed]})["f"]
+    assert len(got) == 10 and stop not in got and fixed.status.value == "length"
+    first = ref.index(stop)
+    assert got[:first] == ref[:first]  # the same greedy path up to where the stop id won

@@ -202,9 +202,9 @@ class Engine:
         sps = [r.sampling for r in reqs]
         slots = torch.tensor([r.slot for r in reqs], device=dev)
         suppress = None
-        if any(sp.suppress_token_ids for sp in sps):
-            rows = [i for i, sp in enumerate(sps) for _ in sp.suppress_token_ids]
-            cols = [t for sp in sps for t in sp.suppress_token_ids]
+        if any(sp.never_sampled for sp in sps):
+            rows = [i for i, sp in enumerate(sps) for _ in sp.never_sampled]
+            cols = [t for sp in sps for t in sp.never_sampled]
             suppress = torch.zeros((len(reqs), self.adapter.vocab_size), dtype=torch.bool, device=dev)
             suppress[rows, cols] = True
         penalised = any(sp.repetition_penalty != 1.0 for sp in sps)

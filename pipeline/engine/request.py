@@ -32,6 +32,9 @@ class SamplingParams:
     ``repetition_penalty`` (CTRL, Keskar et al. 2019) applies to the ids this request generated.
     ``seed`` makes sampling reproducible and independent of batch-mates; ``None`` draws one.
     ``suppress_token_ids`` are never sampled; ``stop_token_ids`` end the request (the id is kept).
+    ``ignore_eos`` runs the request to ``max_tokens`` (fixed-length outputs for benchmarks and tests, as
+    vLLM's knob of that name), but unlike vLLM it suppresses the stop ids: a codec EOS mid-stream would
+    not decode.
     """
 
     temperature: float = 0.0
@@ -42,12 +45,18 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     suppress_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.max_tokens < 1:
             raise ValueError(f"invalid sampling parameters: {self}")
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    @property
+    def never_sampled(self) -> tuple[int, ...]:
+        """The ids masked out of sampling: ``suppress_token_ids``, plus the stop ids under ``ignore_eos``."""
+        return self.suppress_token_ids + self.stop_token_ids if self.ignore_eos else self.suppress_token_ids
 
 
 @dataclass(eq=False)

@@ -82,7 +82,9 @@ def free_port() -> int:
 def server(tmp_path_factory):
     """``omniduplex serve`` in a thread (in-process pipeline, tiny checkpoint) on a free loopback port."""
     ckpt = write_checkpoint(tmp_path_factory.mktemp("tiny"), "tiny", seed=1)
-    cfg = ServerConfig(max_sessions=4, model=str(ckpt), processes=True, talker_max_tokens=100)
+    cfg = ServerConfig(
+        max_sessions=4, model=str(ckpt), processes=True, talker_max_tokens=100, ignore_eos=True
+    )
     app = create_app(cfg)
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

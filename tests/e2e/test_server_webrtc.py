@@ -58,7 +58,9 @@ def config(ckpt: str, max_sessions: int, **kw) -> ServerConfig:
         model=ckpt,
         processes=False,
         max_tokens=24,
-        **{"talker_max_tokens": 150, **kw},  # 12 s of Code2Wav reply: still playing when the client goes away
+        # 12 s of Code2Wav reply, never cut short by a sampled codec EOS: still playing when the client
+        # goes away
+        **{"talker_max_tokens": 150, "ignore_eos": True, **kw},
     )
 
 
