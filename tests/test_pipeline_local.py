@@ -82,7 +82,10 @@ def test_streamed_turn_equals_sequential_reference(ckpt, chunking):
 
 def test_cancel_frees_every_stage_and_other_turns_continue(ckpt):
     wav = load_audio(QUESTION)
-    long = {"sampling": {"temperature": 0.0, "max_tokens": 40}, "talker_sampling": {"max_tokens": 400}}
+    long = {  # a reply no sampled codec EOS ends before it is cancelled
+        "sampling": {"temperature": 0.0, "max_tokens": 40},
+        "talker_sampling": {"max_tokens": 400, "ignore_eos": True},
+    }
 
     async def main():
         orch = _orchestrator(ckpt)

@@ -28,14 +28,13 @@ GREEDY = {
     "sampling": {"temperature": 0.0, "max_tokens": 8},
     "talker_sampling": {"temperature": 0.0, "max_tokens": 20},
 }
+# a 32 s reply that no codec EOS ends early: still running when it is cancelled or its stage killed
+LONG = {**GREEDY, "talker_sampling": {"temperature": 0.0, "max_tokens": 400, "ignore_eos": True}}
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     return write_checkpoint(tmp_path_factory.mktemp("tiny"), "tiny", seed=6)
-
-
-
 
 
 def test_processes_equal_in_process_and_survive_a_killed_stage(ckpt):
@@ -58,14 +57,14 @@ def test_processes_equal_in_process_and_survive_a_killed_stage(ckpt):
         try:
             first = await run_turn(orch, wav, GREEDY)
             # cancel mid-turn: the turn ends with an error event, nothing else is affected
-            rid = orch.submit(wav, {**GREEDY, "talker_sampling": {"max_tokens": 400}})
+            rid = orch.submit(wav, LONG)
             cancelled = []
             async for ev in orch.events(rid):
                 cancelled.append(ev.kind)
                 if ev.kind == "audio":
                     orch.cancel(rid)
             # kill the Talker mid-turn: in-flight turn errors, stage restarts, next turn succeeds
-            rid = orch.submit(wav, {**GREEDY, "talker_sampling": {"max_tokens": 400}})
+            rid = orch.submit(wav, LONG)
             crashed = []
             async for ev in orch.events(rid):
                 crashed.append(ev)
