@@ -86,7 +86,7 @@ def respond(
     graph: Path | None = typer.Option(None, help="Stage-graph YAML (default: the shipped one)."),
     greedy: bool = typer.Option(False, "--greedy", help="Greedy decoding in the Thinker and the Talker."),
     dump_tokens: Path | None = typer.Option(
-        None, "--dump-tokens", help="Write prompt/thinker ids and codes."
+        None, "--dump-tokens", help="Write the prompt ids, text ids and codec frames as JSON."
     ),
     max_tokens: int = typer.Option(64, help="Thinker max new tokens."),
     talker_max_tokens: int = typer.Option(

@@ -143,12 +143,13 @@ class Orchestrator:
         turn.queue.put_nowait(TurnEvent("error", request_id, error="cancelled"))
 
     def turn_record(self, request_id: str) -> dict[str, list]:
-        """``prompt_token_ids``, ``thinker_token_ids`` and ``talker_codes`` (one list per frame) of a turn."""
+        """``prompt_token_ids``, ``text_token_ids`` (Thinker or unified LM text) and ``codes`` (one list of
+        codebook ids per codec frame) of a turn: the same keys for both graph shapes."""
         turn = self.turns[request_id]
         return {
             "prompt_token_ids": turn.prompt_ids,
-            "thinker_token_ids": turn.token_ids,
-            "talker_codes": turn.codes,
+            "text_token_ids": turn.token_ids,
+            "codes": turn.codes,
         }
 
     # -- called from the backend's thread ----------------------------------------------------------

@@ -67,8 +67,8 @@ def test_streamed_turn_equals_sequential_reference(ckpt, chunking):
     ref = generate_turn(
         model, record["prompt_token_ids"], feats[0], max_new_tokens=10, talker_max_new_tokens=24
     )
-    assert record["thinker_token_ids"] == ref.thinker_token_ids
-    assert record["talker_codes"] == ref.talker_codes and len(ref.talker_codes) > 0
+    assert record["text_token_ids"] == ref.thinker_token_ids
+    assert record["codes"] == ref.talker_codes and len(ref.talker_codes) > 0
     streamed = np.concatenate([e.pcm for e in events if e.kind == "audio"])
     one_shot = model.code2wav(torch.tensor(ref.talker_codes).T[None])[0, 0].numpy()
     assert streamed.shape == one_shot.shape

@@ -83,8 +83,8 @@ def test_spoken_turn_equals_reference_and_one_shot_decode(ckpt, chunking):
     prompt = conversation_steps(cfg, tok, codes_in)
     assert (prompt[:, 1:] >= 0).any()  # speech steps are in the prompt
     ref = generate(model.unified, prompt, 3, 10, cfg_scale=2.0)
-    assert record["thinker_token_ids"] == ref.text_ids
-    assert record["talker_codes"] == ref.codes.T.tolist() and len(record["talker_codes"]) == 10
+    assert record["text_token_ids"] == ref.text_ids
+    assert record["codes"] == ref.codes.T.tolist() and len(record["codes"]) == 10
     # the streamed PCM tiles the one-shot decode of those codes
     pcm = np.concatenate([e.pcm for e in events if e.kind == "audio"])
     one_shot = model.codec.decode(ref.codes[None])[0, 0].numpy()
@@ -107,7 +107,7 @@ def test_text_only_turn_and_bad_input_fail_alone(ckpt):
 
     (bad, _), (text, record) = asyncio.run(main())
     assert bad[-1].kind == "error" and "empty waveform" in bad[-1].error
-    assert text[-1].kind == "done" and len(record["talker_codes"]) == 10
+    assert text[-1].kind == "done" and len(record["codes"]) == 10
 
 
 def test_cancel_mid_audio_frees_the_engine(ckpt):

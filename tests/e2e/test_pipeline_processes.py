@@ -125,8 +125,8 @@ def test_respond_cli_in_processes_writes_24k_wav_and_dump(ckpt, tmp_path):
     info = sf.info(str(out))
     assert info.samplerate == 24000 and info.frames > 0
     d = json.loads(dump.read_text())
-    assert set(d) == {"prompt_token_ids", "thinker_token_ids", "talker_codes"}
-    assert 0 < len(d["talker_codes"]) <= 11
+    assert set(d) == {"prompt_token_ids", "text_token_ids", "codes"}
+    assert 0 < len(d["codes"]) <= 11
 
 
 def test_respond_cli_rejects_unreadable_audio(tmp_path, ckpt):

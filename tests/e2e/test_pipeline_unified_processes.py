@@ -72,7 +72,7 @@ def test_unified_processes_equal_in_process_and_survive_a_killed_codec(ckpt):
     ref_events, ref_record = asyncio.run(local())
     (events, record), after_kill, (again, again_record), restarts = asyncio.run(processes())
     assert events[-1].kind == "done" and ref_events[-1].kind == "done"
-    assert record == ref_record and len(record["talker_codes"]) == 12  # the frame budget
+    assert record == ref_record and len(record["codes"]) == 12  # the frame budget
     pcm = np.concatenate([e.pcm for e in events if e.kind == "audio"])
     ref_pcm = np.concatenate([e.pcm for e in ref_events if e.kind == "audio"])
     np.testing.assert_allclose(pcm, ref_pcm, atol=1e-6, rtol=0)
