@@ -14,7 +14,8 @@ holds them). Weights are held plain; :func:`load_codec_into` folds weight-norm p
 ``parametrizations.weight.original0``/``original1`` after ``DacModel.apply_weight_norm()``) into
 ``weight = g · v / ‖v‖`` (norm over all dims but 0).
 
-The decoder convolutions are centred, not causal: see :func:`decode_window` for exact streaming.
+The decoder convolutions are centred, not causal: :mod:`.dac_stream` streams them exactly, with per-layer
+state and the decoder's look-ahead.
 """
 
 from __future__ import annotations
@@ -200,6 +201,12 @@ class DacCodec(nn.Module):
         Raises:
             ValueError: wrong rank, more streams than codebooks, or an id outside the codebook.
         """
+        self.check_codes(codes)
+        return self.decoder(self.quantizer.from_codes(codes))
+
+    def check_codes(self, codes: torch.Tensor) -> None:
+        """Raises ValueError unless ``codes`` is ``[B, S, T]`` with ``S <= n_codebooks`` and ids in
+        ``[0, codebook_size)``."""
         if codes.dim() != 3:
             raise ValueError(f"codes must be [B, S, T], got shape {list(codes.shape)}")
         if codes.shape[1] > self.cfg.n_codebooks:
@@ -208,7 +215,6 @@ class DacCodec(nn.Module):
             )
         if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.cfg.codebook_size):
             raise ValueError(f"code ids must lie in [0, {self.cfg.codebook_size})")
-        return self.decoder(self.quantizer.from_codes(codes))
 
     forward = decode
 
@@ -218,75 +224,6 @@ class DacCodec(nn.Module):
         for s in self.cfg.upsampling_ratios:
             n = (n - 1) * s - 2 * math.ceil(s / 2) + 2 * s if n > 0 else 0
         return n
-
-    def receptive_field_frames(self) -> int:
-        """Frames of context on EACH side that can influence a frame's samples (a safe upper bound).
-
-        ``conv1`` reaches 3 frames; block ``b`` (input at ``r_b`` samples per frame, stride ``s``) adds at
-        most 2 input samples through the transposed conv and ``3·(1+3+9) = 39`` output samples through its
-        residual units; ``conv2`` adds 3 samples. Summed in frame units and rounded up.
-        """
-        reach, rate = 3.0, 1
-        for s in self.cfg.upsampling_ratios:
-            reach += (2 + 3 * sum(RESIDUAL_DILATIONS) / s) / rate
-            rate *= s
-        reach += 3 / rate
-        return math.ceil(reach)
-
-
-def decode_window(
-    model: DacCodec,
-    codes: torch.Tensor,
-    start: int,
-    end: int,
-    left_context: int,
-    right_context: int,
-) -> torch.Tensor:
-    """Samples ``[start·hop, end·hop)`` of the one-shot ``model.decode(codes)``, decoded from a window.
-
-    Decodes frames ``[max(0, start − left_context), min(T, end + right_context))`` and crops. DAC's
-    convolutions are centred, so a frame's samples depend on frames on both sides: the result equals
-    the one-shot decode (to float rounding, ~1e-6) iff both contexts are ``>= model.
-    receptive_field_frames()`` or reach the clip's edges (frame 0 / frame T, where the one-shot decode
-    zero-pads too). The right context is look-ahead: a streaming decoder must wait for ``right_context``
-    more frames than it emits, adding ``right_context · hop / sampling_rate`` seconds of latency
-    (unlike Code2Wav's causal decoder, which needs left context only).
-
-    Args:
-        codes: int64 ``[B, S, T]``, all frames received so far (``T >= end`` unless decoding the tail).
-        start, end: frame window ``0 <= start < end <= T``.
-
-    Returns:
-        float ``[B, 1, n]``; ``n = (end − start) · hop`` except at the clip's end (see ``output_length``).
-
-    Raises:
-        ValueError: bad window bounds or negative contexts.
-    """
-    t = codes.shape[-1]
-    if not 0 <= start < end <= t:
-        raise ValueError(f"codec window [{start}, {end}) is not inside [0, {t})")
-    if left_context < 0 or right_context < 0:
-        raise ValueError("contexts must be >= 0")
-    lo, hi = max(0, start - left_context), min(t, end + right_context)
-    wav = model.decode(codes[..., lo:hi])
-    hop = model.hop_length
-    first = (start - lo) * hop
-    # output_length(n) = n·hop − c, so a window reaching frame T ends where the one-shot decode ends
-    return wav[..., first : min((end - lo) * hop, wav.shape[-1])]
-
-
-def stream_decode(
-    model: DacCodec, codes: torch.Tensor, chunk_frames: int, left_context: int, right_context: int
-) -> list[torch.Tensor]:
-    """Decode ``codes`` ``[B, S, T]`` in chunks of ``chunk_frames``; ``torch.cat(chunks, -1)`` tiles the
-    one-shot waveform (exact with contexts >= the receptive field, see :func:`decode_window`)."""
-    if chunk_frames < 1:
-        raise ValueError("chunk_frames must be >= 1")
-    t = codes.shape[-1]
-    return [
-        decode_window(model, codes, s, min(t, s + chunk_frames), left_context, right_context)
-        for s in range(0, t, chunk_frames)
-    ]
 
 
 _WEIGHT_NORM = {

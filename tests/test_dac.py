@@ -12,8 +12,9 @@ from safetensors.torch import save_file
 from transformers import DacConfig, DacModel
 
 from omniduplex.models.checkpoint import CheckpointError, weight_files
-from omniduplex.models.dac import DacCodec, DacDecoderConfig, decode_window, load_codec_into, stream_decode
+from omniduplex.models.dac import DacCodec, DacDecoderConfig, load_codec_into
 from omniduplex.models.dac_encoder import DacCodecEncoder, DacEncoderConfig, load_codec_encoder_into
+from omniduplex.models.dac_stream import DacDecodeStream
 from omniduplex.models.unified_presets import write_unified_checkpoint
 
 CONFIGS = {
@@ -130,41 +131,35 @@ def test_loader_errors(tmp_path):
         load_codec_into(ours, weight_files(tmp_path))
 
 
-@torch.no_grad()
-def test_receptive_field_bound_holds():
-    ours = DacCodec(DacDecoderConfig.from_dict(_reference("even", False).config.to_dict())).eval()
-    for n, p in _reference("even", False).state_dict().items():
-        if n in ours.state_dict():
-            ours.state_dict()[n].copy_(p)
-    r, hop = ours.receptive_field_frames(), ours.hop_length
-    codes = _codes(CONFIGS["even"], 3 * r + 5)
-    k = r + 2
-    moved = codes.clone()
-    moved[:, :, k] = (moved[:, :, k] + 1) % CONFIGS["even"]["codebook_size"]
-    diff = (ours.decode(codes) - ours.decode(moved)).abs()[0, 0]
-    changed = torch.nonzero(diff > 0).flatten()
-    assert changed.numel() > 0
-    assert changed.min() >= (k - r) * hop and changed.max() < (k + r + 1) * hop
-
-
 @pytest.mark.parametrize("name", ["even", "odd"])
 @torch.no_grad()
-def test_streaming_equals_one_shot_with_both_contexts(tmp_path, name):
+def test_stateful_stream_equals_one_shot_for_any_split(tmp_path, name):
     ours = _ours_from(_reference(name, weight_norm=False), tmp_path)
-    r = ours.receptive_field_frames()
-    codes = _codes(CONFIGS[name], 2 * r + 11)
+    codes = _codes(CONFIGS[name], 29)  # two different streams in one batch
     full = ours.decode(codes)
-    chunks = stream_decode(ours, codes, chunk_frames=7, left_context=r, right_context=r)
-    torch.testing.assert_close(torch.cat(chunks, dim=-1), full, atol=1e-5, rtol=0)
-    # a middle window with exactly enough context on each side
-    mid = decode_window(ours, codes, r, r + 5, r, r)
-    torch.testing.assert_close(
-        mid, full[..., r * ours.hop_length : (r + 5) * ours.hop_length], atol=1e-5, rtol=0
-    )
-    # the convs are centred: left context alone (no look-ahead) is not exact
-    causal = torch.cat(stream_decode(ours, codes, 7, r, 0), dim=-1)
-    assert causal.shape[-1] <= full.shape[-1]
-    assert (causal - full[..., : causal.shape[-1]]).abs().max() > 1e-4
+    for split in ([29], [1] * 29, [5, 11, 0, 3, 10], [2, 2, 2, 23]):
+        stream, outs, i = DacDecodeStream(ours, batch=2), [], 0
+        for n in split:
+            outs.append(stream.push(codes[..., i : i + n]))
+            i += n
+        outs.append(stream.flush())
+        torch.testing.assert_close(torch.cat(outs, dim=-1), full, atol=1e-5, rtol=0)
+    # the convs are centred: a frame's samples come out only after the decoder's look-ahead
+    stream = DacDecodeStream(ours, batch=2)
+    assert stream.push(codes[..., :1]).shape[-1] < ours.output_length(1)
+
+
+def test_stream_refuses_bad_codes_and_use_after_flush(tmp_path):
+    ours = _ours_from(_reference("even", weight_norm=False), tmp_path)
+    stream = DacDecodeStream(ours)
+    with pytest.raises(ValueError, match="code ids"):
+        stream.push(torch.full((1, 2, 3), CONFIGS["even"]["codebook_size"]))
+    with pytest.raises(ValueError, match=r"\[1, S, n\]"):
+        stream.push(torch.zeros(2, 2, 3, dtype=torch.int64))
+    stream.push(torch.zeros(1, 2, 3, dtype=torch.int64))  # a refused push left the stream usable
+    stream.flush()
+    with pytest.raises(ValueError, match="ended"):
+        stream.push(torch.zeros(1, 2, 1, dtype=torch.int64))
 
 
 # -- encode side (models/dac_encoder.py) --------------------------------------------------------------

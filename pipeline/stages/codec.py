@@ -1,21 +1,33 @@
-"""The DAC vocoder stage of the unified graph: codec frames → waveform, streamed in windows.
+"""The DAC vocoder stage of the unified graph: codec frames → waveform, streamed with per-layer state.
 
 Input: ``codes`` int64 ``[S]`` per frame (local ids), ``last`` when the turn's frames are complete.
-Output: ``pcm`` float32 ``[n]`` at the codec's ``sampling_rate`` per decoded window; ``last`` on the
-final one (possibly empty). The first window is ``initial_codec_chunk_frames`` long, later ones
-``codec_chunk_frames``. DAC's convolutions are centred, so a window waits for ``right`` frames of
-look-ahead and decodes with ``left`` frames of history; with both ``>=`` the receptive field the
-concatenated windows equal the one-shot decode (:func:`omniduplex.models.dac.decode_window`).
+Output: ``pcm`` float32 ``[n]`` at the codec's ``sampling_rate``, every sample that no later frame can
+change; ``last`` on the final message (possibly empty). Each turn keeps a
+:class:`~omniduplex.models.dac_stream.DacDecodeStream`, so every frame is decoded once and the
+concatenated output equals the one-shot decode. Frames are pushed every ``initial_codec_chunk_frames``
+until the first samples come out (DAC's centred convolutions need ~9 frames of look-ahead before
+that), then every ``codec_chunk_frames``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-from omniduplex.models.dac import DacCodec, decode_window
+from omniduplex.models.dac import DacCodec
+from omniduplex.models.dac_stream import DacDecodeStream
 
-from ..connector import ChunkingConfig, FrameStream
+from ..connector import ChunkingConfig
 from ..messages import StageMessage
+
+
+@dataclass
+class _Turn:
+    decoder: DacDecodeStream
+    pending: list[torch.Tensor] = field(default_factory=list)  # frames not pushed yet, each int64 [S]
+    finished: bool = False
+    started: bool = False  # some audio has gone out
 
 
 class CodecWorker:
@@ -23,67 +35,52 @@ class CodecWorker:
 
     Args:
         codec: the DAC decoder.
-        chunking: window sizes (``initial_codec_chunk_frames``, ``codec_chunk_frames``).
-        left, right: context frames; default the codec's receptive field (exact streaming).
+        chunking: push cadence (``initial_codec_chunk_frames``, ``codec_chunk_frames``).
     """
 
-    def __init__(
-        self,
-        codec: DacCodec,
-        chunking: ChunkingConfig | None = None,
-        left: int | None = None,
-        right: int | None = None,
-    ) -> None:
+    def __init__(self, codec: DacCodec, chunking: ChunkingConfig | None = None) -> None:
         self.codec, self.cfg = codec, chunking or ChunkingConfig()
-        rf = codec.receptive_field_frames()
-        self.left = rf if left is None else left
-        self.right = rf if right is None else right
-        self.streams: dict[str, FrameStream] = {}
+        self.streams: dict[str, _Turn] = {}
 
     def submit(self, msg: StageMessage) -> None:
         """Raises ValueError on a frame of the wrong shape (this turn only)."""
-        s = self.streams.setdefault(msg.request_id, FrameStream())
         codes = msg.tensors.get("codes")
+        if codes is not None and codes.dim() != 1:
+            raise ValueError(f"turn {msg.request_id}: codes must be [S], got {list(codes.shape)}")
+        t = self.streams.get(msg.request_id)
+        if t is None:
+            t = self.streams[msg.request_id] = _Turn(DacDecodeStream(self.codec))
         if codes is not None:
-            if codes.dim() != 1:
-                raise ValueError(f"turn {msg.request_id}: codes must be [S], got {list(codes.shape)}")
-            s.frames.append(codes.to(torch.int64))
-        s.finished = s.finished or msg.last
+            t.pending.append(codes.to(torch.int64))
+        t.finished = t.finished or msg.last
 
     def abort(self, request_id: str) -> None:
         self.streams.pop(request_id, None)
 
-    def _window(self, s: FrameStream) -> int:
-        """Frames of the next window to emit (0 = not ready yet)."""
-        chunk = self.cfg.initial_codec_chunk_frames if s.emitted == 0 else self.cfg.codec_chunk_frames
-        left = s.available - s.emitted
-        if s.finished:
-            return min(chunk, left)
-        return chunk if left >= chunk + self.right else 0
+    def _ready(self, t: _Turn) -> bool:
+        need = self.cfg.codec_chunk_frames if t.started else self.cfg.initial_codec_chunk_frames
+        return t.finished or len(t.pending) >= need
 
     def has_work(self) -> bool:
-        return any(s.finished or self._window(s) for s in self.streams.values())
+        return any(self._ready(t) for t in self.streams.values())
 
     @torch.no_grad()
     def step(self) -> list[StageMessage]:
         outs, done = [], []
-        for rid, s in self.streams.items():
-            chunks = []
-            while n := self._window(s):
-                lo = max(s.offset, s.emitted - self.left)
-                codes = s.codes(lo, s.available)[None]  # [1, S, frames since lo]
-                a = s.emitted - lo
-                wav = decode_window(self.codec, codes, a, a + n, a, self.right)
-                chunks.append(wav[0, 0].float())
-                s.emitted += n
-            last = s.finished and s.emitted == s.available
-            if chunks or last:
-                pcm = torch.cat(chunks) if chunks else torch.zeros(0)
-                outs.append(StageMessage(rid, {"pcm": pcm}, last=last))
-            if last:
+        for rid, t in self.streams.items():
+            if not self._ready(t):
+                continue
+            parts = []
+            if t.pending:
+                parts.append(t.decoder.push(torch.stack(t.pending, dim=1)[None])[0, 0])
+                t.pending.clear()
+            if t.finished:
+                parts.append(t.decoder.flush()[0, 0])
                 done.append(rid)
-            else:
-                s.trim(self.left)
+            pcm = torch.cat(parts).float() if parts else torch.zeros(0)
+            t.started = t.started or pcm.numel() > 0
+            if pcm.numel() or t.finished:
+                outs.append(StageMessage(rid, {"pcm": pcm}, last=t.finished))
         for rid in done:
             self.streams.pop(rid)
         return outs
