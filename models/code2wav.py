@@ -390,7 +390,7 @@ class Code2Wav(nn.Module):
 
     @property
     def receptive_field_frames(self) -> int:
-        """Left context (frames) that makes a windowed decode exact; see ``code2wav_stream.decode_window``.
+        """Left context (frames) that makes a windowed decode (``chunked_decode``) exact at the window start.
 
         The earliest emitted sample of a window starting at frame ``s`` is sample ``s·total_upsample −
         lookahead_samples``. Walking the conv stack backwards (each conv/transposed conv maps an output

@@ -1,106 +1,133 @@
-"""Streaming Code2Wav decode by left context: pure functions over a :class:`~.code2wav.Code2Wav`.
+"""Streaming Code2Wav with per-layer state: each frame is decoded once, the output is exact.
 
-A window of frames ``[start, end)`` is decoded from ``codes[start − left : end]``; the samples owed to the
-left context are dropped. Two flavours:
+:class:`Code2WavStream` keeps, per stream, the pre-transformer's sliding-window KV cache (the last
+``sliding_window − 1`` frames of every layer, keys after RoPE at their absolute positions) and the state
+of every conv (:mod:`.conv_stream`): causal convs keep their last ``(k−1)·dilation`` inputs, the trimmed
+transposed convs their overlap-add tail, residual units nothing extra (causal branches have no latency).
+After pushes of ``n`` frames in total the outputs add up to ``model.num_samples(n)`` samples, equal to
+``model(codes)`` of those frames (float rounding, ~1e-6): the decoder's last ``lookahead_samples`` of a
+span come out with the next frame, as in the one-shot decode.
 
-* :func:`decode_window` / :func:`stream_decode` — seamless. Consecutive windows tile the one-shot
-  waveform ``model(codes)`` with no gap or overlap. Whenever ``left_context_frames >=
-  model.receptive_field_frames`` the result equals the one-shot decode up to float rounding (~1e-5);
-  with less left context (e.g. the 25 frames ``transformers`` uses, against 8 layers × 71 frames of
-  sliding-window reach alone for the published config) it is only an approximation near each window's
-  start.
-* :func:`chunked_decode` — ``transformers``' ``Qwen3OmniMoeCode2Wav.chunked_decode``, kept for parity with
-  the reference ``generate``. It drops exactly ``left·total_upsample`` samples per chunk, so every chunk
-  also loses its last ``model.lookahead_samples`` samples (555 = 23 ms for the published config): its
-  output is ``lookahead_samples`` shorter per chunk than the one-shot decode and is not seamless.
+Re-decoding windows with left context, as ``transformers``' :func:`chunked_decode` (kept here for parity
+with the reference ``generate``) does, costs ``n + left`` frames per ``n`` and is exact only with left
+context ``>= model.receptive_field_frames`` (8·71 transformer frames alone for the published config;
+``transformers`` uses 25, an approximation). The stream costs ``n`` and is exact.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from .code2wav import Code2Wav
-
-
-def window_sample_span(model: Code2Wav, start: int, end: int) -> tuple[int, int]:
-    """Sample range ``[first, stop)`` of the one-shot waveform that :func:`decode_window` returns.
-
-    ``first = max(0, start·U − lookahead)``, ``stop = end·U − lookahead`` with ``U = total_upsample``:
-    a window emits the ``lookahead_samples`` tail of the previous frame (which needed frame ``start``)
-    and holds back its own tail until the next window.
-    """
-    u, la = model.total_upsample, model.lookahead_samples
-    return max(0, start * u - la), end * u - la
-
-
-def decode_window(model: Code2Wav, codes: torch.Tensor, start: int, end: int, left_context_frames: int,
-                  *, codes_offset: int = 0) -> torch.Tensor:
-    """Decode frames ``[start, end)`` of a stream using up to ``left_context_frames`` earlier frames.
-
-    Args:
-        model: the decoder.
-        codes: int ``[B, num_quantizers, n]`` holding stream frames ``[codes_offset, codes_offset + n)``
-            (all codes so far, or just the window with its left context).
-        start, end: absolute frame indices, ``0 <= start < end``.
-        left_context_frames: frames before ``start`` to re-decode; clipped to ``start`` at stream start.
-        codes_offset: absolute frame index of ``codes[..., 0]``.
-
-    Returns:
-        ``[B, 1, stop − first]`` float samples ``[first, stop)`` of the one-shot waveform (see
-        :func:`window_sample_span`): ``end·U − lookahead`` samples when ``start == 0``, else
-        ``(end − start)·U``. Exact (~1e-5) when ``left_context_frames >= model.receptive_field_frames``;
-        approximate below that.
-
-    Raises:
-        ValueError: bad window bounds, codes that do not hold ``[start − context, end)``, or ``start > 0``
-            with too little left context to cover the lookahead tail (needs ``context·U >= lookahead``);
-            bad code ids as :meth:`Code2Wav.embed`.
-    """
-    if not 0 <= start < end:
-        raise ValueError(f"code2wav window [{start}, {end}) is empty or negative")
-    if left_context_frames < 0:
-        raise ValueError(f"left_context_frames={left_context_frames} must be >= 0")
-    context = min(left_context_frames, start)
-    first = start - context
-    if first < codes_offset or end > codes_offset + codes.shape[-1]:
-        raise ValueError(f"code2wav window [{start}, {end}) with {context} frames of left context needs "
-                         "frames "
-                         f"[{first}, {end}); codes hold [{codes_offset}, {codes_offset + codes.shape[-1]})")
-    u, la = model.total_upsample, model.lookahead_samples
-    drop = context * u - la if start > 0 else 0
-    if drop < 0:
-        raise ValueError(f"code2wav window at frame {start} needs >= {-(-la // u)} frames of left context to "
-                         f"emit the {la}-sample lookahead tail of frame {start - 1}; got {context}")
-    wav = model(codes[..., first - codes_offset: end - codes_offset])
-    return wav[..., drop:]
+from .code2wav import (
+    CausalConv1d,
+    CausalTransConv1d,
+    Code2Wav,
+    ConvNeXtBlock,
+    DecoderBlock,
+    ResidualUnit,
+    SnakeBeta,
+    TransformerLayer,
+    apply_rope,
+    rope,
+)
+from .conv_stream import Chain, ConvStream, ConvTransposeStream, Pointwise, Residual
 
 
-def stream_decode(model: Code2Wav, codes: torch.Tensor, chunk_frames: int, left_context_frames: int,
-                  initial_chunk_frames: int | None = None) -> torch.Tensor:
-    """Seamless chunked decode: :func:`decode_window` over consecutive chunks, concatenated.
+def _conv_stream(layer: nn.Module, batch: int):
+    """The streaming twin of one Code2Wav conv-side layer."""
+    if isinstance(layer, CausalConv1d):
+        return ConvStream(layer.conv, layer.pad, 0, batch)
+    if isinstance(layer, CausalTransConv1d):
+        return ConvTransposeStream(layer.conv, layer.trim, layer.trim, batch)
+    if isinstance(layer, SnakeBeta):
+        return Pointwise(layer)
+    if isinstance(layer, ResidualUnit):
+        parts = [layer.act1, layer.conv1, layer.act2, layer.conv2]
+        w = layer.conv1.conv.weight
+        return Residual(Chain([_conv_stream(m, batch) for m in parts]), w.shape[1], w, batch)
+    if isinstance(layer, DecoderBlock):
+        return Chain([_conv_stream(m, batch) for m in layer.block])
+    if isinstance(layer, ConvNeXtBlock):
+
+        def mlp(h: torch.Tensor, b: ConvNeXtBlock = layer) -> torch.Tensor:
+            h = b.norm(h.transpose(1, 2))
+            return (b.pwconv2(F.gelu(b.pwconv1(h))) * b.gamma).transpose(1, 2)
+
+        w = layer.dwconv.conv.weight
+        return Residual(Chain([_conv_stream(layer.dwconv, batch), Pointwise(mlp)]), w.shape[0], w, batch)
+    raise TypeError(f"no streaming form for {type(layer).__name__}")
+
+
+class Code2WavStream:
+    """One stream's decoder state over a shared :class:`~.code2wav.Code2Wav` (weights are not copied).
 
     Args:
-        codes: int ``[B, num_quantizers, n]``.
-        chunk_frames: frames per window (the last window may be shorter).
-        left_context_frames: as :func:`decode_window`.
-        initial_chunk_frames: size of the first window (default ``chunk_frames``).
+        model: the decoder; its dtype and device are used for the state.
+        batch: streams decoded together (each call's codes are ``[batch, num_quantizers, n]``).
 
-    Returns:
-        ``[B, 1, model.num_samples(n)]``, equal to ``model(codes)`` (~1e-5) when ``left_context_frames >=
-        model.receptive_field_frames``; approximate with less context.
+    ``push(codes)`` (int ``[batch, num_quantizers, n]``, ``n >= 0``) → float ``[batch, 1, m]``, the next
+    ``m`` samples (24 kHz) of the one-shot waveform. ``flush()`` returns nothing new (the one-shot decode
+    trims the look-ahead tail too) and ends the stream; it exists so every vocoder stream has the same
+    interface.
 
     Raises:
-        ValueError: ``chunk_frames`` or ``initial_chunk_frames`` < 1; as :func:`decode_window`.
+        ValueError: codes as :meth:`Code2Wav.embed` refuses them, a wrong batch, or a push after ``flush``.
     """
-    first = chunk_frames if initial_chunk_frames is None else initial_chunk_frames
-    if chunk_frames < 1 or first < 1:
-        raise ValueError(f"chunk sizes must be >= 1, got chunk_frames={chunk_frames}, initial={first}")
-    n, start, size, out = codes.shape[-1], 0, first, []
-    while start < n:
-        end = min(start + size, n)
-        out.append(decode_window(model, codes, start, end, left_context_frames))
-        start, size = end, chunk_frames
-    return torch.cat(out, dim=-1)
+
+    def __init__(self, model: Code2Wav, batch: int = 1) -> None:
+        self.model, self.batch, self.pos, self.done = model, batch, 0, False
+        pre = model.pre_transformer
+        self.window = pre.window
+        self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(pre.layers)
+        w = model.code_embedding.weight
+        self.no_samples = w.new_zeros(batch, 1, 0)
+        self.convs = Chain(
+            [_conv_stream(m, batch) for m in model._layers()] + [Pointwise(lambda x: x.clamp(-1.0, 1.0))]
+        )
+
+    def _attend(self, i: int, layer: TransformerLayer, x, cos, sin) -> torch.Tensor:
+        a, (b, t, _) = layer.self_attn, x.shape
+        q = apply_rope(a.q_proj(x).view(b, t, a.heads, a.head_dim), cos, sin).transpose(1, 2)
+        k = apply_rope(a.k_proj(x).view(b, t, a.kv_heads, a.head_dim), cos, sin).transpose(1, 2)
+        v = a.v_proj(x).view(b, t, a.kv_heads, a.head_dim).transpose(1, 2)
+        if self.kv[i] is not None:
+            k, v = torch.cat([self.kv[i][0], k], dim=2), torch.cat([self.kv[i][1], v], dim=2)
+        drop = max(0, k.shape[2] - (self.window - 1))  # keys no later query can reach
+        self.kv[i] = (k[:, :, drop:], v[:, :, drop:])
+        # query j sits at position pos + j, key m at pos − cached + m; attend iff 0 <= distance < window
+        cached = k.shape[2] - t
+        dist = torch.arange(t)[:, None] + cached - torch.arange(k.shape[2])[None, :]
+        mask = ((dist >= 0) & (dist < self.window)).to(x.device)
+        groups = a.heads // a.kv_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return a.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    @torch.no_grad()
+    def push(self, codes: torch.Tensor) -> torch.Tensor:
+        if self.done:
+            raise ValueError("push after flush: the stream has ended")
+        if codes.dim() == 3 and codes.shape[-1] == 0:
+            return self.no_samples
+        x = self.model.embed(codes)  # validates the codes
+        b, t, _ = x.shape
+        if b != self.batch:
+            raise ValueError(f"codes must be [{self.batch}, Q, n], got shape {list(codes.shape)}")
+        pre = self.model.pre_transformer
+        cos, sin = rope(torch.arange(self.pos, self.pos + t, device=x.device), pre.head_dim, pre.theta)
+        for i, layer in enumerate(pre.layers):
+            x = x + layer.self_attn_layer_scale(self._attend(i, layer, layer.input_layernorm(x), cos, sin))
+            x = x + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(x)))
+        self.pos += t
+        return self.convs.push(pre.norm(x).transpose(1, 2))
+
+    def flush(self) -> torch.Tensor:
+        if self.done:
+            raise ValueError("flush after flush: the stream has ended")
+        self.done = True
+        return self.no_samples
 
 
 def chunked_decode(model: Code2Wav, codes: torch.Tensor, chunk_frames: int = 300,

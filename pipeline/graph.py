@@ -10,18 +10,19 @@ from pathlib import Path
 import torch
 
 from omniduplex.models.checkpoint import iter_tensors, weight_files
+from omniduplex.models.code2wav_stream import Code2WavStream
+from omniduplex.models.dac_stream import DacDecodeStream
 from omniduplex.models.registry import load_model
 from omniduplex.models.talker_prompt import TalkerTextEmbeds
 
 from .config import PipelineConfig, StageConfig
 from .connector import ChunkingConfig
-from .stages.code2wav import Code2WavWorker
-from .stages.codec import CodecWorker
 from .stages.codec_encoder import CodecEncoderWorker
 from .stages.encoder import EncoderWorker
 from .stages.talker import TalkerWorker
 from .stages.thinker import ThinkerWorker
 from .stages.unified import UnifiedWorker
+from .stages.vocoder import VocoderWorker
 from .topology import topology_for
 
 PARTS = {
@@ -47,7 +48,7 @@ def build_worker(stage: str, model_dir: str | Path, cfg: StageConfig, chunking: 
     if stage == "unified":
         return UnifiedWorker(model, cfg.num_kv_blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
     if stage == "codec":
-        return CodecWorker(model.codec, chunking)
+        return VocoderWorker(lambda: DacDecodeStream(model.codec), chunking)
     if stage == "encoder":
         return EncoderWorker(model, max_batch=cfg.max_num_seqs)
     if stage == "thinker":
@@ -60,7 +61,7 @@ def build_worker(stage: str, model_dir: str | Path, cfg: StageConfig, chunking: 
             cfg.max_num_seqs,
             cfg.max_num_batched_tokens,
         )
-    return Code2WavWorker(model.code2wav, chunking)
+    return VocoderWorker(lambda: Code2WavStream(model.code2wav), chunking)
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""Code2Wav: parity with transformers' Qwen3OmniMoeCode2Wav, and streaming decode by left context."""
+"""Code2Wav: parity with transformers' Qwen3OmniMoeCode2Wav, and exact stateful streaming decode."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
 from omniduplex.models.code2wav import Code2Wav, Code2WavConfig
-from omniduplex.models.code2wav_stream import chunked_decode, decode_window, stream_decode, window_sample_span
+from omniduplex.models.code2wav_stream import Code2WavStream, chunked_decode
 
 # Tiny layouts of the published architecture. ``peak`` is the waveform peak the last conv is scaled to:
 # below 1 so tolerances are meaningful, above 1 to exercise the clamp.
@@ -109,37 +109,53 @@ def test_chunked_decode_matches_transformers(pair, chunk, left):
     _close(chunked_decode(ours, codes, chunk, left), ref, 1e-4)
 
 
-@torch.no_grad()
-@pytest.mark.parametrize("chunk,initial", [(1, None), (3, None), (7, None), (16, 2), (40, None)])
-def test_stream_decode_with_full_left_context_equals_one_shot(pair, chunk, initial):
-    _, ours, codes = pair
-    one_shot = ours(codes)
-    got = stream_decode(ours, codes, chunk, ours.receptive_field_frames, initial_chunk_frames=initial)
-    _close(got, one_shot, 1e-5)
+def _stream(model: Code2Wav, codes: torch.Tensor, split: list[int]) -> list[torch.Tensor]:
+    stream, outs, i = Code2WavStream(model, batch=codes.shape[0]), [], 0
+    for n in split:
+        outs.append(stream.push(codes[..., i : i + n]))
+        i += n
+    return outs + [stream.flush()]
 
 
 @torch.no_grad()
-def test_decode_window_from_a_chunk_with_its_left_context(pair):
+@pytest.mark.parametrize("split", [[40], [1] * 40, [2] + [8] * 4 + [6], [3, 0, 16, 21]])
+def test_stateful_stream_equals_one_shot_for_any_split(pair, split):
     _, ours, codes = pair
-    one_shot = ours(codes)
-    left = ours.receptive_field_frames
-    start, end = left + 3, 40  # ragged tail window
-    first, stop = window_sample_span(ours, start, end)
-    offset = start - left - 1
-    got = decode_window(ours, codes[..., offset:end], start, end, left, codes_offset=offset)
-    _close(got, one_shot[..., first:stop], 1e-5)
-    with pytest.raises(ValueError, match="codes hold"):
-        decode_window(ours, codes[..., start - left + 1:end], start, end, left, codes_offset=start - left + 1)
-    with pytest.raises(ValueError, match="lookahead"):
-        decode_window(ours, codes, start, end, 0)
+    one_shot, outs = ours(codes), _stream(ours, codes, split)
+    _close(torch.cat(outs, dim=-1), one_shot, 1e-5)
+    # causal: after n frames the stream has given exactly the one-shot decode of those n frames
+    sizes = torch.tensor([o.shape[-1] for o in outs[:-1]]).cumsum(0).tolist()
+    frames = torch.tensor(split).cumsum(0).tolist()
+    assert sizes == [ours.num_samples(n) if n else 0 for n in frames]
+    assert outs[-1].shape[-1] == 0  # the flush adds nothing: the one-shot decode trims that tail too
+
+
+@torch.no_grad()
+def test_stream_refuses_bad_codes_and_use_after_flush(pair):
+    _, ours, codes = pair
+    stream = Code2WavStream(ours, batch=2)
+    bad = codes[..., :3].clone()
+    bad[0, 1, 1] = ours.cfg.codebook_size
+    with pytest.raises(ValueError, match="codebook 1"):
+        stream.push(bad)
+    with pytest.raises(ValueError, match="batch|\\[2, Q, n\\]"):
+        stream.push(codes[:1, :, :3])
+    assert stream.push(codes[..., :3]).shape[-1] == ours.num_samples(3)  # refused pushes left no trace
+    stream.flush()
+    with pytest.raises(ValueError, match="ended"):
+        stream.push(codes[..., 3:4])
 
 
 @torch.no_grad()
 def test_short_left_context_is_only_approximate(pair):
+    """What the stream replaces: re-decoding windows with too little left context (1 frame) is not exact."""
     _, ours, codes = pair
-    one_shot = ours(codes)
-    diff = (stream_decode(ours, codes, 5, 1) - one_shot).abs().max()
-    assert float(diff) > 1e-3
+    one_shot, u, la = ours(codes), ours.total_upsample, ours.lookahead_samples
+    got = chunked_decode(ours, codes, 5, 1)
+    keep = torch.ones(one_shot.shape[-1], dtype=torch.bool)
+    for boundary in range(5, 40, 5):
+        keep[boundary * u - la : boundary * u] = False
+    assert float((got - one_shot[..., keep]).abs().max()) > 1e-3
 
 
 @torch.no_grad()
@@ -162,7 +178,7 @@ def test_receptive_field_frames_is_exact(pair):
     hidden = model.embed(codes[:1]).detach().requires_grad_(True)
     wav = model.synthesize(hidden)
     start = 36
-    first, _ = window_sample_span(model, start, start + 1)
+    first = start * model.total_upsample - model.lookahead_samples  # the first sample a window at start owns
     assert abs(wav[0, 0, first].item()) < 1.0  # not clamped, so the gradient flows
     (grad,) = torch.autograd.grad(wav[0, 0, first], hidden)
     reached = grad[0].abs().sum(-1).nonzero().flatten()

@@ -18,10 +18,12 @@ from omniduplex.models.registry import load_model
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.config import PipelineConfig
-from omniduplex.pipeline.connector import ChunkingConfig, decode_windows, frames_to_decode
+from omniduplex.pipeline.connector import ChunkingConfig
 from omniduplex.pipeline.graph import build_all
 from omniduplex.pipeline.local_backend import LocalBackend
+from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.orchestrator import Orchestrator
+from omniduplex.pipeline.stages.vocoder import VocoderWorker
 
 QUESTION = Path(__file__).parents[1] / "examples" / "question.wav"
 GREEDY = {
@@ -40,13 +42,11 @@ def _orchestrator(ckpt, chunking: ChunkingConfig | None = None) -> Orchestrator:
     return Orchestrator(LocalBackend(build_all(pcfg)), load_tokenizer(ckpt), record=True)
 
 
-
-
 @pytest.mark.parametrize(
     "chunking",
     [
         ChunkingConfig(),
-        ChunkingConfig(initial_codec_chunk_frames=1, codec_chunk_frames=3, decode_chunk_frames=2),
+        ChunkingConfig(initial_codec_chunk_frames=1, codec_chunk_frames=3),
     ],
 )
 def test_streamed_turn_equals_sequential_reference(ckpt, chunking):
@@ -133,12 +133,38 @@ def test_bad_audio_fails_its_turn_only(ckpt):
     assert good[-1].kind == "done"
 
 
-def test_chunking_policy():
-    cfg = ChunkingConfig(initial_codec_chunk_frames=2, codec_chunk_frames=5, decode_chunk_frames=3)
-    assert frames_to_decode(1, 0, False, cfg) == 0
-    assert frames_to_decode(2, 0, False, cfg) == 2
-    assert frames_to_decode(6, 2, False, cfg) == 0
-    assert frames_to_decode(7, 2, False, cfg) == 5
-    assert frames_to_decode(3, 2, True, cfg) == 1
-    assert frames_to_decode(2, 2, True, cfg) == 0
-    assert decode_windows(2, 9, cfg) == [(2, 5), (5, 8), (8, 9)]
+class _LookaheadStream:
+    """A vocoder stream with 3 frames of look-ahead: 10 samples per frame, out once 3 later frames exist."""
+
+    def __init__(self) -> None:
+        self.frames, self.pushes = 0, []
+
+    def push(self, codes: torch.Tensor) -> torch.Tensor:
+        before, self.frames = self.frames, self.frames + codes.shape[-1]
+        self.pushes.append(codes.shape[-1])
+        return torch.zeros(1, 1, 10 * (max(0, self.frames - 3) - max(0, before - 3)))
+
+    def flush(self) -> torch.Tensor:
+        self.pushes.append("flush")
+        return torch.zeros(1, 1, 10 * min(3, self.frames))
+
+
+def test_vocoder_pushes_small_groups_until_audio_then_steady_chunks():
+    streams = []
+
+    def new_stream() -> _LookaheadStream:
+        streams.append(_LookaheadStream())
+        return streams[-1]
+
+    w = VocoderWorker(new_stream, ChunkingConfig(initial_codec_chunk_frames=2, codec_chunk_frames=5))
+    out = []
+    for i in range(14):
+        w.submit(StageMessage("t", {"codes": torch.tensor([i, i])}, last=i == 13))
+        while w.has_work():
+            out += [(len(m.tensors["pcm"]), m.last) for m in w.step()]
+    # groups of 2 while nothing came out (look-ahead), then 5, then the rest with the flush
+    assert streams[0].pushes == [2, 2, 5, 5, "flush"]
+    assert out == [(10, False), (50, False), (80, True)]  # 14 frames → 140 samples, every one once
+    assert w.streams == {}
+    with pytest.raises(ValueError, match=r"\[G\]"):
+        w.submit(StageMessage("u", {"codes": torch.zeros(2, 2, dtype=torch.int64)}))

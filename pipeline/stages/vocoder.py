@@ -1,55 +1,67 @@
-"""The DAC vocoder stage of the unified graph: codec frames → waveform, streamed with per-layer state.
+"""The vocoder stage of both graphs: codec frames → waveform, streamed with per-layer decoder state.
 
-Input: ``codes`` int64 ``[S]`` per frame (local ids), ``last`` when the turn's frames are complete.
-Output: ``pcm`` float32 ``[n]`` at the codec's ``sampling_rate``, every sample that no later frame can
-change; ``last`` on the final message (possibly empty). Each turn keeps a
-:class:`~omniduplex.models.dac_stream.DacDecodeStream`, so every frame is decoded once and the
-concatenated output equals the one-shot decode. Frames are pushed every ``initial_codec_chunk_frames``
-until the first samples come out (DAC's centred convolutions need ~9 frames of look-ahead before
-that), then every ``codec_chunk_frames``.
+Qwen3-Omni runs Code2Wav (:class:`~omniduplex.models.code2wav_stream.Code2WavStream`, 24 kHz), the
+unified LM the DAC decoder (:class:`~omniduplex.models.dac_stream.DacDecodeStream`, the codec's rate).
+Each turn keeps one stream, so every frame is decoded once and the concatenated output equals the
+one-shot decode of the turn's frames.
+
+Input: ``codes`` int64 ``[G]`` per frame, ``last`` when the turn's frames are complete.
+Output: ``pcm`` float32 ``[n]``, every sample no later frame can change; ``last`` on the turn's final
+message (possibly empty). Frames are pushed in groups of ``initial_codec_chunk_frames`` until the first
+samples come out (at once for causal Code2Wav; after ~9 frames of look-ahead for DAC's centred convs),
+then of ``codec_chunk_frames``; on ``last`` whatever is pending.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
-
-from omniduplex.models.dac import DacCodec
-from omniduplex.models.dac_stream import DacDecodeStream
 
 from ..connector import ChunkingConfig
 from ..messages import StageMessage
 
 
+class VocoderStream(Protocol):
+    """``push(codes [1, G, n]) → [1, 1, m]`` samples now final; ``flush() → [1, 1, k]`` the rest."""
+
+    def push(self, codes: torch.Tensor) -> torch.Tensor: ...
+
+    def flush(self) -> torch.Tensor: ...
+
+
 @dataclass
 class _Turn:
-    decoder: DacDecodeStream
-    pending: list[torch.Tensor] = field(default_factory=list)  # frames not pushed yet, each int64 [S]
+    decoder: VocoderStream
+    pending: list[torch.Tensor] = field(default_factory=list)  # frames not pushed yet, each int64 [G]
     finished: bool = False
     started: bool = False  # some audio has gone out
 
 
-class CodecWorker:
-    """Streaming DAC decoding of every turn in flight.
+class VocoderWorker:
+    """Streaming decode of every turn in flight.
 
     Args:
-        codec: the DAC decoder.
+        new_stream: makes one turn's decoder stream (e.g. ``lambda: Code2WavStream(model)``).
         chunking: push cadence (``initial_codec_chunk_frames``, ``codec_chunk_frames``).
     """
 
-    def __init__(self, codec: DacCodec, chunking: ChunkingConfig | None = None) -> None:
-        self.codec, self.cfg = codec, chunking or ChunkingConfig()
+    def __init__(
+        self, new_stream: Callable[[], VocoderStream], chunking: ChunkingConfig | None = None
+    ) -> None:
+        self.new_stream, self.cfg = new_stream, chunking or ChunkingConfig()
         self.streams: dict[str, _Turn] = {}
 
     def submit(self, msg: StageMessage) -> None:
         """Raises ValueError on a frame of the wrong shape (this turn only)."""
         codes = msg.tensors.get("codes")
         if codes is not None and codes.dim() != 1:
-            raise ValueError(f"turn {msg.request_id}: codes must be [S], got {list(codes.shape)}")
+            raise ValueError(f"turn {msg.request_id}: codes must be [G], got {list(codes.shape)}")
         t = self.streams.get(msg.request_id)
         if t is None:
-            t = self.streams[msg.request_id] = _Turn(DacDecodeStream(self.codec))
+            t = self.streams[msg.request_id] = _Turn(self.new_stream())
         if codes is not None:
             t.pending.append(codes.to(torch.int64))
         t.finished = t.finished or msg.last
@@ -66,6 +78,7 @@ class CodecWorker:
 
     @torch.no_grad()
     def step(self) -> list[StageMessage]:
+        """Push every ready turn's pending frames; one message per turn that has new samples or ended."""
         outs, done = [], []
         for rid, t in self.streams.items():
             if not self._ready(t):
