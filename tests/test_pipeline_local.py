@@ -168,3 +168,15 @@ def test_vocoder_pushes_small_groups_until_audio_then_steady_chunks():
     assert w.streams == {}
     with pytest.raises(ValueError, match=r"\[G\]"):
         w.submit(StageMessage("u", {"codes": torch.zeros(2, 2, dtype=torch.int64)}))
+
+
+def test_vocoder_serves_first_packets_before_steady_chunks():
+    w = VocoderWorker(_LookaheadStream, ChunkingConfig(initial_codec_chunk_frames=1, codec_chunk_frames=1))
+    for i in range(5):  # turn "a" is past its look-ahead and speaking
+        w.submit(StageMessage("a", {"codes": torch.tensor([i])}))
+        w.step()
+    w.submit(StageMessage("a", {"codes": torch.tensor([5])}))
+    w.submit(StageMessage("b", {"codes": torch.tensor([0])}))  # a new turn
+    assert [m.request_id for m in w.step()] == []  # only "b" was pushed (still in its look-ahead)
+    assert w.streams["a"].pending and not w.streams["b"].pending
+    assert [m.request_id for m in w.step()] == ["a"]  # "b" waits for frames, "a" goes on

@@ -78,11 +78,15 @@ class VocoderWorker:
 
     @torch.no_grad()
     def step(self) -> list[StageMessage]:
-        """Push every ready turn's pending frames; one message per turn that has new samples or ended."""
+        """Push ready turns' pending frames; one message per turn that has new samples or ended.
+
+        Turns with no audio out yet go first, alone in their step: their first packet (TTFP) does not
+        wait behind the steady chunks of the other turns, which have audio buffered at the client.
+        """
         outs, done = [], []
-        for rid, t in self.streams.items():
-            if not self._ready(t):
-                continue
+        ready = [(rid, t) for rid, t in self.streams.items() if self._ready(t)]
+        first = [(rid, t) for rid, t in ready if not t.started]
+        for rid, t in first or ready:
             parts = []
             if t.pending:
                 parts.append(t.decoder.push(torch.stack(t.pending, dim=1)[None])[0, 0])
