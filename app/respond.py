@@ -86,6 +86,34 @@ class TurnOptions:
         return {"sampling": sampling, "talker_sampling": talker, "speaker": self.speaker}
 
 
+def serving_meta(
+    max_tokens: int,
+    talker_max_tokens: int,
+    *,
+    ignore_eos: bool = False,
+    cfg_scale: float = 1.0,
+    speaker: str = "ethan",
+) -> dict:
+    """Turn meta for a server or benchmark that serves either graph shape: Qwen3-Omni model-card
+    sampling for the Thinker, ``max_tokens`` text / ``talker_max_tokens`` codec frames as the budgets of
+    both shapes, ``cfg_scale`` for unified checkpoints (see :meth:`Orchestrator.submit`)."""
+    return {
+        "sampling": {
+            "max_tokens": max_tokens,
+            "temperature": 0.7,
+            "top_p": 0.8,
+            "top_k": 20,
+            "ignore_eos": ignore_eos,
+        },
+        "talker_sampling": {"max_tokens": talker_max_tokens, "ignore_eos": ignore_eos},
+        "speaker": speaker,
+        # unified checkpoints: the same budgets, plus CFG
+        "max_text_tokens": max_tokens,
+        "max_audio_frames": talker_max_tokens,
+        "cfg_scale": cfg_scale,
+    }
+
+
 def respond(
     input_path: Path | None,
     output_path: Path,

@@ -87,7 +87,7 @@ class ServerState:
         """Build and start the pipeline unless a responder was given."""
         if self.responder is not None:
             return
-        from omniduplex.app.respond import default_model, make_backend
+        from omniduplex.app.respond import default_model, make_backend, serving_meta
         from omniduplex.models.tokenizer import load_tokenizer
         from omniduplex.pipeline.config import load_graph
         from omniduplex.pipeline.orchestrator import Orchestrator
@@ -106,20 +106,9 @@ class ServerState:
             backend, load_tokenizer(pcfg.model), output_rate=output_rate(pcfg.model)
         )
         await self.orchestrator.start()
-        meta = {
-            "sampling": {
-                "max_tokens": cfg.max_tokens,
-                "temperature": 0.7,
-                "top_p": 0.8,
-                "top_k": 20,
-                "ignore_eos": cfg.ignore_eos,
-            },
-            "talker_sampling": {"max_tokens": cfg.talker_max_tokens, "ignore_eos": cfg.ignore_eos},
-            "speaker": cfg.speaker,
-            # unified checkpoints (see Orchestrator.submit)
-            "max_text_tokens": cfg.max_tokens,
-            "max_audio_frames": cfg.talker_max_tokens,
-        }
+        meta = serving_meta(
+            cfg.max_tokens, cfg.talker_max_tokens, ignore_eos=cfg.ignore_eos, speaker=cfg.speaker
+        )
         self.responder = OrchestratorResponder(self.orchestrator, meta)
 
     async def stop(self) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from omniduplex.app.respond import serving_meta
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.orchestrator import Orchestrator
@@ -83,20 +84,7 @@ def run(
 ) -> dict:
     """Run the sweep and print a markdown table; returns ``{c: metrics}``."""
     wavs = [load_audio(p) for p in wav_paths]
-    meta = {
-        "sampling": {
-            "max_tokens": max_tokens,
-            "temperature": 0.7,
-            "top_p": 0.8,
-            "top_k": 20,
-            "ignore_eos": ignore_eos,
-        },
-        "talker_sampling": {"max_tokens": talker_max_tokens, "ignore_eos": ignore_eos},
-        # unified checkpoints: the same budgets, plus CFG
-        "max_text_tokens": max_tokens,
-        "max_audio_frames": talker_max_tokens,
-        "cfg_scale": cfg_scale,
-    }
+    meta = serving_meta(max_tokens, talker_max_tokens, ignore_eos=ignore_eos, cfg_scale=cfg_scale)
 
     async def main():
         orch = Orchestrator(backend, load_tokenizer(pcfg.model), output_rate=output_rate(pcfg.model))
