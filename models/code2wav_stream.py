@@ -32,7 +32,7 @@ from .code2wav import (
     apply_rope,
     rope,
 )
-from .conv_stream import Chain, ConvStream, ConvTransposeStream, Pointwise, Residual
+from .conv_stream import Chain, ConvStream, ConvTransposeStream, OneShotEnd, Pointwise, Residual
 
 
 def _conv_stream(layer: nn.Module, batch: int):
@@ -60,7 +60,7 @@ def _conv_stream(layer: nn.Module, batch: int):
     raise TypeError(f"no streaming form for {type(layer).__name__}")
 
 
-class Code2WavStream:
+class Code2WavStream(OneShotEnd):
     """One stream's decoder state over a shared :class:`~.code2wav.Code2Wav` (weights are not copied).
 
     Args:
@@ -77,7 +77,7 @@ class Code2WavStream:
     """
 
     def __init__(self, model: Code2Wav, batch: int = 1) -> None:
-        self.model, self.batch, self.pos, self.done = model, batch, 0, False
+        self.model, self.batch, self.pos = model, batch, 0
         pre = model.pre_transformer
         self.window = pre.window
         self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(pre.layers)
@@ -107,8 +107,7 @@ class Code2WavStream:
 
     @torch.no_grad()
     def push(self, codes: torch.Tensor) -> torch.Tensor:
-        if self.done:
-            raise ValueError("push after flush: the stream has ended")
+        self.check_open("push")
         if codes.dim() == 3 and codes.shape[-1] == 0:
             return self.no_samples
         x = self.model.embed(codes)  # validates the codes
@@ -124,9 +123,7 @@ class Code2WavStream:
         return self.convs.push(pre.norm(x).transpose(1, 2))
 
     def flush(self) -> torch.Tensor:
-        if self.done:
-            raise ValueError("flush after flush: the stream has ended")
-        self.done = True
+        self.close()
         return self.no_samples
 
 

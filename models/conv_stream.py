@@ -131,3 +131,17 @@ class Residual:
 
     def flush(self) -> torch.Tensor:
         return self._add(self.branch.flush())
+
+
+class OneShotEnd:
+    """The end of a decoder stream: pushes until one ``flush``, then ValueError on any further call."""
+
+    done = False
+
+    def check_open(self, op: str) -> None:
+        if self.done:
+            raise ValueError(f"{op} after flush: the stream has ended")
+
+    def close(self) -> None:
+        self.check_open("flush")
+        self.done = True

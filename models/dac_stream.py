@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .conv_stream import Chain, ConvStream, ConvTransposeStream, Pointwise, Residual
+from .conv_stream import Chain, ConvStream, ConvTransposeStream, OneShotEnd, Pointwise, Residual
 from .dac import DacCodec, DecoderBlock, ResidualUnit
 
 
@@ -42,7 +42,7 @@ def _block(block: DecoderBlock, batch: int) -> Chain:
     )
 
 
-class DacDecodeStream:
+class DacDecodeStream(OneShotEnd):
     """One stream's decoder state over a shared :class:`~.dac.DacCodec` (weights are not copied).
 
     Args:
@@ -60,7 +60,7 @@ class DacDecodeStream:
     """
 
     def __init__(self, codec: DacCodec, batch: int = 1) -> None:
-        self.codec, self.batch, self.done = codec, batch, False
+        self.codec, self.batch = codec, batch
         p = next(codec.parameters())
         dec = codec.decoder
         self.no_latents = torch.zeros(batch, codec.cfg.hidden_size, 0, dtype=p.dtype, device=p.device)
@@ -71,8 +71,7 @@ class DacDecodeStream:
         )
 
     def _check(self, codes: torch.Tensor) -> None:
-        if self.done:
-            raise ValueError("push after flush: the stream has ended")
+        self.check_open("push")
         self.codec.check_codes(codes)
         if codes.shape[0] != self.batch:
             raise ValueError(f"codes must be [{self.batch}, S, n], got shape {list(codes.shape)}")
@@ -84,7 +83,5 @@ class DacDecodeStream:
 
     @torch.no_grad()
     def flush(self) -> torch.Tensor:
-        if self.done:
-            raise ValueError("flush after flush: the stream has ended")
-        self.done = True
+        self.close()
         return self.chain.flush()
