@@ -72,6 +72,33 @@ def init_model(
     )
 
 
+@cli.command("init-cascade")
+def init_cascade(
+    out: Path = typer.Option(Path("cascade.yaml"), "--out", help="Manifest file (or folder) to write."),
+    asr: Path | None = typer.Option(None, help="Whisper CTranslate2 directory (default: packaged tiny.en)."),
+    llm: Path | None = typer.Option(
+        None, help="LLM: HF Llama/Qwen3 checkpoint directory or .gguf (default: packaged SmolLM2-135M)."
+    ),
+    tts: Path | None = typer.Option(None, help="Piper voice .onnx (default: packaged en_US joe medium)."),
+) -> None:
+    """Write a cascade manifest (asr → llm → tts) to pass as --model; unset parts use the packaged weights."""
+    from omniduplex.models import weights
+    from omniduplex.models.cascade import load_manifest, write_manifest
+
+    def pick(given: Path | None, packaged) -> Path:
+        return given.resolve() if given else weights.locate(packaged)
+
+    path = write_manifest(
+        out,
+        asr=asr.resolve() if asr else weights.locate(weights.WHISPER_TINY_EN).parent,
+        llm=pick(llm, weights.SMOLLM2_135M),
+        tts=pick(tts, weights.PIPER_JOE),
+        tts_config=None if tts else weights.locate(weights.PIPER_JOE_CONFIG),
+    )
+    m = load_manifest(path)  # checks that every part exists
+    typer.echo(json.dumps({"manifest": str(path), "asr": str(m.asr), "llm": str(m.llm), "tts": str(m.tts)}))
+
+
 @cli.command()
 def respond(
     input: Path | None = typer.Option(
@@ -81,14 +108,19 @@ def respond(
         Path("answer.wav"), "--output", "-o", help="Where to write the answer (24 kHz, or the DAC rate)."
     ),
     model: Path | None = typer.Option(
-        None, help="Checkpoint directory (default: tiny checkpoint in the cache)."
+        None,
+        help="Checkpoint directory or cascade manifest (default: the cascade on the packaged real weights; "
+        "'tiny' = the tiny random Qwen3-Omni checkpoint).",
     ),
     graph: Path | None = typer.Option(None, help="Stage-graph YAML (default: the shipped one)."),
-    greedy: bool = typer.Option(False, "--greedy", help="Greedy decoding in the Thinker and the Talker."),
+    greedy: bool = typer.Option(False, "--greedy", help="Greedy decoding in every LM stage."),
+    system_prompt: str | None = typer.Option(
+        None, "--system-prompt", help="Cascade: the LLM's system prompt."
+    ),
     dump_tokens: Path | None = typer.Option(
         None, "--dump-tokens", help="Write the prompt ids, text ids and codec frames as JSON."
     ),
-    max_tokens: int = typer.Option(64, help="Thinker max new tokens."),
+    max_tokens: int = typer.Option(64, help="LLM / Thinker max new tokens."),
     talker_max_tokens: int = typer.Option(
         128, help="Talker max codec frames incl. EOS (12.5 frames = 1 s; random tiny weights rarely stop)."
     ),
@@ -110,6 +142,7 @@ def respond(
 
     opts = TurnOptions(
         greedy=greedy,
+        system_prompt=system_prompt,
         max_tokens=max_tokens,
         talker_max_tokens=talker_max_tokens,
         speaker=speaker,
@@ -125,31 +158,62 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8000, help="HTTP port (page, signalling, health)."),
     max_sessions: int = typer.Option(8, "--max-sessions", min=1, help="Concurrent sessions; more get 503."),
-    model: Path | None = typer.Option(None, help="Checkpoint directory (default: tiny one in the cache)."),
+    model: Path | None = typer.Option(
+        None,
+        help="Checkpoint directory or cascade manifest (default: the cascade on the packaged real weights; "
+        "'tiny' = the tiny random Qwen3-Omni checkpoint).",
+    ),
     graph: Path | None = typer.Option(None, help="Stage-graph YAML (default: the shipped one)."),
+    system_prompt: str | None = typer.Option(
+        None, "--system-prompt", help="Cascade: the LLM's system prompt."
+    ),
     processes: bool | None = typer.Option(
         None,
         "--processes/--in-process",
         help="Stage processes joined by the relay, or all stages in this process "
         "(default: processes when the process backend is available).",
     ),
+    turn_detection: str = typer.Option(
+        "silence",
+        "--turn-detection",
+        help="End of turn: 'silence' (endpoint after --endpoint-ms of silence) or 'smart' (Smart Turn v3 "
+        "model: commits as soon as the sentence sounds finished, waits through mid-sentence pauses).",
+    ),
     endpoint_ms: int = typer.Option(500, help="Silence that ends a user turn (ms)."),
     barge_in_ms: int = typer.Option(300, help="Speech over a reply that interrupts it (ms)."),
     min_turn_ms: int = typer.Option(200, help="Shortest speech committed as a turn (ms)."),
     vad_aggressiveness: int = typer.Option(2, min=0, max=3, help="webrtcvad mode, 0 (lenient) … 3 (strict)."),
-    max_tokens: int = typer.Option(64, help="Thinker max new tokens per reply."),
+    max_tokens: int = typer.Option(64, help="LLM / Thinker max new tokens per reply."),
     talker_max_tokens: int = typer.Option(125, help="Talker max codec frames per reply (12.5 frames = 1 s)."),
     speaker: str = typer.Option("ethan", help="Voice (talker_config.speaker_id key)."),
     media_timeout: float = typer.Option(5.0, help="End a session after this long without client audio (s)."),
+    sip: str | None = typer.Option(None, "--sip", help="Also answer SIP calls on HOST:PORT (UDP and TCP)."),
+    rtp_ports: str = typer.Option("10000-10100", "--rtp-ports", help="SIP: local RTP port range LOW-HIGH."),
+    max_calls: int = typer.Option(8, "--max-calls", min=1, help="SIP: concurrent calls; more get 503."),
+    sip_user: list[str] | None = typer.Option(
+        None, "--sip-user", help="SIP digest credentials USER:PASSWORD (repeatable); none = no digest."
+    ),
+    sip_allow: list[str] | None = typer.Option(
+        None, "--sip-allow", help="SIP: source IP admitted without digest (repeatable)."
+    ),
     log_level: str = typer.Option("info", help="debug, info, warning."),
 ) -> None:
-    """Serve the browser voice chat (WebRTC, full duplex, barge-in) at http://HOST:PORT/."""
+    """Serve the browser voice chat (WebRTC, full duplex, barge-in) at http://HOST:PORT/, the Twilio
+    media-stream bridge at /phone/twilio/* ($TWILIO_AUTH_TOKEN: check signatures), with --sip SIP calls."""
+    from omniduplex.app.phone.config import SipConfig
     from omniduplex.app.server import ServerConfig
     from omniduplex.app.server import serve as run
     from omniduplex.app.session import SessionConfig
     from omniduplex.app.vad import TurnConfig
 
-    turn = TurnConfig(endpoint_ms=endpoint_ms, barge_in_ms=barge_in_ms, min_turn_ms=min_turn_ms)
+    if turn_detection not in ("silence", "smart"):
+        raise typer.BadParameter(f"--turn-detection {turn_detection!r}: choose silence or smart")
+    turn = TurnConfig(
+        endpoint_ms=endpoint_ms,
+        barge_in_ms=barge_in_ms,
+        min_turn_ms=min_turn_ms,
+        turn_detection=turn_detection,
+    )
     cfg = ServerConfig(
         max_sessions=max_sessions,
         session=SessionConfig(turn=turn, vad_aggressiveness=vad_aggressiveness),
@@ -159,8 +223,15 @@ def serve(
         max_tokens=max_tokens,
         talker_max_tokens=talker_max_tokens,
         speaker=speaker,
+        system_prompt=system_prompt,
         media_timeout_s=media_timeout,
     )
+    if sip:
+        users = dict(u.split(":", 1) for u in sip_user or [] if ":" in u)
+        try:
+            cfg.sip = SipConfig.parse(sip, rtp_ports, max_calls=max_calls, users=users, allow=sip_allow or [])
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
     run(cfg, host, port, log_level)
 
 
@@ -194,9 +265,12 @@ def bench_engine(
 
 @bench.command("serve")
 def bench_serve(
-    model: Path | None = typer.Option(None, help="Checkpoint (default: tiny checkpoint in the cache)."),
+    model: Path | None = typer.Option(
+        None, help="Checkpoint or cascade manifest (default: the cascade on the packaged weights; 'tiny')."
+    ),
     graph: Path | None = typer.Option(None, help="Stage-graph YAML."),
-    concurrency: str = typer.Option("1,4,16", help="Comma-separated concurrent turn counts."),
+    concurrency: str = typer.Option("1,4,8", help="Comma-separated concurrent turn counts."),
+    max_tokens: int = typer.Option(24, help="Text tokens per reply (LLM / Thinker / unified text)."),
     rounds: int = typer.Option(2, help="Rounds per concurrency level."),
     wavs: list[Path] | None = typer.Option(
         None, "--wav", help="Speech WAVs (default: benchmarks/speech/*.wav)."
@@ -209,16 +283,26 @@ def bench_serve(
     ),
 ) -> None:
     """TTFP / E2EL / RTF percentiles and audio throughput over a concurrency sweep of spoken turns."""
-    from omniduplex.app.respond import default_model, make_backend
+    from omniduplex.app.respond import new_orchestrator, resolve_model
     from omniduplex.benchmarks.serve import run
     from omniduplex.pipeline.config import load_graph
 
     pcfg = load_graph(graph, model=str(model) if model else None)
-    pcfg.model = pcfg.model or str(default_model())
+    pcfg.model = resolve_model(pcfg.model)
     paths = wavs or sorted((Path(__file__).parents[1] / "benchmarks" / "speech").glob("*.wav"))
     levels = [int(c) for c in concurrency.split(",")]
-    backend = make_backend(pcfg, processes)
-    run(pcfg, backend, paths, levels, rounds, json_out, cfg_scale=cfg_scale, ignore_eos=ignore_eos)
+    orch = new_orchestrator(pcfg, processes)
+    run(
+        pcfg,
+        orch,
+        paths,
+        levels,
+        rounds,
+        json_out,
+        max_tokens=max_tokens,
+        cfg_scale=cfg_scale,
+        ignore_eos=ignore_eos,
+    )
 
 
 @bench.command("cfg")

@@ -15,8 +15,10 @@ EventType = Literal[
     "session_started",
     "user_speech_started",
     "user_turn_committed",
+    "user_transcript",
     "reply_text",
     "reply_audio_started",
+    "reply_spoken",
     "barge_in",
     "reply_ended",
     "session_error",
@@ -71,6 +73,17 @@ class UserTurnCommitted(SessionEvent):
 
 
 @dataclass
+class UserTranscriptEvent(SessionEvent):
+    """The ASR stage's transcript of turn ``turn_id`` (user captions); ``text`` "" = no words heard, and
+    then no reply is generated. ``words``: ``[word, start_s, end_s]`` within the turn's audio."""
+
+    type: ClassVar[EventType] = "user_transcript"
+    turn_id: str = ""
+    text: str = ""
+    words: list = field(default_factory=list)
+
+
+@dataclass
 class ReplyText(SessionEvent):
     """A transcript delta of the assistant's reply to ``turn_id``."""
 
@@ -94,6 +107,17 @@ class ReplyAudioStarted(SessionEvent):
 
 
 @dataclass
+class ReplySpoken(SessionEvent):
+    """The audio of ``text`` (one aligned chunk of the reply to ``turn_id``, a clause for the cascade's TTS)
+    started playing at ``at_ms`` of the reply's audio: captions shown in step with what is heard."""
+
+    type: ClassVar[EventType] = "reply_spoken"
+    turn_id: str = ""
+    text: str = ""
+    at_ms: float = 0.0
+
+
+@dataclass
 class BargeIn(SessionEvent):
     """User speech of ``speech_ms`` interrupted the reply to ``turn_id``; playout was flushed."""
 
@@ -110,7 +134,8 @@ class ReplyEnded(SessionEvent):
     ``reason``: ``completed`` (all audio played), ``interrupted`` (barge-in), ``error``, ``closed``.
     ``played_ms`` / ``generated_ms``: reply audio sent to the client / received from the pipeline.
     ``text``: everything the pipeline produced; ``kept_text``: what the history keeps (truncated on
-    barge-in, see :func:`~omniduplex.app.history.truncate_reply`). ``stop_ms`` (interrupted only):
+    barge-in to what was played: :func:`~omniduplex.app.history.truncate_aligned` when the audio chunks
+    carry their text, else :func:`~omniduplex.app.history.truncate_reply`). ``stop_ms`` (interrupted only):
     barge-in detection → the first outbound frame without reply audio.
     """
 

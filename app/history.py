@@ -33,6 +33,34 @@ def truncate_reply(text: str, played_ms: float, generated_ms: float) -> str:
     return cut.rstrip()
 
 
+def truncate_aligned(chunks: list[tuple[int, str]], played: int) -> str:
+    """The part of an interrupted reply the user heard, from the audio stage's text↔audio alignment.
+
+    ``chunks``: ``(end, text)`` per reply audio chunk in order, ``end`` the cumulative sample count at the
+    end of that chunk (any fixed rate, the same as ``played``); ``text`` the words the chunk speaks (the
+    cascade's TTS emits one clause per chunk). ``played``: samples of reply audio sent to the client.
+    Chunks played to their end are kept whole; the chunk playing when the reply stopped keeps the share
+    of its characters in proportion to its played samples, cut back to the last whole word (none, if the
+    first word was not finished). The estimate is confined to one clause instead of the whole reply.
+    """
+    kept, start = [], 0
+    for end, text in chunks:
+        text = text.strip()
+        if played >= end:
+            kept.append(text)
+        elif played > start:
+            n = round(len(text) * (played - start) / (end - start))
+            cut = text[:n]
+            if n < len(text) and not text[n].isspace():  # mid-word: back to the previous word's end
+                cut = cut[: cut.rfind(" ") + 1] if " " in cut else ""
+            kept.append(cut.strip())
+            break
+        else:
+            break
+        start = end
+    return " ".join(k for k in kept if k)
+
+
 @dataclass
 class History:
     """``[role, text]`` turns carried across a session's turns (what the pipeline's ``history`` wants).
@@ -43,12 +71,19 @@ class History:
     max_entries: int = 16
     entries: list[list[str]] = field(default_factory=list)
 
-    def add(self, role: str, text: str) -> None:
-        """Append a turn; empty text is not recorded."""
+    def add(self, role: str, text: str) -> list[str] | None:
+        """Append a turn and return its ``[role, text]`` entry (so a later transcript can replace its
+        text in place); empty text is not recorded (``None``)."""
         if not text:
-            return
-        self.entries.append([role, text])
+            return None
+        entry = [role, text]
+        self.entries.append(entry)
         del self.entries[: max(0, len(self.entries) - self.max_entries)]
+        return entry
+
+    def remove(self, entry: list[str] | None) -> None:
+        """Drop ``entry`` (an :meth:`add` result) if it is still held."""
+        self.entries[:] = [e for e in self.entries if e is not entry]
 
     def snapshot(self) -> list[list[str]]:
         """A copy to hand to the pipeline (later turns do not mutate it)."""

@@ -1,4 +1,8 @@
-"""``omniduplex respond``: answer one spoken turn from a WAV/FLAC file, streaming the transcript."""
+"""``omniduplex respond``: answer one spoken turn from a WAV/FLAC file, streaming the transcript.
+
+Also the pieces every entry point shares: which model runs by default (the cascade on the packaged real
+weights), the orchestrator over either backend, and the per-turn meta of each graph shape.
+"""
 
 from __future__ import annotations
 
@@ -12,19 +16,35 @@ from pathlib import Path
 import numpy as np
 
 from omniduplex.models.tokenizer import load_tokenizer
+from omniduplex.models.weights import cache_dir
 from omniduplex.pipeline.audio_io import AudioInputError, load_audio, write_wav
 from omniduplex.pipeline.config import load_graph
 from omniduplex.pipeline.orchestrator import Orchestrator
-from omniduplex.pipeline.topology import UNIFIED, output_rate, topology_for
+from omniduplex.pipeline.topology import CASCADE, UNIFIED, output_rate, topology_for
 
-
-def cache_dir() -> Path:
-    """``$OMNIDUPLEX_CACHE`` or ``~/.cache/omniduplex``."""
-    return Path(os.environ.get("OMNIDUPLEX_CACHE", Path.home() / ".cache" / "omniduplex"))
+CASCADE_SYSTEM_PROMPT = (
+    "You are a friendly voice assistant. Answer in one or two short, plain sentences. Do not use lists."
+)
+"""The cascade's default system prompt: replies are spoken, so short and without markdown."""
+CASCADE_SAMPLING = {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
+"""SmolLM2-Instruct model card sampling (temperature 0.2, top-p 0.9), plus a mild repetition penalty:
+a 135M model otherwise loops on long replies."""
 
 
 def default_model() -> Path:
-    """The tiny checkpoint, written on first use (deterministic, so concurrent writers agree)."""
+    """The default model: the cascade manifest of the packaged weights (:mod:`omniduplex.models.weights`).
+
+    Raises:
+        WeightsError: a weight package is missing or corrupted (one line naming the fix).
+    """
+    from omniduplex.models.cascade import default_manifest
+
+    return default_manifest(cache_dir())
+
+
+def tiny_model() -> Path:
+    """The tiny random Qwen3-Omni checkpoint, written on first use (deterministic, so concurrent writers
+    agree): the model of the pipeline tests; ``--model tiny`` selects it."""
     from omniduplex.models.presets import write_checkpoint
 
     d = cache_dir() / "tiny"
@@ -41,6 +61,28 @@ def default_model() -> Path:
     return d
 
 
+def resolve_model(model: str | Path | None) -> str:
+    """``None`` → :func:`default_model`; ``"tiny"`` → :func:`tiny_model`; anything else as given."""
+    if model is None:
+        return str(default_model())
+    if str(model) == "tiny":
+        return str(tiny_model())
+    return str(model)
+
+
+def new_orchestrator(pcfg, processes: bool, record: bool = False) -> Orchestrator:
+    """An :class:`Orchestrator` over the stages of ``pcfg.model`` (processes or in-process); the cascade's
+    LLM stage sends its own text deltas, the other shapes are detokenized with their tokenizer."""
+    topo = pcfg.topology()
+    return Orchestrator(
+        make_backend(pcfg, processes),
+        None if topo.name == CASCADE.name else load_tokenizer(pcfg.model),
+        record=record,
+        output_rate=output_rate(pcfg.model),
+        side_transcript=bool(topo.side),
+    )
+
+
 def make_backend(pcfg, processes: bool):
     """Stage processes joined by the relay (default), or all stages in this process."""
     if processes:
@@ -50,7 +92,7 @@ def make_backend(pcfg, processes: bool):
     from omniduplex.pipeline.graph import build_all
     from omniduplex.pipeline.local_backend import LocalBackend
 
-    return LocalBackend(build_all(pcfg))
+    return LocalBackend(build_all(pcfg), pcfg.topology())
 
 
 @dataclass
@@ -60,15 +102,21 @@ class TurnOptions:
 
     greedy: bool = False
     max_tokens: int = 64
+    system_prompt: str | None = None
     talker_max_tokens: int = 128
     speaker: str = "ethan"
     user_text: str | None = None
     cfg_scale: float = 1.0
     max_audio_frames: int = 64
 
-    def meta(self, unified: bool) -> dict:
-        """The turn's pipeline meta (see :meth:`Orchestrator.submit`)."""
-        if unified:
+    def meta(self, shape: str) -> dict:
+        """The turn's pipeline meta for a graph of ``shape`` (see :meth:`Orchestrator.submit`)."""
+        if shape == CASCADE.name:
+            sampling = {"max_tokens": self.max_tokens, **CASCADE_SAMPLING}
+            if self.greedy:
+                sampling.update(temperature=0.0, repetition_penalty=1.0)
+            return {"sampling": sampling, "system_prompt": self.system_prompt or CASCADE_SYSTEM_PROMPT}
+        if shape == UNIFIED.name:
             return {
                 "user_text": self.user_text or "",
                 "max_text_tokens": self.max_tokens,
@@ -93,10 +141,17 @@ def serving_meta(
     ignore_eos: bool = False,
     cfg_scale: float = 1.0,
     speaker: str = "ethan",
+    shape: str = "qwen3-omni",
+    system_prompt: str | None = None,
 ) -> dict:
-    """Turn meta for a server or benchmark that serves either graph shape: Qwen3-Omni model-card
-    sampling for the Thinker, ``max_tokens`` text / ``talker_max_tokens`` codec frames as the budgets of
-    both shapes, ``cfg_scale`` for unified checkpoints (see :meth:`Orchestrator.submit`)."""
+    """Turn meta for a server or benchmark serving a graph of ``shape``. Cascade: SmolLM2 sampling
+    (:data:`CASCADE_SAMPLING`), ``max_tokens`` reply tokens, the system prompt. Otherwise Qwen3-Omni
+    model-card sampling for the Thinker, ``max_tokens`` text / ``talker_max_tokens`` codec frames as the
+    budgets of both speech-LM shapes, ``cfg_scale`` for unified checkpoints (see
+    :meth:`Orchestrator.submit`)."""
+    if shape == CASCADE.name:
+        sampling = {"max_tokens": max_tokens, "ignore_eos": ignore_eos, **CASCADE_SAMPLING}
+        return {"sampling": sampling, "system_prompt": system_prompt or CASCADE_SYSTEM_PROMPT}
     return {
         "sampling": {
             "max_tokens": max_tokens,
@@ -128,9 +183,9 @@ def respond(
     ``input_path`` may be ``None`` only for a unified checkpoint with ``opts.user_text`` (a text turn).
     """
     pcfg = load_graph(graph, model=str(model) if model else None)
-    if pcfg.model is None:
-        pcfg.model = str(default_model())
-    unified = topology_for(pcfg.model) is UNIFIED
+    pcfg.model = resolve_model(pcfg.model)
+    shape = topology_for(pcfg.model)
+    unified = shape is UNIFIED
     if input_path is None and not (unified and opts.user_text):
         print("error: --input is required (a spoken question)", file=sys.stderr)
         return 2
@@ -139,23 +194,20 @@ def respond(
     except AudioInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return asyncio.run(_run(pcfg, wav, opts.meta(unified), output_path, dump_tokens, processes))
+    return asyncio.run(_run(pcfg, wav, opts.meta(shape.name), output_path, dump_tokens, processes))
 
 
 async def _run(pcfg, wav, meta, output_path, dump_tokens, processes) -> int:
-    orch = Orchestrator(
-        make_backend(pcfg, processes),
-        load_tokenizer(pcfg.model),
-        record=dump_tokens is not None,
-        output_rate=output_rate(pcfg.model),
-    )
+    orch = new_orchestrator(pcfg, processes, record=dump_tokens is not None)
     await orch.start()
     pcm, code = [], 0
     try:
         rid = orch.submit(wav, meta)
         record = None
         async for ev in orch.events(rid):
-            if ev.kind == "text":
+            if ev.kind == "transcript":
+                print(f"you: {ev.text or '(no words heard: no reply)'}\nassistant: ", end="", flush=True)
+            elif ev.kind == "text":
                 print(ev.text, end="", flush=True)
             elif ev.kind == "audio":
                 pcm.append(ev.pcm)
@@ -167,9 +219,15 @@ async def _run(pcfg, wav, meta, output_path, dump_tokens, processes) -> int:
                 samples = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
                 write_wav(output_path, samples, orch.output_rate)
                 m = ev.metrics
+                split = ""
+                if "tts_first_chunk_ms" in m:
+                    split = (
+                        f" (ASR {m['asr_ms']:.0f} + LLM first clause {m['llm_first_clause_ms']:.0f}"
+                        f" + TTS first chunk {m['tts_first_chunk_ms']:.0f})"
+                    )
                 print(
-                    f"\n\nTTFP {m['ttfp_ms']:.0f} ms | E2EL {m['e2el_ms']:.0f} ms | RTF {m['rtf']:.3f} | "
-                    f"audio {m['audio_s']:.2f} s -> {output_path}"
+                    f"\n\nTTFP {m['ttfp_ms']:.0f} ms{split} | E2EL {m['e2el_ms']:.0f} ms | "
+                    f"RTF {m['rtf']:.3f} | audio {m['audio_s']:.2f} s -> {output_path}"
                 )
         if dump_tokens and record is not None:
             Path(dump_tokens).write_text(json.dumps(record))

@@ -13,7 +13,16 @@ from typing import Protocol
 
 import numpy as np
 
+from omniduplex.models.tokenizer import DEFAULT_SYSTEM_PROMPT
 from omniduplex.pipeline.orchestrator import Orchestrator
+
+
+@dataclass
+class UserTranscript:
+    """What the user said in this turn (ASR stage), with ``words`` as ``[word, start_s, end_s]``."""
+
+    text: str
+    words: list = field(default_factory=list)
 
 
 @dataclass
@@ -25,9 +34,14 @@ class ReplyTextDelta:
 
 @dataclass
 class ReplyAudioChunk:
-    """Reply audio: float32 mono PCM at the responder's ``output_rate`` (Hz)."""
+    """Reply audio: float32 mono PCM at the responder's ``output_rate`` (Hz).
+
+    ``text``: the words these samples speak, when the audio stage knows them (the cascade's TTS speaks
+    clause by clause); "" otherwise. Chunk texts concatenate to the spoken reply: the alignment used to
+    keep only what was played of an interrupted reply."""
 
     pcm: np.ndarray
+    text: str = ""
 
 
 @dataclass
@@ -44,7 +58,7 @@ class ReplyFailed:
     error: str
 
 
-ReplyEvent = ReplyTextDelta | ReplyAudioChunk | ReplyDone | ReplyFailed
+ReplyEvent = UserTranscript | ReplyTextDelta | ReplyAudioChunk | ReplyDone | ReplyFailed
 
 
 class Responder(Protocol):
@@ -59,7 +73,13 @@ class Responder(Protocol):
     output_rate: int
     """Sample rate of :class:`ReplyAudioChunk` PCM (Hz)."""
 
-    def start(self, turn_id: str, waveform: np.ndarray, history: list[list[str]]) -> None: ...
+    def start(
+        self, turn_id: str, waveform: np.ndarray, history: list[list[str]], options: dict | None = None
+    ) -> None:
+        """Start a reply. ``waveform``: the user's turn, 16 kHz mono float32 (may be empty for a typed turn).
+        ``options``: ``user_text`` (a typed turn: the user's words; "" = answer the conversation as it
+        stands), ``system_prompt`` (the session's, replacing the server default), ``instructions`` (added
+        to the system prompt for this reply only), ``metadata`` (travels with the turn)."""
 
     def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]: ...
 
@@ -77,15 +97,27 @@ class OrchestratorResponder:
         self.orch, self.meta = orchestrator, dict(meta or {})
         self.output_rate = orchestrator.output_rate
 
-    def start(self, turn_id: str, waveform: np.ndarray, history: list[list[str]]) -> None:
-        self.orch.submit(waveform, {**self.meta, "history": history}, request_id=turn_id)
+    def start(
+        self, turn_id: str, waveform: np.ndarray, history: list[list[str]], options: dict | None = None
+    ) -> None:
+        meta = {**self.meta, "history": history}
+        opts = options or {}
+        if opts.get("user_text") is not None and not waveform.size:
+            meta["user_text"] = opts["user_text"]
+        prompt = opts.get("system_prompt") or meta.get("system_prompt") or DEFAULT_SYSTEM_PROMPT
+        if opts.get("instructions"):
+            prompt = f"{prompt}\n\n{opts['instructions']}"
+        meta["system_prompt"] = prompt
+        self.orch.submit(waveform, meta, request_id=turn_id)
 
     async def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]:
         async for ev in self.orch.events(turn_id):
-            if ev.kind == "text":
+            if ev.kind == "transcript":
+                yield UserTranscript(ev.text, ev.words)
+            elif ev.kind == "text":
                 yield ReplyTextDelta(ev.text)
             elif ev.kind == "audio":
-                yield ReplyAudioChunk(ev.pcm)
+                yield ReplyAudioChunk(ev.pcm, ev.text)
             elif ev.kind == "done":
                 yield ReplyDone(dict(ev.metrics))
             else:

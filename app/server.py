@@ -27,6 +27,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
+from .phone.config import SipConfig, TwilioConfig
+from .phone.routes import router as phone_router
 from .responder import OrchestratorResponder, Responder
 from .session import SessionConfig
 from .webrtc import OfferError, PeerSession, check_offer
@@ -39,7 +41,8 @@ WEB_DIR = Path(__file__).resolve().parents[1] / "web"
 
 @dataclass
 class ServerConfig:
-    """Everything ``serve`` needs. Pipeline: ``model`` / ``graph`` (``None`` = defaults), ``processes``
+    """Everything ``serve`` needs. Pipeline: ``model`` / ``graph`` (``None`` = defaults: the cascade on
+    the packaged weights; ``"tiny"`` = the tiny random Qwen3-Omni checkpoint), ``processes``
     (``None`` = stage processes when the process backend is available). Replies: ``max_tokens``
     (Thinker), ``talker_max_tokens`` (codec frames, 12.5 per second of audio); ``ignore_eos`` makes every
     reply run to those budgets (benchmarks and tests; see ``pipeline.engine.request.SamplingParams``)."""
@@ -52,10 +55,13 @@ class ServerConfig:
     max_tokens: int = 64
     talker_max_tokens: int = 125
     speaker: str = "ethan"
+    system_prompt: str | None = None
     ignore_eos: bool = False
     media_timeout_s: float = 5.0
     connect_timeout_s: float = 20.0
     web_dir: Path = WEB_DIR
+    twilio: TwilioConfig = field(default_factory=TwilioConfig)  # /phone/twilio/* (app/phone)
+    sip: SipConfig | None = None  # the SIP UAS, started with the app when set (app/phone/sip)
 
 
 def process_backend_available() -> bool:
@@ -78,36 +84,39 @@ class ServerState:
         self.cfg = cfg
         self.responder = responder
         self.orchestrator = None
+        self.turn_model = None  # the end-of-turn model shared by every session (turn_detection="smart")
         self.sessions: dict[str, PeerSession] = {}
         self.started_total = 0
         self.closed_stats: list = []  # SessionStats of closed sessions (for /metrics)
         self._ids = itertools.count(1)
 
     async def start(self) -> None:
-        """Build and start the pipeline unless a responder was given."""
+        """Load the end-of-turn model; build and start the pipeline unless a responder was given."""
+        from omniduplex.app.turn_detection import load_turn_model
+
+        self.turn_model = await asyncio.to_thread(load_turn_model, self.cfg.session.turn)
         if self.responder is not None:
             return
-        from omniduplex.app.respond import default_model, make_backend, serving_meta
-        from omniduplex.models.tokenizer import load_tokenizer
+        from omniduplex.app.respond import new_orchestrator, resolve_model, serving_meta
         from omniduplex.pipeline.config import load_graph
-        from omniduplex.pipeline.orchestrator import Orchestrator
-        from omniduplex.pipeline.topology import output_rate
+        from omniduplex.pipeline.topology import topology_for
 
         cfg = self.cfg
         pcfg = load_graph(cfg.graph, model=cfg.model)
-        if pcfg.model is None:
-            pcfg.model = str(await asyncio.to_thread(default_model))
+        pcfg.model = await asyncio.to_thread(resolve_model, pcfg.model)
         processes = process_backend_available() if cfg.processes is None else cfg.processes
         log.info(
             "starting pipeline (%s) from %s", "stage processes" if processes else "in-process", pcfg.model
         )
-        backend = await asyncio.to_thread(make_backend, pcfg, processes)
-        self.orchestrator = Orchestrator(
-            backend, load_tokenizer(pcfg.model), output_rate=output_rate(pcfg.model)
-        )
+        self.orchestrator = await asyncio.to_thread(new_orchestrator, pcfg, processes)
         await self.orchestrator.start()
         meta = serving_meta(
-            cfg.max_tokens, cfg.talker_max_tokens, ignore_eos=cfg.ignore_eos, speaker=cfg.speaker
+            cfg.max_tokens,
+            cfg.talker_max_tokens,
+            ignore_eos=cfg.ignore_eos,
+            speaker=cfg.speaker,
+            shape=topology_for(pcfg.model).name,
+            system_prompt=cfg.system_prompt,
         )
         self.responder = OrchestratorResponder(self.orchestrator, meta)
 
@@ -135,6 +144,7 @@ class ServerState:
             self._closed,
             self.cfg.media_timeout_s,
             self.cfg.connect_timeout_s,
+            self.turn_model,
         )
         self.sessions[sid] = peer  # take the slot before awaiting, so concurrent offers count it
         try:
@@ -216,10 +226,18 @@ def create_app(cfg: ServerConfig | None = None, responder: Responder | None = No
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await state.start()
+        sip = None
+        if cfg.sip is not None:
+            from .phone.sip import start_sip
+
+            sip = await start_sip(state, cfg.sip)
+        app.state.sip = sip
         try:
             yield
         finally:
-            await state.stop()
+            await state.stop()  # hangs up phone calls too (BYE goes out before the SIP sockets close)
+            if sip is not None:
+                await sip.stop()
 
     app = FastAPI(title="omniduplex", lifespan=lifespan)
     app.state.server = state
@@ -257,6 +275,8 @@ def create_app(cfg: ServerConfig | None = None, responder: Responder | None = No
     @app.get("/metrics")
     async def metrics():
         return state.metrics()
+
+    app.include_router(phone_router)
 
     if cfg.web_dir.is_dir():
         app.mount("/", StaticFiles(directory=cfg.web_dir, html=True), name="web")

@@ -64,6 +64,12 @@ class TurnConfig:
         min_turn_ms: voiced audio a segment needs to become a user turn (shorter ones are noise).
         max_turn_ms: a segment this long is committed even without silence.
         preroll_ms: audio kept from before the segment opened (the onset the VAD needed to decide).
+        turn_detection: what ends a user turn: ``"silence"`` (``endpoint_ms`` of silence) or ``"smart"``
+            (the Smart Turn model asked after ``smart_check_ms`` of silence; see
+            :class:`~omniduplex.app.turn_detection.EndOfTurnPolicy`).
+        smart_check_ms: trailing silence after which the model is asked whether the turn is complete.
+        smart_max_silence_ms: trailing silence that ends the turn whatever the model said.
+        smart_threshold: probability (0–1) at or above which the model's "complete" ends the turn.
     """
 
     start_ms: int = 60
@@ -72,13 +78,24 @@ class TurnConfig:
     min_turn_ms: int = 200
     max_turn_ms: int = 20000
     preroll_ms: int = 200
+    turn_detection: Literal["silence", "smart"] = "silence"
+    smart_check_ms: int = 200
+    smart_max_silence_ms: int = 2000
+    smart_threshold: float = 0.5
 
     def __post_init__(self) -> None:
-        for name in ("start_ms", "endpoint_ms", "barge_in_ms", "min_turn_ms", "max_turn_ms"):
+        positive = ("start_ms", "endpoint_ms", "barge_in_ms", "min_turn_ms", "max_turn_ms", "smart_check_ms")
+        for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0 ms")
         if self.preroll_ms < 0:
             raise ValueError("preroll_ms must be >= 0 ms")
+        if self.turn_detection not in ("silence", "smart"):
+            raise ValueError(f"turn_detection must be 'silence' or 'smart', got {self.turn_detection!r}")
+        if self.smart_max_silence_ms <= self.smart_check_ms:
+            raise ValueError("smart_max_silence_ms must be > smart_check_ms")
+        if not 0.0 <= self.smart_threshold <= 1.0:
+            raise ValueError(f"smart_threshold must be in [0, 1], got {self.smart_threshold}")
 
 
 SegmentEvent = Literal["start", "end"]
@@ -90,10 +107,13 @@ class SpeechSegmenter:
     ``start`` after ``start_ms`` of consecutive voiced frames; ``end`` after ``endpoint_ms`` of
     consecutive unvoiced frames inside a segment, or when it reaches ``max_turn_ms``.
     ``speech_ms`` is the voiced audio of the open segment (short pauses do not reset it).
+    ``endpoint_ms`` (ms) overrides ``cfg.endpoint_ms`` (smart turn detection ends segments earlier
+    through :meth:`end` and leaves only its longer fallback silence to the segmenter).
     """
 
-    def __init__(self, cfg: TurnConfig, frame_ms: int = FRAME_MS) -> None:
+    def __init__(self, cfg: TurnConfig, frame_ms: int = FRAME_MS, endpoint_ms: int | None = None) -> None:
         self.cfg, self.frame_ms = cfg, frame_ms
+        self.endpoint_ms = cfg.endpoint_ms if endpoint_ms is None else endpoint_ms
         self.in_speech = False
         self.run_ms = 0  # consecutive voiced ms (outside a segment) or unvoiced ms (inside)
         self.speech_ms = 0
@@ -119,10 +139,18 @@ class SpeechSegmenter:
             self.run_ms = 0
         else:
             self.run_ms += f
-        if self.run_ms >= self.cfg.endpoint_ms or self.segment_ms >= self.cfg.max_turn_ms:
+        if self.run_ms >= self.endpoint_ms or self.segment_ms >= self.cfg.max_turn_ms:
             self.in_speech, self.run_ms = False, 0
             return "end"
         return None
+
+    def end(self) -> bool:
+        """End the open segment now (the end-of-turn policy decided); ``False`` if none is open.
+        ``speech_ms`` keeps the closed segment's value until the next one starts."""
+        if not self.in_speech:
+            return False
+        self.in_speech, self.run_ms = False, 0
+        return True
 
     @property
     def trailing_silence_ms(self) -> int:

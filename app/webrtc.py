@@ -123,6 +123,7 @@ class PeerSession:
         on_closed: awaited once when the peer is fully closed (the server frees its slot there).
         media_timeout_s: close when no inbound audio arrives for this long after the first frame.
         connect_timeout_s: close when no inbound audio arrives this long after the answer.
+        turn_model: the shared end-of-turn model for ``turn_detection="smart"`` (see :class:`Session`).
     """
 
     def __init__(
@@ -133,6 +134,7 @@ class PeerSession:
         on_closed: Callable[[PeerSession], Awaitable[None]],
         media_timeout_s: float = 5.0,
         connect_timeout_s: float = 20.0,
+        turn_model=None,
     ) -> None:
         self.id, self.on_closed = session_id, on_closed
         self.media_timeout_s, self.connect_timeout_s = media_timeout_s, connect_timeout_s
@@ -140,7 +142,7 @@ class PeerSession:
         self.pc = RTCPeerConnection()
         self.channel = None
         self.pending: list[str] = []  # events emitted before the data channel opened
-        self.session = Session(session_id, responder, self._send_event, cfg)
+        self.session = Session(session_id, responder, self._send_event, cfg, turn_model=turn_model)
         self.out_track = SessionAudioTrack(self.session)
         self.tasks: set[asyncio.Task] = set()
         self.last_media = time.monotonic()

@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from omniduplex.app.respond import serving_meta
-from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.orchestrator import Orchestrator
-from omniduplex.pipeline.topology import output_rate
+from omniduplex.pipeline.topology import CASCADE, topology_for
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -55,7 +54,11 @@ async def _sweep(orch: Orchestrator, wavs: list[np.ndarray], concurrency: list[i
                     audio_total += m["audio_s"]
         ttfp = [m["ttfp_ms"] for m in turns]
         e2el = [m["e2el_ms"] for m in turns]
-        rtf = [m["rtf"] for m in turns]
+        rtf = [m["rtf"] for m in turns if m["audio_s"]]
+        split = {
+            f"{k}_p50": _pct([m[k] for m in turns if k in m], 50)
+            for k in ("asr_ms", "llm_first_clause_ms", "tts_first_chunk_ms")
+        }
         results[c] = {
             "turns": len(turns),
             "errors": errors,
@@ -66,13 +69,14 @@ async def _sweep(orch: Orchestrator, wavs: list[np.ndarray], concurrency: list[i
             "e2el_p90_ms": _pct(e2el, 90),
             "rtf_p50": _pct(rtf, 50),
             "audio_throughput_s_per_s": audio_total / wall_total if wall_total else 0.0,
+            **split,
         }
     return results
 
 
 def run(
     pcfg,
-    backend,
+    orch: Orchestrator,
     wav_paths: list[Path],
     concurrency: list[int],
     rounds: int,
@@ -84,10 +88,12 @@ def run(
 ) -> dict:
     """Run the sweep and print a markdown table; returns ``{c: metrics}``."""
     wavs = [load_audio(p) for p in wav_paths]
-    meta = serving_meta(max_tokens, talker_max_tokens, ignore_eos=ignore_eos, cfg_scale=cfg_scale)
+    shape = topology_for(pcfg.model).name
+    meta = serving_meta(
+        max_tokens, talker_max_tokens, ignore_eos=ignore_eos, cfg_scale=cfg_scale, shape=shape
+    )
 
     async def main():
-        orch = Orchestrator(backend, load_tokenizer(pcfg.model), output_rate=output_rate(pcfg.model))
         await orch.start()
         try:
             return await _sweep(orch, wavs, concurrency, rounds, meta)
@@ -95,11 +101,13 @@ def run(
             await orch.stop()
 
     res = asyncio.run(main())
-    print(
-        f"\nserve benchmark: {pcfg.model}  {len(wavs)} speech WAVs, {rounds} rounds per level, thinker "
-        f"{max_tokens} tokens, talker {'=' if ignore_eos else '≤'}{talker_max_tokens} frames, "
-        f"cfg {cfg_scale} (unified)"
-    )
+    budget = "=" if ignore_eos else "≤"
+    if shape == CASCADE.name:
+        what = f"cascade (asr → llm → tts), llm {budget}{max_tokens} tokens"
+    else:
+        what = f"thinker {max_tokens} tokens, talker {budget}{talker_max_tokens} frames"
+        what += f", cfg {cfg_scale} (unified)"
+    print(f"\nserve benchmark: {pcfg.model}  {len(wavs)} speech WAVs, {rounds} rounds per level, {what}")
     print("| c | turns | TTFP p50 ms | p90 | p99 | E2EL p50 ms | p90 | RTF p50 | audio-s/s | errors |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for c, m in res.items():
@@ -109,6 +117,15 @@ def run(
             f"{m['e2el_p50_ms']:.0f} | {m['e2el_p90_ms']:.0f} | {m['rtf_p50']:.3f} | "
             f"{m['audio_throughput_s_per_s']:.2f} | {m['errors']} |"
         )
+    if shape == CASCADE.name:
+        print("\nTTFP split, p50 ms (ASR compute | LLM prefill + first clause | TTS first chunk):")
+        print("| c | ASR | LLM first clause | TTS first chunk |")
+        print("|---|---|---|---|")
+        for c, m in res.items():
+            print(
+                f"| {c} | {m['asr_ms_p50']:.0f} | {m['llm_first_clause_ms_p50']:.0f} | "
+                f"{m['tts_first_chunk_ms_p50']:.0f} |"
+            )
     if json_out:
         json_out.write_text(json.dumps(res, indent=2))
     return res

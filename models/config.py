@@ -23,10 +23,12 @@ def _pick(cls, d: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class DecoderConfig:
-    """A Qwen3-family decoder: RMSNorm, GQA attention with per-head q/k RMSNorm, RoPE, SwiGLU MLP or MoE.
+    """A Qwen3-family or Llama decoder: RMSNorm, GQA attention, RoPE, SwiGLU MLP or MoE.
 
-    Covers the Thinker text model, the Talker text model (MoE + shared expert) and the code
-    predictor (dense). ``num_experts == 0`` means every layer is dense.
+    Covers the Thinker text model, the Talker text model (MoE + shared expert), the code
+    predictor (dense) and Llama text LMs. ``num_experts == 0`` means every layer is dense.
+    ``qk_norm``: per-head RMSNorm on q and k before RoPE (Qwen3: True; Llama has none: False). It is
+    not a ``config.json`` key; the registry sets it from the architecture.
     """
 
     vocab_size: int
@@ -49,6 +51,7 @@ class DecoderConfig:
     shared_expert_intermediate_size: int = 0
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 32768
+    qk_norm: bool = True
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -75,12 +78,23 @@ class DecoderConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], **overrides: Any) -> DecoderConfig:
-        """Build from a HF text-config dict (``rope_theta`` may sit in ``rope_parameters``)."""
+        """Build from a HF text-config dict (``rope_theta`` may sit in ``rope_parameters``).
+
+        Raises:
+            ConfigError: a required key is missing, a RoPE scaling type other than ``default`` (plain
+                RoPE; Qwen3-Omni's M-RoPE reduces to it for text and audio) is asked for, or
+                ``mlp_bias`` is set (our SwiGLU MLP has no biases).
+        """
         d = dict(d)
         for key in ("rope_parameters", "rope_scaling"):
             sub = d.get(key) or {}
             if "rope_theta" in sub and "rope_theta" not in d:
                 d["rope_theta"] = sub["rope_theta"]
+            kind = sub.get("rope_type", sub.get("type", "default"))
+            if kind != "default":
+                raise ConfigError(f"{key}.rope_type={kind!r} is not supported (only 'default' RoPE)")
+        if d.get("mlp_bias"):
+            raise ConfigError("mlp_bias=true is not supported (the MLP projections have no bias)")
         d.update(overrides)
         missing = [
             k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads") if k not in d

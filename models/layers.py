@@ -1,4 +1,4 @@
-"""Building blocks of the Qwen3-family decoders, written for a flat token batch and a paged KV cache.
+"""Building blocks of the Qwen3-family and Llama decoders, for a flat token batch and a paged KV cache.
 
 Parameter names match the published checkpoints (``q_proj``, ``q_norm``, ``mlp.gate``,
 ``mlp.experts``, ``mlp.shared_expert``, ...). MoE experts are held fused (``gate_up_proj``
@@ -61,7 +61,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    """GQA self-attention with per-head q/k RMSNorm (Qwen3) reading/writing a paged KV cache."""
+    """GQA self-attention reading/writing a paged KV cache.
+
+    With ``cfg.qk_norm`` (Qwen3) q and k get a per-head RMSNorm (``q_norm``/``k_norm``, ``[head_dim]``)
+    before RoPE; without it (Llama) those parameters do not exist, so strict loading sees no extras.
+    """
 
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
@@ -75,8 +79,11 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
         self.scale = self.head_dim**-0.5
 
     def forward(
@@ -88,8 +95,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``x`` ``[T, hidden]`` → ``[T, hidden]``; writes this step's K/V into ``kv`` at ``slot_mapping``."""
         t = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(t, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim))
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         k_cache, v_cache = kv

@@ -1,7 +1,8 @@
 """Model registry: ``config.json`` ``architectures`` → our modules, loaded from the published tensor names.
 
 Supported: ``Qwen3OmniMoeForConditionalGeneration`` (Thinker + audio tower, Talker + code predictor,
-Code2Wav), the text LMs ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM`` (a Thinker without audio), and
+Code2Wav), the text LMs ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM`` / ``LlamaForCausalLM`` (a Thinker
+without audio; Llama has no per-head q/k norm), and
 ``OmniduplexUnifiedLM`` (:mod:`.unified`: one delay-pattern speech LM + a DAC codec decoder under ``codec.``).
 """
 
@@ -26,7 +27,9 @@ from .unified import ARCHITECTURE as UNIFIED
 from .unified import UnifiedConfig, UnifiedLM
 
 OMNI = "Qwen3OmniMoeForConditionalGeneration"
-TEXT_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+TEXT_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "LlamaForCausalLM")
+NO_QK_NORM = frozenset({"LlamaForCausalLM"})
+"""Text architectures whose attention has no per-head q/k RMSNorm."""
 PARTS = ("audio_tower", "thinker", "talker", "code2wav")
 
 
@@ -86,6 +89,15 @@ def architecture_of(raw: dict, model_dir: Path | str) -> str:
     return arch
 
 
+def text_config(raw: dict, arch: str) -> DecoderConfig:
+    """The decoder config of a text-LM checkpoint; ``qk_norm`` follows from the architecture.
+
+    Raises:
+        ConfigError: see :meth:`DecoderConfig.from_dict`.
+    """
+    return DecoderConfig.from_dict(raw, qk_norm=arch not in NO_QK_NORM)
+
+
 def build_modules(raw: dict) -> dict[str, nn.Module]:
     """Freshly initialised modules for a config dict, keyed by their checkpoint name prefix."""
     arch = architecture_of(raw, "<config>")
@@ -93,7 +105,7 @@ def build_modules(raw: dict) -> dict[str, nn.Module]:
         cfg = UnifiedConfig.from_dict(raw)
         return {"": UnifiedLM(cfg), "codec.": DacCodec(DacDecoderConfig.from_dict(cfg.codec_config))}
     if arch != OMNI:
-        return {"": Thinker(DecoderConfig.from_dict(raw))}
+        return {"": Thinker(text_config(raw, arch))}
     cfg = OmniConfig.from_dict(raw)
     tower = AudioEncoder(AudioEncoderConfig.from_dict(cfg.thinker.audio))
     mods: dict[str, nn.Module] = {"thinker.": Thinker(cfg.thinker.text, tower, cfg.thinker.audio_token_id)}
@@ -134,8 +146,7 @@ def load_model(
         elif arch == UNIFIED:
             out = _load_unified(raw, files, parts, model_dir)
         else:
-            text = DecoderConfig.from_dict(raw)
-            thinker = Thinker(text)
+            thinker = Thinker(text_config(raw, arch))
             load_state_dict_into(thinker, files, prefix="")
             out = LoadedModel(arch, model_dir, raw, None, thinker=thinker, parts=("thinker",))
     except ConfigError as e:

@@ -100,11 +100,14 @@ def voice_turn_prompt(
     num_audio_tokens: int,
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
     history: list[tuple[str, str]] = (),
+    user_text: str | None = None,
 ) -> list[int]:
     """Prompt ids of a spoken user turn, ending with the assistant header ``<|im_start|>assistant\\n``.
 
     Layout (Qwen3-Omni chat template): optional system turn, earlier ``(role, text)`` turns, then
     ``<|im_start|>user\\n<|audio_start|>`` + ``num_audio_tokens`` × ``<|audio_pad|>`` + ``<|audio_end|>``.
+    A typed turn (``user_text``, ``num_audio_tokens`` 0) has the text as its user turn instead; "" adds no
+    user turn (the reply continues the conversation as it stands).
     """
     nl = tok.encode("\n", add_special_tokens=False).ids
     role_ids = {"system": cfg.system_token_id, "user": cfg.user_token_id, "assistant": cfg.assistant_token_id}
@@ -118,7 +121,11 @@ def voice_turn_prompt(
     for role, text in history:
         ids += turn(role, tok.encode(text, add_special_tokens=False).ids)
     th = cfg.thinker
-    ids += turn(
-        "user", [th.audio_start_token_id, *[th.audio_token_id] * num_audio_tokens, th.audio_end_token_id]
-    )
+    if user_text is not None:
+        if user_text:
+            ids += turn("user", tok.encode(user_text, add_special_tokens=False).ids)
+    else:
+        ids += turn(
+            "user", [th.audio_start_token_id, *[th.audio_token_id] * num_audio_tokens, th.audio_end_token_id]
+        )
     return ids + [cfg.im_start_token_id, cfg.assistant_token_id, *nl]

@@ -9,7 +9,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from .connector import ChunkingConfig
-from .topology import ALL_STAGES
+from .topology import ALL_STAGES, Topology, topology_for, with_side_asr
 
 DEFAULT_GRAPH = Path(__file__).with_name("default_graph.yaml")
 
@@ -41,14 +41,18 @@ class EdgeConfig(BaseModel):
 
 
 class PipelineConfig(BaseModel):
-    """The whole graph. ``model``: checkpoint directory (``None`` = the tiny checkpoint in the cache).
+    """The whole graph. ``model``: checkpoint directory or cascade manifest (``None`` = the default: the
+    cascade on the packaged weights).
 
-    ``stages`` may list the stages of both graph shapes (:mod:`.topology`); a checkpoint runs only those of
-    its own shape, and unlisted stages take the :class:`StageConfig` defaults."""
+    ``stages`` may list the stages of every graph shape (:mod:`.topology`); a model runs only those of
+    its own shape, and unlisted stages take the :class:`StageConfig` defaults. ``side_asr``: the Whisper
+    CTranslate2 directory of the ASR stage that runs beside the Qwen3-Omni and unified graphs for user
+    transcripts (``"packaged"`` = the packaged tiny.en; ``None`` = no side stage, no transcripts)."""
 
     model_config = {"extra": "forbid"}
 
     model: str | None = None
+    side_asr: str | None = None
     stages: dict[Literal[ALL_STAGES], StageConfig] = Field(default_factory=dict)
     edges: dict[str, EdgeConfig] = Field(default_factory=dict)
     chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
@@ -60,6 +64,11 @@ class PipelineConfig(BaseModel):
             if not sep or not a or not b:
                 raise ValueError(f"edge name {name!r} must look like 'producer->consumer'")
         return self
+
+    def topology(self) -> Topology:
+        """The graph this config runs: the model's shape, with the side ASR when ``side_asr`` is set."""
+        topo = topology_for(self.model)
+        return with_side_asr(topo) if self.side_asr else topo
 
     def stage(self, name: str) -> StageConfig:
         """The settings of stage ``name`` (defaults when the file does not list it)."""

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import torch
 
+from omniduplex.models.cascade import is_cascade, load_manifest, resolve_llm
 from omniduplex.models.checkpoint import iter_tensors, weight_files
 from omniduplex.models.code2wav_stream import Code2WavStream
 from omniduplex.models.dac_stream import DacDecodeStream
 from omniduplex.models.registry import load_model
 from omniduplex.models.talker_prompt import TalkerTextEmbeds
+from omniduplex.models.weights import WHISPER_TINY_EN, cache_dir, locate
 
 from .config import PipelineConfig, StageConfig
 from .connector import ChunkingConfig
@@ -23,7 +25,7 @@ from .stages.talker import TalkerWorker
 from .stages.thinker import ThinkerWorker
 from .stages.unified import UnifiedWorker
 from .stages.vocoder import VocoderWorker
-from .topology import topology_for
+from .topology import CASCADE, CASCADE_OUTPUT_RATE
 
 PARTS = {
     "encoder": ("audio_tower",),
@@ -40,8 +42,17 @@ def _dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def build_worker(stage: str, model_dir: str | Path, cfg: StageConfig, chunking: ChunkingConfig):
-    """Load the parts of the checkpoint ``stage`` runs and wrap them in its worker."""
+def build_worker(
+    stage: str, model_dir: str | Path, cfg: StageConfig, chunking: ChunkingConfig, side_asr: str | None = None
+):
+    """Load the parts of the checkpoint (or cascade manifest) ``stage`` runs and wrap them in its worker.
+
+    ``side_asr``: the Whisper directory of the side ASR stage of a speech-LM graph (``"packaged"`` = the
+    packaged tiny.en), used when ``stage`` is ``asr`` and ``model_dir`` is not a cascade."""
+    if stage == "asr" and not is_cascade(model_dir):
+        return _asr_worker(_side_asr_dir(side_asr), cfg)
+    if stage in CASCADE.stages:
+        return _cascade_worker(stage, load_manifest(model_dir), cfg)
     model = load_model(model_dir, parts=PARTS[stage], dtype=_dtype(cfg.dtype), device=cfg.device)
     if stage == "codec_encoder":
         return CodecEncoderWorker(model, max_batch=cfg.max_num_seqs)
@@ -64,6 +75,51 @@ def build_worker(stage: str, model_dir: str | Path, cfg: StageConfig, chunking: 
     return VocoderWorker(lambda: Code2WavStream(model.code2wav), chunking)
 
 
+def _cascade_worker(stage: str, manifest, cfg: StageConfig):
+    """The ASR (faster-whisper), LLM (our engine) or TTS (Piper) worker of a cascade; each runs its
+    library on ``cfg.torch_threads`` threads (one per stage process holds up under contention)."""
+    if stage == "asr":
+        return _asr_worker(manifest.asr, cfg)
+    if stage == "tts":
+        from omniduplex.models.tts import PiperTTS
+
+        from .stages.tts import TTSWorker
+
+        return TTSWorker(
+            PiperTTS(manifest.tts, manifest.tts_config, threads=cfg.torch_threads), CASCADE_OUTPUT_RATE
+        )
+    from .stages.llm import LLMWorker
+
+    llm_dir = resolve_llm(manifest, cache_dir())
+    model = load_model(llm_dir, parts=("thinker",), dtype=_dtype(cfg.dtype), device=cfg.device)
+    return LLMWorker(model, cfg.num_kv_blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+
+
+def _asr_worker(model_dir: Path, cfg: StageConfig):
+    from omniduplex.models.asr import WhisperASR
+
+    from .stages.asr import ASRWorker
+
+    return ASRWorker(WhisperASR(model_dir, cpu_threads=cfg.torch_threads), max_batch=cfg.max_num_seqs)
+
+
+def _side_asr_dir(side_asr: str | None) -> Path:
+    if side_asr in (None, "packaged"):
+        return locate(WHISPER_TINY_EN).parent
+    return Path(side_asr)
+
+
+def prepare(pcfg: PipelineConfig) -> None:
+    """Work to do once in the parent before stage processes start: a cascade's GGUF LLM is imported
+    into the cache here, so the LLM stage (and its restarts) only read the result.
+
+    Raises:
+        CheckpointError / WeightsError: a part that cannot be loaded, named in one line.
+    """
+    if is_cascade(pcfg.model):
+        resolve_llm(load_manifest(pcfg.model), cache_dir())
+
+
 @torch.no_grad()
 def talker_specials(model, model_dir) -> TalkerTextEmbeds:
     """Projected ``tts_bos/eos/pad`` rows, reading just those three rows of the Thinker's embedding table."""
@@ -77,7 +133,9 @@ def talker_specials(model, model_dir) -> TalkerTextEmbeds:
 
 
 def build_all(pcfg: PipelineConfig) -> dict[str, object]:
-    """Every worker of the checkpoint's graph (:func:`.topology.topology_for`), in-process."""
+    """Every worker of the graph (:meth:`.config.PipelineConfig.topology`), in-process."""
+    prepare(pcfg)
     return {
-        s: build_worker(s, pcfg.model, pcfg.stage(s), pcfg.chunking) for s in topology_for(pcfg.model).stages
+        s: build_worker(s, pcfg.model, pcfg.stage(s), pcfg.chunking, pcfg.side_asr)
+        for s in pcfg.topology().all_stages
     }

@@ -11,28 +11,36 @@ from collections import deque
 
 from .messages import StageMessage
 from .orchestrator import OutputCallback, output_sources
-from .topology import QWEN3_OMNI, UNIFIED
+from .topology import SHAPES, Topology, with_side_asr
 
 
 class LocalBackend:
     """Runs ``workers`` (stage name → worker, as :func:`.graph.build_all` builds them) round-robin in a
-    daemon thread, routed by the graph shape whose stages they are.
+    daemon thread, routed by ``topo`` (default: the graph shape whose stages they are, with the side ASR
+    when an ``asr`` worker comes with a speech-LM shape).
 
     Raises:
         ValueError: the worker names are not the stages of one graph shape.
     """
 
-    def __init__(self, workers: dict[str, object]) -> None:
+    def __init__(self, workers: dict[str, object], topo: Topology | None = None) -> None:
         self.workers = workers
-        shape = [t for t in (QWEN3_OMNI, UNIFIED) if set(t.stages) == set(workers)]
-        if not shape:
-            raise ValueError(f"workers {sorted(workers)} are not the stages of a known graph shape")
-        self.topo = shape[0]
+        if topo is None:
+            shapes = list(SHAPES) + [with_side_asr(t) for t in SHAPES]
+            found = [t for t in shapes if set(t.all_stages) == set(workers)]
+            if not found:
+                raise ValueError(f"workers {sorted(workers)} are not the stages of a known graph shape")
+            topo = found[0]
+        elif set(topo.all_stages) != set(workers):
+            raise ValueError(f"workers {sorted(workers)} are not the stages of graph {topo.name}")
+        self.topo = topo
         self.inbox: deque[tuple[str, object]] = deque()
         self.wake = threading.Event()
         self.thread: threading.Thread | None = None
         self.running = False
-        self.owner: dict[str, set[str]] = {s: set() for s in self.topo.stages}  # request ids each stage holds
+        self.owner: dict[str, set[str]] = {
+            s: set() for s in self.topo.all_stages
+        }  # request ids each stage holds
 
     def start(self, on_output: OutputCallback) -> None:
         self.on_output, self.running = on_output, True
@@ -61,7 +69,7 @@ class LocalBackend:
             self._fail(msg.request_id, f"{stage}: {e}")
 
     def _fail(self, request_id: str, error: str) -> None:
-        for s in self.topo.stages:
+        for s in self.topo.all_stages:
             self.workers[s].abort(request_id)
             self.owner[s].discard(request_id)
         self.on_output("error", StageMessage(request_id, meta={"error": error}, last=True))
@@ -71,13 +79,14 @@ class LocalBackend:
             while self.inbox:
                 kind, item = self.inbox.popleft()
                 if kind == "submit":
-                    self._deliver(self.topo.first, item)
+                    for s in self.topo.entry_stages:
+                        self._deliver(s, item)
                 else:
-                    for s in self.topo.stages:
+                    for s in self.topo.all_stages:
                         self.workers[s].abort(item)
                         self.owner[s].discard(item)
             progressed = False
-            for stage in self.topo.stages:
+            for stage in self.topo.all_stages:
                 w = self.workers[stage]
                 if not w.has_work():
                     continue

@@ -23,15 +23,18 @@ class StageMessage:
     last: bool = False
 
 
-EventKind = Literal["text", "audio", "done", "error"]
+EventKind = Literal["transcript", "text", "audio", "done", "error"]
 
 
 @dataclass
 class TurnEvent:
     """Something a turn produced.
 
-    ``text``: ``text`` holds a transcript delta. ``audio``: ``pcm`` float32 ``[n]`` at 24 kHz.
-    ``done``: the turn finished; ``metrics`` has ``ttfp_ms``, ``e2el_ms``, ``rtf``, ``audio_s``.
+    ``transcript``: ``text`` is what the user said (ASR), ``words`` its ``[word, start_s, end_s]`` timings.
+    ``text``: ``text`` holds a reply-text delta. ``audio``: ``pcm`` float32 ``[n]`` at the graph's output
+    rate; ``text`` the words those samples speak, when the audio stage knows them (cascade TTS), else "".
+    ``done``: the turn finished; ``metrics`` has ``ttfp_ms``, ``e2el_ms``, ``rtf``, ``audio_s`` (and, for
+    the cascade, ``asr_ms``, ``llm_first_clause_ms``, ``tts_first_chunk_ms``).
     ``error``: ``error`` says what failed; the turn is over.
     """
 
@@ -41,3 +44,4 @@ class TurnEvent:
     pcm: Any = None
     error: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    words: list = field(default_factory=list)

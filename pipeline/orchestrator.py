@@ -1,9 +1,10 @@
 """The orchestrator: submit a turn, get an async stream of events, cancel it anywhere in the graph.
 
 It speaks to a :class:`Backend` (stages in this process, or stage processes joined by the relay) and
-turns the text stage's tokens (Thinker, unified LM) into transcript deltas and the last stage's PCM
-(Code2Wav, DAC) into audio chunks, measuring TTFP (turn submitted → first PCM chunk), E2EL and RTF on
-the way.
+turns the ASR stage's transcript into a ``transcript`` event (the user's words), the text stage's tokens
+(Thinker, unified LM, cascade LLM) into reply-text deltas and the last stage's PCM (Code2Wav, DAC, Piper)
+into audio chunks, measuring TTFP (turn submitted → first PCM chunk), E2EL, RTF and, for the cascade, the
+per-stage split of TTFP on the way.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from .messages import StageMessage, TurnEvent
 from .topology import Topology
 
 OutputCallback = Callable[[str, StageMessage], None]
-"""``(source, message)``: source is ``"text"`` (tensor ``token``, maybe ``prompt_ids``), ``"codes"``
-(a codec frame ``codes``), ``"audio"`` (``pcm``; ``last`` ends the turn) or ``"error"`` (meta ``error``)."""
+"""``(source, message)``: source is ``"transcript"`` (meta ``transcript``, ``words``: the ASR stage),
+``"text"`` (tensor ``token``, maybe ``prompt_ids``; meta ``text`` when the stage detokenizes itself),
+``"codes"`` (a codec frame ``codes``), ``"audio"`` (``pcm``, meta ``text`` = the words it speaks when the
+stage knows them; ``last`` ends the turn) or ``"error"`` (meta ``error``)."""
 
 
 def output_sources(stage: str, msg: StageMessage, topo: Topology) -> list[str]:
@@ -34,7 +37,8 @@ def output_sources(stage: str, msg: StageMessage, topo: Topology) -> list[str]:
         return []
     if stage == topo.audio_stage:
         return ["audio"]
-    return [k for t, k in (("token", "text"), ("codes", "codes")) if t in msg.tensors]
+    out = ["transcript"] if stage == "asr" and "transcript" in msg.meta else []
+    return out + [k for t, k in (("token", "text"), ("codes", "codes")) if t in msg.tensors]
 
 
 class Backend(Protocol):
@@ -70,12 +74,16 @@ class _Turn:
     queue: asyncio.Queue
     detok: _Detokenizer
     t_submit: float = field(default_factory=time.perf_counter)
+    t_transcript: float | None = None
     t_first_audio: float | None = None
+    stage_ms: dict[str, float] = field(default_factory=dict)
     samples: int = 0
     prompt_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     codes: list[list[int]] = field(default_factory=list)
     finished: bool = False
+    transcript_pending: bool = False  # a side ASR's transcript has not arrived yet
+    done_metrics: dict | None = None  # the audio ended; ``done`` waits for the transcript
 
 
 class Orchestrator:
@@ -83,16 +91,24 @@ class Orchestrator:
 
     Args:
         backend: where the stages run.
-        tokenizer: decodes the Thinker's ids for transcript events.
+        tokenizer: decodes the text stage's ids for reply-text events (``None`` when the stage sends its
+            text deltas itself, as the cascade's LLM stage does).
         record: keep each turn's token ids and codec frames (``--dump-tokens``); costs memory per turn.
         output_rate: sample rate of the PCM the graph emits (Hz; :func:`.topology.output_rate`).
+        side_transcript: the graph has a side ASR stage (:func:`.topology.with_side_asr`): a turn's
+            ``done`` waits for its ``transcript`` event, which may come after the last audio.
     """
 
     def __init__(
-        self, backend: Backend, tokenizer: Tokenizer, record: bool = False, output_rate: int = OUTPUT_RATE
+        self,
+        backend: Backend,
+        tokenizer: Tokenizer | None,
+        record: bool = False,
+        output_rate: int = OUTPUT_RATE,
+        side_transcript: bool = False,
     ) -> None:
         self.backend, self.tok, self.record = backend, tokenizer, record
-        self.output_rate = output_rate
+        self.output_rate, self.side_transcript = output_rate, side_transcript
         self.turns: dict[str, _Turn] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
@@ -111,12 +127,18 @@ class Orchestrator:
 
         ``meta``: ``system_prompt``, ``history`` (list of ``[role, text]``), ``sampling`` /
         ``talker_sampling`` (dicts of sampling parameters), ``speaker``; for unified checkpoints
-        ``user_text``, ``max_text_tokens``, ``max_audio_frames``, ``cfg_scale``.
+        ``user_text``, ``max_text_tokens``, ``max_audio_frames``, ``cfg_scale``; for the cascade
+        ``system_prompt``, ``history`` and ``sampling`` (the LLM's).
         """
         rid = request_id or f"turn-{next(self._ids)}"
         if rid in self.turns:
             raise ValueError(f"turn {rid!r} is already running")
-        self.turns[rid] = _Turn(rid, asyncio.Queue(), _Detokenizer(self.tok))
+        self.turns[rid] = _Turn(
+            rid,
+            asyncio.Queue(),
+            _Detokenizer(self.tok) if self.tok else None,
+            transcript_pending=self.side_transcript,
+        )
         wav = torch.from_numpy(np.ascontiguousarray(waveform, dtype=np.float32))
         self.backend.send(StageMessage(rid, {"waveform": wav}, dict(meta or {}), last=True))
         return rid
@@ -166,12 +188,29 @@ class Orchestrator:
             self.backend.abort(msg.request_id)
             put(TurnEvent("error", msg.request_id, error=str(msg.meta.get("error", "stage failure"))))
             return
+        if source == "transcript":
+            turn.t_transcript = time.perf_counter()
+            turn.transcript_pending = False
+            if "asr_ms" in msg.meta:
+                turn.stage_ms["asr_ms"] = float(msg.meta["asr_ms"])
+            put(
+                TurnEvent(
+                    "transcript",
+                    msg.request_id,
+                    text=str(msg.meta.get("transcript", "")),
+                    words=list(msg.meta.get("words", [])),
+                )
+            )
+            if turn.done_metrics is not None:
+                turn.finished = True
+                put(TurnEvent("done", msg.request_id, metrics=turn.done_metrics))
+            return
         if source == "text":
             if "prompt_ids" in msg.tensors:
                 turn.prompt_ids = msg.tensors["prompt_ids"].tolist()
             ids = msg.tensors["token"].tolist()
             turn.token_ids += ids
-            delta = turn.detok.push(ids, final=msg.last)
+            delta = msg.meta["text"] if "text" in msg.meta else turn.detok.push(ids, final=msg.last)
             if delta:
                 put(TurnEvent("text", msg.request_id, text=delta))
             return
@@ -185,10 +224,10 @@ class Orchestrator:
         if pcm is not None and pcm.numel():
             if turn.t_first_audio is None:
                 turn.t_first_audio = time.perf_counter()
+                self._split_ttfp(turn, msg.meta)
             turn.samples += pcm.numel()
-            put(TurnEvent("audio", msg.request_id, pcm=pcm.numpy()))
+            put(TurnEvent("audio", msg.request_id, pcm=pcm.numpy(), text=str(msg.meta.get("text", ""))))
         if msg.last:
-            turn.finished = True
             now = time.perf_counter()
             audio_s = turn.samples / self.output_rate
             e2el = now - turn.t_submit
@@ -197,5 +236,21 @@ class Orchestrator:
                 "e2el_ms": 1000 * e2el,
                 "audio_s": audio_s,
                 "rtf": e2el / audio_s if audio_s else float("inf"),
+                **turn.stage_ms,
             }
+            if turn.transcript_pending:
+                turn.done_metrics = metrics
+                return
+            turn.finished = True
             put(TurnEvent("done", msg.request_id, metrics=metrics))
+
+    @staticmethod
+    def _split_ttfp(turn: _Turn, meta: dict) -> None:
+        """Cascade TTFP split (ms): ``asr_ms`` (the ASR stage's compute), ``tts_first_chunk_ms`` (synthesis of
+        the first clause) and ``llm_first_clause_ms`` (transcript out → first clause audio, less that
+        synthesis: the LLM's prefill and the tokens of its first clause, plus relay hops)."""
+        if "tts_ms" not in meta or turn.t_transcript is None:
+            return
+        tts = float(meta["tts_ms"])
+        turn.stage_ms["tts_first_chunk_ms"] = tts
+        turn.stage_ms["llm_first_clause_ms"] = max(0.0, 1000 * (turn.t_first_audio - turn.t_transcript) - tts)

@@ -24,10 +24,11 @@ import zmq
 from omniduplex.relay import ConsumerDied, EdgeConsumer, EdgeProducer, RelayError
 
 from .config import PipelineConfig
+from .graph import prepare
 from .messages import StageMessage
 from .orchestrator import OutputCallback, output_sources
 from .stage_process import POLL_BUSY_S, Wiring, edge_config, pack, run_stage, unpack
-from .topology import ORCHESTRATOR, topology_for
+from .topology import ORCHESTRATOR
 
 STARTUP_TIMEOUT_S = 180.0
 
@@ -41,7 +42,7 @@ class ProcessBackend:
 
     def __init__(self, pcfg: PipelineConfig, restart_on_crash: bool = True) -> None:
         self.pcfg, self.restart_on_crash = pcfg, restart_on_crash
-        self.topo = topology_for(pcfg.model)
+        self.topo = pcfg.topology()
         self.run_dir = tempfile.mkdtemp(prefix="omniduplex-")
         self.wiring = Wiring(self.run_dir)
         self.mp = mp.get_context("spawn")
@@ -51,32 +52,36 @@ class ProcessBackend:
         self.names: dict[int, str] = {}
         self.inflight: set[int] = set()
         self._counter = itertools.count(1)
-        self.restarts = {s: 0 for s in self.topo.stages}
+        self.restarts = {s: 0 for s in self.topo.all_stages}
+        self.waiting: dict[int, set[str]] = {}  # terminal stages whose ``last`` each turn still awaits
         self.thread: threading.Thread | None = None
         self.running = False
 
     # -- Backend interface (any thread) ------------------------------------------------------------
     def start(self, on_output: OutputCallback) -> None:
         self.on_output = on_output
+        prepare(self.pcfg)
         ctx = zmq.Context.instance()
         self.status = ctx.socket(zmq.PULL)
         self.status.bind(self.wiring.status)
         self.control = ctx.socket(zmq.PUB)
         self.control.bind(self.wiring.control)
-        first = self.topo.first
-        self.to_first = EdgeProducer(
-            f"{ORCHESTRATOR}-{first}",
-            self.wiring.edge(ORCHESTRATOR, first),
-            edge_config(self.pcfg, ORCHESTRATOR, first),
-        )
+        self.to_entry = {
+            s: EdgeProducer(
+                f"{ORCHESTRATOR}-{s}",
+                self.wiring.edge(ORCHESTRATOR, s),
+                edge_config(self.pcfg, ORCHESTRATOR, s),
+            )
+            for s in self.topo.entry_stages
+        }
         self.inputs = {
             s: EdgeConsumer(f"{s}-{ORCHESTRATOR}", self.wiring.edge(s, ORCHESTRATOR))
-            for s in self.topo.stages
+            for s in self.topo.all_stages
             if s in self.topo.to_orchestrator
         }
-        for s in self.topo.stages:
+        for s in self.topo.all_stages:
             self._spawn(s)
-        self._wait_ready(set(self.topo.stages))
+        self._wait_ready(set(self.topo.all_stages))
         self.running = True
         self.thread = threading.Thread(target=self._loop, name="omniduplex-process-backend", daemon=True)
         self.thread.start()
@@ -98,7 +103,8 @@ class ProcessBackend:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
-        self.to_first.close()
+        for p in self.to_entry.values():
+            p.close()
         for c in self.inputs.values():
             c.close()
         self.status.close(linger=0)
@@ -153,10 +159,9 @@ class ProcessBackend:
     def _fail(self, rid: int, error: str) -> None:
         if rid not in self.inflight:
             return
-        self.inflight.discard(rid)
+        name = self.names.get(rid, str(rid))
+        self._forget(rid)
         self.control.send_string(f"abort {rid}")
-        name = self.names.pop(rid, str(rid))
-        self.ids.pop(name, None)
         self.on_output("error", StageMessage(name, meta={"error": error}, last=True))
 
     def _loop(self) -> None:
@@ -168,19 +173,21 @@ class ProcessBackend:
                     rid = next(self._counter)
                     self.ids[item.request_id], self.names[rid] = rid, item.request_id
                     self.inflight.add(rid)
-                    payload = pack(item, (ORCHESTRATOR, self.topo.first), self.topo)
-                    try:
+                    self.waiting[rid] = set(self.topo.terminal_stages)
+                    for s, producer in self.to_entry.items():
+                        payload = pack(item, (ORCHESTRATOR, s), self.topo)
                         try:
-                            self.to_first.send(rid, payload, last=True)
-                        except ConsumerDied:  # the first stage was restarted since the last turn: resend
-                            self.to_first.send(rid, payload, last=True)
-                    except RelayError as e:
-                        self._fail(rid, f"{ORCHESTRATOR}->{self.topo.first}: {e}")
+                            try:
+                                producer.send(rid, payload, last=True)
+                            except ConsumerDied:  # the stage was restarted since the last turn: resend
+                                producer.send(rid, payload, last=True)
+                        except Exception as e:  # a relay error, or a turn the relay cannot carry
+                            self._fail(rid, f"{ORCHESTRATOR}->{s}: {type(e).__name__}: {e}")
+                            break
                 else:
-                    rid = self.ids.pop(item, None)
+                    rid = self.ids.get(item)
                     if rid is not None:
-                        self.inflight.discard(rid)
-                        self.names.pop(rid, None)
+                        self._forget(rid)
                         self.control.send_string(f"abort {rid}")
             while self.status.poll(0):
                 m = self.status.recv_json()
@@ -210,7 +217,15 @@ class ProcessBackend:
         msg.request_id = name
         for source in output_sources(stage, msg, self.topo):
             self.on_output(source, msg)
-        if stage == self.topo.audio_stage and m.last:
-            self.inflight.discard(m.request_id)
-            self.names.pop(m.request_id, None)
+        waiting = self.waiting.get(m.request_id)
+        if m.last and waiting is not None and stage in waiting:
+            waiting.discard(stage)
+            if not waiting:
+                self._forget(m.request_id)
+
+    def _forget(self, rid: int) -> None:
+        self.inflight.discard(rid)
+        self.waiting.pop(rid, None)
+        name = self.names.pop(rid, None)
+        if name is not None:
             self.ids.pop(name, None)

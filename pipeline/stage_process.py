@@ -21,12 +21,13 @@ from omniduplex.relay import ConsumerDied, EdgeConfig, EdgeConsumer, EdgeProduce
 
 from .config import PipelineConfig
 from .messages import StageMessage
-from .topology import Topology, topology_for
+from .topology import Topology
 
 META_KEY = "__meta__"
 POLL_BUSY_S = 0.0002
 """Shortest wait on an input edge (s). Not 0: the relay consumer handles (re)connection events only
 while it waits, so a zero timeout would never attach to a producer that binds later."""
+
 
 @dataclass
 class Wiring:
@@ -71,7 +72,7 @@ def stage_main(stage: str, pcfg_json: str, run_dir: str) -> None:
     from .graph import build_worker
 
     pcfg = PipelineConfig.model_validate_json(pcfg_json)
-    topo = topology_for(pcfg.model)
+    topo = pcfg.topology()
     scfg = pcfg.stage(stage)
     torch.set_num_threads(scfg.torch_threads)
     wiring = Wiring(run_dir)
@@ -87,7 +88,7 @@ def stage_main(stage: str, pcfg_json: str, run_dir: str) -> None:
     }
     src = topo.upstream(stage)
     consumer = EdgeConsumer(f"{src}-{stage}", wiring.edge(src, stage))
-    worker = build_worker(stage, pcfg.model, scfg, pcfg.chunking)
+    worker = build_worker(stage, pcfg.model, scfg, pcfg.chunking, pcfg.side_asr)
     status.send_json({"kind": "ready", "stage": stage, "pid": os.getpid()})
     seqs: dict[tuple[str, str], int] = {}
 

@@ -1,21 +1,27 @@
-"""The two stage-graph shapes: which stages a checkpoint runs, in what order, and what each edge carries.
+"""The three stage-graph shapes: which stages a model runs, in what order, and what each edge carries.
 
 A turn enters the first stage from the orchestrator and moves down the chain; the stages in
 ``to_orchestrator`` also report to it (transcript tokens, codec frames, PCM). The last stage emits PCM
 and its ``last`` message ends the turn. Both backends (in-process and stage processes) route by the
-same :class:`Topology`, picked from the checkpoint's ``architectures`` (:func:`topology_for`).
+same :class:`Topology`, picked from the checkpoint's ``architectures`` or the cascade manifest
+(:func:`topology_for`).
 
 * ``qwen3-omni``: ``encoder → thinker → talker → code2wav`` (DESIGN.md shape 1).
 * ``unified``: ``codec_encoder → unified → codec`` (shape 2): the DAC encoder turns the user's speech
   into delay-pattern codec steps of the prompt, the unified LM writes text then speaks (CFG pairs in its
   engine), the DAC decoder streams the waveform.
+* ``cascade``: ``asr → llm → tts`` (shape 3, :mod:`omniduplex.models.cascade`): Whisper transcribes the
+  turn (the transcript also goes to the orchestrator: user captions and history), the text LLM streams
+  its reply tokens with their text, Piper speaks it clause by clause; each PCM chunk carries the text it
+  speaks (the alignment used to truncate an interrupted reply).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from omniduplex.models.cascade import is_cascade
 from omniduplex.models.checkpoint import read_config
 
 ORCHESTRATOR = "orchestrator"
@@ -28,17 +34,36 @@ class Topology:
     """One graph shape.
 
     Attributes:
-        name: ``qwen3-omni`` or ``unified``.
+        name: ``qwen3-omni``, ``unified`` or ``cascade``.
         stages: stage names in chain order; ``stages[0]`` takes turns, ``stages[-1]`` emits PCM.
         to_orchestrator: stages with an edge back to the orchestrator.
         edge_tensors: ``(producer, consumer)`` → names of the tensors that travel on that edge
-            (``None`` = all of them).
+            (``None`` = all of them; ``()`` = none: only the message's meta travels).
+        side: stages off the chain that also take every turn from the orchestrator and report only to it
+            (the side ASR of :func:`with_side_asr`); a turn ends when the audio stage *and* every side
+            stage have sent their ``last`` message.
     """
 
     name: str
     stages: tuple[str, ...]
     to_orchestrator: frozenset[str]
     edge_tensors: dict[tuple[str, str], tuple[str, ...] | None]
+    side: tuple[str, ...] = ()
+
+    @property
+    def all_stages(self) -> tuple[str, ...]:
+        """Chain stages, then side stages: every stage process of the graph."""
+        return self.stages + self.side
+
+    @property
+    def entry_stages(self) -> tuple[str, ...]:
+        """The stages the orchestrator sends each new turn to."""
+        return (self.first, *self.side)
+
+    @property
+    def terminal_stages(self) -> frozenset[str]:
+        """The stages whose ``last`` message a turn waits for before it is done."""
+        return frozenset((self.audio_stage, *self.side))
 
     @property
     def first(self) -> str:
@@ -49,10 +74,14 @@ class Topology:
         return self.stages[-1]
 
     def downstream(self, stage: str) -> str | None:
+        if stage in self.side:
+            return None
         i = self.stages.index(stage)
         return self.stages[i + 1] if i + 1 < len(self.stages) else None
 
     def upstream(self, stage: str) -> str:
+        if stage in self.side:
+            return ORCHESTRATOR
         i = self.stages.index(stage)
         return self.stages[i - 1] if i else ORCHESTRATOR
 
@@ -87,23 +116,58 @@ UNIFIED = Topology(
         ("codec", ORCHESTRATOR): ("pcm",),
     },
 )
-ALL_STAGES = tuple(dict.fromkeys(QWEN3_OMNI.stages + UNIFIED.stages))
+CASCADE = Topology(
+    name="cascade",
+    stages=("asr", "llm", "tts"),
+    to_orchestrator=frozenset({"asr", "llm", "tts"}),
+    edge_tensors={
+        (ORCHESTRATOR, "asr"): None,
+        ("asr", "llm"): (),
+        ("asr", ORCHESTRATOR): (),
+        ("llm", "tts"): (),
+        ("llm", ORCHESTRATOR): ("token", "prompt_ids"),
+        ("tts", ORCHESTRATOR): ("pcm",),
+    },
+)
+SHAPES = (QWEN3_OMNI, UNIFIED, CASCADE)
+ALL_STAGES = tuple(dict.fromkeys(s for t in SHAPES for s in t.stages))
+CASCADE_OUTPUT_RATE = 24_000
+"""Rate the TTS stage resamples Piper's voice to (Hz): the same as Code2Wav and the Realtime API's PCM."""
 
 
-def topology_for(model_dir: str | Path) -> Topology:
-    """:data:`UNIFIED` for an ``OmniduplexUnifiedLM`` checkpoint, else :data:`QWEN3_OMNI`.
+def with_side_asr(topo: Topology) -> Topology:
+    """``topo`` plus the ASR stage beside its chain: it transcribes each turn's waveform for user captions,
+    history and the APIs while the speech LM answers from the audio itself. The cascade has ASR in its
+    chain already and is returned unchanged."""
+    if "asr" in topo.stages:
+        return topo
+    return replace(
+        topo,
+        side=("asr",),
+        to_orchestrator=topo.to_orchestrator | {"asr"},
+        edge_tensors={**topo.edge_tensors, (ORCHESTRATOR, "asr"): ("waveform",), ("asr", ORCHESTRATOR): ()},
+    )
+
+
+def topology_for(model: str | Path) -> Topology:
+    """:data:`CASCADE` for a cascade manifest, :data:`UNIFIED` for an ``OmniduplexUnifiedLM`` checkpoint,
+    else :data:`QWEN3_OMNI`.
 
     Raises:
         CheckpointError: ``config.json`` missing or unreadable.
     """
-    archs = read_config(model_dir).get("architectures") or []
+    if is_cascade(model):
+        return CASCADE
+    archs = read_config(model).get("architectures") or []
     return UNIFIED if "OmniduplexUnifiedLM" in archs else QWEN3_OMNI
 
 
-def output_rate(model_dir: str | Path) -> int:
-    """Sample rate (Hz) of the PCM the graph of ``model_dir`` emits: 24 kHz for Code2Wav, the DAC
-    ``codec_config.sampling_rate`` for unified checkpoints."""
-    cfg = read_config(model_dir)
+def output_rate(model: str | Path) -> int:
+    """Sample rate (Hz) of the PCM the graph of ``model`` emits: 24 kHz for Code2Wav and the cascade's
+    TTS, the DAC ``codec_config.sampling_rate`` for unified checkpoints."""
+    if is_cascade(model):
+        return CASCADE_OUTPUT_RATE
+    cfg = read_config(model)
     if "OmniduplexUnifiedLM" in (cfg.get("architectures") or []):
         return int((cfg.get("codec_config") or {}).get("sampling_rate", 16000))
     return QWEN3_OMNI_OUTPUT_RATE

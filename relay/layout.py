@@ -147,6 +147,8 @@ def byte_view(t: torch.Tensor) -> torch.Tensor:
     """Flat ``uint8`` view of ``t``'s bytes (a copy only when ``t`` is not contiguous)."""
     if t.requires_grad:
         t = t.detach()
+    if t.numel() == 0:  # an empty tensor may carry stride 0 (from numpy), which no view accepts
+        return torch.empty(0, dtype=torch.uint8, device=t.device)
     if not t.is_contiguous():
         t = t.contiguous()
     if t.dim() != 1:

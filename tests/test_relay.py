@@ -461,3 +461,12 @@ def test_janitor_unlinks_segments_of_dead_owners_only():
     finally:
         live.close()
     assert live.name not in list_segments()
+
+
+def test_byte_view_of_empty_tensors_from_numpy():
+    import numpy as np
+
+    # numpy-backed empty arrays come with stride 0, which torch refuses to view as bytes
+    for t in (torch.from_numpy(np.zeros(0, np.float32)), torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64)):
+        b = byte_view(t)
+        assert b.dtype == torch.uint8 and b.numel() == 0

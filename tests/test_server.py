@@ -20,7 +20,7 @@ class IdleResponder:
 
     output_rate = 24000
 
-    def start(self, turn_id, waveform, history):
+    def start(self, turn_id, waveform, history, options=None):
         raise AssertionError("no turn expected")
 
     async def events(self, turn_id):

@@ -61,7 +61,7 @@ class _NoReplies:
     def __init__(self):
         self.started = []
 
-    def start(self, turn_id, waveform, history):
+    def start(self, turn_id, waveform, history, options=None):
         self.started.append(waveform)
 
     async def events(self, turn_id):

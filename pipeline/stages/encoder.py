@@ -17,7 +17,8 @@ class EncoderWorker:
 
     Input tensors: ``waveform`` float32 ``[samples]`` at 16 kHz; meta ``system_prompt`` (optional) and
     ``history`` (list of ``[role, text]``). Output tensors: ``prompt_ids`` int64 ``[P]``,
-    ``audio_embeds`` ``[N, thinker_hidden]``.
+    ``audio_embeds`` ``[N, thinker_hidden]``. A typed turn (meta ``user_text``) needs no waveform: its
+    prompt has the text as the user turn and no audio rows (``N`` = 0).
     """
 
     def __init__(self, model: LoadedModel, max_batch: int = 16) -> None:
@@ -28,6 +29,9 @@ class EncoderWorker:
         self.pending: list[StageMessage] = []
 
     def submit(self, msg: StageMessage) -> None:
+        if isinstance(msg.meta.get("user_text"), str):
+            self.pending.append(msg)
+            return
         wav = msg.tensors.get("waveform")
         if wav is None or wav.ndim != 1 or wav.numel() < self.mel.min_samples:
             raise ValueError(
@@ -44,6 +48,10 @@ class EncoderWorker:
 
     @torch.no_grad()
     def step(self) -> list[StageMessage]:
+        typed = [m for m in self.pending if isinstance(m.meta.get("user_text"), str)]
+        if typed:  # no audio to encode: alone in their step
+            self.pending = [m for m in self.pending if m not in typed]
+            return [self._text_turn(m) for m in typed]
         batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch :]
         if not batch:
             return []
@@ -69,6 +77,20 @@ class EncoderWorker:
             at += n
         assert int(audio_token_count(lens).sum()) == at
         return outs
+
+    def _text_turn(self, m: StageMessage) -> StageMessage:
+        ids = voice_turn_prompt(
+            self.model.config,
+            self.tok,
+            0,
+            m.meta.get("system_prompt", DEFAULT_SYSTEM_PROMPT),
+            [tuple(h) for h in m.meta.get("history", [])],
+            user_text=m.meta["user_text"],
+        )
+        hidden = self.model.config.thinker.text.hidden_size
+        embeds = torch.zeros(0, hidden, dtype=self.tower_dtype)
+        t = {"prompt_ids": torch.tensor(ids, dtype=torch.int64), "audio_embeds": embeds}
+        return StageMessage(m.request_id, t, dict(m.meta), last=True)
 
     @property
     def tower_dtype(self) -> torch.dtype:

@@ -1,0 +1,179 @@
+"""Realtime API audio formats ↔ float32 PCM, with streaming resampling to and from the session rates.
+
+The GA API has three formats (``session.audio.input|output.format``; API reference "Realtime audio
+formats"), all mono, base64 on the wire:
+
+* ``audio/pcm``: 16-bit signed little-endian PCM at 24000 Hz (2 bytes per sample; 20 ms = 960 bytes).
+* ``audio/pcmu``: G.711 μ-law at 8000 Hz (1 byte per sample; 20 ms = 160 bytes).
+* ``audio/pcma``: G.711 A-law at 8000 Hz (1 byte per sample).
+
+G.711 (ITU-T Rec. G.711) is the phone bridge's numpy table codec (:mod:`omniduplex.app.phone.narrowband`,
+checked code-for-code against CPython's ``audioop``); one copy serves both transports.
+
+A connection owns one :class:`InputConverter` (client format → :data:`SESSION_INPUT_RATE`, 16 kHz) and
+one :class:`OutputConverter` (:data:`SESSION_OUTPUT_RATE`, 24 kHz → client format), rebuilt when
+``session.update`` changes a format. Both resample with ``soxr.ResampleStream``, which keeps filter
+state across chunks: the concatenated output does not depend on how the input was split (tested), so
+20 ms appends join without clicks. Floats are in [-1, 1); int16 ↔ float scales by 32768.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, Literal
+
+import numpy as np
+import soxr
+
+from ..phone.narrowband import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from .protocol import INVALID_AUDIO, ProtocolError
+
+FormatType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
+
+PCM_RATE = 24000
+"""``audio/pcm`` sample rate (Hz); the API allows no other."""
+G711_RATE = 8000
+"""``audio/pcmu`` / ``audio/pcma`` sample rate (Hz)."""
+SESSION_INPUT_RATE = 16000
+"""Rate the conversation ``Session`` takes user audio at (Hz; ``app.vad.SAMPLE_RATE``)."""
+SESSION_OUTPUT_RATE = 24000
+"""Rate the bridge pulls assistant audio at (Hz; ``SessionConfig.output_rate``); ``audio/pcm`` as is."""
+
+FORMAT_RATE: dict[str, int] = {"audio/pcm": PCM_RATE, "audio/pcmu": G711_RATE, "audio/pcma": G711_RATE}
+"""Format → sample rate (Hz)."""
+BYTES_PER_SAMPLE: dict[str, int] = {"audio/pcm": 2, "audio/pcmu": 1, "audio/pcma": 1}
+"""Format → bytes per sample."""
+
+
+def format_type(fmt: Any) -> FormatType:
+    """``"audio/pcmu"`` from a format type string or a format model / dict with a ``type``."""
+    t = (
+        fmt
+        if isinstance(fmt, str)
+        else fmt.get("type")
+        if isinstance(fmt, dict)
+        else getattr(fmt, "type", None)
+    )
+    if t not in FORMAT_RATE:
+        raise ValueError(f"unknown audio format {t!r}; expected one of {list(FORMAT_RATE)}")
+    return t
+
+
+def b64decode(data: str, event_id: str | None = None) -> bytes:
+    """Base64 text (ASCII whitespace ignored) → bytes; ``ProtocolError(invalid_audio)`` if malformed."""
+    try:
+        return base64.b64decode("".join(data.split()), validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ProtocolError(INVALID_AUDIO, f"audio is not valid base64: {e}", event_id, "audio") from None
+
+
+def b64encode(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def to_float32(pcm: np.ndarray) -> np.ndarray:
+    """int16 → float32 / 32768; float passes through as float32."""
+    pcm = np.asarray(pcm).reshape(-1)
+    return pcm.astype(np.float32) / 32768.0 if pcm.dtype == np.int16 else pcm.astype(np.float32, copy=False)
+
+
+def to_int16(x: np.ndarray) -> np.ndarray:
+    """float in [-1, 1] → int16 (rounded, clipped); int16 passes through."""
+    x = np.asarray(x).reshape(-1)
+    if x.dtype == np.int16:
+        return x
+    return np.clip(np.rint(x * 32768.0), -32768, 32767).astype(np.int16)
+
+
+def decode(data: bytes, fmt: Any, event_id: str | None = None) -> np.ndarray:
+    """Audio bytes in ``fmt`` → float32 samples at the format's rate (:data:`FORMAT_RATE`).
+
+    ``ProtocolError(invalid_audio)`` for PCM16 with an odd byte count (not whole samples).
+    """
+    t = format_type(fmt)
+    if t == "audio/pcm":
+        if len(data) % 2:
+            msg = f"audio/pcm is 16-bit: {len(data)} bytes is not a whole number of samples"
+            raise ProtocolError(INVALID_AUDIO, msg, event_id, "audio")
+        return np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
+    codes = ulaw_decode(data) if t == "audio/pcmu" else alaw_decode(data)
+    return codes.astype(np.float32) / 32768.0
+
+
+def encode(samples: np.ndarray, fmt: Any) -> bytes:
+    """Samples (float32 in [-1, 1] or int16) at the format's rate → audio bytes in ``fmt``."""
+    t, pcm = format_type(fmt), to_int16(samples)
+    if t == "audio/pcm":
+        return pcm.astype("<i2", copy=False).tobytes()
+    return ulaw_encode(pcm) if t == "audio/pcmu" else alaw_encode(pcm)
+
+
+class StreamResampler:
+    """Streaming mono float32 resampler ``in_rate`` → ``out_rate`` (Hz); identity when equal.
+
+    ``process`` returns whatever output the chunk completes (its length varies by a sample or so per
+    call; soxr ``HQ`` delays the stream by under ~1 ms at these rates); ``flush`` returns the tail held
+    back by the filter and resets the stream, so the next ``process`` starts a new stream (e.g. the next
+    response). Concatenated, the output is independent of the chunking.
+    """
+
+    def __init__(self, in_rate: int, out_rate: int, quality: str = "HQ") -> None:
+        if in_rate <= 0 or out_rate <= 0:
+            raise ValueError("sample rates (Hz) must be positive")
+        self.in_rate, self.out_rate = in_rate, out_rate
+        self._rs = (
+            None if in_rate == out_rate else soxr.ResampleStream(in_rate, out_rate, 1, "float32", quality)
+        )
+
+    def process(self, x: np.ndarray) -> np.ndarray:
+        """Samples (float32 or int16) at ``in_rate`` → float32 at ``out_rate``."""
+        x = to_float32(x)
+        return x if self._rs is None else self._rs.resample_chunk(x)
+
+    def flush(self) -> np.ndarray:
+        if self._rs is None:
+            return np.zeros(0, np.float32)
+        tail = self._rs.resample_chunk(np.zeros(0, np.float32), last=True)
+        self._rs.clear()
+        return tail
+
+
+class InputConverter:
+    """Client input audio (``input_audio_buffer.append`` payloads in ``fmt``) → float32 at ``out_rate`` Hz."""
+
+    def __init__(self, fmt: Any, out_rate: int = SESSION_INPUT_RATE) -> None:
+        self.format = format_type(fmt)
+        self.resampler = StreamResampler(FORMAT_RATE[self.format], out_rate)
+
+    def push(self, audio: str | bytes, event_id: str | None = None) -> np.ndarray:
+        """One payload (base64 ``str`` or raw ``bytes``) → the float32 samples it completes."""
+        data = b64decode(audio, event_id) if isinstance(audio, str) else audio
+        return self.resampler.process(decode(data, self.format, event_id))
+
+    def flush(self) -> np.ndarray:
+        return self.resampler.flush()
+
+
+class OutputConverter:
+    """Session output audio (float32 or int16 at ``in_rate`` Hz) → bytes in the client's ``fmt``.
+
+    Base64-encode for ``response.output_audio.delta`` (its builder accepts the bytes directly).
+    """
+
+    def __init__(self, fmt: Any, in_rate: int = SESSION_OUTPUT_RATE) -> None:
+        self.format = format_type(fmt)
+        self.resampler = StreamResampler(in_rate, FORMAT_RATE[self.format])
+
+    def push(self, samples: np.ndarray) -> bytes:
+        return encode(self.resampler.process(samples), self.format)
+
+    def flush(self) -> bytes:
+        """The resampler's tail at end of a response (empty for ``audio/pcm`` at 24 kHz)."""
+        return encode(self.resampler.flush(), self.format)
+
+    @staticmethod
+    def bytes_per_ms(fmt: Any) -> float:
+        """Wire bytes per ms of audio in ``fmt`` (48 for ``audio/pcm``, 8 for G.711)."""
+        t = format_type(fmt)
+        return FORMAT_RATE[t] * BYTES_PER_SAMPLE[t] / 1000.0

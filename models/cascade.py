@@ -1,0 +1,147 @@
+"""The cascade manifest: the Whisper (CTranslate2), text LLM and Piper voice of an ``asr → llm → tts`` graph.
+
+A manifest is a small YAML file (``omniduplex init-cascade`` writes one)::
+
+    architecture: cascade
+    asr: /path/to/whisper-ct2-dir          # faster-whisper / CTranslate2 model directory
+    llm: /path/to/hf-dir-or-model.gguf     # LlamaForCausalLM / Qwen3ForCausalLM, HF layout or GGUF
+    tts: /path/to/voice.onnx               # Piper VITS voice; its .onnx.json sits beside it
+    tts_config: /path/to/voice.onnx.json   # optional (default: <tts>.json)
+
+Relative paths are resolved against the manifest's folder. ``--model`` accepts the file, or a folder that
+holds ``cascade.yaml``. With no ``--model`` the commands use :func:`default_manifest`: the packaged weights
+of :mod:`.weights` (Whisper tiny.en, SmolLM2-135M-Instruct, Piper en_US joe), written into the cache.
+A GGUF LLM is dequantised once into the cache as an HF-layout checkpoint (:func:`resolve_llm`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .checkpoint import CheckpointError
+from .weights import PIPER_JOE, PIPER_JOE_CONFIG, SMOLLM2_135M, WHISPER_TINY_EN, locate
+
+ARCHITECTURE = "cascade"
+MANIFEST_NAME = "cascade.yaml"
+
+
+@dataclass(frozen=True)
+class CascadeManifest:
+    """The three parts of a cascade, as absolute paths.
+
+    Attributes:
+        path: the manifest file.
+        asr: CTranslate2 Whisper directory (``model.bin``, ``config.json``, ``tokenizer.json``).
+        llm: HF-layout checkpoint directory or a ``.gguf`` file.
+        tts: Piper voice ``.onnx``; ``tts_config`` its ``.onnx.json``.
+    """
+
+    path: Path
+    asr: Path
+    llm: Path
+    tts: Path
+    tts_config: Path
+
+
+def manifest_file(model: str | Path) -> Path | None:
+    """The manifest ``model`` names (a ``.yaml``/``.yml`` file, or a folder holding ``cascade.yaml``), or
+    ``None`` when ``model`` is not a cascade (a checkpoint directory)."""
+    p = Path(model)
+    if p.is_file() and p.suffix in (".yaml", ".yml"):
+        return p
+    if p.is_dir() and (p / MANIFEST_NAME).is_file():
+        return p / MANIFEST_NAME
+    return None
+
+
+def is_cascade(model: str | Path) -> bool:
+    """Whether ``model`` is a cascade manifest (see :func:`manifest_file`)."""
+    return manifest_file(model) is not None
+
+
+def load_manifest(model: str | Path) -> CascadeManifest:
+    """Read and check a manifest.
+
+    Raises:
+        CheckpointError: not a manifest, bad YAML, a missing key, or a part that does not exist.
+    """
+    path = manifest_file(model)
+    if path is None:
+        raise CheckpointError(
+            f"{model}: not a cascade manifest (a .yaml file or a folder with {MANIFEST_NAME})"
+        )
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise CheckpointError(f"{path}: unreadable cascade manifest ({e})") from e
+    if not isinstance(raw, dict) or raw.get("architecture", ARCHITECTURE) != ARCHITECTURE:
+        raise CheckpointError(f"{path}: not a cascade manifest (architecture must be '{ARCHITECTURE}')")
+    missing = [k for k in ("asr", "llm", "tts") if not raw.get(k)]
+    if missing:
+        raise CheckpointError(
+            f"{path}: cascade manifest lacks '{missing[0]}' (asr, llm and tts are required)"
+        )
+
+    def part(key: str, value) -> Path:
+        p = Path(os.path.expanduser(str(value)))
+        p = p if p.is_absolute() else (path.parent / p)
+        if not p.exists():
+            raise CheckpointError(f"{path}: {key} path {p} does not exist")
+        return p.resolve()
+
+    tts = part("tts", raw["tts"])
+    tts_config = part("tts_config", raw.get("tts_config") or f"{tts}.json")
+    return CascadeManifest(path.resolve(), part("asr", raw["asr"]), part("llm", raw["llm"]), tts, tts_config)
+
+
+def write_manifest(out: str | Path, asr: Path, llm: Path, tts: Path, tts_config: Path | None = None) -> Path:
+    """Write a manifest file (absolute paths) and return its path; ``out`` may be a folder."""
+    out = Path(out)
+    if out.suffix not in (".yaml", ".yml"):
+        out = out / MANIFEST_NAME
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"architecture": ARCHITECTURE, "asr": str(asr), "llm": str(llm), "tts": str(tts)}
+    if tts_config is not None:
+        doc["tts_config"] = str(tts_config)
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    tmp.write_text(
+        "# omniduplex cascade: Whisper ASR -> LLM -> Piper TTS (models/cascade.py)\n" + yaml.safe_dump(doc)
+    )
+    tmp.replace(out)
+    return out
+
+
+def default_manifest(cache: Path) -> Path:
+    """The manifest of the packaged weights (:mod:`.weights`), written into ``cache/cascade/``.
+
+    Raises:
+        WeightsError: a weight package is missing or a file is corrupted (one line with the fix).
+    """
+    return write_manifest(
+        cache / "cascade",
+        asr=locate(WHISPER_TINY_EN).parent,
+        llm=locate(SMOLLM2_135M),
+        tts=locate(PIPER_JOE),
+        tts_config=locate(PIPER_JOE_CONFIG),
+    )
+
+
+def resolve_llm(manifest: CascadeManifest, cache: Path) -> Path:
+    """The LLM as an HF-layout checkpoint directory: a GGUF file is imported once into ``cache/gguf/``.
+
+    Raises:
+        CheckpointError: unreadable or unsupported GGUF.
+    """
+    if manifest.llm.is_dir():
+        return manifest.llm
+    if manifest.llm.suffix != ".gguf":
+        raise CheckpointError(
+            f"{manifest.path}: llm {manifest.llm} is neither a checkpoint folder nor a .gguf"
+        )
+    from .gguf_import import cached_import
+
+    return cached_import(manifest.llm, cache / "gguf")

@@ -1,0 +1,228 @@
+"""The cascade's LLM stage: the user's transcript → a chat prompt → streamed reply tokens and text deltas.
+
+Input (from the ASR stage): no tensors; meta ``transcript`` (str), optional ``system_prompt`` (str),
+``history`` (list of ``[role, text]``, role ``user``/``assistant``), ``sampling`` (dict of
+:class:`SamplingParams` fields) and any other keys (``voice``, ...), passed on untouched.
+
+Output per sampled token: ``token`` int64 ``[1]``; meta ``text`` = the text this token adds (incremental
+detokenization; the stop token adds ``""``). The first message of a turn also carries ``prompt_ids``
+int64 ``[P]`` and the turn's input meta without ``sampling``; the last one (``last=True``) carries
+``finish_reason`` (``stop`` or ``length``). A transcript with no letters or digits does not reach the
+engine: one message ``token`` int64 ``[0]``, meta ``text=""``, ``skipped="empty transcript"`` + turn
+meta, ``last=True``.
+"""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer
+
+from omniduplex.models.chat_template import ChatTemplate, encode_chat, load_chat_template
+from omniduplex.models.checkpoint import CheckpointError
+from omniduplex.models.registry import LoadedModel
+
+from ..engine.adapters import ThinkerAdapter
+from ..engine.engine import Engine
+from ..engine.request import Request, SamplingParams
+from ..messages import StageMessage
+
+ROLES = ("user", "assistant")
+EXTRA_STOP_TOKENS = ("<|endoftext|>",)
+"""Stop tokens besides the tokenizer's eos, when the vocabulary has them."""
+
+
+class IncrementalDetokenizer:
+    """Text deltas of a growing id sequence, each decoded from a short window of recent ids.
+
+    The window starts at the first id of the previously emitted chunk (so merges of a byte-level BPE
+    across the chunk border decode right) and a delta ending in ``\\ufffd`` (a UTF-8 sequence split
+    across tokens) is held back until the next id completes it; the work per id is bounded, so a reply
+    costs time linear in its length. Special tokens decode to ``""``. The concatenated deltas, after
+    :meth:`flush`, equal ``tokenizer.decode(all_ids)``.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0  # window start: first id of the last emitted chunk
+        self.read = 0  # ids up to here are emitted
+
+    def _decode(self, start: int, end: int) -> str:
+        return self.tok.decode(self.ids[start:end], skip_special_tokens=True)
+
+    def push(self, token_id: int) -> str:
+        """Append one id; returns the text it completes (may be ``""`` while a character is split)."""
+        self.ids.append(token_id)
+        done = self._decode(self.prefix, self.read)
+        text = self._decode(self.prefix, len(self.ids))
+        if len(text) <= len(done) or text.endswith("\ufffd"):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return text[len(done) :]
+
+    def flush(self) -> str:
+        """Whatever is still held back (an unfinished UTF-8 sequence decodes with ``\\ufffd``)."""
+        done = self._decode(self.prefix, self.read)
+        text = self._decode(self.prefix, len(self.ids))
+        self.prefix = self.read = len(self.ids)
+        return text[len(done) :] if len(text) > len(done) else ""
+
+
+def _has_words(text: str) -> bool:
+    return any(ch.isalnum() for ch in text)
+
+
+class LLMWorker:
+    """Continuous batching of a text LLM (Llama / Qwen3 checkpoints) over every turn in flight.
+
+    Args:
+        model: a loaded text LM (``load_model(dir, parts=("thinker",))``); its folder must hold
+            ``tokenizer.json`` and may hold a chat template (else ChatML, see :mod:`.chat_template`).
+        num_blocks, max_num_seqs, max_num_batched_tokens: engine sizes (see :class:`Engine`).
+
+    Raises:
+        CheckpointError: no ``tokenizer.json``, no eos token, or a model without a text decoder.
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        num_blocks: int = 1024,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 1024,
+    ) -> None:
+        if model.thinker is None or model.thinker.model is None:
+            raise CheckpointError(f"{model.path}: not a text LM checkpoint (no decoder loaded)")
+        tok_file = model.path / "tokenizer.json"
+        if not tok_file.is_file():
+            raise CheckpointError(f"{model.path}: no tokenizer.json (the LLM stage detokenizes itself)")
+        self.tokenizer = Tokenizer.from_file(str(tok_file))
+        self.template: ChatTemplate = load_chat_template(model.path)
+        self.stop_ids = self._stop_ids(model)
+        weight = model.thinker.lm_head.weight
+        self.engine = Engine(
+            ThinkerAdapter(model.thinker),
+            num_blocks,
+            max_num_seqs,
+            max_num_batched_tokens,
+            dtype=weight.dtype,
+            device=weight.device,
+        )
+        # per turn: prompt ids, the meta to hand on with its first token (None once sent), detokenizer
+        self.turns: dict[str, tuple[torch.Tensor, dict | None, IncrementalDetokenizer]] = {}
+        self._ready: list[StageMessage] = []  # skipped turns, emitted at the next step
+
+    def _stop_ids(self, model: LoadedModel) -> tuple[int, ...]:
+        eos = self.template.special_tokens.get("eos_token")
+        ids = [self.tokenizer.token_to_id(eos)] if eos else []
+        if not ids or ids[0] is None:
+            raw = model.raw_config.get("eos_token_id")
+            ids = list(raw) if isinstance(raw, list) else [raw]
+        ids += [self.tokenizer.token_to_id(t) for t in EXTRA_STOP_TOKENS]
+        out = tuple(dict.fromkeys(i for i in ids if isinstance(i, int)))
+        if not out:
+            raise CheckpointError(f"{model.path}: no eos token in tokenizer_config.json or config.json")
+        return out
+
+    # -- turn input ----------------------------------------------------------------------------------
+    def messages(self, rid: str, meta: dict) -> list[dict]:
+        """The chat of a turn: system prompt, history, then the transcript as the user's message.
+
+        Raises:
+            ValueError: a field of the wrong type or a history role other than user/assistant.
+        """
+        out = []
+        system = meta.get("system_prompt")
+        if system is not None:
+            if not isinstance(system, str):
+                raise ValueError(f"turn {rid}: system_prompt must be a string")
+            out.append({"role": "system", "content": system})
+        history = meta.get("history") or []
+        if not isinstance(history, (list, tuple)):
+            raise ValueError(f"turn {rid}: history must be a list of [role, text]")
+        for i, item in enumerate(history):
+            if not (isinstance(item, (list, tuple)) and len(item) == 2 and item[0] in ROLES):
+                raise ValueError(f"turn {rid}: history[{i}] must be [role, text] with role user/assistant")
+            if not isinstance(item[1], str):
+                raise ValueError(f"turn {rid}: history[{i}] text must be a string")
+            out.append({"role": item[0], "content": item[1]})
+        if meta["transcript"]:  # "" only for a typed turn that answers the conversation as it stands
+            out.append({"role": "user", "content": meta["transcript"]})
+        return out
+
+    def _sampling(self, rid: str, raw) -> SamplingParams:
+        sp = dict(raw or {})
+        sp["stop_token_ids"] = tuple(dict.fromkeys((*sp.get("stop_token_ids", ()), *self.stop_ids)))
+        sp["suppress_token_ids"] = tuple(sp.get("suppress_token_ids", ()))
+        try:
+            return SamplingParams(**sp)
+        except TypeError as e:
+            raise ValueError(f"turn {rid}: bad sampling parameters ({e})") from e
+
+    def submit(self, msg: StageMessage) -> None:
+        """Queue a turn (see the module docstring for its fields).
+
+        Raises:
+            ValueError: a missing or non-string ``transcript``, malformed ``history``/``system_prompt``/
+                ``sampling``, a template that rejects the chat, a duplicate id, or a prompt that cannot fit
+                the KV cache (this turn only).
+        """
+        rid, meta = msg.request_id, msg.meta
+        transcript = meta.get("transcript")
+        if not isinstance(transcript, str):
+            raise ValueError(
+                f"turn {rid}: meta 'transcript' must be a string, got {type(transcript).__name__}"
+            )
+        if rid in self.turns or any(m.request_id == rid for m in self._ready):
+            raise ValueError(f"turn {rid}: already running")
+        turn_meta = {k: v for k, v in meta.items() if k not in ("sampling", "words")}
+        typed = isinstance(meta.get("user_text"), str)  # typed turns are answered even when empty
+        if not typed and not _has_words(transcript):
+            self._ready.append(
+                StageMessage(
+                    rid,
+                    {"token": torch.zeros(0, dtype=torch.int64)},
+                    {**turn_meta, "text": "", "skipped": "empty transcript"},
+                    last=True,
+                )
+            )
+            return
+        sampling = self._sampling(rid, meta.get("sampling"))
+        ids = encode_chat(self.tokenizer, self.template, self.messages(rid, meta))
+        self.engine.add_request(Request(rid, ids, sampling))
+        prompt = torch.tensor(ids, dtype=torch.int64)
+        self.turns[rid] = (prompt, turn_meta, IncrementalDetokenizer(self.tokenizer))
+
+    def abort(self, request_id: str) -> None:
+        """Drop a turn wherever it is; its KV blocks are free when this returns. No-op when unknown."""
+        self.engine.abort(request_id)
+        self.turns.pop(request_id, None)
+        self._ready = [m for m in self._ready if m.request_id != request_id]
+
+    def has_work(self) -> bool:
+        return bool(self._ready) or self.engine.has_unfinished()
+
+    @torch.no_grad()
+    def step(self) -> list[StageMessage]:
+        """One engine step: a message per sampled token (plus any skipped turns' single message)."""
+        outs, self._ready = self._ready, []
+        for o in self.engine.step():
+            turn = self.turns.get(o.request_id)
+            if turn is None:
+                continue
+            prompt, turn_meta, detok = turn
+            (tok,) = o.new_token_ids
+            text = "" if tok in self.stop_ids else detok.push(tok)
+            tensors = {"token": torch.tensor([tok], dtype=torch.int64)}
+            meta: dict = {}
+            if turn_meta is not None:  # first token of the turn
+                meta.update(turn_meta)
+                tensors["prompt_ids"] = prompt
+                self.turns[o.request_id] = (prompt, None, detok)
+            if o.finished:
+                text += detok.flush()
+                meta["finish_reason"] = o.finish_reason
+                self.turns.pop(o.request_id, None)
+            meta["text"] = text
+            outs.append(StageMessage(o.request_id, tensors, meta, last=o.finished))
+        return outs

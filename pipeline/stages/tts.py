@@ -1,0 +1,150 @@
+"""Stage 2 of the cascade: the LLM's streamed reply text → speech, clause by clause (Piper).
+
+Input: one message per LLM token, meta ``text`` = the token's text delta (may be ""), ``last`` when the
+reply's text is complete. The turn's first message may carry options in its meta; ``skipped`` is passed
+through on every output message of the turn.
+
+Output, per clause (:class:`~omniduplex.pipeline.clauses.ClauseSplitter`): ``pcm`` float32 ``[n]`` at
+``output_rate`` (Hz), meta ``text`` = the exact clause these samples speak, ``chunk`` = its index in the
+turn (0, 1, ...) and ``tts_ms`` = its synthesis time (ms), ``last=False``; then one ``last=True`` message
+(``pcm`` possibly empty, meta ``text`` ""). The chunk texts, in order, are the reply without whitespace
+and markup: every spoken character belongs to exactly one chunk, which is the alignment the session uses
+to cut an interrupted reply back to what was played. Each turn resamples through its own
+``soxr.ResampleStream``, so the concatenated chunks are one continuous waveform (equal to resampling the
+turn's audio in one go); each chunk's samples lag its clause by the resampler's delay (~37 ms for soxr HQ
+at 22.05 → 24 kHz), inside the silence VITS leaves around an utterance.
+
+Scheduling: a step synthesises at most one clause per turn. Turns with no audio out yet go first, alone
+in their step (their first clause is their time to first audio; the others have audio buffered at the
+client); otherwise every ready turn gets one clause (round robin), so a long reply never holds back a
+new one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import soxr
+import torch
+
+from omniduplex.models.tts import PiperTTS
+
+from ..clauses import ClauseSplitter
+from ..messages import StageMessage
+
+PASSED_OPTIONS = ("skipped",)
+"""Meta keys of a turn's first message copied onto every message the turn emits."""
+_ABORTED_MEMORY = 1024
+
+
+@dataclass
+class _Turn:
+    splitter: ClauseSplitter
+    resampler: soxr.ResampleStream | None  # None when the voice already speaks at the output rate
+    options: dict
+    clauses: deque[str] = field(default_factory=deque)
+    finished: bool = False  # the reply's text is complete
+    started: bool = False  # some audio has gone out
+    chunk: int = 0  # clauses emitted
+
+
+class TTSWorker:
+    """Streaming synthesis of every reply in flight.
+
+    Args:
+        tts: the Piper voice.
+        output_rate: rate of the emitted ``pcm`` (Hz; the cascade's 24000).
+        first_max_words, min_words: clause sizes (:class:`~omniduplex.pipeline.clauses.ClauseSplitter`).
+    """
+
+    def __init__(
+        self, tts: PiperTTS, output_rate: int = 24_000, first_max_words: int = 6, min_words: int = 3
+    ) -> None:
+        self.tts, self.output_rate = tts, output_rate
+        self.first_max_words, self.min_words = first_max_words, min_words
+        self.turns: dict[str, _Turn] = {}
+        self._aborted: OrderedDict[str, None] = OrderedDict()  # late messages of aborted turns are dropped
+
+    def submit(self, msg: StageMessage) -> None:
+        """Add a text delta (``meta["text"]``) to its turn; ``last`` closes the turn's text.
+
+        Raises:
+            ValueError: ``meta["text"]`` is not a string (this turn only).
+        """
+        rid = msg.request_id
+        if rid in self._aborted:
+            return
+        delta = msg.meta.get("text", "")
+        if not isinstance(delta, str):
+            raise ValueError(f"turn {rid}: meta['text'] must be a str, got {type(delta).__name__}")
+        t = self.turns.get(rid)
+        if t is None:
+            t = self.turns[rid] = self._new_turn(msg.meta)
+        t.clauses.extend(t.splitter.push(delta))
+        if msg.last and not t.finished:
+            t.clauses.extend(t.splitter.flush())
+            t.finished = True
+
+    def abort(self, request_id: str) -> None:
+        """Drop the turn at once: nothing more of it is emitted, even if text for it still arrives."""
+        self.turns.pop(request_id, None)
+        self._aborted[request_id] = None
+        while len(self._aborted) > _ABORTED_MEMORY:
+            self._aborted.popitem(last=False)
+
+    def has_work(self) -> bool:
+        return any(t.clauses or t.finished for t in self.turns.values())
+
+    def step(self) -> list[StageMessage]:
+        """One clause for each ready turn (new turns first, alone); a turn's ``last`` message follows its
+        final clause in the same step."""
+        ready = [(rid, t) for rid, t in self.turns.items() if t.clauses or t.finished]
+        first = [(rid, t) for rid, t in ready if not t.started]
+        outs: list[StageMessage] = []
+        for rid, t in first or ready:
+            if t.clauses:
+                outs.append(self._speak(rid, t))
+            if t.finished and not t.clauses:
+                outs.append(StageMessage(rid, {"pcm": self._flush(t)}, {"text": "", **t.options}, last=True))
+                del self.turns[rid]
+        return outs
+
+    def _speak(self, rid: str, t: _Turn) -> StageMessage:
+        text = t.clauses.popleft()
+        t0 = time.perf_counter()
+        pcm = self._resample(t, self.tts.synthesize(text), last=False)
+        if t.finished and not t.clauses:  # the turn's final clause keeps the resampler's tail
+            pcm = torch.cat([pcm, self._flush(t)])
+        tts_ms = 1000 * (time.perf_counter() - t0)
+        meta = {"text": text, "chunk": t.chunk, "tts_ms": tts_ms, **t.options}
+        t.chunk += 1
+        t.started = t.started or pcm.numel() > 0
+        return StageMessage(rid, {"pcm": pcm}, meta, last=False)
+
+    def _new_turn(self, meta: dict) -> _Turn:
+        rate = self.tts.sample_rate
+        resampler = None
+        if rate != self.output_rate:
+            resampler = soxr.ResampleStream(rate, self.output_rate, 1, dtype="float32", quality="HQ")
+        return _Turn(
+            ClauseSplitter(self.first_max_words, self.min_words),
+            resampler,
+            {k: meta[k] for k in PASSED_OPTIONS if k in meta},
+        )
+
+    @staticmethod
+    def _resample(t: _Turn, pcm: np.ndarray, last: bool) -> torch.Tensor:
+        if t.resampler is not None:
+            pcm = t.resampler.resample_chunk(np.ascontiguousarray(pcm, dtype=np.float32), last=last)
+        return torch.from_numpy(np.ascontiguousarray(pcm, dtype=np.float32))
+
+    def _flush(self, t: _Turn) -> torch.Tensor:
+        """The resampler's remaining samples (once per turn)."""
+        if t.resampler is None:
+            return torch.zeros(0)
+        pcm = self._resample(t, np.zeros(0, np.float32), last=True)
+        t.resampler = None
+        return pcm

@@ -1,0 +1,143 @@
+"""The cascade LLM stage on the real SmolLM2-135M-Instruct weights: prompts, streamed text, skips, aborts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omniduplex.models.gguf_import import cached_import
+from omniduplex.models.registry import load_model
+from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stages.llm import IncrementalDetokenizer, LLMWorker
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from omniduplex.models.weights import SMOLLM2_135M, WeightsError, locate
+
+    try:
+        src = locate(SMOLLM2_135M)
+    except WeightsError as e:
+        pytest.skip(str(e))
+    return load_model(cached_import(src, tmp_path_factory.mktemp("gguf-cache")), parts=("thinker",))
+
+
+@pytest.fixture()
+def worker(model):
+    return LLMWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
+
+
+def turn(rid: str, transcript, **meta) -> StageMessage:
+    return StageMessage(rid, {}, {"transcript": transcript, **meta})
+
+
+def drain(worker: LLMWorker, max_steps: int = 500) -> list[StageMessage]:
+    outs: list[StageMessage] = []
+    for _ in range(max_steps):
+        if not worker.has_work():
+            break
+        outs += worker.step()
+    assert not worker.has_work()
+    return outs
+
+
+def test_reply_streams_text_deltas(worker):
+    worker.submit(
+        turn("t1", "What is the capital of France?", voice="joe", sampling={"max_tokens": 40}, asr_ms=12.5)
+    )
+    outs = drain(worker)
+    assert all(o.request_id == "t1" for o in outs) and len(outs) > 3
+    first, last = outs[0], outs[-1]
+    assert first.meta["voice"] == "joe" and first.meta["asr_ms"] == 12.5 and "sampling" not in first.meta
+    assert first.tensors["prompt_ids"].dtype == torch.int64 and first.tensors["prompt_ids"].dim() == 1
+    assert all("prompt_ids" not in o.tensors and "voice" not in o.meta for o in outs[1:])
+    assert [o.last for o in outs] == [False] * (len(outs) - 1) + [True]
+    assert last.meta["finish_reason"] == "stop"
+    ids = [int(o.tensors["token"].item()) for o in outs]
+    assert all(o.tensors["token"].shape == (1,) and o.tensors["token"].dtype == torch.int64 for o in outs)
+    assert ids[-1] in worker.stop_ids and last.meta["text"] == ""
+    text = "".join(o.meta["text"] for o in outs)
+    assert text == worker.tokenizer.decode(ids, skip_special_tokens=True)
+    assert "Paris" in text and text.isascii()
+
+
+def test_history_and_system_prompt_are_in_the_prompt(worker):
+    history = [["user", "My name is Ada and I like sailing."], ["assistant", "Nice to meet you, Ada!"]]
+    system = "You are a terse voice assistant."
+    worker.submit(
+        turn("t2", "What do I like?", history=history, system_prompt=system, sampling={"max_tokens": 8})
+    )
+    outs = drain(worker)
+    prompt = outs[0].tensors["prompt_ids"].tolist()
+    rendered = worker.tokenizer.decode(prompt, skip_special_tokens=False)
+    assert rendered.startswith(f"<|im_start|>system\n{system}<|im_end|>")
+    assert "named SmolLM" not in rendered  # our system prompt replaces the template's default
+    for _, text in history:
+        sub = worker.tokenizer.encode(text, add_special_tokens=False).ids
+        assert any(prompt[i : i + len(sub)] == sub for i in range(len(prompt))), text
+    assert rendered.endswith("<|im_start|>user\nWhat do I like?<|im_end|>\n<|im_start|>assistant\n")
+    assert outs[-1].last and outs[-1].meta["finish_reason"] in ("stop", "length")
+
+
+@pytest.mark.parametrize("transcript", ["", "   ", " ... ?! ", "\n\t-"])
+def test_empty_transcript_is_skipped_without_the_engine(worker, transcript):
+    worker.submit(turn("t3", transcript, voice="joe", sampling={"max_tokens": 8}))
+    assert worker.has_work()
+    (msg,) = drain(worker)
+    assert msg.last and msg.request_id == "t3"
+    assert msg.tensors["token"].dtype == torch.int64 and msg.tensors["token"].shape == (0,)
+    assert msg.meta["text"] == "" and msg.meta["skipped"] == "empty transcript"
+    assert msg.meta["voice"] == "joe" and "sampling" not in msg.meta
+    assert worker.engine.num_steps == 0
+
+
+def test_abort_frees_the_kv_blocks(worker):
+    alloc = worker.engine.scheduler.allocator
+    total = alloc.num_free
+    worker.submit(turn("a", "Tell me a long story about a dragon.", sampling={"max_tokens": 200}))
+    worker.submit(turn("b", "Count from one to fifty.", sampling={"max_tokens": 200}))
+    worker.submit(turn("c", "..."))
+    for _ in range(4):
+        worker.step()
+    assert alloc.num_free < total
+    worker.abort("a")
+    worker.abort("b")
+    worker.abort("c")
+    worker.abort("never-submitted")
+    assert alloc.num_free == total and not worker.has_work() and worker.step() == []
+
+
+def test_bad_input_is_a_value_error_for_that_turn_only(worker):
+    worker.submit(turn("ok", "Say hello.", sampling={"max_tokens": 4}))
+    bad = [
+        turn("b1", None),
+        StageMessage("b2", {}, {}),
+        turn("b3", "hi", history=[["robot", "beep"]]),
+        turn("b4", "hi", history="not a list"),
+        turn("b5", "hi", system_prompt=3),
+        turn("b6", "hi", sampling={"temprature": 0.5}),
+        turn("b7", "hi", sampling={"top_p": 0.0}),
+        turn("ok", "Duplicate id."),
+    ]
+    for msg in bad:
+        with pytest.raises(ValueError):
+            worker.submit(msg)
+    outs = drain(worker)
+    assert {o.request_id for o in outs} == {"ok"} and outs[-1].last
+
+
+def test_incremental_detokenizer_holds_back_split_characters(worker):
+    tok = worker.tokenizer
+    text = "Grüße aus 東京 😀🎉 — naïve café! " * 3
+    ids = tok.encode(text, add_special_tokens=False).ids
+    assert len(ids) > len(text.split())  # multi-byte characters span several tokens
+    detok = IncrementalDetokenizer(tok)
+    deltas, windows = [], []
+    for i in ids:
+        deltas.append(detok.push(i))
+        windows.append(len(detok.ids) - detok.prefix)
+    deltas.append(detok.flush())
+    assert "".join(deltas) == text
+    assert not any("\ufffd" in d for d in deltas)
+    assert "" in deltas  # some token completed no character
+    assert max(windows) <= 8  # the decoded window stays short: linear in the reply length

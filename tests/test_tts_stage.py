@@ -1,0 +1,196 @@
+"""Piper TTS (real en_US joe voice) and the cascade's TTS stage worker: clause streaming, alignment, abort,
+fairness between concurrent turns. Speech is checked by ear's proxy: Whisper transcribes it back."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import soxr
+
+from omniduplex.models.asr import SAMPLE_RATE, WhisperASR
+from omniduplex.models.tts import PiperTTS
+from omniduplex.models.weights import PIPER_JOE, PIPER_JOE_CONFIG, WHISPER_TINY_EN, locate
+from omniduplex.pipeline.clauses import MARKDOWN, count_words
+from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stages.tts import TTSWorker
+
+OUT_RATE = 24_000
+REPLY = (
+    "Sure! The museum opens at nine in the morning on Sundays, and it closes at six in the evening. "
+    "Tickets cost twelve euros for adults; children under ten get in for free. "
+    "I would book online, because the queue at the door can be long."
+)
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    """Word error rate: word-level Levenshtein distance / reference length (case and punctuation ignored)."""
+    ref, hyp = (re.findall(r"[a-z0-9']+", s.lower()) for s in (reference, hypothesis))
+    d = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, d[0] = d[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
+    return d[len(hyp)] / max(1, len(ref))
+
+
+def test_wer_helper():
+    assert wer("the cat sat", "The cat sat.") == 0.0
+    assert wer("the cat sat", "the cat") == pytest.approx(1 / 3)
+    assert wer("a b c d", "a x c d e") == pytest.approx(2 / 4)
+
+
+class Recording:
+    """The real voice, keeping what each call produced (at the voice's rate)."""
+
+    def __init__(self, tts: PiperTTS) -> None:
+        self.tts, self.calls = tts, []
+
+    @property
+    def sample_rate(self) -> int:
+        return self.tts.sample_rate
+
+    def synthesize(self, text: str) -> np.ndarray:
+        pcm = self.tts.synthesize(text)
+        self.calls.append((text, pcm))
+        return pcm
+
+
+@pytest.fixture(scope="module")
+def tts() -> PiperTTS:
+    return PiperTTS(locate(PIPER_JOE), locate(PIPER_JOE_CONFIG), threads=1)
+
+
+@pytest.fixture(scope="module")
+def asr() -> WhisperASR:
+    return WhisperASR(locate(WHISPER_TINY_EN).parent)
+
+
+def tokens(text: str) -> list[str]:
+    """``text`` as an LLM streams it: words with their leading space, punctuation as its own token."""
+    return re.findall(r"\s*\w+|\s*[^\w\s]", text)
+
+
+def feed(worker: TTSWorker, rid: str, text: str, last: bool = True, first_meta: dict | None = None) -> None:
+    toks = tokens(text) or [""]
+    for i, tok in enumerate(toks):
+        meta = {"text": tok, **((first_meta or {}) if i == 0 else {})}
+        worker.submit(StageMessage(rid, meta=meta, last=last and i == len(toks) - 1))
+
+
+def drain(worker: TTSWorker) -> list[StageMessage]:
+    outs = []
+    while worker.has_work():
+        outs += worker.step()
+    return outs
+
+
+def norm(s: str) -> str:
+    return "".join(c for c in s if not c.isspace() and c not in MARKDOWN)
+
+
+def test_voice(tts):
+    assert tts.sample_rate == 22050
+    assert tts.voices == ["joe"]
+    pcm = tts.synthesize("Hello there.")
+    assert pcm.dtype == np.float32 and pcm.ndim == 1
+    assert 0.3 < pcm.size / tts.sample_rate < 3.0
+    assert 0.05 < np.abs(pcm).max() <= 1.0
+    assert tts.synthesize("...").size == 0  # nothing to pronounce
+
+
+def test_speech_is_intelligible(tts, asr):
+    text = "Today the weather is sunny and warm, so we can go for a long walk in the park."
+    pcm = soxr.resample(tts.synthesize(text), tts.sample_rate, SAMPLE_RATE).astype(np.float32)
+    heard = asr.transcribe(pcm).text
+    assert wer(text, heard) <= 0.10, heard
+
+
+def test_streamed_reply_chunks_align_with_text_and_audio(tts, asr):
+    rec = Recording(tts)
+    w = TTSWorker(rec, output_rate=OUT_RATE)  # type: ignore[arg-type]
+    outs = []
+    for i, tok in enumerate(tokens(REPLY)):  # one token at a time, stepping like the stage loop does
+        w.submit(StageMessage("r", meta={"text": tok, **({"skipped": False} if i == 0 else {})}))
+        outs += drain(w)
+    w.submit(StageMessage("r", meta={"text": ""}, last=True))
+    outs += drain(w)
+
+    *chunks, final = outs
+    assert final.last and final.meta["text"] == "" and final.tensors["pcm"].numel() == 0
+    assert not any(m.last for m in chunks)
+    assert [m.meta["chunk"] for m in chunks] == list(range(len(chunks)))
+    assert all(m.meta["skipped"] is False for m in outs)
+    # every character of the reply is spoken by exactly one chunk, in order
+    texts = [m.meta["text"] for m in chunks]
+    assert norm("".join(texts)) == norm(REPLY)
+    assert texts == [t for t, _ in rec.calls]  # each chunk's pcm is the synthesis of its own text
+    assert texts[0] == "Sure!" and all(count_words(t) >= 3 for t in texts[1:])
+    assert count_words(texts[0]) <= 6  # a short first clause: early first audio
+    # the chunks are one continuous 24 kHz waveform: the turn's 22.05 kHz audio resampled in one go
+    pcm = np.concatenate([m.tensors["pcm"].numpy() for m in outs])
+    assert pcm.dtype == np.float32
+    raw = np.concatenate([p for _, p in rec.calls])
+    whole = soxr.ResampleStream(tts.sample_rate, OUT_RATE, 1, dtype="float32", quality="HQ")
+    np.testing.assert_allclose(pcm, whole.resample_chunk(raw, last=True), atol=1e-6)
+    assert abs(pcm.size - raw.size * OUT_RATE / tts.sample_rate) <= 2
+    for m, (_, p) in zip(chunks, rec.calls):  # each chunk carries its own clause's samples, shifted by
+        # the resampler's delay (~37 ms for soxr HQ at 22.05 → 24 kHz)
+        assert abs(m.tensors["pcm"].numel() - p.size * OUT_RATE / tts.sample_rate) < 0.05 * OUT_RATE
+    # and it says the reply
+    heard = asr.transcribe(soxr.resample(pcm, OUT_RATE, SAMPLE_RATE).astype(np.float32)).text
+    assert wer(REPLY, heard) <= 0.2, heard
+
+
+def test_first_chunk_is_cut_early(tts):
+    w = TTSWorker(tts)
+    feed(w, "r", "I would be very happy to help you plan a trip to the seaside next week.")
+    outs = drain(w)
+    assert outs[0].meta["text"] == "I would be very happy to"
+    assert outs[0].meta["tts_ms"] > 0 and outs[0].tensors["pcm"].numel() > 0.5 * OUT_RATE
+
+
+def test_abort_mid_turn_emits_nothing_more(tts):
+    w = TTSWorker(tts)
+    feed(w, "r", "First, a short clause. Then a second sentence comes here. And a third one", last=False)
+    first = w.step()
+    assert [m.meta["text"] for m in first] == ["First,"]
+    w.abort("r")
+    assert not w.has_work() and w.step() == []
+    feed(w, "r", " arrives late from the language model.")  # text already in flight when the abort landed
+    assert not w.has_work() and w.step() == []
+
+
+def test_concurrent_turns_alternate(tts):
+    w = TTSWorker(tts)
+    long = " ".join(f"This is sentence number {n} of a rather long answer." for n in range(1, 9))
+    feed(w, "long", long)
+    assert [m.request_id for m in w.step()] == ["long"]
+    assert [m.request_id for m in w.step()] == ["long"]
+    feed(w, "new", "Hello! Nice to meet you, how can I help today?")
+    step = w.step()
+    assert [m.request_id for m in step] == ["new"]  # a new turn's first clause goes first, alone
+    assert step[0].meta["text"] == "Hello!"
+    order = []
+    while w.has_work():
+        order.append(sorted({m.request_id for m in w.step()}))
+    assert order[0] == ["long", "new"]  # then one clause each per step
+    assert order.count(["long", "new"]) >= 2
+    assert order[-1] == ["long"]
+
+
+def test_empty_reply_ends_with_one_empty_message(tts):
+    w = TTSWorker(tts)
+    w.submit(StageMessage("e", meta={"text": "", "skipped": True}, last=True))
+    (out,) = drain(w)
+    assert out.last and out.tensors["pcm"].numel() == 0 and out.meta == {"text": "", "skipped": True}
+    feed(w, "m", "** 🙂 **")  # only markup: nothing to say
+    (out,) = drain(w)
+    assert out.last and out.tensors["pcm"].numel() == 0
+
+
+def test_bad_text_raises_for_that_turn(tts):
+    w = TTSWorker(tts)
+    with pytest.raises(ValueError):
+        w.submit(StageMessage("bad", meta={"text": 3}))
