@@ -19,12 +19,13 @@ class GraphConfigError(ValueError):
 
 
 class StageConfig(BaseModel):
-    """One stage process: device, dtype, batch and token limits, KV cache size."""
+    """One stage process: device, dtype, batch and token limits, KV cache size. ``dtype: auto`` = bf16 where
+    the CPU has native bf16 matrix units, else fp32 (:func:`.graph.auto_dtype`)."""
 
     model_config = {"extra": "forbid"}
 
     device: str = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(1024, ge=1)
     num_kv_blocks: int = Field(1024, ge=1)

@@ -39,7 +39,22 @@ PARTS = {
 
 
 def _dtype(name: str) -> torch.dtype:
+    if name == "auto":
+        return auto_dtype()
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def auto_dtype(cpuinfo: str | None = None) -> torch.dtype:
+    """bf16 on a CPU with native bf16 matrix units (AMX or AVX512-BF16 in ``/proc/cpuinfo`` flags), else fp32
+    (where bf16 GEMMs are emulated and run slower than fp32: ENVIRONMENT.md)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    flags = set(cpuinfo.split())
+    return torch.bfloat16 if flags & {"amx_bf16", "avx512_bf16"} else torch.float32
 
 
 def build_worker(
@@ -85,9 +100,9 @@ def _cascade_worker(stage: str, manifest, cfg: StageConfig):
 
         from .stages.tts import TTSWorker
 
-        return TTSWorker(
-            PiperTTS(manifest.tts, manifest.tts_config, threads=cfg.torch_threads), CASCADE_OUTPUT_RATE
-        )
+        # a 4-word first clause: the first audio waits for ~5 LLM tokens instead of ~8 (TTFP)
+        tts = PiperTTS(manifest.tts, manifest.tts_config, threads=cfg.torch_threads)
+        return TTSWorker(tts, CASCADE_OUTPUT_RATE, first_max_words=4)
     from .stages.llm import LLMWorker
 
     llm_dir = resolve_llm(manifest, cache_dir())

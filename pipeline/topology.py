@@ -124,7 +124,7 @@ CASCADE = Topology(
         (ORCHESTRATOR, "asr"): None,
         ("asr", "llm"): (),
         ("asr", ORCHESTRATOR): (),
-        ("llm", "tts"): (),
+        ("llm", "tts"): ("token",),  # a message needs a tensor on its edge to travel (stage_process)
         ("llm", ORCHESTRATOR): ("token", "prompt_ids"),
         ("tts", ORCHESTRATOR): ("pcm",),
     },

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from speech import espeak, words_of
 
 from omniduplex.models.asr import SAMPLE_RATE, WhisperASR
 from omniduplex.models.weights import WHISPER_TINY_EN, locate
@@ -29,20 +28,6 @@ def asr() -> WhisperASR:
 @pytest.fixture(scope="module")
 def question() -> np.ndarray:
     return load_audio(QUESTION)
-
-
-def espeak(tmp_path: Path, name: str, text: str) -> np.ndarray:
-    """``text`` spoken by espeak-ng, converted by sox to 16 kHz mono 16-bit."""
-    if not (shutil.which("espeak-ng") and shutil.which("sox")):
-        pytest.skip("espeak-ng and sox are needed to make test speech")
-    raw, wav = tmp_path / f"{name}-raw.wav", tmp_path / f"{name}.wav"
-    subprocess.run(["espeak-ng", "-w", str(raw), text], check=True)
-    subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(wav)], check=True)
-    return load_audio(wav)
-
-
-def words_of(text: str) -> list[str]:
-    return "".join(c.lower() if c.isalnum() or c == "'" else " " for c in text).split()
 
 
 def check_timings(t, duration_s: float) -> None:

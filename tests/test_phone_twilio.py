@@ -1,7 +1,7 @@
 """The Twilio Media Streams protocol without sockets: typed parsing, outbound messages, request signatures
 (Twilio's published example), the voice webhook (TwiML, 403), and a :class:`TwilioBridge` driven message by
 message: pacing lead, marks, barge-in → clear, truncation of the history to the marks echoed.
-Over a real WebSocket: tests/e2e/test_phone_twilio.py."""
+Over a real WebSocket: tests/e2e/test_phone_twilio_stream.py."""
 
 from __future__ import annotations
 

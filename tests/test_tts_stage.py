@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 import soxr
+from speech import wer
 
 from omniduplex.models.asr import SAMPLE_RATE, WhisperASR
 from omniduplex.models.tts import PiperTTS
@@ -22,17 +23,6 @@ REPLY = (
     "Tickets cost twelve euros for adults; children under ten get in for free. "
     "I would book online, because the queue at the door can be long."
 )
-
-
-def wer(reference: str, hypothesis: str) -> float:
-    """Word error rate: word-level Levenshtein distance / reference length (case and punctuation ignored)."""
-    ref, hyp = (re.findall(r"[a-z0-9']+", s.lower()) for s in (reference, hypothesis))
-    d = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, d[0] = d[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
-    return d[len(hyp)] / max(1, len(ref))
 
 
 def test_wer_helper():

@@ -124,7 +124,9 @@ async def twilio_stream(ws: WebSocket) -> None:
     """One Twilio media stream: runs until ``stop``, disconnect, media timeout or server shutdown."""
     state = ws.app.state.server
     cfg: TwilioConfig = state.cfg.twilio
-    if cfg.auth_token:
+    if not cfg.auth_token:
+        log.warning("twilio stream accepted without a signature check: set TWILIO_AUTH_TOKEN")
+    else:
         bases = _base_urls(cfg, ws.headers, "https" if ws.url.scheme == "wss" else "http")
         urls = [_ws_scheme(b) + _with_query(ws.url.path, ws.url.query) for b in bases]
         if not signature_ok(cfg.auth_token, ws.headers.get("x-twilio-signature"), urls):
@@ -133,7 +135,13 @@ async def twilio_stream(ws: WebSocket) -> None:
             return
     await ws.accept()
     bridge = TwilioBridge(
-        new_call_id("tw"), state.responder, replace(state.cfg.session), ws.send_text, cfg.lead_ms, cfg.mark_ms
+        new_call_id("tw"),
+        state.responder,
+        replace(state.cfg.session),
+        ws.send_text,
+        cfg.lead_ms,
+        cfg.mark_ms,
+        turn_model=getattr(state, "turn_model", None),
     )
     call = TwilioCall(ws, bridge)
     try:

@@ -24,7 +24,8 @@ sent at all. A mark named ``<turn_id>@<samples>`` follows every ``mark_ms`` of r
 what was queued; the echoed marks are the playback position. On the session's ``BargeIn`` the unsent
 frames are dropped and ``clear`` goes out at once; when the interrupted reply ends, the session is told what
 the caller actually heard (the last mark echoed before the ``clear``) through ``Session.truncate``, so the
-history keeps the played part only.
+history keeps the played part only. Once the session has handed out a reply's last frame the reply is over
+for it, so speech in the last ``lead_ms`` of playback starts a new turn rather than a barge-in.
 """
 
 from __future__ import annotations
@@ -188,6 +189,7 @@ class TwilioBridge:
         send: sends one text frame to Twilio.
         lead_ms: reply audio sent ahead of the caller's ear, at most (ms).
         mark_ms: reply audio between marks (ms).
+        turn_model: the server's shared end-of-turn model (``turn_detection="smart"``), else ``None``.
     """
 
     def __init__(
@@ -199,12 +201,13 @@ class TwilioBridge:
         lead_ms: int = 100,
         mark_ms: int = 100,
         clock: Callable[[], float] = time.monotonic,
+        turn_model=None,
     ) -> None:
         self.id, self.send, self.clock = call_id, send, clock
         self.lead_s = lead_ms / 1000.0
         self.mark_samples = max(FRAME_SAMPLES, TELEPHONE_RATE * mark_ms // 1000)
         cfg.output_rate = TELEPHONE_RATE
-        self.session = Session(call_id, responder, self._on_event, cfg, clock=clock)
+        self.session = Session(call_id, responder, self._on_event, cfg, clock=clock, turn_model=turn_model)
         self.upsampler = upsampler_8k_to_16k()
         self.stream_sid: str | None = None
         self.call_sid = ""

@@ -94,14 +94,19 @@ def test_hold_and_resume_by_reinvite(tmp_path):
         assert 1.2 < gaps.max() < 2.0  # nothing sent while held (~1.5 s), then the stream resumes
 
 
-def test_caller_that_vanishes_is_hung_up_after_the_rtp_timeout(tmp_path):
-    write_caller(tmp_path / "caller.ulaw", 1.0)  # 1 s of RTP, then nothing and no BYE
-    srv, sip = sip_server(ToneResponder(), rtp_timeout_s=2.0)
+@pytest.mark.parametrize(
+    ("audio_s", "limits"),
+    [(1.0, {"rtp_timeout_s": 2.0}), (6.0, {"call_timeout_s": 2.0})],
+    ids=["caller vanishes: RTP timeout", "call timeout"],
+)
+def test_server_hangs_up_on_rtp_timeout_and_call_timeout(tmp_path, audio_s, limits):
+    write_caller(tmp_path / "caller.ulaw", audio_s)  # then no more RTP, and SIPp never sends BYE
+    srv, sip = sip_server(ToneResponder(), **limits)
     with srv:
         t0 = time.monotonic()
         r = sipp("uac_vanish.xml", sip.port, tmp_path, "-m", "1")
         assert r.returncode == 0, r.stdout[-2000:] + sipp_errors(tmp_path)
-        assert 2.5 < time.monotonic() - t0 < 10
+        assert 1.9 < time.monotonic() - t0 < 10
         time.sleep(0.2)
         assert srv.app.state.sip.calls == {} and srv.state.sessions == {}
 

@@ -80,6 +80,11 @@ class SipServer:
             self.cfg.max_calls,
         )
 
+        if not self.cfg.users and not self.cfg.allow:
+            log.warning(
+                "SIP UAS admits any caller: set digest users (--sip-user) or an allow-list (--sip-allow)"
+            )
+
     async def stop(self) -> None:
         """Hang up every call (BYE), then close the sockets."""
         await asyncio.gather(*(c.close("server shutdown") for c in list(self.calls.values())))
