@@ -467,15 +467,6 @@ def test_byte_view_of_empty_tensors_from_numpy():
     import numpy as np
 
     # numpy-backed empty arrays come with stride 0, which torch refuses to view as bytes
-    for t in (torch.from_numpy(np.zeros(0, np.float32)), torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64)):
-        b = byte_view(t)
-        assert b.dtype == torch.uint8 and b.numel() == 0
-
-
-def test_byte_view_of_empty_tensors_from_numpy():
-    import numpy as np
-
-    # numpy-backed empty arrays come with stride 0, which torch refuses to view as bytes
     empties = (torch.from_numpy(np.zeros(0, np.float32)), torch.zeros(0, 4), torch.zeros(0, dtype=torch.long))
     for t in empties:
         b = byte_view(t)
