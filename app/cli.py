@@ -235,6 +235,54 @@ def serve(
     run(cfg, host, port, log_level)
 
 
+@cli.command()
+def kiosk(
+    config: Path | None = typer.Option(None, "--config", help="Server config YAML with a 'kiosk:' section."),
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
+    port: int = typer.Option(8000, help="HTTP port."),
+    model: Path | None = typer.Option(None, help="Checkpoint directory or cascade manifest (as for serve)."),
+    max_sessions: int = typer.Option(2, "--max-sessions", min=1, help="Concurrent sessions; more get 503."),
+    title: str | None = typer.Option(None, help="Page title (overrides the config)."),
+    greeting: str | None = typer.Option(None, help="Attract-screen greeting the assistant says on a tap."),
+    system_prompt: str | None = typer.Option(None, "--system-prompt", help="The assistant's system prompt."),
+    voice: str | None = typer.Option(None, help="TTS voice / speaker key."),
+    turn_detection: str | None = typer.Option(None, "--turn-detection", help="silence or smart."),
+    idle_timeout: float | None = typer.Option(None, help="Reset conversation and captions after idle (s)."),
+    attract_after: float | None = typer.Option(None, help="Show the attract screen after idle (s)."),
+    push_to_talk: bool | None = typer.Option(
+        None, "--push-to-talk/--hands-free", help="Hold space / touch to talk (default: hands-free)."
+    ),
+    processes: bool | None = typer.Option(None, "--processes/--in-process", help="As for serve."),
+    log_level: str = typer.Option("info", help="debug, info, warning."),
+) -> None:
+    """Serve the full-screen, hands-free voice kiosk at http://HOST:PORT/kiosk (serve with kiosk defaults)
+    and print the Chromium command line that opens it unattended."""
+    from omniduplex.app.kiosk import chromium_command, kiosk_url, load_kiosk_config, server_config, shell_line
+    from omniduplex.app.server import serve as run
+
+    try:
+        kcfg = load_kiosk_config(
+            config,
+            title=title,
+            greeting=greeting,
+            system_prompt=system_prompt,
+            voice=voice,
+            turn_detection=turn_detection,
+            idle_timeout_s=idle_timeout,
+            attract_after_s=attract_after,
+            push_to_talk=push_to_talk,
+        )
+    except (OSError, ValueError) as e:
+        raise typer.BadParameter(str(e)) from None
+    cfg = server_config(
+        kcfg, max_sessions=max_sessions, model=str(model) if model else None, processes=processes
+    )
+    url = kiosk_url(host, port)
+    typer.echo(f"kiosk: {url}")
+    typer.echo(f"open it unattended with:\n  {shell_line(chromium_command(url))}")
+    run(cfg, host, port, log_level)
+
+
 bench = typer.Typer(
     help="Benchmarks that print tables and write JSON (no timed tests).", no_args_is_help=True
 )

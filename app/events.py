@@ -16,6 +16,7 @@ EventType = Literal[
     "user_speech_started",
     "user_turn_committed",
     "user_transcript",
+    "reply_started",
     "reply_text",
     "reply_audio_started",
     "reply_spoken",
@@ -81,6 +82,16 @@ class UserTranscriptEvent(SessionEvent):
     turn_id: str = ""
     text: str = ""
     words: list = field(default_factory=list)
+
+
+@dataclass
+class ReplyStarted(SessionEvent):
+    """A reply to ``turn_id`` started in the pipeline (``metadata``: what :meth:`Session.respond` was
+    given, echoed by the Realtime API's ``response.created``)."""
+
+    type: ClassVar[EventType] = "reply_started"
+    turn_id: str = ""
+    metadata: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -6,6 +6,7 @@ Routes:
                          400 with ``{"error"}`` for a bad offer, 503 when ``max_sessions`` are open.
     ``DELETE /sessions/{id}``, ``POST /sessions/{id}/bye``  hang up a session (the page also says
                          ``bye`` on the data channel).
+    ``GET /kiosk``       the kiosk page; ``GET /kiosk/config.json`` its settings (``app/kiosk_routes.py``).
     ``GET /healthz``     liveness and session count.
     ``GET /metrics``     sessions, turn counters, barge-in stop times, latencies, pipeline resources.
 
@@ -27,8 +28,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
+from .kiosk import KioskConfig
+from .kiosk_routes import router as kiosk_router
 from .phone.config import SipConfig, TwilioConfig
 from .phone.routes import router as phone_router
+from .realtime.routes import router as realtime_router
 from .responder import OrchestratorResponder, Responder
 from .session import SessionConfig
 from .webrtc import OfferError, PeerSession, check_offer
@@ -62,6 +66,7 @@ class ServerConfig:
     web_dir: Path = WEB_DIR
     twilio: TwilioConfig = field(default_factory=TwilioConfig)  # /phone/twilio/* (app/phone)
     sip: SipConfig | None = None  # the SIP UAS, started with the app when set (app/phone/sip)
+    kiosk: KioskConfig = field(default_factory=KioskConfig)  # /kiosk page settings (app/kiosk.py)
 
 
 def process_backend_available() -> bool:
@@ -85,6 +90,7 @@ class ServerState:
         self.responder = responder
         self.orchestrator = None
         self.turn_model = None  # the end-of-turn model shared by every session (turn_detection="smart")
+        self.client_secrets: dict[str, int] = {}  # /v1/realtime/client_secrets token → expiry (unix s)
         self.sessions: dict[str, PeerSession] = {}
         self.started_total = 0
         self.closed_stats: list = []  # SessionStats of closed sessions (for /metrics)
@@ -146,6 +152,7 @@ class ServerState:
             self.cfg.connect_timeout_s,
             self.turn_model,
         )
+        peer.greeting = self.cfg.kiosk.greeting  # what a {"type": "greet"} message has it say
         self.sessions[sid] = peer  # take the slot before awaiting, so concurrent offers count it
         try:
             answer = await peer.answer(sdp)
@@ -277,6 +284,8 @@ def create_app(cfg: ServerConfig | None = None, responder: Responder | None = No
         return state.metrics()
 
     app.include_router(phone_router)
+    app.include_router(kiosk_router)
+    app.include_router(realtime_router)
 
     if cfg.web_dir.is_dir():
         app.mount("/", StaticFiles(directory=cfg.web_dir, html=True), name="web")

@@ -40,6 +40,7 @@ from .events import (
     ReplyAudioStarted,
     ReplyEnded,
     ReplySpoken,
+    ReplyStarted,
     ReplyText,
     SessionClosed,
     SessionError,
@@ -83,7 +84,10 @@ class SessionConfig:
 
     ``user_text``: what the history records for a spoken user turn until (or unless) the pipeline sends
     its transcript; ``{seconds}`` is replaced by the turn's speech length. ``instructions``: this
-    session's system prompt (``None`` = the server's).
+    session's system prompt (``None`` = the server's). ``auto_respond``: a turn committed by the VAD
+    starts its reply at once (else it waits for :meth:`Session.respond`). ``vad_commit``: the VAD
+    commits turns (``False``: only :meth:`Session.commit_audio` does, as with the Realtime API's
+    ``turn_detection: null``; speech events and barge-in still follow the VAD).
     """
 
     turn: TurnConfig = field(default_factory=TurnConfig)
@@ -92,6 +96,8 @@ class SessionConfig:
     history_entries: int = 16
     user_text: str = "[spoken turn, {seconds:.1f} s]"
     instructions: str | None = None
+    auto_respond: bool = True
+    vad_commit: bool = True
 
 
 @dataclass
@@ -154,21 +160,13 @@ class Session:
         self.id, self.responder, self._emit, self.clock = session_id, responder, emit, clock
         self.cfg = cfg or SessionConfig()
         self.vad = vad or WebRtcVad(self.cfg.vad_aggressiveness)
-        self.turn_policy = EndOfTurnPolicy.from_config(self.cfg.turn)
-        if self.turn_policy.mode == "smart" and turn_model is None:
-            raise ValueError("turn_detection='smart' needs a turn model (app.turn_detection.load_turn_model)")
-        self.turn_model = turn_model
-        self._turn_check: asyncio.Task | None = None  # the model's check of the current pause
-        self._turn_verdict: float | None = None  # its probability, once in
-        self.segmenter = SpeechSegmenter(self.cfg.turn, endpoint_ms=self.turn_policy.silence_limit_ms)
-        self.preroll: deque[np.ndarray] = deque(maxlen=max(1, self.cfg.turn.preroll_ms // FRAME_MS))
-        self.turn_frames: list[np.ndarray] = []
-        self.unvoiced_tail = 0  # consecutive unvoiced frames at the end of turn_frames
+        self.set_turn_config(self.cfg.turn, turn_model)
         self.playout = PlayoutBuffer(responder.output_rate, self.cfg.output_rate)
         self.history = History(self.cfg.history_entries)
         self.reply: _Reply | None = None
         self.pending: tuple[str, np.ndarray, list[str] | None] | None = None  # committed, not answered
         self.done_replies: dict[str, tuple[_Reply, list[str] | None]] = {}  # for truncate(), newest last
+        self.entries: dict[tuple[str, str], list[str]] = {}  # (turn id, role) → its history entry
         self.tasks: set[asyncio.Task] = set()
         self.stats = SessionStats()
         self.closed = False
@@ -334,8 +332,10 @@ class Session:
         speech_ms = self.segmenter.speech_ms
         if self._reply_active() or speech_ms < self.cfg.turn.min_turn_ms:
             return  # speech over the reply that did not barge in, or noise
+        if not self.cfg.vad_commit:
+            return
         keep = max(1, len(frames) - max(0, self.unvoiced_tail - 5))  # keep 100 ms of trailing silence
-        self._commit(frames[:keep], speech_ms, now)
+        self._commit(frames[:keep], speech_ms, now, respond=self.cfg.auto_respond)
 
     def _commit(self, frames: list[np.ndarray], speech_ms: float, now: float, respond: bool = True) -> str:
         """Close a spoken user turn: record it (a placeholder until its transcript comes) and, with
@@ -346,6 +346,7 @@ class Session:
         wav = np.concatenate(frames).astype(np.float32) / 32768.0 if frames else np.zeros(0, np.float32)
         user_text = self.cfg.user_text.format(seconds=speech_ms / 1000.0)
         entry = self.history.add("user", user_text)
+        self.entries[(turn_id, "user")] = entry
         self.pending = (turn_id, wav, entry)
         self.emit(
             UserTurnCommitted(
@@ -366,7 +367,48 @@ class Session:
             r = self.reply
             self._end_reply(r, "interrupted", stop_ms=1000.0 * (now - r.interrupted_at))
 
+    def set_turn_config(self, turn: TurnConfig, turn_model: TurnModel | None = None) -> None:
+        """Use ``turn`` for turn-taking from now on (Realtime ``session.update``); an open speech segment is
+        dropped.
+
+        Raises:
+            ValueError: ``turn_detection="smart"`` without a ``turn_model``.
+        """
+        policy = EndOfTurnPolicy.from_config(turn)
+        if policy.mode == "smart" and turn_model is None:
+            raise ValueError("turn_detection='smart' needs a turn model (app.turn_detection.load_turn_model)")
+        self.cfg.turn, self.turn_policy, self.turn_model = turn, policy, turn_model
+        self._turn_check: asyncio.Task | None = None  # the model's check of the current pause
+        self._turn_verdict: float | None = None  # its probability, once in
+        self.segmenter = SpeechSegmenter(turn, endpoint_ms=policy.silence_limit_ms)
+        self.preroll: deque[np.ndarray] = deque(maxlen=max(1, turn.preroll_ms // FRAME_MS))
+        self.turn_frames: list[np.ndarray] = []
+        self.unvoiced_tail = 0  # consecutive unvoiced frames at the end of turn_frames
+
     # -- typed input, explicit responses, truncation (Realtime API, LiveKit) ----------------------
+    def commit_audio(self, wav: np.ndarray, respond: bool = True) -> str:
+        """Commit ``wav`` (16 kHz mono float32 in [-1, 1]) as a spoken user turn, whatever the VAD says
+        (Realtime ``input_audio_buffer.commit``, or an ``input_audio`` item); returns its turn id.
+
+        Raises:
+            ValueError: ``wav`` is not 1-D.
+        """
+        wav = np.asarray(wav, np.float32)
+        if wav.ndim != 1:
+            raise ValueError(f"user audio must be 1-D 16 kHz samples, got shape {wav.shape}")
+        pcm = to_int16(wav)
+        frames = [pcm[i : i + FRAME_SAMPLES] for i in range(0, pcm.size, FRAME_SAMPLES)]
+        return self._commit(frames, 1000.0 * wav.size / SAMPLE_RATE, self.clock(), respond=respond)
+
+    def forget(self, turn_id: str, role: str) -> bool:
+        """Drop the ``role`` (``user``/``assistant``) entry of turn ``turn_id`` from the history (Realtime
+        ``conversation.item.delete``); ``False`` when there is none."""
+        entry = self.entries.pop((turn_id, role), None)
+        if entry is None or not any(e is entry for e in self.history.entries):
+            return False
+        self.history.remove(entry)
+        return True
+
     def add_user_text(self, text: str) -> list[str] | None:
         """Record a typed user message (Realtime ``conversation.item.create``); :meth:`respond` answers it.
         Returns its history entry (``None`` for empty text)."""
@@ -410,6 +452,7 @@ class Session:
         r = _Reply(turn_id, t_commit=now, t_speech_end=self.last_voiced_at if wav.size else now)
         r.user_entry = entry
         self.reply = r
+        self.emit(ReplyStarted(self.id, turn_id, metadata=dict(metadata or {})))
         r.task = asyncio.get_running_loop().create_task(self._consume(r), name=f"reply-{turn_id}")
         self.tasks.add(r.task)
         r.task.add_done_callback(self.tasks.discard)
@@ -486,7 +529,7 @@ class Session:
         if text and r.user_entry is not None:
             r.user_entry[1] = text
         elif text:
-            r.user_entry = self.history.add("user", text)
+            r.user_entry = self.entries[(r.turn_id, "user")] = self.history.add("user", text)
         else:
             self.history.remove(r.user_entry)
             r.user_entry = None
@@ -524,6 +567,8 @@ class Session:
             return
         self.reply = None
         self.done_replies[r.turn_id] = (r, r.assistant_entry)
+        if r.assistant_entry is not None:
+            self.entries[(r.turn_id, "assistant")] = r.assistant_entry
         while len(self.done_replies) > self.cfg.history_entries:
             self.done_replies.pop(next(iter(self.done_replies)))
         text = "".join(r.text)

@@ -5,6 +5,8 @@
 * Outbound: :class:`SessionAudioTrack` pulls one 20 ms, 48 kHz frame from the session when it is
   due on the wire (real-time pacing, nothing buffered ahead), aiortc encodes it as Opus.
 * A data channel (opened by the client) carries the session's events as JSON, one per message.
+  The client may send ``{"type": "bye"}`` (hang up) and ``{"type": "greet"}`` (the kiosk: have the
+  assistant welcome a visitor, :func:`~omniduplex.app.kiosk.speak_greeting`).
 * The session is closed when the connection fails or closes, when the client says ``bye``, or when
   no inbound audio arrives for ``media_timeout_s`` (a client that vanished without a goodbye).
 """
@@ -24,6 +26,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCRtpSender, RTCSession
 from aiortc.mediastreams import MediaStreamError
 
 from .events import SessionEvent
+from .kiosk import speak_greeting
 from .responder import Responder
 from .session import Session, SessionConfig
 from .vad import FRAME_SAMPLES, SAMPLE_RATE
@@ -150,6 +153,7 @@ class PeerSession:
         self.closing = False
         self.done = asyncio.Event()
         self.inbound_frames = 0
+        self.greeting = "Hello! How can I help?"  # spoken on a {"type": "greet"} message (app.kiosk)
 
     async def answer(self, sdp: str) -> str:
         """Apply the client's offer and return the answer SDP (ICE candidates included).
@@ -221,6 +225,8 @@ class PeerSession:
             return
         if isinstance(msg, dict) and msg.get("type") == "bye":
             self._spawn(self.close("client said bye"), "close")
+        elif isinstance(msg, dict) and msg.get("type") == "greet" and not self.closing:
+            speak_greeting(self.session, self.greeting)  # the kiosk: a visitor walked up and tapped
 
     async def _on_state(self) -> None:
         state = self.pc.connectionState

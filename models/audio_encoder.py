@@ -28,7 +28,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ConfigError
+from .config import ConfigError, resolve_aliases
+
+AUDIO_ALIASES: dict[str, str] = {
+    "num_hidden_layers": "encoder_layers",
+    "hidden_size": "d_model",
+    "num_attention_heads": "encoder_attention_heads",
+    "intermediate_size": "encoder_ffn_dim",
+}
+"""``audio_config`` key → :class:`AudioEncoderConfig` field: ``Qwen3OmniMoeAudioEncoderConfig.attribute_map``."""
 
 _ACTIVATIONS = {
     "gelu": F.gelu,
@@ -85,7 +93,9 @@ class AudioEncoderConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AudioEncoderConfig:
-        """Build from the ``audio_config`` dict; unknown keys are ignored, missing ones take defaults."""
+        """Build from the ``audio_config`` dict (either spelling of :data:`AUDIO_ALIASES`); unknown keys are
+        ignored, missing ones take defaults."""
+        d = resolve_aliases(d, AUDIO_ALIASES)
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names and v is not None})
 

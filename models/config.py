@@ -16,6 +16,23 @@ class ConfigError(ValueError):
     """A config.json that is missing a required key or contradicts itself."""
 
 
+DECODER_ALIASES: dict[str, str] = {"num_local_experts": "num_experts"}
+"""``config.json`` key → :class:`DecoderConfig` field, from the ``attribute_map`` of the ``transformers``
+config classes whose dicts it reads (``Qwen3MoeConfig``, ``Qwen3OmniMoeTalkerTextConfig``: ``num_experts``
+is an alias of ``num_local_experts``, the key a checkpoint re-saved by ``transformers`` 5.x writes)."""
+
+
+def resolve_aliases(d: dict[str, Any], aliases: dict[str, str]) -> dict[str, Any]:
+    """A copy of ``d`` with each alias key of ``aliases`` (key → field name) also under its field name; a
+    key already present under the field name wins. ``transformers`` accepts both spellings of an
+    ``attribute_map`` pair and writes the attribute's own name, so a loader must read either."""
+    out = dict(d)
+    for alias, name in aliases.items():
+        if alias in d and out.get(name) is None:
+            out[name] = d[alias]
+    return out
+
+
 def _pick(cls, d: dict[str, Any]) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in d.items() if k in names and v is not None}
@@ -78,14 +95,15 @@ class DecoderConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], **overrides: Any) -> DecoderConfig:
-        """Build from a HF text-config dict (``rope_theta`` may sit in ``rope_parameters``).
+        """Build from a HF text-config dict (``rope_theta`` may sit in ``rope_parameters``; the aliases of
+        :data:`DECODER_ALIASES` are read too).
 
         Raises:
             ConfigError: a required key is missing, a RoPE scaling type other than ``default`` (plain
                 RoPE; Qwen3-Omni's M-RoPE reduces to it for text and audio) is asked for, or
                 ``mlp_bias`` is set (our SwiGLU MLP has no biases).
         """
-        d = dict(d)
+        d = resolve_aliases(d, DECODER_ALIASES)
         for key in ("rope_parameters", "rope_scaling"):
             sub = d.get(key) or {}
             if "rope_theta" in sub and "rope_theta" not in d:
@@ -152,7 +170,7 @@ class TalkerConfig:
         for key in ("text_config", "code_predictor_config"):
             if key not in d:
                 raise ConfigError(f"talker_config has no {key}")
-        text = dict(d["text_config"])
+        text = resolve_aliases(d["text_config"], DECODER_ALIASES)
         if text.get("num_experts", 0) and "shared_expert_intermediate_size" not in text:
             raise ConfigError("talker_config.text_config.shared_expert_intermediate_size is required")
         defaults = dict(

@@ -27,7 +27,7 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import PlainTextResponse, Response
 from starlette.websockets import WebSocketDisconnect
 
-from .calls import CallsFull, admit, new_call_id, release
+from ..slots import CallsFull, admit, new_call_id, release
 from .config import TwilioConfig
 from .twilio import TwilioBridge
 

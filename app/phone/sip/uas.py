@@ -29,7 +29,7 @@ import socket
 import time
 from dataclasses import replace
 
-from ..calls import CallsFull, admit, new_call_id, release
+from ...slots import CallsFull, admit, new_call_id, release
 from ..config import SipConfig
 from . import message as sipmsg
 from . import sdp

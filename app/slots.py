@@ -1,7 +1,8 @@
-"""Phone calls in the server's session table (``ServerState.sessions``), next to the WebRTC peers.
+"""Session slots of every surface in the server's session table (``ServerState.sessions``), next to the
+WebRTC peers: phone calls, Realtime API connections.
 
-Sharing the table means one ``max_sessions`` limit over every surface (they share one pipeline), phone
-calls in ``/metrics``, and ``ServerState.stop`` hanging them up at shutdown. A call is anything with
+Sharing the table means one ``max_sessions`` limit over every surface (they share one pipeline), every
+session in ``/metrics``, and ``ServerState.stop`` closing them all at shutdown. A call is anything with
 ``id``, ``session`` (a :class:`~omniduplex.app.session.Session`) and ``async close(reason)``.
 """
 
@@ -12,9 +13,9 @@ import logging
 import secrets
 from typing import Protocol
 
-from ..session import Session
+from .session import Session
 
-log = logging.getLogger("omniduplex.phone")
+log = logging.getLogger("omniduplex.slots")
 _numbers = itertools.count(1)
 
 

@@ -1,0 +1,525 @@
+"""One Realtime API connection: a WebSocket's client events drive a :class:`~omniduplex.app.session.Session`,
+and the session's events become the GA server events (wire shapes in :mod:`.events_server`, parsing in
+:mod:`.protocol`). No turn-taking lives here: VAD, end of turn, barge-in and history are the session's.
+
+Mapping (client → session): ``input_audio_buffer.append`` → 20 ms frames at 16 kHz into
+:meth:`Session.push_audio` (server VAD), or into the connection's buffer when ``turn_detection`` is null;
+``input_audio_buffer.commit`` → :meth:`Session.commit_audio`; ``conversation.item.create`` →
+:meth:`Session.add_user_text` / :meth:`Session.commit_audio` (user audio) / the history (assistant text);
+``response.create`` → :meth:`Session.respond` (``instructions`` add to the system prompt for that reply,
+``metadata`` is echoed); ``response.cancel`` → :meth:`Session.cancel_reply`; ``conversation.item.truncate``
+→ :meth:`Session.truncate`; ``conversation.item.delete`` → :meth:`Session.forget`.
+
+Mapping (session → client): ``UserSpeechStarted`` → ``input_audio_buffer.speech_started``;
+``UserTurnCommitted`` → ``speech_stopped`` + ``committed`` + ``conversation.item.added|done`` (the user
+item); ``UserTranscriptEvent`` → ``conversation.item.input_audio_transcription.completed``;
+``ReplyStarted`` → ``response.created`` … ``response.content_part.added``; ``ReplyText`` →
+``response.output_audio_transcript.delta`` (or ``output_text.delta``); reply audio →
+``response.output_audio.delta``; ``ReplyEnded`` → the ``*.done`` events and ``response.done`` with
+``completed``, ``cancelled`` (``turn_detected`` on barge-in, ``client_cancelled``) or ``failed``.
+
+Reply audio leaves at real-time pace (one 20 ms frame per frame period, like the WebRTC track): what was
+sent is what the client can have played, so a barge-in stops the deltas at once and the history keeps
+what was heard; the client's ``conversation.item.truncate`` corrects it to what it really played.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from fastapi import WebSocket, WebSocketDisconnect
+
+from ..events import (
+    BargeIn,
+    ReplyEnded,
+    ReplyStarted,
+    ReplyText,
+    SessionError,
+    SessionEvent,
+    UserSpeechStarted,
+    UserTranscriptEvent,
+    UserTurnCommitted,
+)
+from ..responder import Responder
+from ..session import Session, SessionConfig
+from ..vad import FRAME_SAMPLES, SAMPLE_RATE, TurnConfig
+from . import events_server as ev
+from .audio import InputConverter, OutputConverter
+from .events_client import (
+    AssistantMessage,
+    ConversationItemCreate,
+    ConversationItemDelete,
+    ConversationItemRetrieve,
+    ConversationItemTruncate,
+    InputAudioBufferAppend,
+    InputAudioBufferClear,
+    InputAudioBufferCommit,
+    OutputAudioBufferClear,
+    ResponseCancel,
+    ResponseCreate,
+    SemanticVad,
+    ServerVad,
+    SessionUpdate,
+    SystemMessage,
+    UserMessage,
+    apply_session_update,
+)
+from .events_client import SessionConfig as RealtimeConfig
+from .protocol import ProtocolError, parse_client_event
+
+log = logging.getLogger("omniduplex.realtime")
+
+OUTPUT_RATE = 24_000
+"""The session's output rate for realtime clients (Hz): ``audio/pcm`` is 24 kHz (GA reference)."""
+FRAME_S = 0.020
+"""Reply audio cadence (s): one delta per 20 ms frame while the reply plays."""
+OUT_FRAME = int(OUTPUT_RATE * FRAME_S)
+
+
+@dataclass
+class RealtimeLimits:
+    """Per-connection limits. ``max_append_bytes``: decoded audio of one ``input_audio_buffer.append``;
+    ``max_buffer_s``: audio held for a manual commit (seconds)."""
+
+    max_append_bytes: int = 1 << 20
+    max_buffer_s: float = 60.0
+
+
+@dataclass
+class _Response:
+    """The response in flight, mapped to the session's reply ``turn_id``."""
+
+    response_id: str
+    item_id: str
+    turn_id: str
+    metadata: dict
+    modality: str
+    transcript: list[str] = field(default_factory=list)
+    audio_ms: float = 0.0
+    cancel_reason: str = "turn_detected"
+
+
+class RealtimeConnection:
+    """Serve one ``/v1/realtime`` WebSocket until it closes.
+
+    Args:
+        ws: the accepted WebSocket.
+        session_id: names the session (and its turn ids).
+        responder: the shared pipeline responder.
+        base: the server's session settings (turn thresholds; the output rate is set to 24 kHz).
+        turn_model: returns the shared Smart Turn model (loaded on first use) for ``semantic_vad``.
+        limits: size limits.
+    """
+
+    def __init__(
+        self,
+        ws: WebSocket,
+        session_id: str,
+        responder: Responder,
+        base: SessionConfig,
+        turn_model: Callable[[], object],
+        limits: RealtimeLimits | None = None,
+    ) -> None:
+        self.ws, self.turn_model, self.limits = ws, turn_model, limits or RealtimeLimits()
+        self._held: list[SessionEvent] | None = None  # session events emitted while a frame is pulled
+        self.outbox: asyncio.Queue[dict | None] = asyncio.Queue()
+        self.cfg = RealtimeConfig(id=session_id)
+        self.base_turn = base.turn
+        scfg = replace(base, output_rate=OUTPUT_RATE, turn=self._turn_config(self.cfg))
+        self.session = Session(session_id, responder, self._on_event, scfg)
+        self.inp = InputConverter(self.cfg.audio.input.format)
+        self.out = OutputConverter(self.cfg.audio.output.format)
+        self.carry = np.zeros(0, np.float32)  # 16 kHz samples short of a whole 20 ms frame
+        self.buffer: list[np.ndarray] = []  # audio since the last commit (16 kHz)
+        self.buffered = 0
+        self.speech_item: str | None = None  # the user item the open speech segment will become
+        self.items: dict[str, tuple[str, str]] = {}  # item id → (turn id, role)
+        self.typed: dict[str, list[str]] = {}  # item id → history entry of a typed message
+        self.last_item: str | None = None
+        self.response: _Response | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Send ``session.created``, then serve until the client goes; the reply in flight is cancelled."""
+        writer = asyncio.create_task(self._writer(), name=f"rt-writer-{self.session.id}")
+        pacer = asyncio.create_task(self._pacer(), name=f"rt-pacer-{self.session.id}")
+        self._send(ev.session_created(self.cfg))
+        try:
+            while True:
+                msg = await self.ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    break
+                raw = msg.get("text") if msg.get("text") is not None else msg.get("bytes")
+                if raw is not None:
+                    self.handle(raw)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            pacer.cancel()
+            await self.session.close("client disconnected")
+            self.outbox.put_nowait(None)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer, timeout=2.0)
+            writer.cancel()
+
+    async def _writer(self) -> None:
+        while (item := await self.outbox.get()) is not None:
+            try:
+                await self.ws.send_json(item)
+            except Exception:  # the client is gone; run() notices on its next receive
+                return
+
+    def _send(self, event: dict) -> None:
+        self.outbox.put_nowait(event)
+
+    async def _pacer(self) -> None:
+        """Pull one 20 ms frame of reply audio per frame period (re-anchoring after a stall)."""
+        t0, n = time.monotonic(), 0
+        while True:
+            n += 1
+            delay = t0 + n * FRAME_S - time.monotonic()
+            if delay < -3 * FRAME_S:
+                t0, n = time.monotonic(), 0
+            else:
+                await asyncio.sleep(max(0.0, delay))
+            self._pull()
+
+    def _pull(self) -> None:
+        queued = self.session.playout.queued
+        self._held = []
+        try:
+            pcm = self.session.pull_audio(OUT_FRAME)
+            filled = min(OUT_FRAME, queued)
+            r = self.response
+            if filled and r is not None and r.modality == "audio":
+                data = self.out.push(pcm[:filled])
+                r.audio_ms += 1000.0 * filled / OUTPUT_RATE
+                if data:
+                    self._send(ev.response_output_audio_delta(r.response_id, r.item_id, data))
+        finally:
+            held, self._held = self._held, None
+            for e in held:
+                self._on_event(e)
+
+    # -- client events ---------------------------------------------------------------------------------
+    def handle(self, raw: str | bytes) -> None:
+        """Apply one client event; a bad one is answered with an ``error`` event and changes nothing."""
+        try:
+            e = parse_client_event(raw)
+            handler = self._handlers.get(type(e))
+            if handler is None:
+                raise ProtocolError("invalid_value", f"{e.type} is not supported", e.event_id)
+            handler(self, e)
+        except ProtocolError as err:
+            self._send(err.to_event())
+
+    def _session_update(self, e: SessionUpdate) -> None:
+        cfg = apply_session_update(self.cfg, e.session)
+        turn = self._turn_config(cfg)
+        model = None
+        if turn.turn_detection == "smart":
+            model = self.turn_model()
+        self.session.set_turn_config(turn, model)
+        td = cfg.audio.input.turn_detection
+        self.session.cfg.vad_commit = td is not None
+        self.session.cfg.auto_respond = td is None or td.create_response
+        self.session.cfg.instructions = cfg.instructions or None
+        if cfg.audio.input.format != self.cfg.audio.input.format:
+            self.inp = InputConverter(cfg.audio.input.format)
+        if cfg.audio.output.format != self.cfg.audio.output.format:
+            self.out = OutputConverter(cfg.audio.output.format)
+        self.cfg = cfg
+        self._send(ev.session_updated(cfg))
+
+    def _turn_config(self, cfg: RealtimeConfig) -> TurnConfig:
+        """Server VAD → the silence endpoint; semantic VAD → Smart Turn. ``interrupt_response`` (default)
+        makes any speech that opens a segment during a reply a barge-in, as the API does."""
+        td, b = cfg.audio.input.turn_detection, self.base_turn
+        if isinstance(td, ServerVad):
+            return replace(
+                b,
+                turn_detection="silence",
+                endpoint_ms=max(100, td.silence_duration_ms),
+                preroll_ms=td.prefix_padding_ms,
+                barge_in_ms=b.start_ms if td.interrupt_response else 10**9,
+            )
+        if isinstance(td, SemanticVad):
+            return replace(
+                b, turn_detection="smart", barge_in_ms=b.start_ms if td.interrupt_response else 10**9
+            )
+        return replace(b, turn_detection="silence", barge_in_ms=10**9)
+
+    def _append(self, e: InputAudioBufferAppend) -> None:
+        pcm = self.inp.push(e.audio, e.event_id)
+        if pcm.size * 2 > self.limits.max_append_bytes:
+            raise ProtocolError(
+                "invalid_value",
+                f"input_audio_buffer.append of {pcm.size / SAMPLE_RATE:.1f} s exceeds the limit of "
+                f"{self.limits.max_append_bytes // 2 / SAMPLE_RATE:.1f} s per event",
+                e.event_id,
+                "audio",
+            )
+        if self.buffered + pcm.size > self.limits.max_buffer_s * SAMPLE_RATE:
+            raise ProtocolError(
+                "input_audio_buffer_too_large",
+                f"the input audio buffer holds over {self.limits.max_buffer_s:.0f} s; commit or clear it",
+                e.event_id,
+            )
+        self.buffer.append(pcm)
+        self.buffered += pcm.size
+        if self.cfg.audio.input.turn_detection is None:
+            return
+        x = np.concatenate([self.carry, pcm])
+        whole = x.size // FRAME_SAMPLES * FRAME_SAMPLES
+        for i in range(0, whole, FRAME_SAMPLES):
+            self.session.push_audio(x[i : i + FRAME_SAMPLES])
+        self.carry = x[whole:]
+
+    def _commit(self, e: InputAudioBufferCommit) -> None:
+        wav = np.concatenate(self.buffer) if self.buffer else np.zeros(0, np.float32)
+        if wav.size < SAMPLE_RATE // 10:
+            raise ProtocolError(
+                "input_audio_buffer_commit_empty",
+                f"buffer too small: need 100 ms of audio or more, got {1000 * wav.size // SAMPLE_RATE} ms",
+                e.event_id,
+            )
+        self._clear_buffer()
+        self.session.commit_audio(wav, respond=False)
+
+    def _clear(self, e: InputAudioBufferClear) -> None:
+        self._clear_buffer()
+        self._send(ev.input_audio_buffer_cleared())
+
+    def _clear_buffer(self) -> None:
+        self.buffer, self.buffered = [], 0
+
+    def _item_create(self, e: ConversationItemCreate) -> None:
+        item, item_id = e.item, e.item.id or ev.new_id("item")
+        if item_id in self.items or item_id in self.typed:
+            raise ProtocolError("invalid_value", f"item {item_id} already exists", e.event_id, "item.id")
+        if isinstance(item, SystemMessage):
+            text = " ".join(c.text for c in item.content if getattr(c, "text", None))
+            self.session.cfg.instructions = "\n".join(x for x in (self.session.cfg.instructions, text) if x)
+        elif isinstance(item, AssistantMessage):
+            text = " ".join(c.text or c.transcript or "" for c in item.content if hasattr(c, "text"))
+            entry = self.session.history.add("assistant", text.strip())
+            if entry is not None:
+                self.typed[item_id] = entry
+        elif isinstance(item, UserMessage):
+            audio = [c for c in item.content if c.type == "input_audio" and c.audio]
+            if audio:
+                wav = np.concatenate(
+                    [InputConverter(self.cfg.audio.input.format).push(c.audio) for c in audio]
+                )
+                turn_id = self._commit_audio_item(wav, item_id)
+                self.items[item_id] = (turn_id, "user")
+                return  # its item events come with the commit
+            text = " ".join(c.text for c in item.content if c.type == "input_text" and c.text)
+            entry = self.session.add_user_text(text)
+            if entry is not None:
+                self.typed[item_id] = entry
+        prev, self.last_item = self.last_item, item_id
+        done = ev.client_item(item, item_id)
+        self._send(ev.conversation_item_added(done, prev))
+        self._send(ev.conversation_item_done(done, prev))
+
+    def _commit_audio_item(self, wav: np.ndarray, item_id: str) -> str:
+        self.speech_item = item_id
+        return self.session.commit_audio(wav, respond=False)
+
+    def _item_delete(self, e: ConversationItemDelete) -> None:
+        if e.item_id in self.typed:
+            self.session.history.remove(self.typed.pop(e.item_id))
+        elif e.item_id in self.items:
+            self.session.forget(*self.items.pop(e.item_id))
+        else:
+            raise ProtocolError("invalid_value", f"no item {e.item_id!r}", e.event_id, "item_id")
+        self._send(ev.conversation_item_deleted(e.item_id))
+
+    def _item_truncate(self, e: ConversationItemTruncate) -> None:
+        turn = self.items.get(e.item_id)
+        if turn is None or turn[1] != "assistant":
+            raise ProtocolError("invalid_value", f"no assistant item {e.item_id!r}", e.event_id, "item_id")
+        if self.response is not None and self.response.turn_id == turn[0]:
+            self.session.cancel_reply()  # truncating the playing reply stops it, as the API does
+        try:
+            kept = self.session.truncate(turn[0], e.audio_end_ms)
+        except ValueError as err:
+            raise ProtocolError("invalid_value", str(err), e.event_id, "audio_end_ms") from err
+        if kept is None:
+            raise ProtocolError("invalid_value", f"item {e.item_id} has no audio to truncate", e.event_id)
+        self._send(ev.conversation_item_truncated(e.item_id, e.content_index, e.audio_end_ms))
+
+    def _item_retrieve(self, e: ConversationItemRetrieve) -> None:
+        entry = self.typed.get(e.item_id)
+        if entry is None and e.item_id in self.items:
+            entry = self.session.entries.get(self.items[e.item_id])
+        if entry is None:
+            raise ProtocolError("invalid_value", f"no item {e.item_id!r}", e.event_id, "item_id")
+        part = ev.input_text(entry[1]) if entry[0] == "user" else ev.output_audio(entry[1])
+        self._send(ev.conversation_item_retrieved(ev.message_item(e.item_id, entry[0], [part])))
+
+    def _response_create(self, e: ResponseCreate) -> None:
+        if self.response is not None:
+            raise ProtocolError(
+                "conversation_already_has_active_response",
+                f"response {self.response.response_id} is in progress; cancel it or wait for response.done",
+                e.event_id,
+            )
+        p = e.response
+        self._next_modality = (
+            p.output_modalities if p and p.output_modalities else self.cfg.output_modalities
+        )[0]
+        metadata = dict(p.metadata or {}) if p else {}
+        if self.session.respond(p.instructions if p else None, metadata) is None:
+            raise ProtocolError("server_error", "the response could not start", e.event_id)
+
+    def _response_cancel(self, e: ResponseCancel) -> None:
+        r = self.response
+        if r is None or (e.response_id and e.response_id != r.response_id):
+            raise ProtocolError("response_cancel_not_active", "no active response to cancel", e.event_id)
+        r.cancel_reason = "client_cancelled"
+        self.session.cancel_reply()
+
+    def _output_clear(self, e: OutputAudioBufferClear) -> None:
+        if self.response is not None:
+            self.response.cancel_reason = "client_cancelled"
+            self.session.cancel_reply()
+            self._send(ev.output_audio_buffer_cleared(self.response.response_id))
+
+    _handlers = {
+        SessionUpdate: _session_update,
+        InputAudioBufferAppend: _append,
+        InputAudioBufferCommit: _commit,
+        InputAudioBufferClear: _clear,
+        ConversationItemCreate: _item_create,
+        ConversationItemDelete: _item_delete,
+        ConversationItemTruncate: _item_truncate,
+        ConversationItemRetrieve: _item_retrieve,
+        ResponseCreate: _response_create,
+        ResponseCancel: _response_cancel,
+        OutputAudioBufferClear: _output_clear,
+    }
+    _next_modality: str | None = None
+
+    # -- session events --------------------------------------------------------------------------------
+    def _on_event(self, e: SessionEvent) -> None:
+        if self._held is not None:  # emitted inside a pull: after that frame's audio delta
+            self._held.append(e)
+            return
+        vad = self.cfg.audio.input.turn_detection is not None
+        if isinstance(e, UserSpeechStarted) and vad:
+            self.speech_item = ev.new_id("item")
+            self._send(ev.input_audio_buffer_speech_started(int(e.at_ms), self.speech_item))
+        elif isinstance(e, UserTurnCommitted):
+            item_id = self.speech_item or ev.new_id("item")
+            self.speech_item = None
+            if vad and e.speech_end_at_ms:
+                self._send(ev.input_audio_buffer_speech_stopped(int(e.speech_end_at_ms), item_id))
+                self._clear_buffer()
+            self.items[item_id] = (e.turn_id, "user")
+            prev, self.last_item = self.last_item, item_id
+            self._send(ev.input_audio_buffer_committed(item_id, prev))
+            item = ev.message_item(item_id, "user", [ev.input_audio(None)])
+            self._send(ev.conversation_item_added(item, prev))
+            self._send(ev.conversation_item_done(item, prev))
+        elif isinstance(e, UserTranscriptEvent):
+            item_id = self._item_of(e.turn_id, "user")
+            if item_id is not None and self.cfg.audio.input.transcription is not None:
+                self._send(ev.conversation_item_input_audio_transcription_completed(item_id, e.text))
+        elif isinstance(e, ReplyStarted):
+            self._start_response(e)
+        elif isinstance(e, ReplyText) and self.response is not None and self.response.turn_id == e.turn_id:
+            self._text_delta(e.text)
+        elif isinstance(e, BargeIn) and self.response is not None:
+            self._clear_buffer()
+        elif isinstance(e, ReplyEnded) and self.response is not None and self.response.turn_id == e.turn_id:
+            self._finish_response(e)
+        elif isinstance(e, SessionError):
+            self._send(ev.error(e.message, code="server_error", type="server_error"))
+
+    def _item_of(self, turn_id: str, role: str) -> str | None:
+        return next((i for i, t in self.items.items() if t == (turn_id, role)), None)
+
+    def _start_response(self, e: ReplyStarted) -> None:
+        modality, self._next_modality = self._next_modality or self.cfg.output_modalities[0], None
+        r = self.response = _Response(ev.new_id("resp"), ev.new_id("item"), e.turn_id, e.metadata, modality)
+        self.items[r.item_id] = (e.turn_id, "assistant")
+        self.out = OutputConverter(self.cfg.audio.output.format)
+        fmt = self.cfg.audio.output.format.model_dump(mode="json")
+        resp = ev.response_object(
+            r.response_id,
+            conversation_id="conv_" + self.session.id,
+            output_modalities=[modality],
+            metadata=r.metadata or None,
+            voice=self.cfg.audio.output.voice,
+            output_format=fmt,
+        )
+        self._send(ev.response_created(resp))
+        item = ev.message_item(r.item_id, "assistant", [], "in_progress")
+        self._send(ev.response_output_item_added(r.response_id, item))
+        prev, self.last_item = self.last_item, r.item_id
+        self._send(ev.conversation_item_added(item, prev))
+        part = ev.audio_part() if modality == "audio" else ev.text_part()
+        self._send(ev.response_content_part_added(r.response_id, r.item_id, part))
+
+    def _text_delta(self, text: str) -> None:
+        r = self.response
+        r.transcript.append(text)
+        if r.modality == "audio":
+            self._send(ev.response_output_audio_transcript_delta(r.response_id, r.item_id, text))
+        else:
+            self._send(ev.response_output_text_delta(r.response_id, r.item_id, text))
+
+    def _finish_response(self, e: ReplyEnded) -> None:
+        r, self.response = self.response, None
+        if e.reason == "completed":
+            status, details, text = "completed", None, e.text
+        elif e.reason == "error":
+            status, text = "failed", e.kept_text
+            details = ev.status_details(
+                "failed", error={"type": "server_error", "code": "pipeline_error", "message": e.error}
+            )
+        else:
+            status, text = "cancelled", e.kept_text
+            details = ev.status_details("cancelled", r.cancel_reason)
+        rid, iid = r.response_id, r.item_id
+        if r.modality == "audio":
+            tail = self.out.flush()
+            if tail and status == "completed":
+                self._send(ev.response_output_audio_delta(rid, iid, tail))
+            self._send(ev.response_output_audio_done(rid, iid))
+            self._send(ev.response_output_audio_transcript_done(rid, iid, text))
+            part, content = ev.audio_part(text), [ev.output_audio(text)]
+        else:
+            self._send(ev.response_output_text_done(rid, iid, text))
+            part, content = ev.text_part(text), [ev.output_text(text)]
+        self._send(ev.response_content_part_done(rid, iid, part))
+        item = ev.message_item(
+            iid, "assistant", content, "completed" if status == "completed" else "incomplete"
+        )
+        self._send(ev.response_output_item_done(rid, item))
+        self._send(ev.conversation_item_done(item, None))
+        usage = ev.usage_object(
+            output_text_tokens=len(r.transcript), output_audio_tokens=round(r.audio_ms / 50.0)
+        )
+        fmt = self.cfg.audio.output.format.model_dump(mode="json")
+        resp = ev.response_object(
+            rid,
+            status=status,
+            status_details=details,
+            output=[item],
+            conversation_id="conv_" + self.session.id,
+            output_modalities=[r.modality],
+            metadata=r.metadata or None,
+            usage=usage,
+            voice=self.cfg.audio.output.voice,
+            output_format=fmt,
+        )
+        self._send(ev.response_done(resp))

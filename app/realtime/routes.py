@@ -1,0 +1,224 @@
+"""OpenAI-compatible HTTP and WebSocket routes: ``/v1/realtime`` (GA Realtime API),
+``/v1/realtime/client_secrets``, ``/v1/audio/transcriptions``, ``/v1/audio/speech``, ``/v1/models``.
+Shapes follow the OpenAI API reference (``openai`` SDK 3.54 types); the conversation logic is the
+:class:`~omniduplex.app.session.Session`'s.
+
+The REST audio endpoints run the cascade's Whisper and Piper models in the server process (loaded on first
+use, run in a worker thread); the realtime WebSocket runs a full session over the shared pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+import secrets
+import time
+from functools import lru_cache
+
+import numpy as np
+import soundfile as sf
+import soxr
+from fastapi import APIRouter, File, Form, Request, UploadFile, WebSocket
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, Field
+
+from ...pipeline.audio_io import AudioInputError, load_audio
+from ..slots import CallsFull, admit, new_call_id, release
+from . import events_server as ev
+from .connection import RealtimeConnection
+
+log = logging.getLogger("omniduplex.realtime")
+router = APIRouter()
+
+MODEL_ID = "omniduplex"
+"""The model ``/v1/models`` lists; any ``model`` a client sends is accepted and served by the pipeline."""
+CLIENT_SECRET_TTL_S = 600
+"""Default lifetime of a ``/v1/realtime/client_secrets`` token (s; the API's default is 600)."""
+
+
+def _error(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
+    """An OpenAI-shaped error body ``{"error": {message, type, param, code}}``."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status)
+
+
+# -- realtime ---------------------------------------------------------------------------------------------
+class _RealtimeCall:
+    """A realtime connection in the server's session table (:mod:`..slots`)."""
+
+    def __init__(self, ws: WebSocket, conn: RealtimeConnection) -> None:
+        self.ws, self.conn, self.id, self.session = ws, conn, conn.session.id, conn.session
+
+    async def close(self, reason: str) -> None:
+        await self.session.close(reason)
+        with contextlib.suppress(Exception):  # already closed
+            await self.ws.close(code=1001, reason=reason[:120])
+
+
+@router.websocket("/v1/realtime")
+async def realtime(ws: WebSocket) -> None:
+    """The GA Realtime API over a WebSocket (``?model=`` accepted and ignored: the server's pipeline)."""
+    state = ws.app.state.server
+    offered = ws.scope.get("subprotocols") or []
+    await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
+    sid = new_call_id("rt")
+    conn = RealtimeConnection(ws, sid, state.responder, state.cfg.session, lambda: _turn_model(state))
+    call = _RealtimeCall(ws, conn)
+    try:
+        admit(state, call)
+    except CallsFull as e:
+        await ws.send_json(ev.error(str(e), code="session_limit_reached", type="server_error"))
+        await ws.close(code=1013, reason="server full")
+        await conn.session.close("server full")
+        return
+    try:
+        await conn.run()
+    finally:
+        release(state, call)
+
+
+def _turn_model(state):
+    """The server's Smart Turn model, loaded on first use by a ``semantic_vad`` session."""
+    if state.turn_model is None:
+        from ..turn_detection import SmartTurnModel
+
+        state.turn_model = SmartTurnModel()
+    return state.turn_model
+
+
+class ClientSecretRequest(BaseModel):
+    """``POST /v1/realtime/client_secrets`` body: ``expires_after {anchor, seconds}`` and a ``session`` config
+    applied when the browser connects with the token."""
+
+    expires_after: dict | None = None
+    session: dict | None = None
+
+
+@router.post("/v1/realtime/client_secrets")
+async def client_secrets(body: ClientSecretRequest, request: Request):
+    """Mint a short-lived token a browser uses instead of an API key (``Authorization: Bearer ek_…``)."""
+    ttl = int((body.expires_after or {}).get("seconds", CLIENT_SECRET_TTL_S))
+    if not 10 <= ttl <= 7200:
+        return _error(
+            400, "expires_after.seconds must be between 10 and 7200", "invalid_value", "expires_after"
+        )
+    value, expires_at = f"ek_{secrets.token_urlsafe(24)}", int(time.time()) + ttl
+    tokens = request.app.state.server.client_secrets
+    tokens[value] = expires_at
+    for k in [k for k, t in tokens.items() if t < time.time()]:
+        tokens.pop(k, None)
+    session = {"type": "realtime", "object": "realtime.session", "model": MODEL_ID, **(body.session or {})}
+    return {"value": value, "expires_at": expires_at, "session": session}
+
+
+# -- models, transcription, speech --------------------------------------------------------------------------
+@router.get("/v1/models")
+async def models():
+    """The one model this server serves, in the OpenAI list shape."""
+    return {
+        "object": "list",
+        "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "omniduplex"}],
+    }
+
+
+@lru_cache(maxsize=1)
+def _asr():
+    from ...models.asr import WhisperASR
+    from ...models.weights import WHISPER_TINY_EN, locate
+
+    return WhisperASR(locate(WHISPER_TINY_EN).parent)
+
+
+@lru_cache(maxsize=1)
+def _tts():
+    from ...models.tts import PiperTTS
+    from ...models.weights import PIPER_JOE, PIPER_JOE_CONFIG, locate
+
+    return PiperTTS(locate(PIPER_JOE), locate(PIPER_JOE_CONFIG))
+
+
+MAX_UPLOAD_BYTES = 25 << 20
+"""Largest ``/v1/audio/transcriptions`` upload (25 MiB, the API's limit)."""
+
+
+@router.post("/v1/audio/transcriptions")
+async def transcriptions(
+    file: UploadFile = File(...),
+    model: str = Form(MODEL_ID),
+    language: str | None = Form(None),
+    prompt: str | None = Form(None),
+    response_format: str = Form("json"),
+):
+    """Transcribe an audio file (any format libsndfile reads) with Whisper: ``json`` → ``{"text"}``, ``text``,
+    ``verbose_json`` → ``{text, language, duration, words[{word, start, end}]}``."""
+    if response_format not in ("json", "text", "verbose_json"):
+        return _error(
+            400, f"response_format {response_format!r}: use json, text or verbose_json", "invalid_value"
+        )
+    data = await file.read(MAX_UPLOAD_BYTES + 1)
+    if len(data) > MAX_UPLOAD_BYTES:
+        return _error(413, f"file larger than {MAX_UPLOAD_BYTES >> 20} MiB", "file_too_large", "file")
+    try:
+        wav = load_audio(data)
+    except AudioInputError as e:
+        return _error(400, str(e), "invalid_file", "file")
+    t = await asyncio.to_thread(_asr().transcribe, wav)
+    if response_format == "text":
+        return PlainTextResponse(t.text + "\n")
+    if response_format == "verbose_json":
+        words = [{"word": w.word.strip(), "start": w.start_s, "end": w.end_s} for w in t.words]
+        return {
+            "task": "transcribe",
+            "language": t.language,
+            "duration": t.duration_s,
+            "text": t.text,
+            "words": words,
+        }
+    return {"text": t.text}
+
+
+class SpeechRequest(BaseModel):
+    """``POST /v1/audio/speech``: ``input`` text (≤ 4096 characters, the API's limit), ``response_format``
+    ``wav`` or ``pcm`` (24 kHz 16-bit mono) — the compressed formats are not produced here."""
+
+    model: str = MODEL_ID
+    input: str = Field(min_length=1, max_length=4096)
+    voice: str = "alloy"
+    response_format: str = "wav"
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+
+
+@router.post("/v1/audio/speech")
+async def speech(req: SpeechRequest):
+    """Speak ``input`` with the Piper voice, streamed clause by clause (the cascade's clause splitter)."""
+    if req.response_format not in ("wav", "pcm"):
+        return _error(400, f"response_format {req.response_format!r}: use wav or pcm", "invalid_value")
+    from ...pipeline.clauses import ClauseSplitter
+
+    splitter = ClauseSplitter()
+    clauses = splitter.push(req.input) + splitter.flush()
+    tts = _tts()
+
+    async def pcm_chunks():
+        stream = soxr.ResampleStream(tts.sample_rate, 24000, 1, dtype="float32")
+        for i, clause in enumerate(clauses):
+            audio = await asyncio.to_thread(tts.synthesize, clause)
+            y = stream.resample_chunk(audio, last=i == len(clauses) - 1)
+            yield (np.clip(y, -1, 1) * 32767).astype("<i2").tobytes()
+
+    if req.response_format == "pcm":
+        return StreamingResponse(pcm_chunks(), media_type="audio/pcm")
+
+    async def wav_stream():
+        head = io.BytesIO()
+        with sf.SoundFile(head, "w", 24000, 1, "PCM_16", format="WAV") as f:
+            f.write(np.zeros(0, np.int16))
+        header = bytearray(head.getvalue()[:44])
+        header[4:8] = header[40:44] = (0xFFFFFFFF).to_bytes(4, "little")  # streamed: length unknown
+        yield bytes(header)
+        async for chunk in pcm_chunks():
+            yield chunk
+
+    return StreamingResponse(wav_stream(), media_type="audio/wav")
