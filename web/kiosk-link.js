@@ -52,7 +52,7 @@ class KioskLink {
     this.sessionsOpened = 0;
   }
 
-  start() { this.connect(); }
+  start() { this.watchMicCauses(); this.connect(); }
 
   /** Tear down and open a fresh session now (idle reset): no backoff, no problem shown. */
   restart() {
@@ -234,6 +234,22 @@ class KioskLink {
     if (this.pc) { this.pc.onconnectionstatechange = null; this.pc.close(); }
     this.pc = this.dc = null;
     this.sessionId = null;
+  }
+
+  /** Try again at once if waiting on `kinds` (e.g. a microphone was plugged in, permission granted). */
+  retryNow(kinds) {
+    if (this.status.phase !== "waiting" || !kinds.includes(this.status.problem)) return;
+    this.timers.forEach((t) => clearTimeout(t));
+    this.timers.clear();
+    this.connect();
+  }
+
+  /** Retry at once when the cause of a microphone problem goes away (where the browser says so). */
+  watchMicCauses() {
+    navigator.mediaDevices?.addEventListener?.("devicechange", () => this.retryNow(["no-mic"]));
+    navigator.permissions?.query({ name: "microphone" }).then((st) => {
+      st.onchange = () => { if (st.state !== "denied") this.retryNow(["denied"]); };
+    }).catch(() => {});
   }
 
   /** Page is going away: hang up without waiting. */
