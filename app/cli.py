@@ -353,6 +353,29 @@ def bench_serve(
     )
 
 
+@bench.command("realtime")
+def bench_realtime(
+    concurrency: str = typer.Option("1,4,16", help="Comma-separated concurrent client counts."),
+    url: str | None = typer.Option(None, help="ws://…/v1/realtime of a running server (default: start one)."),
+    model: Path | None = typer.Option(None, help="Model of the server started here (default: the cascade)."),
+    question: Path | None = typer.Option(None, help="Speech WAV each client asks (default: green_tea.wav)."),
+    interrupt: Path | None = typer.Option(None, help="Speech WAV spoken over the reply (barge-in)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+) -> None:
+    """Realtime API clients streaming speech in real time: commit → first audio, barge-in → last delta."""
+    from omniduplex.benchmarks.realtime import run
+
+    root = Path(__file__).parents[1]
+    run(
+        [int(c) for c in concurrency.split(",")],
+        question or root / "examples" / "green_tea.wav",
+        interrupt or root / "benchmarks" / "speech" / "turn1.wav",
+        url=url,
+        model=str(model) if model else None,
+        json_out=json_out,
+    )
+
+
 @bench.command("cfg")
 def bench_cfg(
     model: Path | None = typer.Option(

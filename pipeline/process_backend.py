@@ -5,7 +5,11 @@ it sends new turns to the first stage's edge, reads the stage → orchestrator e
 graph (:mod:`.topology`), the status bus (ready, per-request errors) and watches the stage processes.
 A stage that dies fails the turns in flight (error events), its peers drop those turns (abort on the
 control bus), and it is restarted; its edges re-attach (the relay's reattach) and the next turns run
-normally.
+normally. A stage that fails to start names its cause (:class:`StageStartError`).
+
+The thread blocks on its sockets (status bus, input edges, the stage processes' sentinels and a wake-up
+pipe written by :meth:`ProcessBackend.send` / :meth:`ProcessBackend.abort`), so an idle pipeline costs no
+CPU and a new turn wakes it at once.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import multiprocessing as mp
+import os
 import queue
 import shutil
 import tempfile
@@ -21,20 +26,30 @@ import time
 
 import zmq
 
-from omniduplex.relay import ConsumerDied, EdgeConsumer, EdgeProducer, RelayError
+from omniduplex.relay import ConsumerDied, EdgeConsumer, EdgeProducer, RelayError, sweep_orphans
 
 from .config import PipelineConfig
 from .graph import prepare
 from .messages import StageMessage
 from .orchestrator import OutputCallback, output_sources
-from .stage_process import POLL_BUSY_S, Wiring, edge_config, pack, run_stage, unpack
+from .stage_process import Wiring, edge_config, pack, run_stage, unpack
+from .stage_stats import producer_stats
 from .topology import ORCHESTRATOR
 
 STARTUP_TIMEOUT_S = 180.0
+CHECK_EVERY_S = 1.0
+"""Longest the backend thread blocks before it looks at the stage processes anyway (s); a stage's death
+wakes it at once (its process sentinel)."""
 
 
 class StageStartError(RuntimeError):
-    """A stage process did not report ready in time (bad model path, import error, ...)."""
+    """A stage process did not report ready: ``stage`` failed with ``cause`` (``"<ExceptionType>: <message>"``
+    as the stage reported it, e.g. ``"CheckpointError: ..."``; ``None`` when it died without a word or timed
+    out)."""
+
+    def __init__(self, message: str, stage: str | None = None, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.stage, self.cause = stage, cause
 
 
 class ProcessBackend:
@@ -54,8 +69,15 @@ class ProcessBackend:
         self._counter = itertools.count(1)
         self.restarts = {s: 0 for s in self.topo.all_stages}
         self.waiting: dict[int, set[str]] = {}  # terminal stages whose ``last`` each turn still awaits
+        self.stage_stats: dict[str, dict] = {}  # last ``stats`` message of each stage
+        self.entry_stats: dict[str, dict] = {}  # credits of the orchestrator's own edges (backend thread)
+        self.up: set[str] = set()  # stages that reported ready and have not died since
         self.thread: threading.Thread | None = None
         self.running = False
+        self._poller: zmq.Poller | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
 
     # -- Backend interface (any thread) ------------------------------------------------------------
     def start(self, on_output: OutputCallback) -> None:
@@ -81,19 +103,47 @@ class ProcessBackend:
         }
         for s in self.topo.all_stages:
             self._spawn(s)
-        self._wait_ready(set(self.topo.all_stages))
+        try:
+            self._wait_ready(set(self.topo.all_stages))
+        except BaseException:  # a stage failed to start: the others are killed, nothing is left behind
+            for p in self.procs.values():
+                p.kill()
+            self._release()
+            raise
         self.running = True
         self.thread = threading.Thread(target=self._loop, name="omniduplex-process-backend", daemon=True)
         self.thread.start()
 
     def send(self, msg: StageMessage) -> None:
         self.commands.put(("send", msg))
+        self._wake()
 
     def abort(self, request_id: str) -> None:
         self.commands.put(("abort", request_id))
+        self._wake()
+
+    @property
+    def ready(self) -> bool:
+        """Every stage is up (started, and not dead or restarting)."""
+        return self.running and self.up >= set(self.topo.all_stages)
+
+    def stats(self) -> dict:
+        """Pipeline gauges: ``stages`` (stage → :func:`.stage_stats.worker_stats`, as last reported, about
+        once a second while busy), ``edges`` (``"src->dst"`` → :func:`.stage_stats.producer_stats`),
+        ``restarts`` (stage → count) and ``up`` (stage → bool)."""
+        reports = list(self.stage_stats.values())
+        edges = {e: dict(v) for r in reports for e, v in r.get("edges", {}).items()}
+        edges.update(self.entry_stats)
+        return {
+            "stages": {r["stage"]: dict(r.get("worker", {})) for r in reports},
+            "edges": edges,
+            "restarts": dict(self.restarts),
+            "up": {s: s in self.up for s in self.topo.all_stages},
+        }
 
     def stop(self) -> None:
         self.running = False
+        self._wake()
         if self.thread:
             self.thread.join(timeout=10)
         with contextlib.suppress(zmq.ZMQError):
@@ -102,13 +152,23 @@ class ProcessBackend:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
-                p.join(timeout=5)
+        self._release()
+
+    def _release(self) -> None:
+        """Reap the stage processes, sweep the slot pools of any that died, close sockets and pipe, remove the
+        run directory."""
+        for p in self.procs.values():
+            p.join(timeout=5)
+        sweep_orphans()
         for p in self.to_entry.values():
             p.close()
         for c in self.inputs.values():
             c.close()
         self.status.close(linger=0)
         self.control.close(linger=0)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def kill_stage(self, stage: str) -> None:
@@ -124,24 +184,45 @@ class ProcessBackend:
             daemon=True,
         )
         p.start()
+        old = self.procs.get(stage)
         self.procs[stage] = p
+        if self._poller is not None:
+            if old is not None:
+                self._poller.unregister(old.sentinel)
+            self._poller.register(p.sentinel, zmq.POLLIN)
 
     def _wait_ready(self, stages: set[str]) -> None:
+        """Wait for ``stages`` to report ready.
+
+        Raises:
+            StageStartError: a stage reported a fatal error, died or did not report in time.
+        """
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while stages:
-            for s in list(stages):
+            while self.status.poll(100 if stages else 0):
+                self._on_status(self.status.recv_json())
+                stages -= self.up
+            for s in sorted(stages):
                 if not self.procs[s].is_alive():
+                    while self.status.poll(200):  # its fatal report may still be on the way
+                        self._on_status(self.status.recv_json())
                     raise StageStartError(
-                        f"stage {s} exited with code {self.procs[s].exitcode} during start-up"
+                        f"stage {s} exited with code {self.procs[s].exitcode} during start-up", s
                     )
-            if time.monotonic() > deadline:
+            if stages and time.monotonic() > deadline:
                 raise StageStartError(f"stages {sorted(stages)} not ready after {STARTUP_TIMEOUT_S:.0f} s")
-            if self.status.poll(100):
-                m = self.status.recv_json()
-                if m.get("kind") == "ready":
-                    stages.discard(m["stage"])
-                elif m.get("kind") == "error":
-                    self._fail(m["request_id"], m["error"])
+
+    def _on_status(self, m: dict) -> None:
+        """One status-bus message (see :mod:`.stage_process`)."""
+        kind = m.get("kind")
+        if kind == "stats":
+            self.stage_stats[m["stage"]] = m
+        elif kind == "ready":
+            self.up.add(m["stage"])
+        elif kind == "error":
+            self._fail(m["request_id"], m["error"])
+        elif kind == "fatal":
+            raise StageStartError(f"stage {m['stage']} failed to start: {m['error']}", m["stage"], m["error"])
 
     def _check_stages(self) -> None:
         for s, p in self.procs.items():
@@ -149,6 +230,8 @@ class ProcessBackend:
                 continue
             for rid in sorted(self.inflight):
                 self._fail(rid, f"stage {s} died (exit code {p.exitcode}); the turn was lost")
+            self.up.discard(s)
+            self.stage_stats.pop(s, None)
             if not self.restart_on_crash:
                 raise RuntimeError(f"stage {s} died")
             self.restarts[s] += 1
@@ -164,50 +247,79 @@ class ProcessBackend:
         self.control.send_string(f"abort {rid}")
         self.on_output("error", StageMessage(name, meta={"error": error}, last=True))
 
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # pipe full: a wake-up is pending anyway; closed: stopped
+            os.write(self._wake_w, b"!")
+
     def _loop(self) -> None:
-        last_check = 0.0
+        self._poller = poller = zmq.Poller()
+        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self.status, zmq.POLLIN)
+        owner: dict[zmq.Socket, str] = {}
+        for s, consumer in self.inputs.items():
+            for sock in consumer.sockets:
+                poller.register(sock, zmq.POLLIN)
+                owner[sock] = s
+        for p in self.procs.values():
+            poller.register(p.sentinel, zmq.POLLIN)
+        last_check = time.monotonic()
         while self.running:
-            while not self.commands.empty():
-                kind, item = self.commands.get_nowait()
-                if kind == "send":
-                    rid = next(self._counter)
-                    self.ids[item.request_id], self.names[rid] = rid, item.request_id
-                    self.inflight.add(rid)
-                    self.waiting[rid] = set(self.topo.terminal_stages)
-                    for s, producer in self.to_entry.items():
-                        payload = pack(item, (ORCHESTRATOR, s), self.topo)
-                        try:
-                            try:
-                                producer.send(rid, payload, last=True)
-                            except ConsumerDied:  # the stage was restarted since the last turn: resend
-                                producer.send(rid, payload, last=True)
-                        except Exception as e:  # a relay error, or a turn the relay cannot carry
-                            self._fail(rid, f"{ORCHESTRATOR}->{s}: {type(e).__name__}: {e}")
-                            break
-                else:
-                    rid = self.ids.get(item)
-                    if rid is not None:
-                        self._forget(rid)
-                        self.control.send_string(f"abort {rid}")
-            while self.status.poll(0):
-                m = self.status.recv_json()
-                if m.get("kind") == "error":
-                    self._fail(m["request_id"], m["error"])
-            for s, consumer in self.inputs.items():
-                try:
-                    m = consumer.recv(timeout_s=POLL_BUSY_S)
-                except RelayError:
-                    continue  # the stage died; _check_stages handles it
-                while m is not None:
-                    self._deliver(s, m)
-                    try:
-                        m = consumer.recv(timeout_s=0)
-                    except RelayError:
-                        m = None
+            ready = {x for x, _ in poller.poll(int(CHECK_EVERY_S * 1000))}
+            if self._wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+            self._run_commands()
+            if self.status in ready:
+                while self.status.poll(0):
+                    self._on_status(self.status.recv_json())
+            for s in {owner[x] for x in ready if x in owner}:
+                self._receive(s)
+            died = any(isinstance(x, int) and x != self._wake_r for x in ready)  # a process sentinel
             now = time.monotonic()
-            if now - last_check > 0.1:
+            if died or now - last_check >= CHECK_EVERY_S:
                 last_check = now
                 self._check_stages()
+                self.entry_stats = {
+                    f"{ORCHESTRATOR}->{s}": producer_stats(p) for s, p in self.to_entry.items()
+                }
+
+    def _run_commands(self) -> None:
+        while not self.commands.empty():
+            kind, item = self.commands.get_nowait()
+            if kind == "send":
+                self._send_turn(item)
+                continue
+            rid = self.ids.get(item)
+            if rid is not None:
+                self._forget(rid)
+                self.control.send_string(f"abort {rid}")
+
+    def _send_turn(self, item: StageMessage) -> None:
+        rid = next(self._counter)
+        self.ids[item.request_id], self.names[rid] = rid, item.request_id
+        self.inflight.add(rid)
+        self.waiting[rid] = set(self.topo.terminal_stages)
+        for s, producer in self.to_entry.items():
+            payload = pack(item, (ORCHESTRATOR, s), self.topo)
+            try:
+                try:
+                    producer.send(rid, payload, last=True)
+                except ConsumerDied:  # the stage was restarted since the last turn: resend
+                    producer.send(rid, payload, last=True)
+            except Exception as e:  # a relay error, or a turn the relay cannot carry
+                self._fail(rid, f"{ORCHESTRATOR}->{s}: {type(e).__name__}: {e}")
+                break
+
+    def _receive(self, stage: str) -> None:
+        """Deliver every complete message waiting on ``stage``'s edge to the orchestrator."""
+        consumer = self.inputs[stage]
+        try:
+            m = consumer.recv(timeout_s=0)
+            while m is not None:
+                self._deliver(stage, m)
+                m = consumer.recv(timeout_s=0)
+        except RelayError:
+            pass  # the stage died; _check_stages handles it
 
     def _deliver(self, stage: str, m) -> None:
         name = self.names.get(m.request_id)

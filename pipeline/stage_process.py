@@ -2,15 +2,19 @@
 
 Wiring (all ``ipc://`` under one run directory): each edge's producer binds, its consumer connects
 (the relay). A control bus (ZMQ PUB → SUB) carries ``abort <id>`` / ``stop`` from the orchestrator;
-a status bus (PUSH → PULL) carries ``ready`` and per-request errors back to it. Request ids are
-ints on the wire and strings inside the workers.
+a status bus (PUSH → PULL) carries JSON messages back to it: ``ready``, ``fatal`` (the stage could not
+start: ``error`` = ``"<ExceptionType>: <message>"``), per-request ``error`` and ``stats``
+(:mod:`.stage_stats`). Request ids are ints on the wire and strings inside the workers.
+
+The loop blocks on its sockets (control bus, input edge) while the worker has nothing to do, so an
+idle stage costs no CPU; while it has work it only peeks at them between steps.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
+import sys
 import traceback
 from dataclasses import dataclass
 
@@ -21,12 +25,12 @@ from omniduplex.relay import ConsumerDied, EdgeConfig, EdgeConsumer, EdgeProduce
 
 from .config import PipelineConfig
 from .messages import StageMessage
+from .stage_stats import StatsReporter, producer_stats, worker_stats
 from .topology import Topology
 
 META_KEY = "__meta__"
-POLL_BUSY_S = 0.0002
-"""Shortest wait on an input edge (s). Not 0: the relay consumer handles (re)connection events only
-while it waits, so a zero timeout would never attach to a producer that binds later."""
+IDLE_WAIT_S = 1.0
+"""Longest an idle stage blocks on its sockets before it looks at its stats again (s)."""
 
 
 @dataclass
@@ -67,90 +71,166 @@ def unpack(request_id: int, tensors: dict[str, torch.Tensor], last: bool) -> Sta
     return StageMessage(str(request_id), tensors, meta, last)
 
 
-def stage_main(stage: str, pcfg_json: str, run_dir: str) -> None:
-    """Entry point of a stage process (``multiprocessing`` spawn target)."""
-    from .graph import build_worker
+def describe(e: BaseException) -> str:
+    """``"<ExceptionType>: <message>"``: the one-line cause a stage reports."""
+    return f"{type(e).__name__}: {e}"
 
-    pcfg = PipelineConfig.model_validate_json(pcfg_json)
-    topo = pcfg.topology()
-    scfg = pcfg.stage(stage)
-    torch.set_num_threads(scfg.torch_threads)
+
+class StageLoop:
+    """One stage process's sockets and worker; :meth:`run` until the orchestrator says ``stop``."""
+
+    def __init__(self, stage: str, pcfg: PipelineConfig, wiring: Wiring, ctx: zmq.Context, status) -> None:
+        from .graph import build_worker
+
+        self.stage, self.status, self.topo = stage, status, pcfg.topology()
+        scfg = pcfg.stage(stage)
+        torch.set_num_threads(scfg.torch_threads)
+        self.control = ctx.socket(zmq.SUB)
+        self.control.connect(wiring.control)
+        self.control.setsockopt(zmq.SUBSCRIBE, b"")
+        self.producers: dict[str, EdgeProducer] = {}
+        self.consumer: EdgeConsumer | None = None
+        try:
+            for dst in self.topo.out_edges(stage):
+                self.producers[dst] = EdgeProducer(
+                    f"{stage}-{dst}", wiring.edge(stage, dst), edge_config(pcfg, stage, dst)
+                )
+            src = self.topo.upstream(stage)
+            self.consumer = EdgeConsumer(f"{src}-{stage}", wiring.edge(src, stage))
+            self.worker = build_worker(stage, pcfg.model, scfg, pcfg.chunking, pcfg.side_asr)
+        except BaseException:
+            self.close()
+            raise
+        self.seqs: dict[tuple[str, str], int] = {}
+        self.reporter = StatsReporter(self.snapshot, status.send_json)
+
+    def run(self) -> None:
+        """Block on the sockets while idle; step the worker and send its outputs while busy."""
+        poller = zmq.Poller()
+        poller.register(self.control, zmq.POLLIN)
+        inputs = self.consumer.sockets
+        for sock in inputs:
+            poller.register(sock, zmq.POLLIN)
+        while True:
+            busy = self.worker.has_work()
+            wait_ms = 0 if busy else max(1, int(1000 * min(IDLE_WAIT_S, self.reporter.wait_s())))
+            ready = {sock for sock, _ in poller.poll(wait_ms)}
+            if self.control in ready and self._control():
+                return
+            if any(sock in ready for sock in inputs):
+                self._receive()
+            busy = self.worker.has_work()
+            self.reporter.tick(busy)
+            if busy:
+                self._step()
+
+    def snapshot(self) -> dict:
+        """The ``stats`` message: worker gauges and the credits of each output edge."""
+        return {
+            "kind": "stats",
+            "stage": self.stage,
+            "worker": worker_stats(self.worker),
+            "edges": {f"{self.stage}->{dst}": producer_stats(p) for dst, p in self.producers.items()},
+        }
+
+    def close(self) -> None:
+        for p in self.producers.values():
+            p.close()
+        if self.consumer is not None:
+            self.consumer.close()
+
+    def _fail(self, rid: str, error: str) -> None:
+        self.worker.abort(rid)
+        self.status.send_json({"kind": "error", "stage": self.stage, "request_id": int(rid), "error": error})
+
+    def _control(self) -> bool:
+        """Handle the control bus; ``True`` on ``stop`` (the edges are closed)."""
+        while self.control.poll(0):
+            cmd = self.control.recv_string()
+            if cmd == "stop":
+                self.close()
+                return True
+            if cmd.startswith("abort "):
+                rid = cmd.split()[1]
+                self.worker.abort(rid)
+                self.consumer.abort(int(rid))
+                for p in self.producers.values():
+                    p.abort(int(rid))
+        return False
+
+    def _receive(self) -> None:
+        """Submit every complete message waiting on the input edge."""
+        try:
+            m = self.consumer.recv(timeout_s=0)
+            while m is not None:
+                msg = unpack(m.request_id, m.tensors, m.last)
+                try:
+                    self.worker.submit(msg)
+                except Exception as e:  # bad input for this request only
+                    self._fail(msg.request_id, f"{self.stage}: {e}")
+                m = self.consumer.recv(timeout_s=0)
+        except RelayError:
+            # upstream stage stopped or died: its turns are failed by the orchestrator, which restarts
+            # it; our consumer re-attaches when the new producer binds (a monitor event wakes us).
+            pass
+
+    def _step(self) -> None:
+        for msg in self.worker.step():
+            for dst, producer in self.producers.items():
+                tensors = pack(msg, (self.stage, dst), self.topo)
+                if not (set(tensors) - {META_KEY}) and not msg.last:
+                    continue  # nothing for this edge in this message
+                key = (msg.request_id, dst)
+                seq = self.seqs.get(key, 0)
+                self.seqs[key] = seq + 1
+                try:
+                    try:
+                        producer.send(int(msg.request_id), tensors, seq=seq, last=msg.last)
+                    except ConsumerDied:
+                        # reported once, at the first send after the consumer died (its turns were failed
+                        # by the orchestrator): this chunk was not sent; send it to the restarted consumer
+                        producer.send(int(msg.request_id), tensors, seq=seq, last=msg.last)
+                except RelayError as e:
+                    self._fail(msg.request_id, f"{self.stage}->{dst}: {e}")
+                if msg.last:
+                    self.seqs.pop(key, None)
+
+
+class StageStartFailed(Exception):
+    """This stage could not start; the cause went to the orchestrator as a ``fatal`` status message."""
+
+
+def stage_main(stage: str, pcfg_json: str, run_dir: str) -> None:
+    """Entry point of a stage process (``multiprocessing`` spawn target).
+
+    Raises:
+        StageStartFailed: start-up failed (from the exception that made it, reported on the status bus).
+    """
     wiring = Wiring(run_dir)
     ctx = zmq.Context.instance()
     status = ctx.socket(zmq.PUSH)
     status.connect(wiring.status)
-    control = ctx.socket(zmq.SUB)
-    control.connect(wiring.control)
-    control.setsockopt(zmq.SUBSCRIBE, b"")
-    producers = {
-        dst: EdgeProducer(f"{stage}-{dst}", wiring.edge(stage, dst), edge_config(pcfg, stage, dst))
-        for dst in topo.out_edges(stage)
-    }
-    src = topo.upstream(stage)
-    consumer = EdgeConsumer(f"{src}-{stage}", wiring.edge(src, stage))
-    worker = build_worker(stage, pcfg.model, scfg, pcfg.chunking, pcfg.side_asr)
+    try:
+        loop = StageLoop(stage, PipelineConfig.model_validate_json(pcfg_json), wiring, ctx, status)
+    except Exception as e:
+        status.send_json({"kind": "fatal", "stage": stage, "error": describe(e)})
+        ctx.destroy(linger=2000)  # deliver the report before the process exits
+        raise StageStartFailed(describe(e)) from e
     status.send_json({"kind": "ready", "stage": stage, "pid": os.getpid()})
-    seqs: dict[tuple[str, str], int] = {}
-
-    def fail(rid: str, error: str) -> None:
-        worker.abort(rid)
-        status.send_json({"kind": "error", "stage": stage, "request_id": int(rid), "error": error})
-
-    while True:
-        while control.poll(0):
-            cmd = control.recv_string()
-            if cmd == "stop":
-                for p in producers.values():
-                    p.close()
-                consumer.close()
-                return
-            if cmd.startswith("abort "):
-                rid = cmd.split()[1]
-                worker.abort(rid)
-                consumer.abort(int(rid))
-                for p in producers.values():
-                    p.abort(int(rid))
-        busy = worker.has_work()
-        try:
-            m = consumer.recv(timeout_s=POLL_BUSY_S if busy else 0.005)
-            while m is not None:
-                msg = unpack(m.request_id, m.tensors, m.last)
-                try:
-                    worker.submit(msg)
-                except Exception as e:  # bad input for this request only
-                    fail(msg.request_id, f"{stage}: {e}")
-                m = consumer.recv(timeout_s=0)
-        except RelayError:
-            # upstream stage stopped or died: its turns are failed by the orchestrator, which restarts
-            # it; our consumer re-attaches when the new producer binds.
-            time.sleep(0.01)
-        if not worker.has_work():
-            continue
-        for msg in worker.step():
-            for dst in producers:
-                tensors = pack(msg, (stage, dst), topo)
-                if not (set(tensors) - {META_KEY}) and not msg.last:
-                    continue  # nothing for this edge in this message
-                key = (msg.request_id, dst)
-                seq = seqs.get(key, 0)
-                seqs[key] = seq + 1
-                try:
-                    try:
-                        producers[dst].send(int(msg.request_id), tensors, seq=seq, last=msg.last)
-                    except ConsumerDied:
-                        # reported once, at the first send after the consumer died (its turns were failed
-                        # by the orchestrator): this chunk was not sent; send it to the restarted consumer
-                        producers[dst].send(int(msg.request_id), tensors, seq=seq, last=msg.last)
-                except RelayError as e:
-                    fail(msg.request_id, f"{stage}->{dst}: {e}")
-                if msg.last:
-                    seqs.pop(key, None)
+    loop.run()
 
 
 def run_stage(stage: str, pcfg_json: str, run_dir: str) -> None:
-    """``stage_main`` with a last-resort report of an unexpected crash on stderr."""
+    """``stage_main``, exiting with code 1 on failure: one line on stderr for a start-up failure that is
+    one of our own errors (its message says what to fix), the traceback for anything else."""
     try:
         stage_main(stage, pcfg_json, run_dir)
+    except StageStartFailed as e:
+        cause = e.__cause__
+        if not type(cause).__module__.startswith("omniduplex."):
+            traceback.print_exception(cause)
+        print(f"omniduplex stage {stage}: failed to start: {e}", file=sys.stderr)
+        sys.exit(1)
     except Exception:
         traceback.print_exc()
         raise

@@ -43,7 +43,9 @@ def worker_stats(worker) -> dict[str, int]:
 
 def producer_stats(producer) -> dict[str, int]:
     """Credits of one relay edge, seen from its producer: ``slots`` in the pool, ``slots_in_use`` (lent to the
-    consumer: written, not yet copied out) and ``inline_in_use`` (inline messages the consumer has not read)."""
+    consumer: written, not yet copied out) and ``inline_in_use`` (inline messages the consumer has not read).
+    Reads the credits waiting in the producer's socket first."""
+    producer.collect()
     return {
         "slots": producer.config.slots,
         "slots_in_use": producer.slots_in_use,
@@ -52,8 +54,8 @@ def producer_stats(producer) -> dict[str, int]:
 
 
 class StatsReporter:
-    """Sends ``snapshot()`` through ``send`` at most every ``every_s`` seconds, and only while ``busy`` or when
-    the snapshot differs from the last one sent (the first one is always sent)."""
+    """Sends ``snapshot()`` through ``send`` at most every ``every_s`` seconds, and only while ``busy`` or
+    when the snapshot differs from the last one sent (the first one is always sent)."""
 
     def __init__(
         self,

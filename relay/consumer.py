@@ -82,6 +82,14 @@ class EdgeConsumer:
         """Whether the producer has welcomed this consumer (as of the last ``recv``)."""
         return self._epoch is not None
 
+    @property
+    def sockets(self) -> tuple[zmq.Socket, zmq.Socket]:
+        """The data socket and its monitor, for a caller that waits on several things at once (a
+        ``zmq.Poller``): when either is readable, ``recv(timeout_s=0)`` has work (a message, or a
+        (re)connection event it handles). When ``recv`` has returned ``None``, nothing is left buffered
+        outside them, so blocking on these sockets cannot miss a message."""
+        return self._sock, self._monitor
+
     def wait_attached(self, timeout_s: float) -> None:
         """Block until the producer has welcomed this consumer; raises :class:`AttachTimeout` after
         ``timeout_s`` seconds. (``recv`` attaches by itself; this is for a consumer that wants to be
@@ -115,8 +123,8 @@ class EdgeConsumer:
                 out = self._consume(msg, frames)
                 if out is not None:
                     return out
-            if not self._block(deadline):
-                return None
+            if not self._block(deadline) and not self._pending and self._error is None:
+                return None  # (handling a disconnection may have read messages or set an error: not yet)
 
     def abort(self, request_id: int) -> None:
         """Drop every unread chunk of ``request_id`` (returning its credits), ignore later ones, and

@@ -101,6 +101,22 @@ class EdgeProducer:
         """Credits in hand (slots not lent to the consumer)."""
         return len(self._free) if self._consumer is not None else self.config.slots
 
+    def collect(self) -> None:
+        """Read returned credits, aborts and hellos now, without blocking (``send`` does this itself; call it
+        before reading :attr:`slots_in_use` on an idle edge)."""
+        self._check_open()
+        self._pump()
+
+    @property
+    def slots_in_use(self) -> int:
+        """Slots lent to the consumer (written, their credits not yet back), as of the last socket read."""
+        return len(self._inflight)
+
+    @property
+    def inline_in_use(self) -> int:
+        """Inline messages sent whose credits are not yet back (0 when no consumer is attached)."""
+        return self.config.inline_window - self._inline_free if self._consumer is not None else 0
+
     def wait_attached(self, timeout_s: float) -> None:
         """Block until a consumer is attached; raises :class:`AttachTimeout` after ``timeout_s`` seconds."""
         self._check_open()
