@@ -11,6 +11,7 @@ from collections import deque
 
 from .messages import StageMessage
 from .orchestrator import OutputCallback, output_sources
+from .stage_stats import worker_stats
 from .topology import SHAPES, Topology, with_side_asr
 
 
@@ -54,6 +55,21 @@ class LocalBackend:
     def abort(self, request_id: str) -> None:
         self.inbox.append(("abort", request_id))
         self.wake.set()
+
+    @property
+    def ready(self) -> bool:
+        """The workers are built before the backend, so it is ready as soon as it runs."""
+        return self.running
+
+    def stats(self) -> dict:
+        """Pipeline gauges shaped as :meth:`.process_backend.ProcessBackend.stats` returns them, read from the
+        workers directly (no relay edges, no restarts)."""
+        return {
+            "stages": {s: worker_stats(w) for s, w in self.workers.items()},
+            "edges": {},
+            "restarts": {s: 0 for s in self.workers},
+            "up": {s: self.running for s in self.workers},
+        }
 
     def stop(self) -> None:
         self.running = False
@@ -107,5 +123,5 @@ class LocalBackend:
                     if nxt:
                         self._deliver(nxt, msg)
             if not progressed:
-                self.wake.wait(0.05)
+                self.wake.wait(1.0)  # send, abort and stop set it
                 self.wake.clear()
