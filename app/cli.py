@@ -158,6 +158,22 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8000, help="HTTP port (page, signalling, health)."),
     max_sessions: int = typer.Option(8, "--max-sessions", min=1, help="Concurrent sessions; more get 503."),
+    api_key: list[str] | None = typer.Option(
+        None, "--api-key", help="Accepted API key (repeatable; also $OMNIDUPLEX_API_KEYS). None: no auth."
+    ),
+    api_keys_file: Path | None = typer.Option(
+        None, "--api-keys-file", help="File of API keys, one per line."
+    ),
+    insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without API keys."),
+    sessions_per_key: int = typer.Option(
+        0, "--sessions-per-key", min=0, help="Sessions per key (0: no limit)."
+    ),
+    connections_per_minute: int = typer.Option(
+        60,
+        "--connections-per-minute",
+        min=0,
+        help="New sessions per client address per minute (0: no limit).",
+    ),
     model: Path | None = typer.Option(
         None,
         help="Checkpoint directory or cascade manifest (default: the cascade on the packaged real weights; "
@@ -198,8 +214,10 @@ def serve(
     ),
     log_level: str = typer.Option("info", help="debug, info, warning."),
 ) -> None:
-    """Serve the browser voice chat (WebRTC, full duplex, barge-in) at http://HOST:PORT/, the Twilio
-    media-stream bridge at /phone/twilio/* ($TWILIO_AUTH_TOKEN: check signatures), with --sip SIP calls."""
+    """Serve the browser voice chat (WebRTC, full duplex, barge-in) at http://HOST:PORT/, the OpenAI
+    Realtime API at /v1/realtime, the Twilio media-stream bridge at /phone/twilio/* ($TWILIO_AUTH_TOKEN:
+    check signatures), with --sip SIP calls. Beyond loopback it needs API keys (or --insecure)."""
+    from omniduplex.app.auth import AuthConfig, AuthConfigError, check_bind, load_keys
     from omniduplex.app.phone.config import SipConfig
     from omniduplex.app.server import ServerConfig
     from omniduplex.app.server import serve as run
@@ -232,6 +250,16 @@ def serve(
             cfg.sip = SipConfig.parse(sip, rtp_ports, max_calls=max_calls, users=users, allow=sip_allow or [])
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
+    try:
+        cfg.auth = AuthConfig(
+            api_keys=load_keys(api_key, api_keys_file),
+            sessions_per_key=sessions_per_key,
+            connections_per_minute=connections_per_minute,
+        )
+        check_bind(host, cfg.auth, insecure)
+    except AuthConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
     run(cfg, host, port, log_level)
 
 

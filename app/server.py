@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
+from .auth import AuthConfig, EdgeGate, TokenStore
 from .kiosk import KioskConfig
 from .kiosk_routes import router as kiosk_router
 from .phone.config import SipConfig, TwilioConfig
@@ -66,6 +67,8 @@ class ServerConfig:
     web_dir: Path = WEB_DIR
     twilio: TwilioConfig = field(default_factory=TwilioConfig)  # /phone/twilio/* (app/phone)
     sip: SipConfig | None = None  # the SIP UAS, started with the app when set (app/phone/sip)
+    auth: AuthConfig = field(default_factory=AuthConfig)  # API keys and limits (app/auth.py)
+    ws_max_bytes: int = 4 << 20  # largest WebSocket message (uvicorn ws_max_size)
     kiosk: KioskConfig = field(default_factory=KioskConfig)  # /kiosk page settings (app/kiosk.py)
 
 
@@ -90,7 +93,6 @@ class ServerState:
         self.responder = responder
         self.orchestrator = None
         self.turn_model = None  # the end-of-turn model shared by every session (turn_detection="smart")
-        self.client_secrets: dict[str, int] = {}  # /v1/realtime/client_secrets token → expiry (unix s)
         self.sessions: dict[str, PeerSession] = {}
         self.started_total = 0
         self.closed_stats: list = []  # SessionStats of closed sessions (for /metrics)
@@ -248,6 +250,16 @@ def create_app(cfg: ServerConfig | None = None, responder: Responder | None = No
 
     app = FastAPI(title="omniduplex", lifespan=lifespan)
     app.state.server = state
+    app.state.tokens = TokenStore()
+    app.add_middleware(
+        EdgeGate, cfg=cfg.auth, tokens=app.state.tokens, twilio_signed=cfg.twilio.auth_token is not None
+    )
+
+    @app.post("/session-token")
+    async def session_token():
+        """A short-lived token for a browser page (``?token=`` on ``/`` or ``/kiosk``); needs an API key."""
+        value, expires_at = app.state.tokens.mint(cfg.auth.token_ttl_s)
+        return {"token": value, "expires_at": expires_at}
 
     @app.post("/offer")
     async def offer(request: Request):
@@ -300,4 +312,4 @@ def serve(cfg: ServerConfig, host: str = "127.0.0.1", port: int = 8000, log_leve
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aioice").setLevel(max(logging.WARNING, logging.getLogger().level))
-    uvicorn.run(create_app(cfg), host=host, port=port, log_level=log_level)
+    uvicorn.run(create_app(cfg), host=host, port=port, log_level=log_level, ws_max_size=cfg.ws_max_bytes)

@@ -15,6 +15,8 @@ const omni = (window.omni = {
 let pc = null, dc = null, mic = null, ctx = null, meterTimer = null, statsTimer = null;
 let micAnalyser = null, replyAnalyser = null, bargeAt = null;
 const bubbles = new Map(); // turn_id → {el, text}
+const captions = new OmniCaptions($("captions"), { maxTurns: 3 }); // words as heard (captions.js)
+omni.captionsText = () => captions.text();
 
 function setStatus(text, cls) { const s = $("status"); s.textContent = text; s.className = `status ${cls}`; }
 function showError(msg) { const e = $("error"); e.textContent = msg; e.hidden = !msg; if (msg) omni.errors.push(msg); }
@@ -78,6 +80,7 @@ function bubble(turnId, role) {
 
 function onEvent(ev) {
   omni.events.push(ev);
+  captions.handle(ev);
   switch (ev.type) {
     case "session_started": $("turn-state").textContent = "listening"; break;
     case "user_speech_started": $("turn-state").textContent = "user speaking"; break;
@@ -89,6 +92,9 @@ function onEvent(ev) {
       $("turn-state").textContent = "thinking";
       break;
     }
+    case "user_transcript":  // the user's words replace the placeholder once the ASR has them
+      if (ev.text) bubble(ev.turn_id, "user").el.querySelector(".body").textContent = ev.text;
+      break;
     case "reply_text": {
       const b = bubble(ev.turn_id, "assistant");
       b.text += ev.text;
@@ -144,6 +150,7 @@ function waitIceGathering(peer, timeoutMs) {
 
 async function connect() {
   showError("");
+  captions.reset();
   $("connect").disabled = true;
   setStatus("connecting", "connecting");
   try {

@@ -13,8 +13,6 @@ import asyncio
 import contextlib
 import io
 import logging
-import secrets
-import time
 from functools import lru_cache
 
 import numpy as np
@@ -104,11 +102,7 @@ async def client_secrets(body: ClientSecretRequest, request: Request):
         return _error(
             400, "expires_after.seconds must be between 10 and 7200", "invalid_value", "expires_after"
         )
-    value, expires_at = f"ek_{secrets.token_urlsafe(24)}", int(time.time()) + ttl
-    tokens = request.app.state.server.client_secrets
-    tokens[value] = expires_at
-    for k in [k for k, t in tokens.items() if t < time.time()]:
-        tokens.pop(k, None)
+    value, expires_at = request.app.state.tokens.mint(ttl)
     session = {"type": "realtime", "object": "realtime.session", "model": MODEL_ID, **(body.session or {})}
     return {"value": value, "expires_at": expires_at, "session": session}
 
