@@ -1,27 +1,21 @@
 """Prometheus metrics of ``omniduplex serve`` (``GET /metrics``), on a registry of each app's own.
 
-Latencies are in seconds (Prometheus convention):
+Latencies are in seconds (Prometheus convention). Histograms:
 
-===========================================  =========  ==========================================================
-``omniduplex_ttfp_seconds``                  histogram  user turn committed → first reply audio sent
-                                                        (session event ``ReplyAudioStarted.commit_to_audio_ms``)
-``omniduplex_e2el_seconds``                  histogram  turn submitted → last reply audio out of the pipeline
-                                                        (the pipeline's ``e2el_ms`` of each completed reply)
-``omniduplex_barge_in_stop_seconds``         histogram  barge-in detected → first frame without reply audio
-                                                        (``ReplyEnded.stop_ms``)
-``omniduplex_turns_total``                   counter    user turns committed
-``omniduplex_replies_total{reason}``         counter    replies ended: completed, interrupted, error, closed
-``omniduplex_stage_restarts_total{stage}``   counter    stage processes restarted after a crash
-``omniduplex_sessions``                      gauge      open sessions, every surface (``max_sessions``: the limit)
-``omniduplex_turns_in_flight``               gauge      turns in the pipeline
-``omniduplex_stage_up{stage}``               gauge      1 when the stage is running and ready
-``omniduplex_stage_queue_depth{stage}``      gauge      requests waiting beyond the stage's next batch
-``omniduplex_stage_batch_size{stage}``       gauge      requests in the stage's next step
-``omniduplex_stage_kv_blocks_{used,free}``   gauge      paged KV cache blocks (16 tokens), engine stages only
-``omniduplex_relay_slots{edge}``             gauge      shared-memory slots of a relay edge
-``omniduplex_relay_slots_in_use{edge}``      gauge      slots lent to the consumer (credits not yet back)
-``omniduplex_relay_inline_in_use{edge}``     gauge      inline messages whose credits are not yet back
-===========================================  =========  ==========================================================
+- ``omniduplex_ttfp_seconds``: user turn committed → first reply audio sent (session event
+  ``ReplyAudioStarted.commit_to_audio_ms``);
+- ``omniduplex_e2el_seconds``: turn submitted → last reply audio out of the pipeline (its ``e2el_ms``);
+- ``omniduplex_barge_in_stop_seconds``: barge-in detected → first frame without reply audio
+  (``ReplyEnded.stop_ms``).
+
+Counters: ``omniduplex_turns_total`` (user turns committed), ``omniduplex_replies_total{reason}``
+(completed, interrupted, error, closed), ``omniduplex_stage_restarts_total{stage}`` (after a crash).
+
+Gauges: ``omniduplex_sessions`` / ``omniduplex_max_sessions`` (every surface), ``omniduplex_turns_in_flight``;
+per stage ``omniduplex_stage_up``, ``..._queue_depth`` (requests waiting beyond the next batch),
+``..._batch_size`` (requests in the next step), ``..._kv_blocks_used`` / ``..._kv_blocks_free`` (16-token
+blocks, engine stages only); per relay edge ``omniduplex_relay_slots``, ``..._slots_in_use`` (lent to the
+consumer, credits not yet back) and ``..._inline_in_use`` (inline messages not yet credited).
 
 Stage gauges come from the backend's ``stats()`` (a stage process reports them about once a second while
 busy, :mod:`omniduplex.pipeline.stage_stats`). Session events reach :meth:`ServerMetrics.observe` through
@@ -79,7 +73,7 @@ class ServerMetrics:
             buckets=E2EL_BUCKETS_S, registry=r,
         )
         self.stop = Histogram(
-            "omniduplex_barge_in_stop_seconds", "Barge-in detected to first outbound frame without reply audio.",
+            "omniduplex_barge_in_stop_seconds", "Barge-in detected to first frame without reply audio.",
             buckets=STOP_BUCKETS_S, registry=r,
         )
         self.turns = Counter("omniduplex_turns", "User turns committed.", registry=r)
@@ -113,14 +107,15 @@ class _StateCollector:
 
     def collect(self):
         st = self.state
-        yield GaugeMetricFamily("omniduplex_sessions", "Open sessions (every surface).", value=len(st.sessions))
-        yield GaugeMetricFamily("omniduplex_max_sessions", "Session limit.", value=st.cfg.max_sessions)
+        gauge = GaugeMetricFamily
+        yield gauge("omniduplex_sessions", "Open sessions (every surface).", value=len(st.sessions))
+        yield gauge("omniduplex_max_sessions", "Session limit.", value=st.cfg.max_sessions)
         turns = getattr(st.orchestrator, "turns", None)
-        yield GaugeMetricFamily("omniduplex_turns_in_flight", "Turns in the pipeline.", value=len(turns or ()))
+        yield gauge("omniduplex_turns_in_flight", "Turns in the pipeline.", value=len(turns or ()))
         stats = pipeline_stats(st.orchestrator)
         if not stats:
             return
-        up = GaugeMetricFamily("omniduplex_stage_up", "1 when the stage is running and ready.", labels=["stage"])
+        up = gauge("omniduplex_stage_up", "1 when the stage is running and ready.", labels=["stage"])
         for stage, ok in stats.get("up", {}).items():
             up.add_metric([stage], float(ok))
         yield up

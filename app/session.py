@@ -260,7 +260,10 @@ class Session:
 
     # -- internals ---------------------------------------------------------------------------------
     def emit(self, ev: SessionEvent) -> None:
+        observe = getattr(self.responder, "observe", None)  # the server's metrics and log context
         try:
+            if observe is not None:
+                observe(ev)
             self._emit(ev)
         except Exception:  # a broken client channel must not break turn-taking
             log.exception("%s: event sink failed on %s", self.id, ev.type)

@@ -190,7 +190,7 @@ async function connect() {
     };
     await pc.setLocalDescription(await pc.createOffer());
     await waitIceGathering(pc, ICE_TIMEOUT_MS);
-    const resp = await fetch("/offer", {
+    const resp = await fetch(withToken("/offer"), {
       method: "POST",
       headers: { "content-type": "application/json" },
       body: JSON.stringify({ sdp: pc.localDescription.sdp, type: "offer" }),
@@ -211,7 +211,7 @@ async function connect() {
 async function teardown() {
   clearInterval(meterTimer); clearInterval(statsTimer);
   if (dc && dc.readyState === "open") dc.send(JSON.stringify({ type: "bye" }));
-  if (omni.sessionId) fetch(`/sessions/${omni.sessionId}`, { method: "DELETE" }).catch(() => {});
+  if (omni.sessionId) fetch(withToken(`/sessions/${omni.sessionId}`), { method: "DELETE" }).catch(() => {});
   if (pc) pc.close();
   if (mic) mic.getTracks().forEach((t) => t.stop());
   if (ctx) await ctx.close();
@@ -222,4 +222,11 @@ async function teardown() {
 
 $("connect").addEventListener("click", connect);
 $("disconnect").addEventListener("click", async () => { await teardown(); setStatus("disconnected", "idle"); });
-window.addEventListener("pagehide", () => { if (omni.sessionId) navigator.sendBeacon?.(`/sessions/${omni.sessionId}/bye`); });
+window.addEventListener("pagehide", () => { if (omni.sessionId) navigator.sendBeacon?.(withToken(`/sessions/${omni.sessionId}/bye`)); });
+
+// A server with API keys serves this page to holders of a short-lived token (POST /session-token):
+// open /?token=ek_… and every API call carries it.
+function withToken(path) {
+  const token = new URLSearchParams(location.search).get("token");
+  return token ? `${path}${path.includes("?") ? "&" : "?"}token=${encodeURIComponent(token)}` : path;
+}
