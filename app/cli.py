@@ -213,6 +213,9 @@ def serve(
         None, "--sip-allow", help="SIP: source IP admitted without digest (repeatable)."
     ),
     log_level: str = typer.Option("info", help="debug, info, warning."),
+    log_json: bool = typer.Option(
+        False, "--log-json", help="One JSON object per log line (time, level, logger, message, ids)."
+    ),
 ) -> None:
     """Serve the browser voice chat (WebRTC, full duplex, barge-in) at http://HOST:PORT/, the OpenAI
     Realtime API at /v1/realtime, the Twilio media-stream bridge at /phone/twilio/* ($TWILIO_AUTH_TOKEN:
@@ -260,7 +263,7 @@ def serve(
     except AuthConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    run(cfg, host, port, log_level)
+    run(cfg, host, port, log_level, log_json)
 
 
 @cli.command()
@@ -404,6 +407,22 @@ def bench_realtime(
     )
 
 
+@bench.command("soak")
+def bench_soak(
+    turns: int = typer.Option(1000, help="Turns in all (after a warm-up of 2 per session)."),
+    sessions: int = typer.Option(8, help="Concurrent clients, half WebRTC and half Realtime API."),
+    kill_every: int = typer.Option(50, help="SIGKILL one stage process every this many turns (0: never)."),
+    model: Path | None = typer.Option(None, help="Model (default: the cascade)."),
+    seed: int = typer.Option(0, help="Seed of the clients' random choices (play, barge in, vanish)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the report as JSON."),
+) -> None:
+    """Fault-injection soak: random barge-ins, vanishing clients, stage kills; reports leaks and RSS."""
+    from omniduplex.benchmarks.soak import run
+
+    report = run(turns, sessions, kill_every, str(model) if model else None, seed, json_out)
+    raise typer.Exit(0 if report["failed_outside_kill_windows"] == 0 else 1)
+
+
 @bench.command("cfg")
 def bench_cfg(
     model: Path | None = typer.Option(
@@ -442,8 +461,19 @@ def bench_relay(ctx: typer.Context) -> None:
 
 
 def main() -> None:
-    """Entry point of the ``omniduplex`` console script."""
-    cli()
+    """Entry point of the ``omniduplex`` console script: a known error (:mod:`omniduplex.app.errors`: bad
+    checkpoint, config, weights, audio, auth setup, a stage that did not start) is printed as one line,
+    without a traceback, and exits with code 1."""
+    try:
+        cli()
+    except Exception as e:
+        from omniduplex.app.errors import one_line
+
+        line = one_line(e)
+        if line is None:
+            raise
+        typer.echo(f"error: {line}", err=True)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

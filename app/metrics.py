@@ -65,16 +65,22 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttfp = Histogram(
-            "omniduplex_ttfp_seconds", "User turn committed to first reply audio sent.",
-            buckets=TTFP_BUCKETS_S, registry=r,
+            "omniduplex_ttfp_seconds",
+            "User turn committed to first reply audio sent.",
+            buckets=TTFP_BUCKETS_S,
+            registry=r,
         )
         self.e2el = Histogram(
-            "omniduplex_e2el_seconds", "Turn submitted to last reply audio out of the pipeline.",
-            buckets=E2EL_BUCKETS_S, registry=r,
+            "omniduplex_e2el_seconds",
+            "Turn submitted to last reply audio out of the pipeline.",
+            buckets=E2EL_BUCKETS_S,
+            registry=r,
         )
         self.stop = Histogram(
-            "omniduplex_barge_in_stop_seconds", "Barge-in detected to first frame without reply audio.",
-            buckets=STOP_BUCKETS_S, registry=r,
+            "omniduplex_barge_in_stop_seconds",
+            "Barge-in detected to first frame without reply audio.",
+            buckets=STOP_BUCKETS_S,
+            registry=r,
         )
         self.turns = Counter("omniduplex_turns", "User turns committed.", registry=r)
         self.replies = Counter("omniduplex_replies", "Replies ended, by reason.", ["reason"], registry=r)

@@ -7,8 +7,10 @@ Routes:
     ``DELETE /sessions/{id}``, ``POST /sessions/{id}/bye``  hang up a session (the page also says
                          ``bye`` on the data channel).
     ``GET /kiosk``       the kiosk page; ``GET /kiosk/config.json`` its settings (``app/kiosk_routes.py``).
-    ``GET /healthz``     liveness and session count.
-    ``GET /metrics``     sessions, turn counters, barge-in stop times, latencies, pipeline resources.
+    ``GET /healthz``     liveness and session count (answers while the pipeline is still starting).
+    ``GET /readyz``      200 once every stage is up, 503 before (and while a crashed stage restarts).
+    ``GET /metrics``     Prometheus text: latency histograms, counters, stage and relay gauges (app.metrics).
+    ``GET /stats``       JSON: sessions, turn counters, barge-in stop times, latencies, pipeline resources.
 
 The pipeline stages start with the app (lifespan) and are shared by every session; each session
 has its own turn ids, history and playout buffer.
@@ -25,12 +27,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from . import logs
 from .auth import AuthConfig, EdgeGate, TokenStore
 from .kiosk import KioskConfig
 from .kiosk_routes import router as kiosk_router
+from .metrics import CONTENT_TYPE, MeteredResponder, ServerMetrics
 from .phone.config import SipConfig, TwilioConfig
 from .phone.routes import router as phone_router
 from .realtime.routes import router as realtime_router
@@ -67,6 +71,7 @@ class ServerConfig:
     web_dir: Path = WEB_DIR
     twilio: TwilioConfig = field(default_factory=TwilioConfig)  # /phone/twilio/* (app/phone)
     sip: SipConfig | None = None  # the SIP UAS, started with the app when set (app/phone/sip)
+    start_in_background: bool = False  # serve: /healthz at once, /readyz 503 until the stages are up
     auth: AuthConfig = field(default_factory=AuthConfig)  # API keys and limits (app/auth.py)
     ws_max_bytes: int = 4 << 20  # largest WebSocket message (uvicorn ws_max_size)
     kiosk: KioskConfig = field(default_factory=KioskConfig)  # /kiosk page settings (app/kiosk.py)
@@ -85,6 +90,10 @@ class SessionFull(RuntimeError):
     """All ``max_sessions`` slots are taken."""
 
 
+class NotReady(SessionFull):
+    """The pipeline is still starting (or failed to): no session can be served yet."""
+
+
 class ServerState:
     """Open sessions, the shared responder, counters. Lives on ``app.state.server``."""
 
@@ -95,10 +104,45 @@ class ServerState:
         self.turn_model = None  # the end-of-turn model shared by every session (turn_detection="smart")
         self.sessions: dict[str, PeerSession] = {}
         self.started_total = 0
-        self.closed_stats: list = []  # SessionStats of closed sessions (for /metrics)
+        self.closed_stats: list = []  # SessionStats of closed sessions (for /stats)
         self._ids = itertools.count(1)
+        self.prom = ServerMetrics(self)  # /metrics
+        self.started = False  # the pipeline (or the given responder) is up
+        self.start_error: Exception | None = None  # why a background start failed
+        self.on_start_failed = None  # called after a background start failed (serve: stop the server)
+        self._starting: asyncio.Task | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Started, and every stage is up (not restarting after a crash)."""
+        backend = getattr(self.orchestrator, "backend", None)
+        return self.started and bool(getattr(backend, "ready", True))
 
     async def start(self) -> None:
+        """Start (:meth:`_start`) and meter the responder (:class:`~.metrics.MeteredResponder`). With
+        ``cfg.start_in_background`` it returns at once and the start runs as a task: :attr:`ready` says when
+        it is done; a failure is logged on one line, kept in :attr:`start_error`, and ``on_start_failed()``
+        is called."""
+        if self.cfg.start_in_background:
+            self._starting = asyncio.create_task(self._start_in_background(), name="omniduplex-start")
+        else:
+            await self._start_metered()
+
+    async def _start_metered(self) -> None:
+        await self._start()
+        self.responder = MeteredResponder(self.responder, self.prom)
+        self.started = True
+
+    async def _start_in_background(self) -> None:
+        try:
+            await self._start_metered()
+        except Exception as e:
+            self.start_error = e
+            log.error("the pipeline failed to start: %s: %s", type(e).__name__, e)
+            if self.on_start_failed is not None:
+                self.on_start_failed()
+
+    async def _start(self) -> None:
         """Load the end-of-turn model; build and start the pipeline unless a responder was given."""
         from omniduplex.app.turn_detection import load_turn_model
 
@@ -129,7 +173,9 @@ class ServerState:
         self.responder = OrchestratorResponder(self.orchestrator, meta)
 
     async def stop(self) -> None:
-        """Close every session, then stop the pipeline."""
+        """Close every session, then stop the pipeline (after a background start has finished)."""
+        if self._starting is not None:
+            await self._starting
         await asyncio.gather(*(p.close("server shutdown") for p in list(self.sessions.values())))
         if self.orchestrator is not None:
             await self.orchestrator.stop()
@@ -138,8 +184,11 @@ class ServerState:
         """Answer an offer with a new session; returns ``(session_id, answer_sdp)``.
 
         Raises:
-            SessionFull: no free slot. OfferError: the offer cannot be answered.
+            SessionFull: no free slot (:class:`NotReady`: the pipeline is not up). OfferError: the offer
+                cannot be answered.
         """
+        if not self.started:
+            raise NotReady(f"the pipeline is not up yet: {self.start_error or 'starting'}")
         if len(self.sessions) >= self.cfg.max_sessions:
             raise SessionFull(
                 f"server is full: {len(self.sessions)} of {self.cfg.max_sessions} sessions in use"
@@ -291,8 +340,20 @@ def create_app(cfg: ServerConfig | None = None, responder: Responder | None = No
     async def healthz():
         return {"status": "ok", "sessions": len(state.sessions), "max_sessions": cfg.max_sessions}
 
+    @app.get("/readyz")
+    async def readyz():
+        if state.ready:
+            return {"status": "ready"}
+        if state.start_error is not None:
+            return JSONResponse({"status": "failed", "error": str(state.start_error)}, 503)
+        return JSONResponse({"status": "degraded" if state.started else "starting"}, 503)
+
     @app.get("/metrics")
     async def metrics():
+        return Response(state.prom.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/stats")
+    async def stats():
         return state.metrics()
 
     app.include_router(phone_router)
@@ -306,10 +367,35 @@ def create_app(cfg: ServerConfig | None = None, responder: Responder | None = No
     return app
 
 
-def serve(cfg: ServerConfig, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Run the app under uvicorn until interrupted."""
+def serve(
+    cfg: ServerConfig,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    log_json: bool = False,
+) -> None:
+    """Run the app under uvicorn until interrupted. The pipeline starts in the background (``/readyz``);
+    ``log_json``: one JSON object per log line (:mod:`.logs`).
+
+    Raises:
+        Exception: why the pipeline failed to start (the server stops then), e.g. ``StageStartError``.
+    """
     import uvicorn
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("aioice").setLevel(max(logging.WARNING, logging.getLogger().level))
-    uvicorn.run(create_app(cfg), host=host, port=port, log_level=log_level, ws_max_size=cfg.ws_max_bytes)
+    logs.configure(log_level, log_json)
+    app = create_app(replace(cfg, start_in_background=True))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            ws_max_size=cfg.ws_max_bytes,
+            log_config=None,  # uvicorn's loggers propagate to the root handler of logs.configure
+        )
+    )
+    state: ServerState = app.state.server
+    state.on_start_failed = lambda: setattr(server, "should_exit", True)
+    server.run()
+    if state.start_error is not None:
+        raise state.start_error

@@ -36,7 +36,8 @@ AUDIO_ALIASES: dict[str, str] = {
     "num_attention_heads": "encoder_attention_heads",
     "intermediate_size": "encoder_ffn_dim",
 }
-"""``audio_config`` key → :class:`AudioEncoderConfig` field: ``Qwen3OmniMoeAudioEncoderConfig.attribute_map``."""
+"""``audio_config`` key → :class:`AudioEncoderConfig` field (``transformers``'
+``Qwen3OmniMoeAudioEncoderConfig.attribute_map``)."""
 
 _ACTIVATIONS = {
     "gelu": F.gelu,

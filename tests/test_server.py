@@ -1,4 +1,5 @@
-"""HTTP surface of ``omniduplex serve`` without media: page, health, offer validation (400 with the reason).
+"""HTTP surface of ``omniduplex serve`` without media: page, health, readiness, metrics, offer validation
+(400 with the reason).
 
 Media, session limits and clean-up run over real WebRTC in tests/e2e/test_server_webrtc.py.
 """
@@ -10,9 +11,16 @@ import asyncio
 import httpx
 import pytest
 from aiortc import RTCPeerConnection
+from prometheus_client.parser import text_string_to_metric_families
 
-from omniduplex.app.server import ServerConfig, create_app, summarize
+from omniduplex.app.events import ReplyAudioStarted, ReplyEnded, UserTurnCommitted
+from omniduplex.app.server import ServerConfig, ServerState, create_app, summarize
 from omniduplex.app.webrtc import OfferError, check_offer
+
+BROWSER_LIKE_OFFER = (
+    "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=ice-ufrag:x\r\n"
+    "a=fingerprint:sha-256 AA\r\na=rtpmap:111 opus/48000/2\r\n"
+)
 
 
 class IdleResponder:
@@ -48,8 +56,100 @@ def test_page_and_health():
     assert page.status_code == 200 and 'id="connect"' in page.text and "app.js" in page.text
     assert request("GET", "/app.js").status_code == 200
     assert request("GET", "/healthz").json() == {"status": "ok", "sessions": 0, "max_sessions": 2}
-    m = request("GET", "/metrics").json()
+    assert request("GET", "/readyz").json() == {"status": "ready"}
+    m = request("GET", "/stats").json()
     assert m["sessions"] == 0 and m["barge_in_stop_ms"]["n"] == 0
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    """``(sample name, sorted labels) → value`` of a Prometheus text exposition (raises unless it parses)."""
+    return {
+        (smp.name, tuple(sorted(smp.labels.items()))): smp.value
+        for fam in text_string_to_metric_families(text)
+        for smp in fam.samples
+    }
+
+
+def test_metrics_is_prometheus_text_fed_by_session_events():
+    async def main():
+        app = create_app(ServerConfig(max_sessions=2), responder=IdleResponder())
+        async with app.router.lifespan_context(app):
+            observe = app.state.server.responder.observe  # what Session.emit calls
+            observe(UserTurnCommitted("s1", turn_id="s1-1"))
+            observe(ReplyAudioStarted("s1", turn_id="s1-1", latency_ms=700.0, commit_to_audio_ms=180.0))
+            observe(ReplyEnded("s1", turn_id="s1-1", reason="interrupted", stop_ms=30.0))
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                return await client.get("/metrics")
+
+    r = asyncio.run(main())
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    m = samples(r.text)
+    assert m[("omniduplex_sessions", ())] == 0 and m[("omniduplex_max_sessions", ())] == 2
+    assert m[("omniduplex_turns_total", ())] == 1
+    assert m[("omniduplex_replies_total", (("reason", "interrupted"),))] == 1
+    assert m[("omniduplex_ttfp_seconds_count", ())] == 1 and m[("omniduplex_ttfp_seconds_sum", ())] == 0.18
+    assert m[("omniduplex_ttfp_seconds_bucket", (("le", "0.2"),))] == 1
+    assert m[("omniduplex_ttfp_seconds_bucket", (("le", "0.15"),))] == 0
+    assert m[("omniduplex_barge_in_stop_seconds_count", ())] == 1
+    assert m[("omniduplex_e2el_seconds_count", ())] == 0
+
+
+def test_each_app_has_its_own_registry():
+    a, b = create_app(ServerConfig()), create_app(ServerConfig())
+    a.state.server.prom.turns.inc()
+    assert "omniduplex_turns_total 1.0" in a.state.server.prom.render().decode()
+    assert "omniduplex_turns_total 0.0" in b.state.server.prom.render().decode()
+
+
+def test_readyz_is_503_until_a_background_start_is_done(monkeypatch):
+    """``serve`` starts the pipeline in the background: liveness at once, readiness (and sessions) after."""
+    async def main():
+        release = asyncio.Event()
+
+        async def slow_start(self):
+            await release.wait()
+
+        monkeypatch.setattr(ServerState, "_start", slow_start)
+        app = create_app(ServerConfig(start_in_background=True), responder=IdleResponder())
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                before = [await client.get(p) for p in ("/healthz", "/readyz")]
+                offer = await client.post("/offer", json={"sdp": BROWSER_LIKE_OFFER, "type": "offer"})
+                release.set()
+                for _ in range(100):
+                    after = await client.get("/readyz")
+                    if after.status_code == 200:
+                        break
+                    await asyncio.sleep(0.01)
+                return before, offer, after
+
+    (health, ready), offer, after = asyncio.run(main())
+    assert health.status_code == 200
+    assert ready.status_code == 503 and ready.json() == {"status": "starting"}
+    assert offer.status_code == 503 and "not up yet" in offer.json()["error"]
+    assert after.status_code == 200
+
+
+def test_readyz_reports_a_failed_background_start(monkeypatch):
+    async def main():
+        async def broken_start(self):
+            raise RuntimeError("no weights here")
+
+        monkeypatch.setattr(ServerState, "_start", broken_start)
+        app = create_app(ServerConfig(start_in_background=True), responder=IdleResponder())
+        failed = []
+        app.state.server.on_start_failed = lambda: failed.append(True)
+        async with app.router.lifespan_context(app):
+            await asyncio.sleep(0.05)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                return await client.get("/readyz"), failed
+
+    r, failed = asyncio.run(main())
+    assert r.status_code == 503 and r.json() == {"status": "failed", "error": "no weights here"}
+    assert failed == [True]
 
 
 async def _data_channel_only_offer() -> str:
@@ -121,10 +221,7 @@ def test_hang_up_unknown_session_is_404():
 
 
 def test_check_offer_accepts_a_browser_like_offer():
-    sdp = (
-        "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=ice-ufrag:x\r\n"
-        "a=fingerprint:sha-256 AA\r\na=rtpmap:111 opus/48000/2\r\n"
-    )
+    sdp = BROWSER_LIKE_OFFER
     assert check_offer(sdp, "offer") == sdp
     with pytest.raises(OfferError, match="Opus"):
         check_offer(sdp.replace("opus", "PCMU"), "offer")

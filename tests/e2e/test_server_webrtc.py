@@ -11,11 +11,11 @@ import httpx
 import numpy as np
 import pytest
 import soxr
-from _webrtc_client import VoiceClient
 
 from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.app.session import SessionConfig
 from omniduplex.app.vad import TurnConfig
+from omniduplex.benchmarks.webrtc_client import VoiceClient
 from omniduplex.models.presets import write_checkpoint
 from omniduplex.pipeline.audio_io import load_audio
 

@@ -1,6 +1,6 @@
 """A scripted WebRTC voice client (aiortc) for server tests: plays PCM as its microphone, records events.
 
-Not a test module; imported by the e2e tests in this folder.
+Used by `bench soak` and the WebRTC e2e tests.
 """
 
 from __future__ import annotations

@@ -1,0 +1,271 @@
+"""``omniduplex bench soak``: many turns over WebRTC and the Realtime API while faults are injected; reports
+leaks, memory growth and failures.
+
+A server (stage processes) runs in this process on a loopback port. ``sessions`` clients, half WebRTC
+(aiortc, :mod:`.webrtc_client`) and half Realtime API (WebSocket), each run turns back to back: the client
+speaks a question (real time), then, at random, lets the reply play out, barges in over it, or vanishes
+mid-reply (drops off without a goodbye; a fresh client takes its place). Every ``kill_every`` turns one
+stage process is SIGKILLed (round robin); the backend fails the turns in flight on it and restarts it.
+
+Report: turns completed / failed (and how many failures fall inside a kill window: the turns in flight
+when a stage died); leaks once the clients are gone and the pipeline is idle: KV blocks in use, relay
+slots in use, ``/dev/shm`` segments beyond the baseline, asyncio tasks beyond the baseline, file
+descriptors beyond the baseline (server process and stage processes); RSS growth of every process after
+the warm-up; TTFP p99 (commit → first reply audio, from the session events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import soxr
+
+from omniduplex.pipeline.audio_io import load_audio
+from omniduplex.relay.shm_pool import list_segments
+
+from .realtime import _pcm24, _stream
+
+KILL_WINDOW_S = 15.0
+"""Failures within this long after a SIGKILL count as the kill's (turns in flight on the dead stage)."""
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+def _snapshot(state, loop) -> dict:
+    """Resources of the server process and its stage processes, now."""
+    backend = state.orchestrator.backend
+    pids = {"server": os.getpid(), **{s: p.pid for s, p in backend.procs.items()}}
+    tasks = asyncio.run_coroutine_threadsafe(_count_tasks(), loop).result(timeout=5)
+    stats = getattr(backend, "stage_stats", None)
+    kv_used = relay_used = None
+    if callable(stats):
+        st = stats()
+        kv_used = sum(int(v.get("kv_blocks_used", 0)) for v in st.values())
+        relay_used = sum(int(v.get("relay_slots_in_use", 0)) for v in st.values())
+    return {
+        "rss_kb": {k: _rss_kb(p) for k, p in pids.items()},
+        "fds": {k: _fds(p) for k, p in pids.items()},
+        "shm": len(list_segments()),
+        "tasks": tasks,
+        "kv_blocks_used": kv_used,
+        "relay_slots_in_use": relay_used,
+        "inflight": len(getattr(backend, "inflight", ())),
+    }
+
+
+async def _count_tasks() -> int:
+    return len(asyncio.all_tasks()) - 1
+
+
+class _Soak:
+    def __init__(self, url: str, state, turns: int, sessions: int, kill_every: int, seed: int) -> None:
+        self.url, self.state, self.target, self.sessions = url, state, turns, sessions
+        self.kill_every, self.rng = kill_every, random.Random(seed)
+        self.done = self.failed = self.failed_in_kill = self.started = 0
+        self.kills: list[float] = []
+        self.ttfp: list[float] = []
+        root = Path(__file__).resolve().parents[1]
+        q = load_audio(root / "examples" / "green_tea.wav")
+        self.q48 = np.concatenate([soxr.resample(q, 16000, 48000), np.zeros(48000, np.float32)]).astype(
+            np.float32
+        )
+        self.q24 = _pcm24(root / "examples" / "green_tea.wav", 1.2)
+        self.barge24 = _pcm24(root / "benchmarks" / "speech" / "turn1.wav", 1.2)
+        self.stages = sorted(state.orchestrator.backend.procs)
+
+    def _record(self, ok: bool, ttfp_ms: float | None = None) -> None:
+        if ok:
+            self.done += 1
+            if ttfp_ms is not None:
+                self.ttfp.append(ttfp_ms)
+        else:
+            self.failed += 1
+            if self.kills and time.monotonic() - self.kills[-1] < KILL_WINDOW_S:
+                self.failed_in_kill += 1
+        n = self.done + self.failed
+        if self.kill_every and n and n % self.kill_every == 0 and len(self.kills) < n // self.kill_every:
+            stage = self.stages[len(self.kills) % len(self.stages)]
+            self.kills.append(time.monotonic())
+            os.kill(self.state.orchestrator.backend.procs[stage].pid, signal.SIGKILL)
+
+    def _more(self) -> bool:
+        if self.started >= self.target:
+            return False
+        self.started += 1
+        return True
+
+    async def realtime_client(self) -> None:
+        import websockets
+
+        while self._more():
+            action = self.rng.choice(["play", "play", "barge", "vanish"])
+            try:
+                async with websockets.connect(self.url, max_size=None) as ws:
+                    ok, ttfp = await asyncio.wait_for(self._realtime_turn(ws, action), 120)
+            except Exception:
+                ok, ttfp = False, None
+            self._record(ok, ttfp)
+
+    async def _realtime_turn(self, ws, action: str) -> tuple[bool, float | None]:
+        sender = asyncio.create_task(_stream(ws, self.q24))
+        t_commit = ttfp = None
+        audio_s = 0.0
+        try:
+            while True:
+                e = json.loads(await ws.recv())
+                kind = e["type"]
+                if kind == "input_audio_buffer.committed":
+                    t_commit = time.monotonic()
+                elif kind == "response.output_audio.delta":
+                    if ttfp is None and t_commit is not None:
+                        ttfp = 1000 * (time.monotonic() - t_commit)
+                    audio_s += len(e["delta"]) * 3 / 4 / 48000
+                    if audio_s > 0.6 and action == "vanish":
+                        return True, ttfp  # the client drops off mid-reply (the socket closes)
+                    if audio_s > 0.6 and action == "barge" and sender.done():
+                        action = "barged"
+                        sender = asyncio.create_task(_stream(ws, self.barge24))
+                elif kind == "response.done":
+                    status = e["response"]["status"]
+                    return status in ("completed", "cancelled"), ttfp
+                elif kind == "error":
+                    return False, ttfp
+        finally:
+            sender.cancel()
+
+    async def webrtc_client(self) -> None:
+        import httpx
+
+        from .webrtc_client import VoiceClient
+
+        base = self.url.replace("ws://", "http://").split("/v1/")[0]
+        while self._more():
+            action = self.rng.choice(["play", "play", "vanish"])
+            c = VoiceClient(self.q48)
+            ok, ttfp = False, None
+            try:
+                async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+                    answer = (await http.post("/offer", json=await c.offer())).json()
+                    await c.accept(answer)
+                    started = await c.wait_for("reply_audio_started", 120)
+                    ttfp = started.get("commit_to_audio_ms")
+                    if action == "vanish":
+                        c.mic.vanish()
+                        ok = True
+                    else:
+                        ended = await c.wait_for("reply_ended", 120)
+                        ok = ended.get("reason") in ("completed", "interrupted")
+                        await http.delete(f"/sessions/{c.session_id}")
+            except Exception:
+                ok = False
+            finally:
+                await c.close()
+            self._record(ok, ttfp)
+
+
+def _serve(model: str | None):
+    import uvicorn
+
+    from omniduplex.app.server import ServerConfig, create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = create_app(
+        ServerConfig(max_sessions=64, processes=True, model=model, max_tokens=24, media_timeout_s=2.0)
+    )
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=lambda: loop.run_until_complete(srv.serve()), daemon=True).start()
+    deadline = time.monotonic() + 300
+    while not srv.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("server did not start")
+        time.sleep(0.1)
+    return f"ws://127.0.0.1:{port}/v1/realtime", app.state.server, srv, loop
+
+
+def _wait_idle(state, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not state.sessions and not state.orchestrator.turns:
+            return
+        time.sleep(0.2)
+
+
+def run(
+    turns: int, sessions: int, kill_every: int, model: str | None, seed: int, json_out: Path | None
+) -> dict:
+    """Run the soak and print its report; returns it."""
+    url, state, srv, loop = _serve(model)
+    try:
+        soak = _Soak(url, state, min(turns, 2 * sessions), sessions, 0, seed)  # warm-up, no kills
+        asyncio.run(_run_clients(soak, sessions))
+        _wait_idle(state)
+        base = _snapshot(state, loop)
+        soak = _Soak(url, state, turns, sessions, kill_every, seed)
+        t0 = time.monotonic()
+        asyncio.run(_run_clients(soak, sessions))
+        wall = time.monotonic() - t0
+        _wait_idle(state)
+        time.sleep(2.0)  # restarted stages settle; vanished clients' media timeouts expire
+        end = _snapshot(state, loop)
+    finally:
+        srv.should_exit = True
+    growth = {
+        k: 100.0 * (end["rss_kb"].get(k, 0) - v) / v for k, v in base["rss_kb"].items() if v and k not in ()
+    }
+    report = {
+        "turns": soak.done + soak.failed,
+        "completed": soak.done,
+        "failed": soak.failed,
+        "failed_outside_kill_windows": soak.failed - soak.failed_in_kill,
+        "stage_kills": len(soak.kills),
+        "wall_s": wall,
+        "ttfp_p99_ms": float(np.percentile(soak.ttfp, 99)) if soak.ttfp else float("nan"),
+        "leaks": {
+            "kv_blocks": end["kv_blocks_used"],
+            "relay_slots": end["relay_slots_in_use"],
+            "shm_segments": end["shm"] - base["shm"],
+            "asyncio_tasks": end["tasks"] - base["tasks"],
+            "fds": {k: end["fds"].get(k, 0) - v for k, v in base["fds"].items()},
+            "turns_in_flight": end["inflight"],
+        },
+        "rss_growth_pct": growth,
+    }
+    print(json.dumps(report, indent=2))
+    if json_out:
+        json_out.write_text(json.dumps(report, indent=2))
+    return report
+
+
+async def _run_clients(soak: _Soak, sessions: int) -> None:
+    n_rt = (sessions + 1) // 2
+    await asyncio.gather(
+        *(soak.realtime_client() for _ in range(n_rt)),
+        *(soak.webrtc_client() for _ in range(sessions - n_rt)),
+    )
