@@ -284,10 +284,14 @@ def kiosk(
         None, "--push-to-talk/--hands-free", help="Hold space / touch to talk (default: hands-free)."
     ),
     processes: bool | None = typer.Option(None, "--processes/--in-process", help="As for serve."),
+    api_key: list[str] | None = typer.Option(None, "--api-key", help="As for serve (repeatable)."),
+    api_keys_file: Path | None = typer.Option(None, "--api-keys-file", help="As for serve."),
+    insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without API keys."),
     log_level: str = typer.Option("info", help="debug, info, warning."),
 ) -> None:
     """Serve the full-screen, hands-free voice kiosk at http://HOST:PORT/kiosk (serve with kiosk defaults)
-    and print the Chromium command line that opens it unattended."""
+    and print the Chromium command line that opens it unattended. With API keys the page needs ?token=KEY."""
+    from omniduplex.app.auth import AuthConfig, AuthConfigError, check_bind, load_keys
     from omniduplex.app.kiosk import chromium_command, kiosk_url, load_kiosk_config, server_config, shell_line
     from omniduplex.app.server import serve as run
 
@@ -308,10 +312,62 @@ def kiosk(
     cfg = server_config(
         kcfg, max_sessions=max_sessions, model=str(model) if model else None, processes=processes
     )
+    try:
+        cfg.auth = AuthConfig(api_keys=load_keys(api_key, api_keys_file))
+        check_bind(host, cfg.auth, insecure)
+    except AuthConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
     url = kiosk_url(host, port)
     typer.echo(f"kiosk: {url}")
+    if cfg.auth.enabled:
+        typer.echo("the server needs an API key: add ?token=KEY to the URL (a key; tokens expire)")
     typer.echo(f"open it unattended with:\n  {shell_line(chromium_command(url))}")
     run(cfg, host, port, log_level)
+
+
+@cli.command(context_settings={"allow_extra_args": True, "allow_interspersed_args": False})
+def agent(
+    ctx: typer.Context,
+    command: str | None = typer.Argument(None, metavar="COMMAND", help="start, dev, console or connect."),
+    realtime_url: str | None = typer.Option(
+        None,
+        "--realtime-url",
+        envvar="OMNIDUPLEX_REALTIME_URL",
+        help="Remote mode: a server's ws://HOST:PORT/v1/realtime (unset: the pipeline in this process).",
+    ),
+    realtime_key: str | None = typer.Option(
+        None, "--realtime-key", envvar="OMNIDUPLEX_API_KEY", help="Remote mode: an API key of that server."
+    ),
+    model: str | None = typer.Option(
+        None, "--model", envvar="OMNIDUPLEX_MODEL", help="In-process: checkpoint, cascade manifest or 'tiny'."
+    ),
+    instructions: str | None = typer.Option(
+        None, "--instructions", envvar="OMNIDUPLEX_INSTRUCTIONS", help="The agent's system prompt."
+    ),
+    greeting: str | None = typer.Option(
+        None, "--greeting", envvar="OMNIDUPLEX_GREETING", help="Instructions for a first reply on joining."
+    ),
+) -> None:
+    """LiveKit agent worker with the pipeline as its realtime model: COMMAND is livekit-agents' own
+    (start, dev, console, connect; `omniduplex agent start --help`). Needs LIVEKIT_URL, LIVEKIT_API_KEY,
+    LIVEKIT_API_SECRET (and optionally LIVEKIT_AGENT_NAME for explicit dispatch)."""
+    import os
+
+    try:
+        from omniduplex.app.livekit.worker import run as run_worker
+    except ImportError as e:
+        typer.echo(f"error: livekit-agents is missing ({e}): pip install 'omniduplex[livekit]'", err=True)
+        raise typer.Exit(2) from None
+    settings = {
+        "OMNIDUPLEX_REALTIME_URL": realtime_url,
+        "OMNIDUPLEX_API_KEY": realtime_key,
+        "OMNIDUPLEX_MODEL": model,
+        "OMNIDUPLEX_INSTRUCTIONS": instructions,
+        "OMNIDUPLEX_GREETING": greeting,
+    }
+    os.environ.update({k: v for k, v in settings.items() if v})  # job processes inherit them
+    raise typer.Exit(run_worker([command, *ctx.args] if command else list(ctx.args)))
 
 
 bench = typer.Typer(

@@ -198,10 +198,7 @@ def server_config(kiosk: KioskConfig, **kwargs) -> ServerConfig:
 
 def greeting_instructions(greeting: str) -> str:
     """Per-reply instructions that make the assistant welcome a visitor with (about) ``greeting``."""
-    return (
-        "A visitor has just walked up to this voice kiosk. Welcome them in one or two short sentences, "
-        f'for example: "{greeting.strip()}"'
-    )
+    return f'A visitor has just walked up to this voice kiosk. Greet them by saying: "{greeting.strip()}"'
 
 
 def speak_greeting(session: Session, greeting: str) -> str | None:

@@ -260,13 +260,12 @@ class Session:
 
     # -- internals ---------------------------------------------------------------------------------
     def emit(self, ev: SessionEvent) -> None:
-        observe = getattr(self.responder, "observe", None)  # the server's metrics and log context
-        try:
-            if observe is not None:
-                observe(ev)
-            self._emit(ev)
-        except Exception:  # a broken client channel must not break turn-taking
-            log.exception("%s: event sink failed on %s", self.id, ev.type)
+        observe = getattr(self.responder, "observe", None)  # the server's metrics and log context, first
+        for sink in (observe, self._emit) if observe is not None else (self._emit,):
+            try:
+                sink(ev)
+            except Exception:  # a broken client channel must not break turn-taking
+                log.exception("%s: event sink failed on %s", self.id, ev.type)
 
     def _ms(self, t: float) -> float:
         return 1000.0 * (t - self.t0)

@@ -39,8 +39,10 @@ def admit(state, call: Call) -> None:
     """Take a session slot for ``call``.
 
     Raises:
-        CallsFull: ``state.cfg.max_sessions`` sessions are open.
+        CallsFull: ``state.cfg.max_sessions`` sessions are open, or the server is draining.
     """
+    if getattr(state, "draining", False):
+        raise CallsFull("the server is shutting down (draining): no new sessions")
     if len(state.sessions) >= state.cfg.max_sessions:
         raise CallsFull(f"server is full: {len(state.sessions)} of {state.cfg.max_sessions} sessions in use")
     state.sessions[call.id] = call

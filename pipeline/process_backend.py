@@ -262,9 +262,10 @@ class ProcessBackend:
                 owner[sock] = s
         for p in self.procs.values():
             poller.register(p.sentinel, zmq.POLLIN)
-        last_check = time.monotonic()
+        last_check = 0.0  # check (and read the entry edges' credits) at once
         while self.running:
-            ready = {x for x, _ in poller.poll(int(CHECK_EVERY_S * 1000))}
+            wait_s = max(0.0, last_check + CHECK_EVERY_S - time.monotonic())
+            ready = {x for x, _ in poller.poll(max(1, int(wait_s * 1000)))}
             if self._wake_r in ready:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)

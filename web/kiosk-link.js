@@ -2,7 +2,10 @@
 // (POST offer, Opus 48 kHz) → session events on a data channel. It retries with exponential backoff
 // (0.5 s doubling, capped, ±20 % jitter) and names the cause while it waits:
 //   "no-mic" (no capture device), "denied" (microphone permission refused), "insecure" (no https),
-//   "full" (503 from /offer), "offline" (server unreachable or connection lost), "error" (anything else).
+//   "full" (503 or 429 from /offer), "starting" (503 while /readyz says the pipeline is not up yet),
+//   "auth" (401/403: the URL's ?token= is missing or refused),
+//   "offline" (server unreachable or connection lost), "error" (anything else).
+// A server with API keys needs ?token=KEY on the page's URL; every API call carries it (withToken).
 // A lost link is noticed by the peer connection failing, staying "disconnected" for DISCONNECT_GRACE_MS,
 // the data channel closing, the server saying `session_closed`, or two failed /healthz polls in a row.
 "use strict";
@@ -15,6 +18,12 @@ const HEALTH_EVERY_MS = 2000;       // /healthz poll period while live
 const HEALTH_TIMEOUT_MS = 1500;
 const STABLE_MS = 10000;            // live this long: the next loss retries from the shortest delay
 const BACKOFF_MIN_MS = 500;
+
+/** `path` with the page's ?token= (servers with API keys; app/auth.py), if it has one. */
+function withToken(path) {
+  const token = new URLSearchParams(location.search).get("token");
+  return token ? `${path}${path.includes("?") ? "&" : "?"}token=${encodeURIComponent(token)}` : path;
+}
 
 class LinkProblem extends Error {
   constructor(kind, message) { super(message); this.kind = kind; }
@@ -164,7 +173,7 @@ class KioskLink {
     const t = setTimeout(() => ctl.abort(), OFFER_TIMEOUT_MS);
     let resp;
     try {
-      resp = await fetch("offer", {
+      resp = await fetch(withToken("offer"), {
         method: "POST", headers: { "content-type": "application/json" },
         body: JSON.stringify({ sdp, type: "offer" }), signal: ctl.signal, cache: "no-store",
       });
@@ -175,7 +184,12 @@ class KioskLink {
     }
     let body = {};
     try { body = await resp.json(); } catch (err) { /* a proxy's HTML error page */ }
-    if (resp.status === 503) throw new LinkProblem("full", body.error || "server is full");
+    if (resp.status === 503) {
+      const ready = await fetch("readyz", { cache: "no-store" }).then((r) => r.ok, () => false);
+      throw new LinkProblem(ready ? "full" : "starting", body.error || "server is full");
+    }
+    if (resp.status === 429) throw new LinkProblem("full", body.error || "too many connections");
+    if (resp.status === 401 || resp.status === 403) throw new LinkProblem("auth", body.error || `HTTP ${resp.status}`);
     if (!resp.ok) throw new LinkProblem(resp.status >= 500 ? "offline" : "error", body.error || `HTTP ${resp.status}`);
     return body;
   }
@@ -230,7 +244,7 @@ class KioskLink {
     if (polite && this.dc && this.dc.readyState === "open") {
       try { this.dc.send(JSON.stringify({ type: "bye" })); } catch (err) { /* closing anyway */ }
     }
-    if (polite && this.sessionId) fetch(`sessions/${this.sessionId}`, { method: "DELETE" }).catch(() => {});
+    if (polite && this.sessionId) fetch(withToken(`sessions/${this.sessionId}`), { method: "DELETE" }).catch(() => {});
     if (this.pc) { this.pc.onconnectionstatechange = null; this.pc.close(); }
     this.pc = this.dc = null;
     this.sessionId = null;
@@ -254,8 +268,9 @@ class KioskLink {
 
   /** Page is going away: hang up without waiting. */
   hangUp() {
-    if (this.sessionId) navigator.sendBeacon?.(`sessions/${this.sessionId}/bye`);
+    if (this.sessionId) navigator.sendBeacon?.(withToken(`sessions/${this.sessionId}/bye`));
   }
 }
 
 window.KioskLink = KioskLink;
+window.withToken = withToken;

@@ -11,7 +11,7 @@ const STATE_TEXT = {
 };
 const HINT_TEXT = {
   idle: ["Just start talking", "Push-to-talk: hold the space bar, or touch and hold the screen"],
-  listening: ["I'm listening: pause when you're done", "Release when you're done"],
+  listening: ["Your turn: just talk, and pause when you're done", "Hold to talk, release when you're done"],
   thinking: ["", ""],
   speaking: ["Talk over me to interrupt", "Hold to interrupt"],
   interrupted: ["", ""],
@@ -21,6 +21,8 @@ const PROBLEM_TEXT = {
   denied: ["Microphone access is blocked", "Allow the microphone for this page in the browser's site settings. This screen starts again by itself."],
   insecure: ["This page needs a secure connection", "Open the kiosk over https, or on this machine at localhost."],
   full: ["All voice lines are busy", "The assistant is talking to as many people as it can right now."],
+  starting: ["The assistant is starting", "Loading the speech models. This screen starts by itself when they are ready."],
+  auth: ["This screen is not allowed in", "The server needs an access key: open the kiosk with ?\u2060token=KEY in its address."],
   offline: ["Reconnecting to the assistant", "The server cannot be reached right now."],
   error: ["Something went wrong", ""],
 };

@@ -23,7 +23,7 @@ const kiosk = (window.kiosk = {
 async function loadConfig() {
   let cfg = { ...DEFAULTS };
   try {
-    const r = await fetch("kiosk/config.json", { cache: "no-store" });
+    const r = await fetch(withToken("kiosk/config.json"), { cache: "no-store" });
     if (r.ok) cfg = { ...cfg, ...(await r.json()) };
   } catch (err) { /* server down at boot: defaults now, the server's once connected */ }
   const q = new URLSearchParams(location.search);
@@ -52,7 +52,7 @@ async function main() {
 
   const audioEl = document.getElementById("reply-audio");
   const ctx = new AudioContext();
-  let micAnalyser = null, replyAnalyser = null, replySource = null, bargeAt = null, interruptTimer = null;
+  let micAnalyser = null, micSource = null, replyAnalyser = null, replySource = null, bargeAt = null, interruptTimer = null;
   let lastActivity = performance.now(), level = 0;
 
   const setState = (s) => {
@@ -75,6 +75,7 @@ async function main() {
   /** Privacy: forget the conversation on screen and on the server (a fresh session), back to attract. */
   const resetConversation = () => {
     captions.reset();
+    kiosk.events.length = 0;  // nothing of the last visitor stays in the page either
     kiosk.engaged = false;
     kiosk.resets += 1;
     clearTimeout(interruptTimer);
@@ -86,6 +87,8 @@ async function main() {
 
   const onEvent = (ev) => {
     kiosk.events.push(ev);
+    if (kiosk.events.length > 2000) kiosk.events.splice(0, 1000);  // runs for days: keep memory bounded
+    if (kiosk.stateLog.length > 500) kiosk.stateLog.splice(0, 250);
     captions.handle(ev);
     const s = kiosk.state;
     switch (ev.type) {
@@ -131,9 +134,11 @@ async function main() {
       }
     },
     onMic: (stream) => {
+      if (micSource) micSource.disconnect();
       micAnalyser = ctx.createAnalyser();
       micAnalyser.fftSize = 1024;
-      ctx.createMediaStreamSource(stream).connect(micAnalyser);
+      micSource = ctx.createMediaStreamSource(stream);
+      micSource.connect(micAnalyser);
     },
     onReplyStream: (stream, receiver) => {
       audioEl.srcObject = stream;  // Chromium feeds WebAudio from a remote stream only while an element plays it

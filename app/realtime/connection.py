@@ -307,7 +307,9 @@ class RealtimeConnection:
             text = " ".join(c.text for c in item.content if getattr(c, "text", None))
             self.session.cfg.instructions = "\n".join(x for x in (self.session.cfg.instructions, text) if x)
         elif isinstance(item, AssistantMessage):
-            text = " ".join(c.text or c.transcript or "" for c in item.content if hasattr(c, "text"))
+            texts = [c.text for c in item.content if getattr(c, "text", None)]  # else audio transcripts
+            texts = texts or [c.transcript for c in item.content if getattr(c, "transcript", None)]
+            text = " ".join(texts)
             entry = self.session.history.add("assistant", text.strip())
             if entry is not None:
                 self.typed[item_id] = entry

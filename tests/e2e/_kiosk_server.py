@@ -19,6 +19,7 @@ import re
 
 import numpy as np
 
+from omniduplex.app.auth import AuthConfig
 from omniduplex.app.kiosk import KioskConfig
 from omniduplex.app.responder import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta, UserTranscript
 from omniduplex.app.server import ServerConfig, create_app
@@ -26,7 +27,11 @@ from omniduplex.app.server import ServerConfig, create_app
 RATE = 24000
 """Reply audio rate (Hz)."""
 USER_WORDS = "What can I see in the museum today?"
-REPLY_CLAUSES = ["Today you can visit the dinosaur hall, ", "the space gallery, ", "and the new ocean exhibit."]
+REPLY_CLAUSES = [
+    "Today you can visit the dinosaur hall, ",
+    "the space gallery, ",
+    "and the new ocean exhibit.",
+]
 GREETING = "Welcome to the museum! Ask me about anything you see."
 TITLE = "Ask the museum"
 
@@ -61,7 +66,9 @@ class ScriptedReplies:
         options = options or {}
         self.started.append((turn_id, waveform.size / 16000, options))
         q = self.queues[turn_id] = asyncio.Queue()
-        self.tasks[turn_id] = asyncio.get_running_loop().create_task(self._play(q, waveform.size > 0, options))
+        self.tasks[turn_id] = asyncio.get_running_loop().create_task(
+            self._play(q, waveform.size > 0, options)
+        )
 
     async def _play(self, q: asyncio.Queue, spoken: bool, options: dict) -> None:
         quoted = re.search(r'"([^"]+)"', options.get("instructions") or "")
@@ -100,13 +107,15 @@ class ScriptedReplies:
         q.put_nowait(ReplyFailed("cancelled"))
 
 
-def kiosk_app(max_sessions: int = 8, media_timeout_s: float = 3.0):
-    """``create_app`` with the scripted replies and a museum kiosk config; returns ``(app, responder)``."""
+def kiosk_app(max_sessions: int = 8, media_timeout_s: float = 3.0, api_keys: tuple[str, ...] = ()):
+    """``create_app`` with the scripted replies and a museum kiosk config (``api_keys``: required keys, none
+    by default); returns ``(app, responder)``."""
     responder = ScriptedReplies()
     cfg = ServerConfig(
         max_sessions=max_sessions,
         media_timeout_s=media_timeout_s,
         kiosk=KioskConfig(title=TITLE, greeting=GREETING, idle_timeout_s=60, attract_after_s=30),
+        auth=AuthConfig(api_keys=set(api_keys)),
     )
     return create_app(cfg, responder=responder), responder
 

@@ -23,7 +23,7 @@ import uvicorn
 from _kiosk_server import GREETING, REPLY_CLAUSES, TITLE, USER_WORDS, kiosk_app
 from test_browser_voice_chat import CHROMIUM, CHROMIUM_ARGS, free_port
 
-from omniduplex.app.kiosk import TEXT_CONTRAST
+from omniduplex.app.kiosk import TEXT_CONTRAST, contrast_ratio
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]
@@ -32,7 +32,8 @@ VIEWPORT = {"width": 1280, "height": 800}
 REPLY = "".join(REPLY_CLAUSES).strip()
 STATE_JS = """() => ({state: kiosk.state, log: kiosk.stateLog, link: kiosk.link, sessionId: kiosk.sessionId,
   attract: kiosk.attract, captions: kiosk.captionsText(), resets: kiosk.resets, greets: kiosk.greets,
-  events: kiosk.events.filter((e) => e.type !== "reply_text").map((e) => e.type + (e.reason ? ":" + e.reason : "")),
+  events: kiosk.events.filter((e) => e.type !== "reply_text")
+    .map((e) => e.type + (e.reason ? ":" + e.reason : "")),
   micLevel: kiosk.micLevel, replyLevelMax: kiosk.replyLevelMax, heardStopMs: kiosk.heardStopMs})"""
 HAS = "(t) => kiosk.events.some((e) => e.type === t)"
 
@@ -77,11 +78,12 @@ def wavs(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-def run_in_thread(app, port: int):
+def run_in_thread(app, port: int, start_timeout_s: float = 60):
+    """uvicorn serving ``app`` on ``port`` in a daemon thread; returns ``(server, thread)`` once started."""
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + start_timeout_s
     while not srv.started:
         assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
         time.sleep(0.05)
@@ -104,7 +106,9 @@ def start_subprocess_server(port: int) -> subprocess.Popen:
     import httpx
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "_kiosk_server.py"), str(port)], env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "_kiosk_server.py"), str(port)], env=env
+    )
     deadline = time.monotonic() + 60
     while True:
         assert proc.poll() is None, "kiosk server process died"
@@ -119,15 +123,20 @@ def start_subprocess_server(port: int) -> subprocess.Popen:
 
 # -- browser helpers --------------------------------------------------------------------------------------
 @contextmanager
-def chromium(mic_wav: Path, fake_ui: bool = True):
+def chromium(mic_wav: Path, fake_ui: bool = True, fake_device: bool = True):
     """Headless Chromium with ``mic_wav`` as the microphone; ``fake_ui=False``: permission prompts are real
-    (and headless denies them). Yields the browser context."""
+    (and headless denies them); ``fake_device=False``: no microphone at all. Yields the browser context."""
     from playwright.sync_api import sync_playwright
 
-    args = [a for a in CHROMIUM_ARGS if fake_ui or a != "--use-fake-ui-for-media-stream"]
+    drop = {"--use-fake-ui-for-media-stream"} if not fake_ui else set()
+    if not fake_device:
+        drop.add("--use-fake-device-for-media-stream")
+    args = [a for a in CHROMIUM_ARGS if a not in drop]
     with sync_playwright() as p:
         browser = p.chromium.launch(
-            executable_path=CHROMIUM, args=[*args, f"--use-file-for-fake-audio-capture={mic_wav}"], timeout=60_000
+            executable_path=CHROMIUM,
+            args=[*args, f"--use-file-for-fake-audio-capture={mic_wav}"],
+            timeout=60_000,
         )
         try:
             context = browser.new_context(viewport=VIEWPORT)
@@ -160,35 +169,40 @@ def live(page, timeout_s: float = 20) -> None:
     wait_until(page, "() => kiosk.link && kiosk.link.phase === 'live'", timeout_s, "a live link")
 
 
-def luminance(rgb: str) -> float:
-    """WCAG relative luminance of a computed ``rgb(r, g, b)`` colour."""
-    r, g, b = (int(x) / 255 for x in rgb[rgb.index("(") + 1 : rgb.index(")")].split(",")[:3])
-    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in (r, g, b)]
-    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
-
-
 def contrast(fg: str, bg: str) -> float:
-    a, b = sorted((luminance(fg), luminance(bg)), reverse=True)
-    return (a + 0.05) / (b + 0.05)
+    """WCAG contrast ratio of two computed ``rgb(r, g, b)`` colours."""
+
+    def hex_of(rgb: str) -> str:
+        return "#" + "".join(f"{int(x):02x}" for x in rgb[rgb.index("(") + 1 : rgb.index(")")].split(",")[:3])
+
+    return contrast_ratio(hex_of(fg), hex_of(bg))
 
 
 # -- tests ------------------------------------------------------------------------------------------------
 def test_one_turn_states_captions_and_screenshots(server, wavs):
-    """idle → listening → thinking → speaking → listening, a screenshot of each; captions in step with audio."""
+    """idle → listening → thinking → speaking → listening, a screenshot of each; captions in step with the
+    audio (the reply's text was all generated while the captions held only its first clause)."""
     url, _, _ = server
     with chromium(wavs["turn"]) as context:
         page = open_kiosk(context, url)
         live(page)
         assert page.evaluate("kiosk.state") == "idle" and page.title() == TITLE
         shot(page, "1-idle")
-        wait_until(page, "() => kiosk.state === 'listening' && kiosk.micLevel > 0.05", 15, "listening to speech")
+        wait_until(
+            page, "() => kiosk.state === 'listening' && kiosk.micLevel > 0.05", 15, "listening to speech"
+        )
         page.wait_for_timeout(300)  # let the visual swell with the voice
         shot(page, "2-listening")
         wait_until(page, "() => kiosk.state === 'thinking'", 15, "thinking")
         page.wait_for_timeout(400)
         shot(page, "3-thinking")
         first = REPLY_CLAUSES[0].strip()
-        wait_until(page, f"() => kiosk.state === 'speaking' && kiosk.captionsText().includes({first!r})", 15, "speech")
+        wait_until(
+            page,
+            f"() => kiosk.state === 'speaking' && kiosk.captionsText().includes({first!r})",
+            15,
+            "speech",
+        )
         in_step = page.evaluate(
             "() => ({captions: kiosk.captionsText(),"
             " generated: kiosk.events.filter((e) => e.type === 'reply_text').map((e) => e.text).join('')})"
@@ -196,21 +210,25 @@ def test_one_turn_states_captions_and_screenshots(server, wavs):
         page.wait_for_timeout(500)
         shot(page, "4-speaking")
         wait_until(
-            page, "() => kiosk.state === 'listening' && kiosk.stateLog.some((s) => s.state === 'speaking')", 15,
+            page,
+            "() => kiosk.state === 'listening' && kiosk.stateLog.some((s) => s.state === 'speaking')",
+            15,
             "listening after the reply",
         )
         shot(page, "5-listening-after-reply")
         seen = page.evaluate(STATE_JS)
         live_region = page.get_attribute("#captions", "aria-live")
         colours = page.evaluate(
-            """() => [...document.querySelectorAll('#captions .cap .words, #captions .cap .who, #state-label')]
+            """() => [...document.querySelectorAll('#captions .cap .words, #captions .who, #state-label')]
               .map((el) => [getComputedStyle(el).color,
                 getComputedStyle(el.closest('#captions') || document.body).backgroundColor])"""
         )
 
     # the generated text was all there while the captions held only what had been heard
     assert "ocean" in in_step["generated"] and "ocean" not in in_step["captions"], in_step
-    assert [s["state"] for s in seen["log"]] == ["listening", "thinking", "speaking", "listening"], seen["log"]
+    assert [s["state"] for s in seen["log"]] == ["listening", "thinking", "speaking", "listening"], seen[
+        "log"
+    ]
     assert f"You: {USER_WORDS}" in seen["captions"] and f"Assistant: {REPLY}" in seen["captions"]
     assert "reply_ended:completed" in seen["events"] and seen["replyLevelMax"] > 0.01
     assert live_region == "polite"
@@ -228,7 +246,9 @@ def test_speaking_over_the_reply_interrupts_it_and_stops_the_audio(server, wavs)
         shot(page, "6-interrupted")
         wait_until(page, "() => kiosk.heardStopMs.length > 0", 5, "the reply audio falling silent")
         seen = page.evaluate(STATE_JS)
-        cut_caption = page.evaluate("() => document.querySelector('#captions .cap.assistant.interrupted')?.textContent")
+        cut_caption = page.evaluate(
+            "() => document.querySelector('#captions .cap.assistant.interrupted')?.textContent"
+        )
         stop_ms = page.evaluate("kiosk.heardStopMs[0]")
         ended = page.evaluate("() => kiosk.events.find((e) => e.type === 'reply_ended')")
 
@@ -250,8 +270,10 @@ def test_push_to_talk_commits_only_while_held(server, wavs):
         before = page.evaluate(STATE_JS)
         page.keyboard.down("Space")
         wait_until(page, "() => kiosk.pttHeld && kioskLink.mic.getAudioTracks()[0].enabled", 2, "the mic on")
-        wait_until(page, f"() => ({HAS})('user_turn_committed')", 12, "a turn committed while held")
+        wait_until(page, "() => kiosk.state === 'listening' && kiosk.micLevel > 0.05", 8, "speech while held")
+        page.wait_for_timeout(200)
         shot(page, "7-push-to-talk-held")
+        wait_until(page, f"() => ({HAS})('user_turn_committed')", 12, "a turn committed while held")
         page.keyboard.up("Space")
         page.wait_for_timeout(300)
         starts_at_release = page.evaluate(f"({count})('user_speech_started')")
@@ -281,7 +303,9 @@ def test_reconnects_by_itself_after_the_server_is_killed_and_restarted(wavs):
             first = page.evaluate("kiosk.sessionId")
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
-            wait_until(page, "() => kiosk.link.phase !== 'live' && kiosk.link.problem === 'offline'", 15, "offline")
+            wait_until(
+                page, "() => kiosk.link.phase !== 'live' && kiosk.link.problem === 'offline'", 15, "offline"
+            )
             wait_until(page, "() => document.body.dataset.screen === 'problem'", 5, "the reconnecting screen")
             shot(page, "8-reconnecting")
             time.sleep(2)
@@ -318,7 +342,9 @@ def test_idle_timeout_resets_captions_then_a_tap_greets(server, wavs):
         page.wait_for_timeout(300)
         shot(page, "9-attract")
         page.mouse.click(640, 400)
-        wait_until(page, "() => kiosk.captionsText().includes('Welcome to the museum!')", 15, "the greeting spoken")
+        wait_until(
+            page, "() => kiosk.captionsText().includes('Welcome to the museum!')", 15, "the greeting spoken"
+        )
         page.wait_for_timeout(400)
         shot(page, "10-greeting")
         seen = page.evaluate(STATE_JS)
@@ -345,6 +371,20 @@ def test_denied_microphone_shows_the_permission_screen_and_recovers(server, wavs
     assert "Microphone" in title and screen == "stage"
 
 
+def test_no_microphone_shows_its_screen(server, wavs):
+    url, _, _ = server
+    with chromium(wavs["turn"], fake_device=False) as context:
+        page = open_kiosk(context, url)
+        wait_until(page, "() => kiosk.link && kiosk.link.problem === 'no-mic'", 15, "the no-mic problem")
+        wait_until(page, "() => document.body.dataset.screen === 'problem'", 2, "the problem screen")
+        shot(page, "13-no-microphone")
+        title = page.text_content("#problem-title")
+        attempts = page.evaluate("kiosk.link.attempt")
+        page.wait_for_timeout(2000)
+        retried = page.evaluate("kiosk.link.attempt") > attempts  # it keeps trying (a mic may be plugged in)
+    assert title == "No microphone found" and retried
+
+
 def test_server_full_shows_its_screen_and_recovers(server, wavs):
     url, state, _ = server
     saved = state.cfg.max_sessions
@@ -352,13 +392,34 @@ def test_server_full_shows_its_screen_and_recovers(server, wavs):
     try:
         with chromium(wavs["turn"]) as context:
             page = open_kiosk(context, url)
-            wait_until(page, "() => kiosk.link && kiosk.link.problem === 'full'", 15, "the server-full problem")
+            wait_until(
+                page, "() => kiosk.link && kiosk.link.problem === 'full'", 15, "the server-full problem"
+            )
             page.wait_for_timeout(200)
             shot(page, "12-server-full")
             state.cfg.max_sessions = saved
             live(page, 30)
     finally:
         state.cfg.max_sessions = saved
+
+
+def test_a_server_with_api_keys_needs_the_key_in_the_url(wavs):
+    app, _ = kiosk_app(api_keys=("kiosk-key-1",))
+    port = free_port()
+    srv, thread = run_in_thread(app, port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with chromium(wavs["turn"]) as context:
+            page = open_kiosk(context, url)
+            wait_until(page, "() => kiosk.link && kiosk.link.problem === 'auth'", 15, "the access problem")
+            shot(page, "14-no-key")
+            keyed = open_kiosk(context, url, "&token=kiosk-key-1")
+            live(keyed)
+            title = keyed.title()
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=30)
+    assert title == TITLE  # kiosk/config.json, behind the key, was read
 
 
 def test_voice_chat_page_has_the_same_captions(server, wavs):
@@ -371,7 +432,9 @@ def test_voice_chat_page_has_the_same_captions(server, wavs):
         first = REPLY_CLAUSES[0].strip()
         wait_until(page, f"() => omni.captionsText().includes({first!r})", 30, "the first clause", omni_js)
         early = page.evaluate("omni.captionsText()")
-        wait_until(page, "() => omni.events.some((e) => e.type === 'reply_ended')", 15, "the reply end", omni_js)
+        wait_until(
+            page, "() => omni.events.some((e) => e.type === 'reply_ended')", 15, "the reply end", omni_js
+        )
         final = page.evaluate("omni.captionsText()")
         live_region = page.get_attribute("#captions", "aria-live")
         page.screenshot(path=str(ARTIFACTS / "voice-chat-captions.png"), full_page=True)

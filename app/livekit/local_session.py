@@ -1,0 +1,372 @@
+"""The in-process plugin's session: a LiveKit ``RealtimeSession`` over one
+:class:`~omniduplex.app.session.Session` (our VAD, end of turn, barge-in, history, playout).
+
+Framework → session (the contract of each method is in its docstring):
+``push_audio`` → 20 ms 16 kHz frames into :meth:`Session.push_audio`; ``generate_reply`` →
+:meth:`Session.respond`; ``interrupt`` → :meth:`Session.cancel_reply`; ``truncate`` →
+:meth:`Session.truncate`; ``update_instructions`` → ``Session.cfg.instructions``; ``update_chat_ctx`` → the
+history (:mod:`.chat_sync`); ``commit_audio`` / ``clear_audio`` → a manual commit of the audio since the
+last turn / dropping it.
+
+Session → framework: ``UserSpeechStarted`` / ``BargeIn`` / ``UserTurnCommitted`` → ``input_speech_started``
+/ ``input_speech_stopped`` (policy: :mod:`.turn_signals`); ``UserTranscriptEvent`` →
+``input_audio_transcription_completed``; ``ReplyStarted`` → ``generation_created``; ``ReplyText`` → the
+message's text stream; reply audio → its audio stream; ``ReplyEnded`` → the streams end; a failed reply or
+``SessionError`` → ``error`` (recoverable).
+
+Reply audio is pulled from the session's playout buffer by a 20 ms pump and forwarded at most
+``lead_s`` ahead of real time: the framework's audio output plays in real time, so the session's idea of
+"played" stays within ``lead_s`` of the truth (its barge-in and history rules keep working), and the
+framework's ``truncate(audio_end_ms)`` then corrects the history to what the room really heard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import replace
+from typing import Literal
+
+import numpy as np
+from livekit import rtc
+from livekit.agents import llm
+from livekit.agents.types import NOT_GIVEN, NotGivenOr
+from livekit.agents.utils import is_given
+
+from ..events import (
+    BargeIn,
+    ReplyEnded,
+    ReplyStarted,
+    ReplyText,
+    SessionError,
+    SessionEvent,
+    UserSpeechStarted,
+    UserTranscriptEvent,
+    UserTurnCommitted,
+)
+from ..responder import Responder
+from ..session import Session, SessionConfig
+from ..vad import FRAME_SAMPLES, SAMPLE_RATE
+from .audio import FrameSplitter, MonoResampler, pcm_frame
+from .chat_sync import ItemIds, apply_chat_ctx, history_chat_ctx
+from .generation import Generation, Message, model_error
+from .turn_signals import SpeechSignals
+
+log = logging.getLogger("omniduplex.livekit")
+
+OUTPUT_RATE = 24_000
+"""Rate of the reply audio frames handed to the framework (Hz)."""
+FRAME_S = 0.020
+"""Pump period and frame length of the forwarded reply audio (s)."""
+OUT_FRAME = int(OUTPUT_RATE * FRAME_S)
+MAX_MANUAL_S = 60.0
+"""Audio kept for a manual ``commit_audio`` (s); older audio is dropped."""
+
+
+class PipelineRealtimeSession(llm.RealtimeSession):
+    """One room conversation over the shared pipeline ``responder``.
+
+    Args:
+        model: the :class:`~.local_model.PipelineRealtimeModel` that made it.
+        session_id: names the session and its turn ids.
+        responder: the pipeline (shared by every session of the process).
+        cfg: turn thresholds and history size (``output_rate`` is set to 24 kHz).
+        turn_model: the Smart Turn model when ``cfg.turn.turn_detection == "smart"``.
+        lead_s: how far ahead of real time reply audio is forwarded (s).
+    """
+
+    def __init__(
+        self,
+        model: llm.RealtimeModel,
+        session_id: str,
+        responder: Responder,
+        cfg: SessionConfig,
+        turn_model=None,
+        lead_s: float = 0.2,
+    ) -> None:
+        super().__init__(model)
+        self.lead_s = lead_s
+        self._held: list[SessionEvent] | None = None  # events emitted while a frame is pulled
+        self._gens: dict[str, tuple[Generation, Message]] = {}  # turn id → its reply, while in flight
+        self._turn_of: dict[str, str] = {}  # message id → turn id (truncate)
+        self._truncations: dict[str, int] = {}  # turn id → audio_end_ms, applied when the reply ends
+        self._reply_future: asyncio.Future[llm.GenerationCreatedEvent] | None = None
+        self._own_cancel = False  # a BargeIn caused by interrupt()/respond() is not user speech
+        self._committed = False
+        self._closed = False
+        self._sink_end = 0.0  # monotonic time at which the forwarded reply audio has all played
+        self._resampler = MonoResampler(SAMPLE_RATE)
+        self._splitter = FrameSplitter(FRAME_SAMPLES)
+        self._manual: list[np.ndarray] = []  # 16 kHz frames since the last turn (commit_audio)
+        self._signals = SpeechSignals()
+        self._ids = ItemIds()
+        self._warned_tools = False
+        self.session = Session(
+            session_id,
+            responder,
+            self._on_event,
+            replace(cfg, output_rate=OUTPUT_RATE),
+            turn_model=turn_model,
+        )
+        self._pump = asyncio.get_running_loop().create_task(self._pump_loop(), name=f"lk-pump-{session_id}")
+
+    # -- the framework's view -------------------------------------------------------------------------
+    @property
+    def chat_ctx(self) -> llm.ChatContext:
+        """The conversation the pipeline will answer from (our history, with stable item ids)."""
+        return history_chat_ctx(self.session.history, self._ids)
+
+    @property
+    def tools(self) -> llm.ToolContext:
+        """Always empty: the pipeline has no function calling."""
+        return llm.ToolContext.empty()
+
+    # -- framework → pipeline -------------------------------------------------------------------------
+    def push_audio(self, frame: rtc.AudioFrame) -> None:
+        """User audio from the room, any rate / channel count; the session runs VAD and turn-taking on it."""
+        if self._closed:
+            return
+        for pcm in self._splitter.push(self._resampler.push(frame)):
+            in_speech = self.session.segmenter.in_speech
+            self._committed = False
+            self._manual.append(pcm)
+            self.session.push_audio(pcm)
+            if in_speech and not self.session.segmenter.in_speech and not self._committed:
+                self._signal(self._signals.dropped())
+        del self._manual[: max(0, len(self._manual) - int(MAX_MANUAL_S / FRAME_S))]
+
+    def push_video(self, frame: rtc.VideoFrame) -> None:
+        """Ignored: the pipeline takes no video."""
+
+    def generate_reply(
+        self,
+        *,
+        instructions: NotGivenOr[str] = NOT_GIVEN,
+        tool_choice: NotGivenOr[llm.ToolChoice] = NOT_GIVEN,
+        tools: NotGivenOr[list[llm.Tool]] = NOT_GIVEN,
+    ) -> asyncio.Future[llm.GenerationCreatedEvent]:
+        """Start a reply now (a reply in flight is cancelled first). It answers the committed spoken turn,
+        else the conversation as it stands (a trailing user message is the turn's text); ``instructions``
+        add to the system prompt for this reply only. The future resolves with the ``user_initiated``
+        generation as soon as the pipeline accepted the turn, or fails with ``RealtimeError``."""
+        fut: asyncio.Future[llm.GenerationCreatedEvent] = asyncio.get_running_loop().create_future()
+        if self._closed:
+            fut.set_exception(llm.RealtimeError("the realtime session is closed"))
+            return fut
+        self._reply_future = fut
+        try:
+            with self._cancelling():
+                turn = self.session.respond(instructions if is_given(instructions) and instructions else None)
+        finally:
+            self._reply_future = None
+        if turn is None and not fut.done():
+            fut.set_exception(llm.RealtimeError("the pipeline could not start a reply"))
+        return fut
+
+    def interrupt(self) -> None:
+        """Cancel the reply in flight (playout flushed, pipeline turn cancelled, history keeps what was
+        forwarded until ``truncate`` says what was played); does nothing if no reply is in progress."""
+        with self._cancelling():
+            self.session.cancel_reply()
+
+    def truncate(
+        self,
+        *,
+        message_id: str,
+        modalities: list[Literal["text", "audio"]],
+        audio_end_ms: int,
+        audio_transcript: NotGivenOr[str] = NOT_GIVEN,
+    ) -> None:
+        """The room played only ``audio_end_ms`` ms of assistant message ``message_id``: its history entry
+        keeps the words of that audio (text↔audio alignment). Applied once the reply has ended; unknown ids
+        are ignored."""
+        turn_id = self._turn_of.get(message_id)
+        if turn_id is None:
+            log.debug("truncate: unknown message %s", message_id)
+        elif turn_id in self._gens:
+            self._truncations[turn_id] = audio_end_ms
+        else:
+            self._truncate(turn_id, audio_end_ms)
+
+    async def update_instructions(self, instructions: str) -> None:
+        """The system prompt of every reply from now on (``""`` → the pipeline's default)."""
+        self.session.cfg.instructions = instructions or None
+
+    async def update_chat_ctx(self, chat_ctx: llm.ChatContext) -> None:
+        """Make the conversation ``chat_ctx``'s user and assistant text messages (see :mod:`.chat_sync`);
+        the next reply answers from it."""
+        apply_chat_ctx(self.session.history, self._ids, chat_ctx)
+
+    async def update_tools(self, tools: list[llm.Tool]) -> None:
+        """Tools are not supported by the pipeline: a non-empty list is ignored with one warning."""
+        if tools and not self._warned_tools:
+            self._warned_tools = True
+            log.warning("omniduplex pipeline has no function calling: %d tool(s) ignored", len(tools))
+
+    def update_options(self, *, tool_choice: NotGivenOr[llm.ToolChoice | None] = NOT_GIVEN) -> None:
+        """Nothing to set: no tools."""
+
+    def commit_audio(self) -> None:
+        """Commit the user audio since the last turn as a turn now (whatever the VAD says); the framework's
+        ``generate_reply`` then answers it. Under 100 ms of audio: nothing happens."""
+        if len(self._manual) * FRAME_S < 0.1:
+            return
+        wav = np.concatenate(self._manual).astype(np.float32) / 32768.0
+        self.clear_audio()
+        self.session.commit_audio(wav, respond=False)
+
+    def clear_audio(self) -> None:
+        """Drop the user audio since the last turn, and the VAD's open speech segment with it."""
+        self._manual.clear()
+        if self.session.segmenter.in_speech:
+            self.session.set_turn_config(self.session.cfg.turn, self.session.turn_model)
+            self._signal(self._signals.dropped())
+
+    async def aclose(self) -> None:
+        """Cancel the reply in flight (its pipeline turn is freed) and end the session. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._pump
+        await self.session.close("closed")
+        for gen, _ in list(self._gens.values()):
+            gen.close()
+        self._gens.clear()
+
+    # -- pipeline → framework -------------------------------------------------------------------------
+    def _on_event(self, e: SessionEvent) -> None:
+        if self._held is not None:  # emitted inside a pull: after that frame has been forwarded
+            self._held.append(e)
+            return
+        if isinstance(e, UserSpeechStarted):
+            self._signal(self._signals.speech_started(self._replying()))
+        elif isinstance(e, BargeIn) and not self._own_cancel:
+            self._signal(self._signals.barge_in())
+        elif isinstance(e, UserTurnCommitted):
+            self._committed = True
+            self._manual.clear()
+            self._ids.name(self.session.entries.get((e.turn_id, "user")), f"{e.turn_id}-user")
+            self._signal(self._signals.committed())
+        elif isinstance(e, UserTranscriptEvent):
+            self._transcript(e)
+        elif isinstance(e, ReplyStarted):
+            self._start_generation(e.turn_id)
+        elif isinstance(e, ReplyText) and e.turn_id in self._gens:
+            self._gens[e.turn_id][1].push_text(e.text)
+        elif isinstance(e, ReplyEnded):
+            self._end_generation(e)
+        elif isinstance(e, SessionError):
+            self.emit("error", model_error(self.realtime_model.label, llm.RealtimeError(e.message), True))
+
+    def _signal(self, signals: list[str]) -> None:
+        transcribes = self.realtime_model.capabilities.user_transcription
+        for s in signals:
+            if s == "started":
+                self.emit("input_speech_started", llm.InputSpeechStartedEvent())
+            else:
+                enabled = transcribes and s == "stopped"
+                self.emit(
+                    "input_speech_stopped", llm.InputSpeechStoppedEvent(user_transcription_enabled=enabled)
+                )
+
+    def _transcript(self, e: UserTranscriptEvent) -> None:
+        item_id = f"{e.turn_id}-user"
+        self._ids.name(self.session.entries.get((e.turn_id, "user")), item_id)
+        if e.text:
+            self.emit(
+                "input_audio_transcription_completed",
+                llm.InputTranscriptionCompleted(item_id=item_id, transcript=e.text, is_final=True),
+            )
+
+    def _start_generation(self, turn_id: str) -> None:
+        gen = Generation(turn_id)
+        msg = gen.open_message(f"{turn_id}-reply", ["audio", "text"])
+        self._gens[turn_id] = (gen, msg)
+        self._turn_of[msg.id] = turn_id
+        self._sink_end = 0.0
+        fut, user_initiated = self._reply_future, self._reply_future is not None
+        ev = gen.created_event(user_initiated)
+        if fut is not None and not fut.done():
+            fut.set_result(ev)
+        self.emit("generation_created", ev)
+
+    def _end_generation(self, e: ReplyEnded) -> None:
+        held = self._gens.pop(e.turn_id, None)
+        if held is None:
+            return
+        gen, msg = held
+        rec = self.session.done_replies.get(e.turn_id)
+        if rec is not None:
+            self._ids.name(rec[1], msg.id)
+        gen.close()
+        if e.turn_id in self._truncations:
+            self._truncate(e.turn_id, self._truncations.pop(e.turn_id))
+        if e.reason == "error":
+            err = llm.RealtimeError(f"reply {e.turn_id} failed in the pipeline: {e.error}")
+            self.emit("error", model_error(self.realtime_model.label, err, True))
+
+    def _truncate(self, turn_id: str, audio_end_ms: int) -> None:
+        try:
+            self.session.truncate(turn_id, max(0, audio_end_ms))
+        except ValueError as err:
+            log.warning("truncate %s at %d ms: %s", turn_id, audio_end_ms, err)
+            return
+        rec = self.session.done_replies.get(turn_id)
+        if rec is not None:
+            self._ids.name(rec[1], f"{turn_id}-reply")
+
+    # -- reply audio ---------------------------------------------------------------------------------
+    async def _pump_loop(self) -> None:
+        """Every 20 ms (re-anchored after a stall): forward the reply audio that is due."""
+        t0, n = time.monotonic(), 0
+        while True:
+            n += 1
+            delay = t0 + n * FRAME_S - time.monotonic()
+            if delay < -3 * FRAME_S:
+                t0, n = time.monotonic(), 0
+            else:
+                await asyncio.sleep(max(0.0, delay))
+            try:
+                self._pull()
+            except Exception:  # keep pumping: one bad frame must not silence the room
+                log.exception("%s: reply audio pump failed", self.session.id)
+
+    def _pull(self) -> None:
+        """Forward queued reply audio until the framework's sink holds ``lead_s`` of it; one pull with
+        nothing queued lets the session end a finished or interrupted reply."""
+        s = self.session
+        while s.reply is not None:
+            now, queued = time.monotonic(), s.playout.queued
+            if queued and self._sink_end - now >= self.lead_s:
+                return
+            held = self._gens.get(s.reply.turn_id)
+            self._held = []
+            try:
+                pcm = s.pull_audio(OUT_FRAME)
+                filled = min(OUT_FRAME, queued)
+                if filled and held is not None:
+                    held[1].push_audio(pcm_frame(pcm[:filled], OUTPUT_RATE))
+                    self._sink_end = max(self._sink_end, now) + filled / OUTPUT_RATE
+            finally:
+                events, self._held = self._held, None
+                for e in events:
+                    self._on_event(e)
+            if not filled:
+                return
+
+    # -- helpers -------------------------------------------------------------------------------------
+    def _replying(self) -> bool:
+        r = self.session.reply
+        return r is not None and r.interrupted_at is None
+
+    @contextlib.contextmanager
+    def _cancelling(self):
+        self._own_cancel = True
+        try:
+            yield
+        finally:
+            self._own_cancel = False
