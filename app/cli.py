@@ -203,6 +203,9 @@ def serve(
     talker_max_tokens: int = typer.Option(125, help="Talker max codec frames per reply (12.5 frames = 1 s)."),
     speaker: str = typer.Option("ethan", help="Voice (talker_config.speaker_id key)."),
     media_timeout: float = typer.Option(5.0, help="End a session after this long without client audio (s)."),
+    drain_timeout: float = typer.Option(
+        30.0, "--drain-timeout", min=0, help="SIGTERM: wait for replies in flight this long (s)."
+    ),
     sip: str | None = typer.Option(None, "--sip", help="Also answer SIP calls on HOST:PORT (UDP and TCP)."),
     rtp_ports: str = typer.Option("10000-10100", "--rtp-ports", help="SIP: local RTP port range LOW-HIGH."),
     max_calls: int = typer.Option(8, "--max-calls", min=1, help="SIP: concurrent calls; more get 503."),
@@ -246,6 +249,7 @@ def serve(
         speaker=speaker,
         system_prompt=system_prompt,
         media_timeout_s=media_timeout,
+        drain_timeout_s=drain_timeout,
     )
     if sip:
         users = dict(u.split(":", 1) for u in sip_user or [] if ":" in u)

@@ -75,6 +75,7 @@ class ServerConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)  # API keys and limits (app/auth.py)
     ws_max_bytes: int = 4 << 20  # largest WebSocket message (uvicorn ws_max_size)
     kiosk: KioskConfig = field(default_factory=KioskConfig)  # /kiosk page settings (app/kiosk.py)
+    drain_timeout_s: float = 30.0  # SIGTERM: longest wait for replies in flight before closing (app/drain.py)
 
 
 def process_backend_available() -> bool:
@@ -108,6 +109,7 @@ class ServerState:
         self._ids = itertools.count(1)
         self.prom = ServerMetrics(self)  # /metrics
         self.started = False  # the pipeline (or the given responder) is up
+        self.draining = False  # SIGTERM received: no new sessions on any surface (app/drain.py)
         self.start_error: Exception | None = None  # why a background start failed
         self.on_start_failed = None  # called after a background start failed (serve: stop the server)
         self._starting: asyncio.Task | None = None
@@ -189,6 +191,8 @@ class ServerState:
         """
         if not self.started:
             raise NotReady(f"the pipeline is not up yet: {self.start_error or 'starting'}")
+        if self.draining:
+            raise SessionFull("the server is shutting down (draining): no new sessions")
         if len(self.sessions) >= self.cfg.max_sessions:
             raise SessionFull(
                 f"server is full: {len(self.sessions)} of {self.cfg.max_sessions} sessions in use"
@@ -342,6 +346,8 @@ def create_app(cfg: ServerConfig | None = None, responder: Responder | None = No
 
     @app.get("/readyz")
     async def readyz():
+        if state.draining:  # load balancers stop sending new sessions here
+            return JSONResponse({"status": "draining", "sessions": len(state.sessions)}, 503)
         if state.ready:
             return {"status": "ready"}
         if state.start_error is not None:
@@ -375,16 +381,20 @@ def serve(
     log_json: bool = False,
 ) -> None:
     """Run the app under uvicorn until interrupted. The pipeline starts in the background (``/readyz``);
-    ``log_json``: one JSON object per log line (:mod:`.logs`).
+    ``log_json``: one JSON object per log line (:mod:`.logs`). SIGTERM/SIGINT drain first: new sessions
+    are refused and replies in flight finish (up to ``cfg.drain_timeout_s``), see :mod:`.drain`.
 
     Raises:
         Exception: why the pipeline failed to start (the server stops then), e.g. ``StageStartError``.
     """
     import uvicorn
 
+    from .drain import DrainingServer
+
     logs.configure(log_level, log_json)
     app = create_app(replace(cfg, start_in_background=True))
-    server = uvicorn.Server(
+    state: ServerState = app.state.server
+    server = DrainingServer(
         uvicorn.Config(
             app,
             host=host,
@@ -392,9 +402,10 @@ def serve(
             log_level=log_level,
             ws_max_size=cfg.ws_max_bytes,
             log_config=None,  # uvicorn's loggers propagate to the root handler of logs.configure
-        )
+        ),
+        state,
+        cfg.drain_timeout_s,
     )
-    state: ServerState = app.state.server
     state.on_start_failed = lambda: setattr(server, "should_exit", True)
     server.run()
     if state.start_error is not None:

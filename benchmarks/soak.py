@@ -60,12 +60,9 @@ def _snapshot(state, loop) -> dict:
     backend = state.orchestrator.backend
     pids = {"server": os.getpid(), **{s: p.pid for s, p in backend.procs.items()}}
     tasks = asyncio.run_coroutine_threadsafe(_count_tasks(), loop).result(timeout=5)
-    stats = getattr(backend, "stage_stats", None)
-    kv_used = relay_used = None
-    if callable(stats):
-        st = stats()
-        kv_used = sum(int(v.get("kv_blocks_used", 0)) for v in st.values())
-        relay_used = sum(int(v.get("relay_slots_in_use", 0)) for v in st.values())
+    st = backend.stats()
+    kv_used = sum(int(v.get("kv_blocks_used", 0)) for v in st["stages"].values())
+    relay_used = {k: e.get("slots_in_use", 0) + e.get("inline_in_use", 0) for k, e in st["edges"].items()}
     return {
         "rss_kb": {k: _rss_kb(p) for k, p in pids.items()},
         "fds": {k: _fds(p) for k, p in pids.items()},
@@ -249,7 +246,8 @@ def run(
         "ttfp_p99_ms": float(np.percentile(soak.ttfp, 99)) if soak.ttfp else float("nan"),
         "leaks": {
             "kv_blocks": end["kv_blocks_used"],
-            "relay_slots": end["relay_slots_in_use"],
+            "relay_slots": sum(end["relay_slots_in_use"].values()),
+            "relay_slots_by_edge": {k: v for k, v in end["relay_slots_in_use"].items() if v},
             "shm_segments": end["shm"] - base["shm"],
             "asyncio_tasks": end["tasks"] - base["tasks"],
             "fds": {k: end["fds"].get(k, 0) - v for k, v in base["fds"].items()},

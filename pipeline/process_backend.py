@@ -190,6 +190,10 @@ class ProcessBackend:
             if old is not None:
                 self._poller.unregister(old.sentinel)
             self._poller.register(p.sentinel, zmq.POLLIN)
+        if old is not None:  # dead: reap it and close its sentinel, or every restart leaks a descriptor
+            old.join(timeout=5)
+            with contextlib.suppress(ValueError):
+                old.close()
 
     def _wait_ready(self, stages: set[str]) -> None:
         """Wait for ``stages`` to report ready.

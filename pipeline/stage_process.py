@@ -106,9 +106,11 @@ class StageLoop:
             raise
         self.seqs: dict[tuple[str, str], int] = {}
         self.reporter = StatsReporter(self.snapshot, status.send_json)
+        self.parent_pid = os.getppid()
 
     def run(self) -> None:
-        """Block on the sockets while idle; step the worker and send its outputs while busy."""
+        """Block on the sockets while idle; step the worker and send its outputs while busy. Returns on
+        ``stop`` from the orchestrator, or once idle if the server process is gone (SIGKILL, OOM kill)."""
         poller = zmq.Poller()
         poller.register(self.control, zmq.POLLIN)
         inputs = self.consumer.sockets
@@ -117,6 +119,10 @@ class StageLoop:
         wait_s = 0.0
         while True:
             if not self.worker.has_work():
+                if os.getppid() != self.parent_pid:  # the server was killed outright: no orphans
+                    print(f"omniduplex stage {self.stage}: server process gone; exiting", file=sys.stderr)
+                    self.close()  # unlinks this stage's slot pools
+                    return
                 wait_s = min(IDLE_WAIT_S, self.reporter.wait_s())
             ready = {sock for sock, _ in poller.poll(max(1, int(1000 * wait_s)) if wait_s else 0)}
             if self.control in ready and self._control():

@@ -123,6 +123,7 @@ class EdgeConsumer:
                 out = self._consume(msg, frames)
                 if out is not None:
                     return out
+            self._flush_credits()  # nothing left to read: no credit stays owed while the edge is idle
             if not self._block(deadline) and not self._pending and self._error is None:
                 return None  # (handling a disconnection may have read messages or set an error: not yet)
 
@@ -170,11 +171,17 @@ class EdgeConsumer:
 
     def _owe(self, slots: tuple[int, ...] = (), inline: int = 0) -> None:
         """Record credits to return; send them once a batch is due (a quarter of the pool, half the
-        inline window). The producer can only run out of credits while this consumer has unread
-        messages, which it will read, so batching never deadlocks; it halves the control traffic."""
+        inline window), or when the consumer runs out of messages (:meth:`_flush_credits`). The producer
+        can only run out of credits while this consumer has unread messages, which it will read, so
+        batching never deadlocks; it halves the control traffic under load, and an idle edge holds none."""
         self._credit_slots.extend(slots)
         self._credit_inline += inline
         if len(self._credit_slots) >= self._slot_batch or self._credit_inline >= self._inline_batch:
+            self._flush_credits()
+
+    def _flush_credits(self) -> None:
+        """Send every credit owed now."""
+        if self._credit_slots or self._credit_inline:
             if self._epoch is not None:
                 self._send(Credit(self._epoch, tuple(self._credit_slots), self._credit_inline))
             self._credit_slots.clear()
