@@ -19,8 +19,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -29,6 +27,8 @@ import soxr
 import websockets
 
 from omniduplex.pipeline.audio_io import load_audio
+
+from .local_server import LocalServer
 
 CHUNK_S = 0.020
 
@@ -94,24 +94,13 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
 
 
-def _serve(model: str | None) -> tuple[str, object]:
+def _serve(model: str | None) -> tuple[str, LocalServer]:
     """``omniduplex serve`` (stage processes) in a thread on a free loopback port; returns (url, server)."""
-    import uvicorn
-
     from omniduplex.app.server import ServerConfig, create_app
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    app = create_app(ServerConfig(max_sessions=64, processes=True, model=model, max_tokens=32))
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=srv.run, daemon=True).start()
-    deadline = time.monotonic() + 300
-    while not srv.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("server did not start")
-        time.sleep(0.1)
-    return f"ws://127.0.0.1:{port}/v1/realtime?model=omniduplex", srv
+    srv = LocalServer(create_app(ServerConfig(max_sessions=64, processes=True, model=model, max_tokens=32)))
+    srv.start()
+    return srv.url("/v1/realtime?model=omniduplex", "ws"), srv
 
 
 def run(
@@ -146,7 +135,7 @@ def run(
             }
     finally:
         if srv is not None:
-            srv.should_exit = True
+            srv.stop()
     print(f"\nrealtime benchmark: {url}  question {question.name}, interrupt {interrupt.name}")
     print("| c | commit → first audio p50 ms | p90 | p99 | barge-in → last audio p50 ms | max | errors |")
     print("|---|---|---|---|---|---|---|")

@@ -21,8 +21,6 @@ import json
 import os
 import random
 import signal
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -32,6 +30,7 @@ import soxr
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.relay.shm_pool import list_segments
 
+from .local_server import LocalServer
 from .realtime import _pcm24, _stream
 
 KILL_WINDOW_S = 15.0
@@ -184,26 +183,13 @@ class _Soak:
             self._record(ok, ttfp)
 
 
-def _serve(model: str | None):
-    import uvicorn
-
+def _serve(model: str | None) -> LocalServer:
     from omniduplex.app.server import ServerConfig, create_app
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     app = create_app(
         ServerConfig(max_sessions=64, processes=True, model=model, max_tokens=24, media_timeout_s=2.0)
     )
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=lambda: loop.run_until_complete(srv.serve()), daemon=True).start()
-    deadline = time.monotonic() + 300
-    while not srv.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("server did not start")
-        time.sleep(0.1)
-    return f"ws://127.0.0.1:{port}/v1/realtime", app.state.server, srv, loop
+    return LocalServer(app).start()
 
 
 def _wait_idle(state, timeout: float = 60.0) -> None:
@@ -218,7 +204,8 @@ def run(
     turns: int, sessions: int, kill_every: int, model: str | None, seed: int, json_out: Path | None
 ) -> dict:
     """Run the soak and print its report; returns it."""
-    url, state, srv, loop = _serve(model)
+    srv = _serve(model)
+    url, state, loop = srv.url("/v1/realtime", "ws"), srv.state, srv.loop
     try:
         soak = _Soak(url, state, min(turns, 2 * sessions), sessions, 0, seed)  # warm-up, no kills
         asyncio.run(_run_clients(soak, sessions))
@@ -232,7 +219,7 @@ def run(
         time.sleep(2.0)  # restarted stages settle; vanished clients' media timeouts expire
         end = _snapshot(state, loop)
     finally:
-        srv.should_exit = True
+        srv.stop()
     growth = {
         k: 100.0 * (end["rss_kb"].get(k, 0) - v) / v for k, v in base["rss_kb"].items() if v and k not in ()
     }

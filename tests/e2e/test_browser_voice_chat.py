@@ -11,16 +11,14 @@ silence after it). Measured times are printed and written with a screenshot to `
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from omniduplex.app.server import ServerConfig, create_app
+from omniduplex.benchmarks.local_server import LocalServer, free_port  # noqa: F401 (free_port: kiosk tests)
 from omniduplex.models.presets import write_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -72,10 +70,6 @@ def speech_wav(tmp_path_factory) -> Path:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -85,19 +79,8 @@ def server(tmp_path_factory):
     cfg = ServerConfig(
         max_sessions=4, model=str(ckpt), processes=True, talker_max_tokens=100, ignore_eos=True
     )
-    app = create_app(cfg)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not srv.started:
-        assert thread.is_alive(), "server thread died during start-up"
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}", app.state.server
-    srv.should_exit = True
-    thread.join(timeout=30)
+    with LocalServer(create_app(cfg), start_timeout_s=120) as srv:
+        yield srv.url(), srv.state
 
 
 def wait_until(page, js: str, timeout_s: float, what: str) -> None:

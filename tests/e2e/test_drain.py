@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,15 +16,10 @@ import psutil
 import pytest
 import websockets
 
+from omniduplex.benchmarks.local_server import free_port
 from omniduplex.relay.shm_pool import list_segments
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _descendants(pid: int) -> list[int]:
@@ -83,7 +77,7 @@ async def _scenario(port: int, proc: subprocess.Popen) -> dict:
 
 def _start_server() -> tuple[subprocess.Popen, int]:
     """``omniduplex serve`` (default cascade) in a child process, once /readyz says ready."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "omniduplex.app.cli", "serve", "--port", str(port), "--max-tokens", "40"],
         stdout=subprocess.PIPE,

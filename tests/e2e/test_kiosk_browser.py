@@ -13,17 +13,16 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import uvicorn
 from _kiosk_server import GREETING, REPLY_CLAUSES, TITLE, USER_WORDS, kiosk_app
 from test_browser_voice_chat import CHROMIUM, CHROMIUM_ARGS, free_port
 
 from omniduplex.app.kiosk import TEXT_CONTRAST, contrast_ratio
+from omniduplex.benchmarks.local_server import LocalServer
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]
@@ -80,14 +79,8 @@ def wavs(tmp_path_factory) -> dict[str, Path]:
 
 def run_in_thread(app, port: int, start_timeout_s: float = 60):
     """uvicorn serving ``app`` on ``port`` in a daemon thread; returns ``(server, thread)`` once started."""
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + start_timeout_s
-    while not srv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    return srv, thread
+    srv = LocalServer(app, start_timeout_s, port).start()
+    return srv.server, srv.thread
 
 
 @pytest.fixture(scope="module")

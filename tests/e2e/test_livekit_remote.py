@@ -6,8 +6,6 @@ the next reply interrupts it, and the server's history keeps only what the room 
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -15,12 +13,12 @@ import pytest
 
 pytest.importorskip("livekit.agents")
 
-import uvicorn  # noqa: E402
 from livekit.agents import Agent, AgentSession  # noqa: E402
 from livekit_io import RATE, MicInput, SpeakerOutput, speech  # noqa: E402
 
 from omniduplex.app.livekit.remote import RemoteOptions, RemoteRealtimeModel  # noqa: E402
 from omniduplex.app.server import ServerConfig, create_app  # noqa: E402
+from omniduplex.benchmarks.local_server import LocalServer
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -29,20 +27,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 @pytest.fixture(scope="module")
 def server():
     """``omniduplex serve`` (default cascade, stages in-process) on a free loopback port."""
-    app = create_app(ServerConfig(processes=False, max_tokens=48))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 180
-    while not srv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.1)
-    yield f"ws://127.0.0.1:{port}/v1/realtime", app.state.server
-    srv.should_exit = True
-    thread.join(timeout=30)
+    with LocalServer(create_app(ServerConfig(processes=False, max_tokens=48))) as srv:
+        yield srv.url("/v1/realtime", "ws"), srv.state
 
 
 async def until(predicate, timeout: float = 120.0) -> None:

@@ -7,18 +7,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import socket
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soxr
-import uvicorn
 from openai import AsyncOpenAI
 
 from omniduplex.app.server import ServerConfig, create_app
+from omniduplex.benchmarks.local_server import LocalServer
 from omniduplex.pipeline.audio_io import load_audio
 
 pytestmark = pytest.mark.slow
@@ -26,27 +24,11 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CHUNK = 480  # 20 ms at 24 kHz
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
     """``omniduplex serve`` (default cascade, stage processes) on a free loopback port."""
-    app = create_app(ServerConfig(max_sessions=20, processes=True, max_tokens=24))
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 180
-    while not srv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}/v1", app.state.server
-    srv.should_exit = True
-    thread.join(timeout=30)
+    with LocalServer(create_app(ServerConfig(max_sessions=20, processes=True, max_tokens=24))) as srv:
+        yield srv.url("/v1"), srv.state
 
 
 def pcm24(path: Path, tail_s: float = 1.2) -> bytes:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load_file, save_file
 
 from omniduplex.app.server import ServerConfig, create_app
+from omniduplex.benchmarks.local_server import free_port
 from omniduplex.models.presets import write_checkpoint
 from omniduplex.pipeline.config import PipelineConfig
 from omniduplex.pipeline.process_backend import ProcessBackend, StageStartError
@@ -114,15 +114,9 @@ def _cpu_seconds(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_idle_server_with_stage_processes_stays_off_the_cpu(ckpt):
     """Resource bound, not a latency: the server and its stage processes block on their sockets when idle."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "omniduplex.app.cli", "serve", "--model", str(ckpt), "--processes"]
     proc = subprocess.Popen([*cmd, "--port", str(port), "--log-level", "warning"])
     try:
