@@ -8,10 +8,11 @@ mid-reply (drops off without a goodbye; a fresh client takes its place). Every `
 stage process is SIGKILLed (round robin); the backend fails the turns in flight on it and restarts it.
 
 Report: turns completed / failed (and how many failures fall inside a kill window: the turns in flight
-when a stage died); leaks once the clients are gone and the pipeline is idle: KV blocks in use, relay
-slots in use, ``/dev/shm`` segments beyond the baseline, asyncio tasks beyond the baseline, file
-descriptors beyond the baseline (server process and stage processes); RSS growth of every process after
-the warm-up; TTFP p99 (commit → first reply audio, from the session events).
+when a stage died; each failure with its reason); leaks once the clients are gone and the pipeline is
+idle: KV blocks in use, relay slots in use, ``/dev/shm`` segments of this server's processes (and of the
+stages it killed) beyond the baseline, asyncio tasks beyond the baseline, file descriptors beyond the
+baseline (server process and stage processes); RSS growth of every process after the warm-up; TTFP p99
+(commit → first reply audio, from the session events).
 """
 
 from __future__ import annotations
@@ -54,10 +55,32 @@ def _fds(pid: int) -> int:
         return 0
 
 
-def _snapshot(state, loop) -> dict:
-    """Resources of the server process and its stage processes, now."""
+def _rss_by_process(state) -> dict[str, tuple[int, int]]:
+    """``name → (pid, RSS kB)`` of the server process and each stage process, now."""
+    pids = {"server": os.getpid(), **{s: p.pid for s, p in state.orchestrator.backend.procs.items()}}
+    return {k: (pid, _rss_kb(pid)) for k, pid in pids.items()}
+
+
+def _rss_growth(samples: list[dict[str, tuple[int, int]]]) -> dict[str, float | None]:
+    """RSS growth (%) of each process over the second half of the run: from the sample at the middle to the
+    last one. ``None`` for a stage restarted in between (a fresh process is no comparison)."""
+    if len(samples) < 2:
+        return {}
+    mid, last = samples[len(samples) // 2], samples[-1]
+    out: dict[str, float | None] = {}
+    for name, (pid, rss) in last.items():
+        pid0, rss0 = mid.get(name, (None, 0))
+        out[name] = 100.0 * (rss - rss0) / rss0 if pid0 == pid and rss0 else None
+    return out
+
+
+def _snapshot(state, loop, killed: frozenset[int] = frozenset()) -> dict:
+    """Resources of the server process and its stage processes, now. ``shm`` counts the relay segments owned
+    by this server, its stage processes and the stage processes killed so far (other runs on the machine
+    have theirs too)."""
     backend = state.orchestrator.backend
     pids = {"server": os.getpid(), **{s: p.pid for s, p in backend.procs.items()}}
+    ours = set(pids.values()) | killed
     tasks = asyncio.run_coroutine_threadsafe(_count_tasks(), loop).result(timeout=5)
     st = backend.stats()
     kv_used = sum(int(v.get("kv_blocks_used", 0)) for v in st["stages"].values())
@@ -65,7 +88,7 @@ def _snapshot(state, loop) -> dict:
     return {
         "rss_kb": {k: _rss_kb(p) for k, p in pids.items()},
         "fds": {k: _fds(p) for k, p in pids.items()},
-        "shm": len(list_segments()),
+        "shm": sum(len(list_segments(pid)) for pid in ours),
         "tasks": tasks,
         "kv_blocks_used": kv_used,
         "relay_slots_in_use": relay_used,
@@ -83,6 +106,9 @@ class _Soak:
         self.kill_every, self.rng = kill_every, random.Random(seed)
         self.done = self.failed = self.failed_in_kill = self.started = 0
         self.kills: list[float] = []
+        self.killed_pids: set[int] = set()
+        self.failures: list[dict] = []  # {"in_kill_window", "reason"} of each failed turn
+        self.rss_samples: list[dict[str, tuple[int, int]]] = []  # each tenth of the run: name → (pid, kB)
         self.ttfp: list[float] = []
         root = Path(__file__).resolve().parents[1]
         q = load_audio(root / "examples" / "green_tea.wav")
@@ -93,20 +119,25 @@ class _Soak:
         self.barge24 = _pcm24(root / "benchmarks" / "speech" / "turn1.wav", 1.2)
         self.stages = sorted(state.orchestrator.backend.procs)
 
-    def _record(self, ok: bool, ttfp_ms: float | None = None) -> None:
+    def _record(self, ok: bool, ttfp_ms: float | None = None, reason: str = "") -> None:
         if ok:
             self.done += 1
             if ttfp_ms is not None:
                 self.ttfp.append(ttfp_ms)
         else:
             self.failed += 1
-            if self.kills and time.monotonic() - self.kills[-1] < KILL_WINDOW_S:
-                self.failed_in_kill += 1
+            in_kill = bool(self.kills) and time.monotonic() - self.kills[-1] < KILL_WINDOW_S
+            self.failed_in_kill += in_kill
+            self.failures.append({"in_kill_window": in_kill, "reason": reason[:200] or "unknown"})
         n = self.done + self.failed
+        if n % max(1, self.target // 10) == 0:
+            self.rss_samples.append(_rss_by_process(self.state))
         if self.kill_every and n and n % self.kill_every == 0 and len(self.kills) < n // self.kill_every:
             stage = self.stages[len(self.kills) % len(self.stages)]
             self.kills.append(time.monotonic())
-            os.kill(self.state.orchestrator.backend.procs[stage].pid, signal.SIGKILL)
+            pid = self.state.orchestrator.backend.procs[stage].pid
+            self.killed_pids.add(pid)
+            os.kill(pid, signal.SIGKILL)
 
     def _more(self) -> bool:
         if self.started >= self.target:
@@ -121,12 +152,12 @@ class _Soak:
             action = self.rng.choice(["play", "play", "barge", "vanish"])
             try:
                 async with websockets.connect(self.url, max_size=None) as ws:
-                    ok, ttfp = await asyncio.wait_for(self._realtime_turn(ws, action), 120)
-            except Exception:
-                ok, ttfp = False, None
-            self._record(ok, ttfp)
+                    ok, ttfp, reason = await asyncio.wait_for(self._realtime_turn(ws, action), 120)
+            except Exception as e:
+                ok, ttfp, reason = False, None, f"realtime {action}: {type(e).__name__}: {e}"
+            self._record(ok, ttfp, reason)
 
-    async def _realtime_turn(self, ws, action: str) -> tuple[bool, float | None]:
+    async def _realtime_turn(self, ws, action: str) -> tuple[bool, float | None, str]:
         sender = asyncio.create_task(_stream(ws, self.q24))
         t_commit = ttfp = None
         audio_s = 0.0
@@ -141,15 +172,16 @@ class _Soak:
                         ttfp = 1000 * (time.monotonic() - t_commit)
                     audio_s += len(e["delta"]) * 3 / 4 / 48000
                     if audio_s > 0.6 and action == "vanish":
-                        return True, ttfp  # the client drops off mid-reply (the socket closes)
+                        return True, ttfp, ""  # the client drops off mid-reply (the socket closes)
                     if audio_s > 0.6 and action == "barge" and sender.done():
                         action = "barged"
                         sender = asyncio.create_task(_stream(ws, self.barge24))
                 elif kind == "response.done":
                     status = e["response"]["status"]
-                    return status in ("completed", "cancelled"), ttfp
+                    detail = e["response"].get("status_details")
+                    return status in ("completed", "cancelled"), ttfp, f"realtime {action}: {status} {detail}"
                 elif kind == "error":
-                    return False, ttfp
+                    return False, ttfp, f"realtime {action}: error {e['error'].get('message')}"
         finally:
             sender.cancel()
 
@@ -162,7 +194,7 @@ class _Soak:
         while self._more():
             action = self.rng.choice(["play", "play", "vanish"])
             c = VoiceClient(self.q48)
-            ok, ttfp = False, None
+            ok, ttfp, reason = False, None, ""
             try:
                 async with httpx.AsyncClient(base_url=base, timeout=30) as http:
                     answer = (await http.post("/offer", json=await c.offer())).json()
@@ -175,12 +207,13 @@ class _Soak:
                     else:
                         ended = await c.wait_for("reply_ended", 120)
                         ok = ended.get("reason") in ("completed", "interrupted")
+                        reason = f"webrtc {action}: reply ended {ended.get('reason')!r}"
                         await http.delete(f"/sessions/{c.session_id}")
-            except Exception:
-                ok = False
+            except Exception as e:
+                ok, reason = False, f"webrtc {action}: {type(e).__name__}: {e}"
             finally:
                 await c.close()
-            self._record(ok, ttfp)
+            self._record(ok, ttfp, reason)
 
 
 def _serve(model: str | None) -> LocalServer:
@@ -207,7 +240,8 @@ def run(
     srv = _serve(model)
     url, state, loop = srv.url("/v1/realtime", "ws"), srv.state, srv.loop
     try:
-        soak = _Soak(url, state, min(turns, 2 * sessions), sessions, 0, seed)  # warm-up, no kills
+        warm = min(turns, max(2 * sessions, turns // 10))
+        soak = _Soak(url, state, warm, sessions, 0, seed)  # warm-up, no kills
         asyncio.run(_run_clients(soak, sessions))
         _wait_idle(state)
         base = _snapshot(state, loop)
@@ -217,17 +251,17 @@ def run(
         wall = time.monotonic() - t0
         _wait_idle(state)
         time.sleep(2.0)  # restarted stages settle; vanished clients' media timeouts expire
-        end = _snapshot(state, loop)
+        end = _snapshot(state, loop, frozenset(soak.killed_pids))
     finally:
         srv.stop()
-    growth = {
-        k: 100.0 * (end["rss_kb"].get(k, 0) - v) / v for k, v in base["rss_kb"].items() if v and k not in ()
-    }
+    samples = soak.rss_samples
+    server_growth = 100.0 * (end["rss_kb"]["server"] - base["rss_kb"]["server"]) / base["rss_kb"]["server"]
     report = {
         "turns": soak.done + soak.failed,
         "completed": soak.done,
         "failed": soak.failed,
         "failed_outside_kill_windows": soak.failed - soak.failed_in_kill,
+        "failures": soak.failures,
         "stage_kills": len(soak.kills),
         "wall_s": wall,
         "ttfp_p99_ms": float(np.percentile(soak.ttfp, 99)) if soak.ttfp else float("nan"),
@@ -240,7 +274,9 @@ def run(
             "fds": {k: end["fds"].get(k, 0) - v for k, v in base["fds"].items()},
             "turns_in_flight": end["inflight"],
         },
-        "rss_growth_pct": growth,
+        "warm_up_turns": warm,
+        "rss_growth_pct": {"server_after_warm_up": server_growth, "second_half": _rss_growth(samples)},
+        "rss_mb": {k: rss // 1024 for k, (_, rss) in samples[-1].items()} if samples else {},
     }
     print(json.dumps(report, indent=2))
     if json_out:
