@@ -82,7 +82,14 @@ class ProcessBackend:
     # -- Backend interface (any thread) ------------------------------------------------------------
     def start(self, on_output: OutputCallback) -> None:
         self.on_output = on_output
-        prepare(self.pcfg)
+        try:
+            prepare(self.pcfg)  # e.g. a GGUF import, or no vLLM for a `backend: vllm` stage
+        except BaseException:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            raise
         ctx = zmq.Context.instance()
         self.status = ctx.socket(zmq.PULL)
         self.status.bind(self.wiring.status)
