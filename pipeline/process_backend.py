@@ -20,6 +20,7 @@ import multiprocessing as mp
 import os
 import queue
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -50,6 +51,16 @@ class StageStartError(RuntimeError):
     def __init__(self, message: str, stage: str | None = None, cause: str | None = None) -> None:
         super().__init__(message)
         self.stage, self.cause = stage, cause
+
+
+def kill_leftovers(proc: mp.Process) -> None:
+    """Kill what a stopped or dead stage process leaves behind: the processes of the process group it leads,
+    if it made one (a vLLM stage does: vLLM's engine core and workers, which outlive a stage killed outright).
+    A stage that made no group has none with its pid as id, so nothing else is touched."""
+    if proc.pid is None or proc.pid == os.getpgrp():
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 class ProcessBackend:
@@ -115,6 +126,8 @@ class ProcessBackend:
         except BaseException:  # a stage failed to start: the others are killed, nothing is left behind
             for p in self.procs.values():
                 p.kill()
+                p.join(timeout=5)
+                kill_leftovers(p)
             self._release()
             raise
         self.running = True
@@ -159,6 +172,7 @@ class ProcessBackend:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
+            kill_leftovers(p)
         self._release()
 
     def _release(self) -> None:
@@ -239,6 +253,7 @@ class ProcessBackend:
         for s, p in self.procs.items():
             if p.is_alive():
                 continue
+            kill_leftovers(p)
             for rid in sorted(self.inflight):
                 self._fail(rid, f"stage {s} died (exit code {p.exitcode}); the turn was lost")
             self.up.discard(s)

@@ -25,7 +25,8 @@ Processes: the stage process (frontend: this worker) → vLLM's ``EngineCore`` �
 (vLLM's CPU backend always uses its ``mp`` executor), on GPUs one per tensor/pipeline rank. The stage
 process is daemonic (the server's exit takes it down), and multiprocessing refuses children to daemonic
 processes, so this worker clears the flag on its own process and turns SIGTERM into a normal exit, which
-shuts vLLM's processes down with it.
+shuts vLLM's processes down with it; it also leads its own process group, which the process backend kills
+when the stage dies outright (vLLM's engine core would outlive it).
 
 Differences from our engine (documented, not hidden): vLLM's ``repetition_penalty`` also counts the
 prompt's ids (ours only the generated ones), ``suppress_token_ids`` become ``logit_bias`` −100 (vLLM's
@@ -61,6 +62,9 @@ STEP_WAIT_S = 0.002
 CPU_DEFAULT_KV_GIB = 1.0
 """KV cache per worker on vLLM's CPU backend when the graph gives no ``kv_cache_gib`` (GiB)."""
 GIB = 1 << 30
+SHUTDOWN_S = 2.0
+"""How long :meth:`VLLMLLMWorker.close` lets vLLM's processes exit before they are killed (s): its CPU worker
+does not exit on its own within vLLM's default 5 s, and a stopping stage has 5 s in all."""
 
 
 def engine_kwargs(model_dir: Path, cfg: StageConfig, dtype: torch.dtype, cpu: bool) -> dict:
@@ -121,12 +125,15 @@ def _describe(e: BaseException) -> str:
 
 
 def _allow_children() -> None:
-    """Let this (daemonic) stage process start vLLM's processes, and exit cleanly on SIGTERM so that vLLM's
-    finalizers stop them (see the module docstring)."""
+    """Let this (daemonic) stage process start vLLM's processes, exit cleanly on SIGTERM so that vLLM's
+    finalizers stop them, and lead a process group of its own: vLLM's engine core does not notice its
+    frontend's death, so a stage killed outright would leave it running; the process backend kills the group
+    of a dead stage (:func:`..process_backend.kill_leftovers`)."""
     proc = multiprocessing.current_process()
     if not proc.daemon:  # in-process backend: the server's own process and signal handlers stay as they are
         return
     proc.daemon = False
+    os.setpgid(0, 0)  # vLLM's processes join this stage's own group: the backend kills it if the stage dies
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
@@ -334,7 +341,7 @@ class VLLMLLMWorker:
         if self.turns:
             await self.llm.abort(list(self.turns))
         self.turns.clear()
-        self.llm.shutdown()
+        self.llm.shutdown(timeout=SHUTDOWN_S)
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
