@@ -276,3 +276,49 @@ def test_spoken_turn_through_the_cascade_gives_the_same_reply(smollm_dir):
         replies.append((transcript, record["text_token_ids"], text, audio > 0))
     assert replies[0] == replies[1]
     assert "tea" in replies[0][0].lower() and replies[0][2]
+
+
+def _group_leader_with_child(q) -> None:
+    """A stage-like process that leads its own process group and starts a child, as a vLLM stage does."""
+    import os
+    import subprocess
+    import time
+
+    os.setpgid(0, 0)
+    child = subprocess.Popen(["sleep", "120"])
+    q.put(child.pid)
+    time.sleep(120)
+
+
+def _dead(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_dead_stage_takes_its_process_group_with_it():
+    """vLLM's engine core outlives a stage killed outright; the process backend kills the group it leads."""
+    import multiprocessing as mp
+    import time
+
+    import psutil
+
+    from omniduplex.pipeline.process_backend import kill_leftovers
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_group_leader_with_child, args=(q,), daemon=True)
+    p.start()
+    child = psutil.Process(q.get(timeout=60))
+    p.kill()
+    p.join(timeout=10)
+    assert not _dead(child)  # orphaned, still running
+    kill_leftovers(p)
+    deadline = time.monotonic() + 30
+    while not _dead(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _dead(child)
+    kill_leftovers(p)  # nothing left: a no-op
