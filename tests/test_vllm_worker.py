@@ -250,6 +250,25 @@ def test_greedy_ids_equal_our_engine_on_the_tiny_qwen3_preset(tmp_path):
 
 @needs_vllm
 @pytest.mark.slow
+def test_a_dead_engine_raises_from_step(tmp_path):
+    """vLLM's CPU attention rejects head_dim 16 at the first forward and its engine core dies: the worker
+    raises from ``step`` (a stage process then exits and is restarted; its turns are failed)."""
+    from omniduplex.models.presets import write_checkpoint
+    from omniduplex.pipeline.stages.vllm_llm import VLLMLLMWorker
+
+    d = write_checkpoint(tmp_path / "tiny16", "tiny", seed=3, text_only=True)
+    w = VLLMLLMWorker(d, vllm_stage(), torch.float32)
+    try:
+        w.submit(turn("x", "Hello there.", max_tokens=4))
+        with pytest.raises(RuntimeError, match="vLLM engine died"):
+            while w.has_work():
+                w.step()
+    finally:
+        w.close()
+
+
+@needs_vllm
+@pytest.mark.slow
 def test_spoken_turn_through_the_cascade_gives_the_same_reply(smollm_dir):
     """Stage processes with the LLM on vLLM vs our engine in-process: same transcript, ids and reply text."""
     wav = load_audio(GREEN_TEA)

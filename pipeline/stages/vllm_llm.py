@@ -22,7 +22,9 @@ back on a thread-safe queue that :meth:`~VLLMLLMWorker.step` drains (waiting at 
 :data:`STEP_WAIT_S` when nothing is ready, so neither backend spins a core while vLLM computes).
 
 Processes: the stage process (frontend: this worker) → vLLM's ``EngineCore`` → on CPU one worker process
-(vLLM's CPU backend always uses its ``mp`` executor), on GPUs one per tensor/pipeline rank. The stage
+(vLLM's CPU backend always uses its ``mp`` executor), on GPUs one per tensor/pipeline rank. They are
+spawned, not forked (``VLLM_WORKER_MULTIPROC_METHOD=spawn`` unless set: this process has threads and ZMQ
+sockets), so each imports vLLM afresh: the stage takes ~30-80 s to start on this 2-core machine. The stage
 process is daemonic (the server's exit takes it down), and multiprocessing refuses children to daemonic
 processes, so this worker clears the flag on its own process and turns SIGTERM into a normal exit, which
 shuts vLLM's processes down with it; it also leads its own process group, which the process backend kills
@@ -267,7 +269,8 @@ class VLLMLLMWorker:
             self._call(self.llm.abort(request_id), timeout=30)
 
     def has_work(self) -> bool:
-        return bool(self._ready or self.turns)
+        """Turns in flight, or a dead engine (:meth:`step` then raises: the stage restarts)."""
+        return bool(self._ready or self.turns) or self.llm.errored
 
     def step(self) -> list[StageMessage]:
         """The messages of every id vLLM sampled since the last call (in order per turn), plus skipped
@@ -307,7 +310,7 @@ class VLLMLLMWorker:
                     )
                 self.turns.pop(rid)
                 self.tasks.pop(rid, None)
-        if self.turns and self.llm.errored:
+        if self.llm.errored:
             raise RuntimeError(f"vLLM engine died: {self.llm.dead_error}")
         return outs
 
