@@ -402,6 +402,34 @@ def bench_engine(
     run(model, [int(c) for c in concurrency.split(",")], json_out, vllm_python, threads)
 
 
+@bench.command("llm")
+def bench_llm(
+    model: Path | None = typer.Option(
+        None, help="HF-layout text LLM folder (default: the packaged SmolLM2, imported into the cache)."
+    ),
+    backend: list[str] = typer.Option(
+        ["omniduplex", "vllm"], "--backend", help="omniduplex (our engine) and/or vllm (repeatable)."
+    ),
+    concurrency: str = typer.Option("1,8", help="Comma-separated concurrent turn counts."),
+    new_tokens: int = typer.Option(64, help="Reply tokens per turn (fixed length)."),
+    rounds: int = typer.Option(2, help="Rounds per concurrency level."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or auto (both backends)."),
+    threads: int = typer.Option(1, help="torch intra-op threads of our engine (vLLM binds its own)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+) -> None:
+    """The cascade's LLM stage worker on each backend: tokens/s and TTFT over chat turns."""
+    from omniduplex.benchmarks.llm_backends import run
+    from omniduplex.models.cascade import load_manifest, resolve_llm
+    from omniduplex.models.weights import cache_dir
+
+    if model is None:
+        from omniduplex.app.respond import default_model
+
+        model = resolve_llm(load_manifest(default_model()), cache_dir())
+    levels = [int(c) for c in concurrency.split(",")]
+    run(model, levels, json_out, new_tokens, rounds, dtype, tuple(backend), threads)
+
+
 @bench.command("serve")
 def bench_serve(
     model: Path | None = typer.Option(

@@ -373,6 +373,27 @@ def create_app(cfg: ServerConfig | None = None, responder: Responder | None = No
     return app
 
 
+def check_graph(cfg: ServerConfig) -> None:
+    """What :func:`serve` checks before it binds its port: the stage-graph file is valid and every stage of
+    the model's graph has its engine installed (``backend: vllm`` needs vLLM), so these fail as one line at
+    once rather than after the background start. A model that cannot be read is left to the start to report.
+
+    Raises:
+        GraphConfigError: an invalid graph file; ``VLLMUnavailableError`` (a subclass): no vLLM for a stage
+            that asks for it.
+    """
+    from omniduplex.pipeline.backends import check_backends
+    from omniduplex.pipeline.config import load_graph
+    from omniduplex.pipeline.topology import CASCADE
+
+    pcfg = load_graph(cfg.graph, model=cfg.model)
+    try:
+        stages = CASCADE.all_stages if pcfg.model is None else pcfg.topology().all_stages
+    except Exception:
+        return
+    check_backends(pcfg, stages)
+
+
 def serve(
     cfg: ServerConfig,
     host: str = "127.0.0.1",
@@ -385,12 +406,15 @@ def serve(
     are refused and replies in flight finish (up to ``cfg.drain_timeout_s``), see :mod:`.drain`.
 
     Raises:
+        GraphConfigError: an invalid graph, or no vLLM for a ``backend: vllm`` stage (:func:`check_graph`),
+            before the port is bound.
         Exception: why the pipeline failed to start (the server stops then), e.g. ``StageStartError``.
     """
     import uvicorn
 
     from .drain import DrainingServer
 
+    check_graph(cfg)
     logs.configure(log_level, log_json)
     app = create_app(replace(cfg, start_in_background=True))
     state: ServerState = app.state.server

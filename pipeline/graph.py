@@ -17,6 +17,7 @@ from omniduplex.models.registry import load_model
 from omniduplex.models.talker_prompt import TalkerTextEmbeds
 from omniduplex.models.weights import WHISPER_TINY_EN, cache_dir, locate
 
+from .backends import check_backends
 from .config import PipelineConfig, StageConfig
 from .connector import ChunkingConfig
 from .stages.codec_encoder import CodecEncoderWorker
@@ -91,8 +92,9 @@ def build_worker(
 
 
 def _cascade_worker(stage: str, manifest, cfg: StageConfig):
-    """The ASR (faster-whisper), LLM (our engine) or TTS (Piper) worker of a cascade; each runs its
-    library on ``cfg.torch_threads`` threads (one per stage process holds up under contention)."""
+    """The ASR (faster-whisper), LLM (our engine, or vLLM with ``backend: vllm``) or TTS (Piper) worker of a
+    cascade; each runs its library on ``cfg.torch_threads`` threads (one per stage process holds up under
+    contention; vLLM's CPU backend binds its own OpenMP threads)."""
     if stage == "asr":
         return _asr_worker(manifest.asr, cfg)
     if stage == "tts":
@@ -103,9 +105,13 @@ def _cascade_worker(stage: str, manifest, cfg: StageConfig):
         # a 4-word first clause: the first audio waits for ~5 LLM tokens instead of ~8 (TTFP)
         tts = PiperTTS(manifest.tts, manifest.tts_config, threads=cfg.torch_threads)
         return TTSWorker(tts, CASCADE_OUTPUT_RATE, first_max_words=4)
+    llm_dir = resolve_llm(manifest, cache_dir())
+    if cfg.backend == "vllm":
+        from .stages.vllm_llm import VLLMLLMWorker
+
+        return VLLMLLMWorker(llm_dir, cfg, _dtype(cfg.dtype))
     from .stages.llm import LLMWorker
 
-    llm_dir = resolve_llm(manifest, cache_dir())
     model = load_model(llm_dir, parts=("thinker",), dtype=_dtype(cfg.dtype), device=cfg.device)
     return LLMWorker(model, cfg.num_kv_blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
 
@@ -128,9 +134,14 @@ def prepare(pcfg: PipelineConfig) -> None:
     """Work to do once in the parent before stage processes start: a cascade's GGUF LLM is imported
     into the cache here, so the LLM stage (and its restarts) only read the result.
 
+    A stage on ``backend: vllm`` is checked here too, so a missing vLLM stops the start before any stage
+    process is spawned.
+
     Raises:
         CheckpointError / WeightsError: a part that cannot be loaded, named in one line.
+        VLLMUnavailableError: a stage of the graph asks for vLLM and it is not installed (names the fix).
     """
+    check_backends(pcfg, pcfg.topology().all_stages)
     if is_cascade(pcfg.model):
         resolve_llm(load_manifest(pcfg.model), cache_dir())
 

@@ -12,6 +12,7 @@ from collections import deque
 from .messages import StageMessage
 from .orchestrator import OutputCallback, output_sources
 from .stage_stats import worker_stats
+from .stages import failed_requests
 from .topology import SHAPES, Topology, with_side_asr
 
 
@@ -72,10 +73,15 @@ class LocalBackend:
         }
 
     def stop(self) -> None:
+        """Stop the thread, then close the workers that hold resources of their own (vLLM's engine)."""
         self.running = False
         self.wake.set()
         if self.thread:
             self.thread.join(timeout=10)
+        for w in self.workers.values():
+            close = getattr(w, "close", None)
+            if callable(close):
+                close()
 
     def _deliver(self, stage: str, msg: StageMessage) -> None:
         try:
@@ -114,6 +120,8 @@ class LocalBackend:
                     for rid in list(self.owner[stage]):
                         self._fail(rid, f"{stage} failed: {err}")
                     continue
+                for rid, error in failed_requests(w):
+                    self._fail(rid, f"{stage}: {error}")
                 for msg in outs:
                     if msg.last:
                         self.owner[stage].discard(msg.request_id)

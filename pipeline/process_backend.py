@@ -20,6 +20,7 @@ import multiprocessing as mp
 import os
 import queue
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -52,6 +53,16 @@ class StageStartError(RuntimeError):
         self.stage, self.cause = stage, cause
 
 
+def kill_leftovers(proc: mp.Process) -> None:
+    """Kill what a stopped or dead stage process leaves behind: the processes of the process group it leads,
+    if it made one (a vLLM stage does: vLLM's engine core and workers, which outlive a stage killed outright).
+    A stage that made no group has none with its pid as id, so nothing else is touched."""
+    if proc.pid is None or proc.pid == os.getpgrp():
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 class ProcessBackend:
     """Stage processes + relay edges. ``restart_on_crash`` restarts a dead stage (default on)."""
 
@@ -82,7 +93,14 @@ class ProcessBackend:
     # -- Backend interface (any thread) ------------------------------------------------------------
     def start(self, on_output: OutputCallback) -> None:
         self.on_output = on_output
-        prepare(self.pcfg)
+        try:
+            prepare(self.pcfg)  # e.g. a GGUF import, or no vLLM for a `backend: vllm` stage
+        except BaseException:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            raise
         ctx = zmq.Context.instance()
         self.status = ctx.socket(zmq.PULL)
         self.status.bind(self.wiring.status)
@@ -108,6 +126,8 @@ class ProcessBackend:
         except BaseException:  # a stage failed to start: the others are killed, nothing is left behind
             for p in self.procs.values():
                 p.kill()
+                p.join(timeout=5)
+                kill_leftovers(p)
             self._release()
             raise
         self.running = True
@@ -152,6 +172,7 @@ class ProcessBackend:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
+            kill_leftovers(p)
         self._release()
 
     def _release(self) -> None:
@@ -232,6 +253,7 @@ class ProcessBackend:
         for s, p in self.procs.items():
             if p.is_alive():
                 continue
+            kill_leftovers(p)
             for rid in sorted(self.inflight):
                 self._fail(rid, f"stage {s} died (exit code {p.exitcode}); the turn was lost")
             self.up.discard(s)

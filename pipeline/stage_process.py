@@ -26,6 +26,7 @@ from omniduplex.relay import ConsumerDied, EdgeConfig, EdgeConsumer, EdgeProduce
 from .config import PipelineConfig
 from .messages import StageMessage
 from .stage_stats import StatsReporter, producer_stats, worker_stats
+from .stages import failed_requests
 from .topology import Topology
 
 META_KEY = "__meta__"
@@ -145,10 +146,14 @@ class StageLoop:
         }
 
     def close(self) -> None:
+        """Close the edges, and the worker when it holds resources of its own (vLLM's engine processes)."""
         for p in self.producers.values():
             p.close()
         if self.consumer is not None:
             self.consumer.close()
+        close = getattr(getattr(self, "worker", None), "close", None)
+        if callable(close):
+            close()
 
     def _fail(self, rid: str, error: str) -> None:
         self.worker.abort(rid)
@@ -188,6 +193,8 @@ class StageLoop:
     def _step(self) -> bool:
         """One worker step; its outputs go downstream. ``False`` when it produced nothing."""
         outs = self.worker.step()
+        for rid, error in failed_requests(self.worker):
+            self._fail(rid, f"{self.stage}: {error}")
         for msg in outs:
             for dst, producer in self.producers.items():
                 tensors = pack(msg, (self.stage, dst), self.topo)

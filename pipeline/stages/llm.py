@@ -14,6 +14,9 @@ meta, ``last=True``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 from tokenizers import Tokenizer
 
@@ -72,59 +75,50 @@ def _has_words(text: str) -> bool:
     return any(ch.isalnum() for ch in text)
 
 
-class LLMWorker:
-    """Continuous batching of a text LLM (Llama / Qwen3 checkpoints) over every turn in flight.
+@dataclass
+class ChatTurn:
+    """A turn ready for an engine: ``ids`` the chat prompt's token ids, ``sampling`` its decoding controls
+    (the stop ids included), ``meta`` the turn's input meta to hand on (without ``sampling``/``words``)."""
+
+    ids: list[int]
+    sampling: SamplingParams
+    meta: dict
+
+
+class ChatPrompter:
+    """The turn → prompt half of the LLM stage, shared by both backends (:class:`LLMWorker`, our engine;
+    :class:`~.vllm_llm.VLLMLLMWorker`, vLLM), so both feed their engine the same ids.
 
     Args:
-        model: a loaded text LM (``load_model(dir, parts=("thinker",))``); its folder must hold
-            ``tokenizer.json`` and may hold a chat template (else ChatML, see :mod:`.chat_template`).
-        num_blocks, max_num_seqs, max_num_batched_tokens: engine sizes (see :class:`Engine`).
+        path: the checkpoint folder: ``tokenizer.json`` and optionally a chat template
+            (else ChatML, see :mod:`.chat_template`).
+        raw_config: its ``config.json`` (``eos_token_id`` when the tokenizer names no eos token).
 
     Raises:
-        CheckpointError: no ``tokenizer.json``, no eos token, or a model without a text decoder.
+        CheckpointError: no ``tokenizer.json`` or no eos token.
     """
 
-    def __init__(
-        self,
-        model: LoadedModel,
-        num_blocks: int = 1024,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 1024,
-    ) -> None:
-        if model.thinker is None or model.thinker.model is None:
-            raise CheckpointError(f"{model.path}: not a text LM checkpoint (no decoder loaded)")
-        tok_file = model.path / "tokenizer.json"
+    def __init__(self, path: Path, raw_config: dict) -> None:
+        tok_file = path / "tokenizer.json"
         if not tok_file.is_file():
-            raise CheckpointError(f"{model.path}: no tokenizer.json (the LLM stage detokenizes itself)")
+            raise CheckpointError(f"{path}: no tokenizer.json (the LLM stage detokenizes itself)")
+        self.path = path
         self.tokenizer = Tokenizer.from_file(str(tok_file))
-        self.template: ChatTemplate = load_chat_template(model.path)
-        self.stop_ids = self._stop_ids(model)
-        weight = model.thinker.lm_head.weight
-        self.engine = Engine(
-            ThinkerAdapter(model.thinker),
-            num_blocks,
-            max_num_seqs,
-            max_num_batched_tokens,
-            dtype=weight.dtype,
-            device=weight.device,
-        )
-        # per turn: prompt ids, the meta to hand on with its first token (None once sent), detokenizer
-        self.turns: dict[str, tuple[torch.Tensor, dict | None, IncrementalDetokenizer]] = {}
-        self._ready: list[StageMessage] = []  # skipped turns, emitted at the next step
+        self.template: ChatTemplate = load_chat_template(path)
+        self.stop_ids = self._stop_ids(raw_config)
 
-    def _stop_ids(self, model: LoadedModel) -> tuple[int, ...]:
+    def _stop_ids(self, raw_config: dict) -> tuple[int, ...]:
         eos = self.template.special_tokens.get("eos_token")
         ids = [self.tokenizer.token_to_id(eos)] if eos else []
         if not ids or ids[0] is None:
-            raw = model.raw_config.get("eos_token_id")
+            raw = raw_config.get("eos_token_id")
             ids = list(raw) if isinstance(raw, list) else [raw]
         ids += [self.tokenizer.token_to_id(t) for t in EXTRA_STOP_TOKENS]
         out = tuple(dict.fromkeys(i for i in ids if isinstance(i, int)))
         if not out:
-            raise CheckpointError(f"{model.path}: no eos token in tokenizer_config.json or config.json")
+            raise CheckpointError(f"{self.path}: no eos token in tokenizer_config.json or config.json")
         return out
 
-    # -- turn input ----------------------------------------------------------------------------------
     def messages(self, rid: str, meta: dict) -> list[dict]:
         """The chat of a turn: system prompt, history, then the transcript as the user's message.
 
@@ -150,7 +144,12 @@ class LLMWorker:
             out.append({"role": "user", "content": meta["transcript"]})
         return out
 
-    def _sampling(self, rid: str, raw) -> SamplingParams:
+    def sampling(self, rid: str, raw) -> SamplingParams:
+        """The turn's :class:`SamplingParams` from its ``sampling`` meta, with this model's stop ids added.
+
+        Raises:
+            ValueError: an unknown field or an invalid value.
+        """
         sp = dict(raw or {})
         sp["stop_token_ids"] = tuple(dict.fromkeys((*sp.get("stop_token_ids", ()), *self.stop_ids)))
         sp["suppress_token_ids"] = tuple(sp.get("suppress_token_ids", ()))
@@ -158,6 +157,101 @@ class LLMWorker:
             return SamplingParams(**sp)
         except TypeError as e:
             raise ValueError(f"turn {rid}: bad sampling parameters ({e})") from e
+
+    def prepare(self, msg: StageMessage) -> ChatTurn | StageMessage:
+        """A :class:`ChatTurn` for the engine, or, for a spoken turn without words, the one message that
+        answers it (see the module docstring).
+
+        Raises:
+            ValueError: a missing or non-string ``transcript``, malformed ``history``/``system_prompt``/
+                ``sampling``, or a template that rejects the chat.
+        """
+        rid, meta = msg.request_id, msg.meta
+        transcript = meta.get("transcript")
+        if not isinstance(transcript, str):
+            raise ValueError(
+                f"turn {rid}: meta 'transcript' must be a string, got {type(transcript).__name__}"
+            )
+        turn_meta = {k: v for k, v in meta.items() if k not in ("sampling", "words")}
+        typed = isinstance(meta.get("user_text"), str)  # typed turns are answered even when empty
+        if not typed and not _has_words(transcript):
+            return StageMessage(
+                rid,
+                {"token": torch.zeros(0, dtype=torch.int64)},
+                {**turn_meta, "text": "", "skipped": "empty transcript"},
+                last=True,
+            )
+        sampling = self.sampling(rid, meta.get("sampling"))
+        ids = encode_chat(self.tokenizer, self.template, self.messages(rid, meta))
+        return ChatTurn(ids, sampling, turn_meta)
+
+
+class TurnStream:
+    """The output side of one turn: a message per sampled id, as the module docstring describes (the first
+    carries ``prompt_ids`` and the turn meta, each carries its text delta, the last its finish reason)."""
+
+    def __init__(self, turn: ChatTurn, tokenizer: Tokenizer, stop_ids: tuple[int, ...]) -> None:
+        self.prompt = torch.tensor(turn.ids, dtype=torch.int64)
+        self.meta: dict | None = turn.meta  # None once the first message is out
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.stop_ids = stop_ids
+
+    def message(self, rid: str, tok: int, finish_reason: str | None) -> StageMessage:
+        """The message of sampled id ``tok``; ``finish_reason`` (``stop``/``length``) marks the last one."""
+        text = "" if tok in self.stop_ids else self.detok.push(tok)
+        tensors = {"token": torch.tensor([tok], dtype=torch.int64)}
+        meta: dict = {}
+        if self.meta is not None:  # first token of the turn
+            meta.update(self.meta)
+            tensors["prompt_ids"] = self.prompt
+            self.meta = None
+        last = finish_reason is not None
+        if last:
+            text += self.detok.flush()
+            meta["finish_reason"] = finish_reason
+        meta["text"] = text
+        return StageMessage(rid, tensors, meta, last=last)
+
+
+class LLMWorker:
+    """Continuous batching of a text LLM (Llama / Qwen3 checkpoints) over every turn in flight.
+
+    Args:
+        model: a loaded text LM (``load_model(dir, parts=("thinker",))``); its folder must hold
+            ``tokenizer.json`` and may hold a chat template (else ChatML, see :mod:`.chat_template`).
+        num_blocks, max_num_seqs, max_num_batched_tokens: engine sizes (see :class:`Engine`).
+
+    Raises:
+        CheckpointError: no ``tokenizer.json``, no eos token, or a model without a text decoder.
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        num_blocks: int = 1024,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 1024,
+    ) -> None:
+        if model.thinker is None or model.thinker.model is None:
+            raise CheckpointError(f"{model.path}: not a text LM checkpoint (no decoder loaded)")
+        self.chat = ChatPrompter(model.path, model.raw_config)
+        self.tokenizer, self.template = self.chat.tokenizer, self.chat.template
+        self.stop_ids = self.chat.stop_ids
+        weight = model.thinker.lm_head.weight
+        self.engine = Engine(
+            ThinkerAdapter(model.thinker),
+            num_blocks,
+            max_num_seqs,
+            max_num_batched_tokens,
+            dtype=weight.dtype,
+            device=weight.device,
+        )
+        self.turns: dict[str, TurnStream] = {}
+        self._ready: list[StageMessage] = []  # skipped turns, emitted at the next step
+
+    def messages(self, rid: str, meta: dict) -> list[dict]:
+        """The chat of a turn (:meth:`ChatPrompter.messages`)."""
+        return self.chat.messages(rid, meta)
 
     def submit(self, msg: StageMessage) -> None:
         """Queue a turn (see the module docstring for its fields).
@@ -167,31 +261,15 @@ class LLMWorker:
                 ``sampling``, a template that rejects the chat, a duplicate id, or a prompt that cannot fit
                 the KV cache (this turn only).
         """
-        rid, meta = msg.request_id, msg.meta
-        transcript = meta.get("transcript")
-        if not isinstance(transcript, str):
-            raise ValueError(
-                f"turn {rid}: meta 'transcript' must be a string, got {type(transcript).__name__}"
-            )
+        rid = msg.request_id
         if rid in self.turns or any(m.request_id == rid for m in self._ready):
             raise ValueError(f"turn {rid}: already running")
-        turn_meta = {k: v for k, v in meta.items() if k not in ("sampling", "words")}
-        typed = isinstance(meta.get("user_text"), str)  # typed turns are answered even when empty
-        if not typed and not _has_words(transcript):
-            self._ready.append(
-                StageMessage(
-                    rid,
-                    {"token": torch.zeros(0, dtype=torch.int64)},
-                    {**turn_meta, "text": "", "skipped": "empty transcript"},
-                    last=True,
-                )
-            )
+        turn = self.chat.prepare(msg)
+        if isinstance(turn, StageMessage):
+            self._ready.append(turn)
             return
-        sampling = self._sampling(rid, meta.get("sampling"))
-        ids = encode_chat(self.tokenizer, self.template, self.messages(rid, meta))
-        self.engine.add_request(Request(rid, ids, sampling))
-        prompt = torch.tensor(ids, dtype=torch.int64)
-        self.turns[rid] = (prompt, turn_meta, IncrementalDetokenizer(self.tokenizer))
+        self.engine.add_request(Request(rid, turn.ids, turn.sampling))
+        self.turns[rid] = TurnStream(turn, self.tokenizer, self.stop_ids)
 
     def abort(self, request_id: str) -> None:
         """Drop a turn wherever it is; its KV blocks are free when this returns. No-op when unknown."""
@@ -207,22 +285,11 @@ class LLMWorker:
         """One engine step: a message per sampled token (plus any skipped turns' single message)."""
         outs, self._ready = self._ready, []
         for o in self.engine.step():
-            turn = self.turns.get(o.request_id)
-            if turn is None:
+            stream = self.turns.get(o.request_id)
+            if stream is None:
                 continue
-            prompt, turn_meta, detok = turn
             (tok,) = o.new_token_ids
-            text = "" if tok in self.stop_ids else detok.push(tok)
-            tensors = {"token": torch.tensor([tok], dtype=torch.int64)}
-            meta: dict = {}
-            if turn_meta is not None:  # first token of the turn
-                meta.update(turn_meta)
-                tensors["prompt_ids"] = prompt
-                self.turns[o.request_id] = (prompt, None, detok)
+            outs.append(stream.message(o.request_id, tok, o.finish_reason if o.finished else None))
             if o.finished:
-                text += detok.flush()
-                meta["finish_reason"] = o.finish_reason
                 self.turns.pop(o.request_id, None)
-            meta["text"] = text
-            outs.append(StageMessage(o.request_id, tensors, meta, last=o.finished))
         return outs
