@@ -20,7 +20,9 @@ class GraphConfigError(ValueError):
 
 class StageConfig(BaseModel):
     """One stage process: device, dtype, batch and token limits, KV cache size. ``dtype: auto`` = bf16 where
-    the CPU has native bf16 matrix units, else fp32 (:func:`.graph.auto_dtype`)."""
+    the CPU has native bf16 matrix units, else fp32 (:func:`.graph.auto_dtype`). ``enable_prefix_caching``:
+    engine stages share the KV blocks of common prompt prefixes across turns
+    (:mod:`.engine.prefix_cache`)."""
 
     model_config = {"extra": "forbid"}
 
@@ -30,6 +32,7 @@ class StageConfig(BaseModel):
     max_num_batched_tokens: int = Field(1024, ge=1)
     num_kv_blocks: int = Field(1024, ge=1)
     torch_threads: int = Field(1, ge=1)
+    enable_prefix_caching: bool = True
 
 
 class EdgeConfig(BaseModel):
