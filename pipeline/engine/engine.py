@@ -6,6 +6,7 @@ Model specifics (how input rows are embedded, what a sampled id produces downstr
 
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 import torch
@@ -17,6 +18,7 @@ from .prefix_cache import PrefixCache
 from .request import Request, RequestOutput, Status
 from .sampler import SamplingBatch, sample
 from .scheduler import ScheduledBatch, Scheduler
+from .threads import ThreadGovernor
 
 
 class ModelAdapter(Protocol):
@@ -55,6 +57,9 @@ class Engine:
             (:mod:`.prefix_cache`); the adapter may supply ``row_key(req, start, end) -> bytes | None``
             (content of input rows beyond their ids) and ``cacheable_rows(req) -> int`` (most leading rows
             whose computation may be skipped).
+        adapt_threads: keep torch's intra-op threads at the cores other processes leave free
+            (:class:`.threads.ThreadGovernor`; up to the count set when the engine is built). ``None``: on
+            unless the environment sets ``OMNIDUPLEX_ADAPT_THREADS=0``.
 
     Counters: ``num_prefill_tokens`` (prompt rows run through the model, recomputations after preemption
     included), ``num_cached_tokens`` (prompt rows taken from the prefix cache, summed over requests at their
@@ -70,6 +75,7 @@ class Engine:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         enable_prefix_caching: bool = True,
+        adapt_threads: bool | None = None,
     ) -> None:
         self.adapter, self.device = adapter, torch.device(device)
         self.kv = allocate_kv_cache(
@@ -85,6 +91,9 @@ class Engine:
         self.enable_prefix_caching = enable_prefix_caching
         self.num_prefill_tokens = 0
         self.num_cached_tokens = 0
+        if adapt_threads is None:
+            adapt_threads = os.environ.get("OMNIDUPLEX_ADAPT_THREADS", "1") != "0"
+        self.threads = ThreadGovernor() if adapt_threads else None
         self._counts = torch.zeros((0, adapter.vocab_size), dtype=torch.int32, device=device)
         self._free_slots: list[int] = []
         self.num_steps = 0
@@ -143,6 +152,8 @@ class Engine:
         if not plan.items:
             return []
         self.num_steps += 1
+        if self.threads is not None:
+            self.threads.update()
         batch = self._build_batch(plan)
         x = self.adapter.input_embeds(plan.items)
         hidden = self.adapter.forward(x, batch, self.kv)
