@@ -350,3 +350,47 @@ def test_llm_stage_next_turn_reuses_its_history(smollm):
     assert (p1, reply1) == turn(off, "t1", "What is the capital of France?", [])
     assert (p2, reply2) == turn(off, "t2", "And of Italy?", history)
     assert_pool_whole(on.engine)
+
+
+# -- the Thinker stage: text history reused, audio rows (read by the Talker) always computed --------------
+def test_thinker_stage_reuses_the_text_history_before_the_audio(tmp_path):
+    from omniduplex.models.talker_prompt import user_token_mask
+    from omniduplex.models.tokenizer import load_tokenizer, voice_turn_prompt
+    from omniduplex.pipeline.messages import StageMessage
+    from omniduplex.pipeline.stages.thinker import ThinkerWorker
+
+    d = write_checkpoint(tmp_path, "tiny", seed=0)
+    model = load_model(d, parts=("thinker",))
+    cfg, tok = model.config, load_tokenizer(d)
+    hidden = cfg.thinker.text.hidden_size
+    history = [("user", "hello there, " * 6), ("assistant", "hi, how can I help you today? " * 4)]
+    more = history + [("user", "tell me a story"), ("assistant", "once upon a time " * 3)]
+
+    def msg(rid, hist, n_audio, seed):
+        ids = voice_turn_prompt(cfg, tok, n_audio, "You are a voice assistant.", hist)
+        audio = torch.randn(n_audio, hidden, generator=torch.Generator().manual_seed(seed))
+        t = {"prompt_ids": torch.tensor(ids, dtype=torch.int64), "audio_embeds": audio}
+        return StageMessage(rid, t, {"sampling": {"max_tokens": 4}})
+
+    def turn(worker, m):
+        worker.submit(m)
+        outs = []
+        while worker.has_work():
+            outs += worker.step()
+        return [int(o.tensors["token"]) for o in outs], outs[0].tensors["prompt_hidden"]
+
+    on = ThinkerWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
+    off = ThinkerWorker(model, num_blocks=64, max_num_seqs=4, enable_prefix_caching=False)
+    turn(on, msg("b", history, 7, 1))
+    before = on.engine.num_cached_tokens
+    c = msg("c", more, 9, 2)
+    got = turn(on, c)
+    cached = on.engine.num_cached_tokens - before
+    ids = c.tensors["prompt_ids"]
+    read = user_token_mask(ids, cfg) & (ids == cfg.thinker.audio_token_id)
+    first_audio = int(torch.nonzero(read)[0])
+    assert cached > 0 and cached % B == 0 and cached <= first_audio  # the text history, up to the audio
+    ref = turn(off, c)
+    assert got[0] == ref[0]
+    torch.testing.assert_close(got[1][read], ref[1][read])  # the rows the Talker reads are exact
+    assert_pool_whole(on.engine)
