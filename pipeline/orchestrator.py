@@ -21,6 +21,7 @@ import torch
 from tokenizers import Tokenizer
 
 from .audio_io import OUTPUT_RATE
+from .detokenize import IncrementalDetokenizer
 from .messages import StageMessage, TurnEvent
 from .topology import Topology
 
@@ -53,26 +54,11 @@ class Backend(Protocol):
     def stop(self) -> None: ...
 
 
-class _Detokenizer:
-    """Incremental detokenization that holds back incomplete UTF-8 sequences."""
-
-    def __init__(self, tok: Tokenizer) -> None:
-        self.tok, self.ids, self.sent = tok, [], ""
-
-    def push(self, ids: list[int], final: bool = False) -> str:
-        self.ids += ids
-        text = self.tok.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd") and not final:
-            return ""
-        delta, self.sent = text[len(self.sent) :], text
-        return delta
-
-
 @dataclass
 class _Turn:
     request_id: str
     queue: asyncio.Queue
-    detok: _Detokenizer
+    detok: IncrementalDetokenizer | None
     t_submit: float = field(default_factory=time.perf_counter)
     t_transcript: float | None = None
     t_first_audio: float | None = None
@@ -136,7 +122,7 @@ class Orchestrator:
         self.turns[rid] = _Turn(
             rid,
             asyncio.Queue(),
-            _Detokenizer(self.tok) if self.tok else None,
+            IncrementalDetokenizer(self.tok) if self.tok else None,
             transcript_pending=self.side_transcript,
         )
         wav = torch.from_numpy(np.ascontiguousarray(waveform, dtype=np.float32))
@@ -210,7 +196,7 @@ class Orchestrator:
                 turn.prompt_ids = msg.tensors["prompt_ids"].tolist()
             ids = msg.tensors["token"].tolist()
             turn.token_ids += ids
-            delta = msg.meta["text"] if "text" in msg.meta else turn.detok.push(ids, final=msg.last)
+            delta = msg.meta["text"] if "text" in msg.meta else turn.detok.push_many(ids, final=msg.last)
             if delta:
                 put(TurnEvent("text", msg.request_id, text=delta))
             return

@@ -32,6 +32,10 @@ class ThinkerAdapter:
         capture_layer: record ``hidden_states[capture_layer]`` of prompt rows into
             ``req.extra["prompt_hidden"]`` (list of ``[n, hidden]`` chunks); ``None`` records nothing.
         emit_embeds: put the sampled token's input embedding in the step extras (``"token_embed"``).
+
+    Prefix caching: with ``capture_layer`` set, only the prompt rows before ``req.extra["capture_from"]``
+    (default 0: none) may come from the cache, since a cached row's hidden state is not recomputed; those
+    rows of ``prompt_hidden`` are zeros. The Thinker stage sets it to the first row the Talker reads.
     """
 
     def __init__(self, thinker: Thinker, capture_layer: int | None = None, emit_embeds: bool = False) -> None:
@@ -49,15 +53,21 @@ class ThinkerAdapter:
         self._items = items
         ids, from_prompt = [], []
         for req, n in items:
-            s = req.num_computed
-            seq = req.prompt_ids + req.output_ids
-            ids.extend(seq[s : s + n])
+            s, p = req.num_computed, req.num_prompt
+            if s + n <= p:
+                ids.extend(req.prompt_ids[s : s + n])
+            else:  # without building prompt + outputs (O(1) per decode row)
+                ids.extend(req.prompt_ids[s:p] + req.output_ids[max(s, p) - p : s + n - p])
             if req.prompt_embeds is not None and s < req.num_prompt:
                 from_prompt.append((len(ids) - n, req.prompt_embeds[s : min(s + n, req.num_prompt)]))
         emb = self.model.model.embed_tokens(torch.tensor(ids, device=self.model.lm_head.weight.device))
         for at, rows in from_prompt:
             emb[at : at + rows.shape[0]] = rows.to(emb.dtype)
         return emb
+
+    def cacheable_rows(self, req: Request) -> int:
+        """Most leading input rows the prefix cache may skip (see the class docstring)."""
+        return req.num_inputs if self.capture_layer is None else int(req.extra.get("capture_from", 0))
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, kv) -> torch.Tensor:
         hidden, captured = self.model(x, batch, kv, capture_layer=self.capture_layer)
@@ -66,12 +76,14 @@ class ThinkerAdapter:
             for req, n in self._items:
                 s = req.num_computed
                 end = min(s + n, req.num_prompt)
-                store = req.extra.setdefault("prompt_hidden", [])
-                have = sum(
-                    c.shape[0] for c in store
-                )  # rows kept from earlier chunks (or before a preemption)
-                if end > have:
-                    store.append(captured[at + have - s : at + end - s].clone())
+                if s < end:  # prompt rows (decode rows have nothing to record)
+                    store = req.extra.setdefault("prompt_hidden", [])
+                    have = sum(c.shape[0] for c in store)  # rows kept from earlier chunks or a preemption
+                    if s > have:  # rows taken from the prefix cache (before capture_from): never read
+                        store.append(captured.new_zeros((s - have, captured.shape[1])))
+                        have = s
+                    if end > have:
+                        store.append(captured[at + have - s : at + end - s].clone())
                 at += n
         return hidden
 

@@ -6,6 +6,7 @@ Model specifics (how input rows are embedded, what a sampled id produces downstr
 
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 import torch
@@ -13,9 +14,11 @@ import torch
 from omniduplex.models.forward_batch import BLOCK_SIZE, ForwardBatch, allocate_kv_cache
 
 from .block_manager import BlockAllocator
+from .prefix_cache import PrefixCache
 from .request import Request, RequestOutput, Status
 from .sampler import SamplingBatch, sample
 from .scheduler import ScheduledBatch, Scheduler
+from .threads import ThreadGovernor
 
 
 class ModelAdapter(Protocol):
@@ -49,6 +52,18 @@ class Engine:
         num_blocks: KV blocks of 16 tokens in the cache (per layer).
         max_num_seqs: most requests in one step.
         max_num_batched_tokens: token budget of one step.
+        dtype, device: of the KV cache.
+        enable_prefix_caching: share full KV blocks across requests with the same input prefix
+            (:mod:`.prefix_cache`); the adapter may supply ``row_key(req, start, end) -> bytes | None``
+            (content of input rows beyond their ids) and ``cacheable_rows(req) -> int`` (most leading rows
+            whose computation may be skipped).
+        adapt_threads: keep torch's intra-op threads at the cores other processes leave free
+            (:class:`.threads.ThreadGovernor`; up to the count set when the engine is built). ``None``: on
+            unless the environment sets ``OMNIDUPLEX_ADAPT_THREADS=0``.
+
+    Counters: ``num_prefill_tokens`` (prompt rows run through the model, recomputations after preemption
+    included), ``num_cached_tokens`` (prompt rows taken from the prefix cache, summed over requests at their
+    first token).
     """
 
     def __init__(
@@ -59,12 +74,26 @@ class Engine:
         max_num_batched_tokens: int = 512,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        enable_prefix_caching: bool = True,
+        adapt_threads: bool | None = None,
     ) -> None:
         self.adapter, self.device = adapter, torch.device(device)
         self.kv = allocate_kv_cache(
             adapter.num_layers, num_blocks, adapter.num_kv_heads, adapter.head_dim, dtype=dtype, device=device
         )
-        self.scheduler = Scheduler(BlockAllocator(num_blocks), max_num_seqs, max_num_batched_tokens)
+        allocator = BlockAllocator(num_blocks)
+        cache = None
+        if enable_prefix_caching:
+            cache = PrefixCache(
+                allocator, getattr(adapter, "row_key", None), getattr(adapter, "cacheable_rows", None)
+            )
+        self.scheduler = Scheduler(allocator, max_num_seqs, max_num_batched_tokens, cache)
+        self.enable_prefix_caching = enable_prefix_caching
+        self.num_prefill_tokens = 0
+        self.num_cached_tokens = 0
+        if adapt_threads is None:
+            adapt_threads = os.environ.get("OMNIDUPLEX_ADAPT_THREADS", "1") != "0"
+        self.threads = ThreadGovernor() if adapt_threads else None
         self._counts = torch.zeros((0, adapter.vocab_size), dtype=torch.int32, device=device)
         self._free_slots: list[int] = []
         self.num_steps = 0
@@ -123,6 +152,8 @@ class Engine:
         if not plan.items:
             return []
         self.num_steps += 1
+        if self.threads is not None:
+            self.threads.update()
         batch = self._build_batch(plan)
         x = self.adapter.input_embeds(plan.items)
         hidden = self.adapter.forward(x, batch, self.kv)
@@ -130,7 +161,11 @@ class Engine:
         end = 0
         for req, n in plan.items:
             end += n
+            prompt_rows = max(0, min(req.num_computed + n, req.num_prompt) - req.num_computed)
+            req.num_prefill_computed += prompt_rows
+            self.num_prefill_tokens += prompt_rows
             req.num_computed += n
+            self.scheduler.computed(req)
             if req.num_pending == 0:
                 rows.append(end - 1)
                 reqs.append(req)
@@ -156,7 +191,11 @@ class Engine:
                 )
                 self._finish(req, status)
                 reason = status.value
-            outs.append(RequestOutput(req.request_id, [tok], fin, reason, extra))
+            out = RequestOutput(req.request_id, [tok], fin, reason, extra)
+            if len(req.output_ids) == 1:
+                out.num_cached_tokens = max(0, req.num_cached_tokens)
+                self.num_cached_tokens += out.num_cached_tokens
+            outs.append(out)
         return outs
 
     def _sample(self, reqs: list[Request], h: torch.Tensor) -> tuple[list[int], list[bool], list[dict]]:

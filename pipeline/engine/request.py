@@ -72,6 +72,12 @@ class Request:
     Inputs are ``prompt_ids`` (and, when given, ``prompt_embeds`` ``[P, hidden]`` which replace their
     embeddings, e.g. with audio rows merged in) followed by the request's own sampled ids; models that
     feed embeddings rather than ids append one row per decode step to ``decode_embeds``.
+
+    KV state: ``blocks`` (the block table), ``num_computed`` (input rows whose KV is in those blocks),
+    ``block_hashes`` (chain hashes of the full blocks of its inputs, filled lazily by the prefix cache),
+    ``num_registered`` (leading blocks of ``blocks`` already offered to the prefix cache).
+    Accounting: ``num_cached_tokens`` (prompt rows taken from the prefix cache at first admission; ``-1``
+    before it), ``num_prefill_computed`` (prompt rows run through the model, recomputations included).
     """
 
     request_id: str
@@ -85,6 +91,10 @@ class Request:
     decode_embeds: list[torch.Tensor] = field(default_factory=list)
     blocks: list[int] = field(default_factory=list)
     num_computed: int = 0
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_registered: int = 0
+    num_cached_tokens: int = -1
+    num_prefill_computed: int = 0
     num_preemptions: int = 0
     slot: int = -1
     embed_inputs: bool = False
@@ -129,6 +139,8 @@ class RequestOutput:
 
     ``new_token_ids``: ids sampled this step (0 or 1). ``extras``: model-specific streams, e.g. the
     Talker's full codec frame or Thinker hidden states. ``finished``/``finish_reason`` when done.
+    ``num_cached_tokens``: on a request's first output, the prompt tokens its prefill took from the prefix
+    cache (as OpenAI's ``usage.prompt_tokens_details.cached_tokens``); ``None`` on later outputs.
     """
 
     request_id: str
@@ -136,3 +148,4 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    num_cached_tokens: int | None = None

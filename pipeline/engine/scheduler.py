@@ -5,6 +5,10 @@ a chunk for a prefill) from the step's token budget; when KV blocks run out the 
 request is preempted (its blocks freed, recomputed later). Then waiting requests are admitted in
 arrival order while budget, sequence slots and free blocks allow. Requests with nothing pending
 (a Talker waiting for Thinker text) are skipped without losing their place.
+
+With a :class:`.prefix_cache.PrefixCache`, a request admitted without KV (new, or preempted) first takes
+the cached blocks of its longest matching prefix and is planned only for the rows after it; after each
+forward the engine calls :meth:`Scheduler.computed` so completed blocks are registered for others.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .block_manager import BlockAllocator, blocks_for
+from .prefix_cache import PrefixCache
 from .request import Request, Status
 
 
@@ -35,18 +40,25 @@ class Scheduler:
         allocator: the KV block pool.
         max_num_seqs: most requests running at once.
         max_num_batched_tokens: token budget of one step (prefill chunks + decodes).
+        prefix_cache: reuse and register full blocks across requests (``None``: prefix caching off).
     """
 
     def __init__(
-        self, allocator: BlockAllocator, max_num_seqs: int = 64, max_num_batched_tokens: int = 512
+        self,
+        allocator: BlockAllocator,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 512,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.allocator = allocator
+        self.prefix_cache = prefix_cache
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self.num_reused_tokens = 0  # rows taken from the prefix cache at admissions
 
     def add(self, req: Request) -> None:
         """Queue a request (with its CFG companion, if any).
@@ -75,8 +87,7 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         for r in req.group:
-            self.allocator.free(r.blocks)
-            r.blocks = []
+            self._release(r)
             r.status = status
             self.requests.pop(r.request_id, None)
 
@@ -110,13 +121,20 @@ class Scheduler:
         skipped = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting.popleft()
+            reused = self._reuse_prefix(req)
             ns = self._chunk(req, budget, bool(out.items))
             if not any(ns):
+                self._unreuse(reused)
                 skipped.append(req)
                 continue
             if not self._grow(req, ns):
+                self._unreuse(reused)
                 self.waiting.appendleft(req)
                 break
+            for r in reused:
+                self.num_reused_tokens += r.num_computed
+                if r.num_cached_tokens < 0:
+                    r.num_cached_tokens = r.num_computed
             for r in req.group:
                 r.status = Status.RUNNING
             self.running.append(req)
@@ -154,9 +172,33 @@ class Scheduler:
         self.running.remove(req)
         self.num_preemptions += 1
         for r in req.group:
-            self.allocator.free(r.blocks)
-            r.blocks = []
-            r.num_computed = 0
+            self._release(r)
             r.num_preemptions += 1
             r.status = Status.WAITING
         self.waiting.appendleft(req)
+
+    def _release(self, r: Request) -> None:
+        """Drop the request's KV: tail blocks first, so the LRU evicts a chain from its end."""
+        self.allocator.free(r.blocks[::-1])
+        r.blocks = []
+        r.num_computed = 0
+        r.num_registered = 0
+
+    def _reuse_prefix(self, req: Request) -> list[Request]:
+        """Members of ``req.group`` without KV take their cached prefix; returns them (to undo, count)."""
+        if self.prefix_cache is None:
+            return []
+        took = [r for r in req.group if not r.blocks and r.num_computed == 0]
+        for r in took:
+            self.prefix_cache.match(r)
+        return took
+
+    def _unreuse(self, reused: list[Request]) -> None:
+        """Give back the prefix blocks of requests that were not admitted after all."""
+        for r in reused:
+            self._release(r)
+
+    def computed(self, req: Request) -> None:
+        """The engine ran rows of ``req``: register the blocks they completed in the prefix cache."""
+        if self.prefix_cache is not None and req.blocks:
+            self.prefix_cache.register(req)

@@ -40,6 +40,7 @@ from omniduplex.models.unified_phases import (
     resolve_step,
 )
 
+from .prefix_cache import tensor_bytes
 from .request import Request, SamplingParams
 from .sampler import counter_uniform
 
@@ -146,6 +147,17 @@ class UnifiedAdapter:
             if s + n > p:
                 rows.append(self.steps[req.slot, max(s, p) - p : s + n - p])
         return self.model.embed_step(torch.cat(rows))
+
+    def row_key(self, req: Request, start: int, end: int) -> bytes:
+        """Prefix-cache content key of input rows ``start..end``: their step tokens ``[n, S]`` (every stream,
+        not only the stream-0 ids the chain hash already covers), as int64 bytes."""
+        s, p = start, req.num_prompt
+        parts = []
+        if s < p and "prompt_steps" in req.extra:
+            parts.append(req.extra["prompt_steps"][s : min(end, p)])
+        if end > p:
+            parts.append(self.steps[req.slot, max(s, p) - p : end - p])
+        return tensor_bytes(torch.cat([t.to(torch.int64).cpu() for t in parts])) if parts else b""
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, kv) -> torch.Tensor:
         return self.model(x, batch, kv)

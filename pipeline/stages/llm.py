@@ -24,51 +24,17 @@ from omniduplex.models.chat_template import ChatTemplate, encode_chat, load_chat
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.registry import LoadedModel
 
+from ..detokenize import IncrementalDetokenizer
 from ..engine.adapters import ThinkerAdapter
 from ..engine.engine import Engine
 from ..engine.request import Request, SamplingParams
 from ..messages import StageMessage
 
+__all__ = ["ChatPrompter", "IncrementalDetokenizer", "LLMWorker", "TurnStream"]
+
 ROLES = ("user", "assistant")
 EXTRA_STOP_TOKENS = ("<|endoftext|>",)
 """Stop tokens besides the tokenizer's eos, when the vocabulary has them."""
-
-
-class IncrementalDetokenizer:
-    """Text deltas of a growing id sequence, each decoded from a short window of recent ids.
-
-    The window starts at the first id of the previously emitted chunk (so merges of a byte-level BPE
-    across the chunk border decode right) and a delta ending in ``\\ufffd`` (a UTF-8 sequence split
-    across tokens) is held back until the next id completes it; the work per id is bounded, so a reply
-    costs time linear in its length. Special tokens decode to ``""``. The concatenated deltas, after
-    :meth:`flush`, equal ``tokenizer.decode(all_ids)``.
-    """
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tok = tokenizer
-        self.ids: list[int] = []
-        self.prefix = 0  # window start: first id of the last emitted chunk
-        self.read = 0  # ids up to here are emitted
-
-    def _decode(self, start: int, end: int) -> str:
-        return self.tok.decode(self.ids[start:end], skip_special_tokens=True)
-
-    def push(self, token_id: int) -> str:
-        """Append one id; returns the text it completes (may be ``""`` while a character is split)."""
-        self.ids.append(token_id)
-        done = self._decode(self.prefix, self.read)
-        text = self._decode(self.prefix, len(self.ids))
-        if len(text) <= len(done) or text.endswith("\ufffd"):
-            return ""
-        self.prefix, self.read = self.read, len(self.ids)
-        return text[len(done) :]
-
-    def flush(self) -> str:
-        """Whatever is still held back (an unfinished UTF-8 sequence decodes with ``\\ufffd``)."""
-        done = self._decode(self.prefix, self.read)
-        text = self._decode(self.prefix, len(self.ids))
-        self.prefix = self.read = len(self.ids)
-        return text[len(done) :] if len(text) > len(done) else ""
 
 
 def _has_words(text: str) -> bool:
@@ -220,6 +186,8 @@ class LLMWorker:
         model: a loaded text LM (``load_model(dir, parts=("thinker",))``); its folder must hold
             ``tokenizer.json`` and may hold a chat template (else ChatML, see :mod:`.chat_template`).
         num_blocks, max_num_seqs, max_num_batched_tokens: engine sizes (see :class:`Engine`).
+        enable_prefix_caching: reuse the KV of a prompt prefix seen before (a session's next turn renders
+            its history as the same tokens, so it computes only the new turn).
 
     Raises:
         CheckpointError: no ``tokenizer.json``, no eos token, or a model without a text decoder.
@@ -231,6 +199,7 @@ class LLMWorker:
         num_blocks: int = 1024,
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 1024,
+        enable_prefix_caching: bool = True,
     ) -> None:
         if model.thinker is None or model.thinker.model is None:
             raise CheckpointError(f"{model.path}: not a text LM checkpoint (no decoder loaded)")
@@ -245,6 +214,7 @@ class LLMWorker:
             max_num_batched_tokens,
             dtype=weight.dtype,
             device=weight.device,
+            enable_prefix_caching=enable_prefix_caching,
         )
         self.turns: dict[str, TurnStream] = {}
         self._ready: list[StageMessage] = []  # skipped turns, emitted at the next step

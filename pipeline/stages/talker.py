@@ -31,6 +31,7 @@ class TalkerWorker:
         num_blocks: int = 1024,
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 1024,
+        enable_prefix_caching: bool = True,
     ) -> None:
         self.model, self.cfg, self.talker, self.specials = model, model.config, model.talker, specials
         self.adapter = TalkerAdapter(model.talker, specials.tts_pad)
@@ -40,6 +41,7 @@ class TalkerWorker:
             max_num_seqs,
             max_num_batched_tokens,
             dtype=model.talker.codec_head.weight.dtype,
+            enable_prefix_caching=enable_prefix_caching,
         )
         self.live: dict[str, Request] = {}
         self.text_queue: list[tuple[str, torch.Tensor]] = []

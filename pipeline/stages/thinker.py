@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from omniduplex.models.registry import LoadedModel
+from omniduplex.models.talker_prompt import user_token_mask
 
 from ..engine.adapters import ThinkerAdapter
 from ..engine.engine import Engine
@@ -20,7 +21,13 @@ from ..messages import StageMessage
 
 
 class ThinkerWorker:
-    """Continuous-batching Thinker over all turns in flight."""
+    """Continuous-batching Thinker over all turns in flight.
+
+    Prefix caching: a turn reuses the KV of the prompt rows it shares with earlier turns (system prompt,
+    text history) up to the first audio row of a user turn, the first row whose hidden state the Talker
+    reads (:func:`omniduplex.models.talker_prompt.talker_prefill_embeds`); prompt rows are keyed by their
+    input embeddings, so audio rows match only on equal audio features.
+    """
 
     def __init__(
         self,
@@ -28,8 +35,10 @@ class ThinkerWorker:
         num_blocks: int = 1024,
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 1024,
+        enable_prefix_caching: bool = True,
     ) -> None:
         cfg = model.config
+        self.config = cfg
         self.thinker = model.thinker
         accept = cfg.talker.accept_hidden_layer if cfg.talker else None
         self.eos = cfg.im_end_token_id
@@ -39,6 +48,7 @@ class ThinkerWorker:
             max_num_seqs,
             max_num_batched_tokens,
             dtype=model.thinker.lm_head.weight.dtype,
+            enable_prefix_caching=enable_prefix_caching,
         )
         self.prompts: dict[str, tuple[torch.Tensor, torch.Tensor, dict]] = {}
 
@@ -50,8 +60,18 @@ class ThinkerWorker:
         sp.setdefault("stop_token_ids", (self.eos,))
         sp["stop_token_ids"] = tuple(sp["stop_token_ids"])
         req = Request(msg.request_id, ids.tolist(), SamplingParams(**sp), prompt_embeds=embeds)
+        req.extra["capture_from"] = self._capture_from(ids)
         self.engine.add_request(req)
         self.prompts[msg.request_id] = (ids, embeds, {k: v for k, v in msg.meta.items() if k != "sampling"})
+
+    def _capture_from(self, ids: torch.Tensor) -> int:
+        """First prompt row whose hidden state the Talker reads (a user turn's audio row), else ``P``."""
+        cfg = self.config
+        if cfg.talker is None:
+            return int(ids.shape[0])
+        need = user_token_mask(ids, cfg) & (ids == cfg.thinker.audio_token_id)
+        hit = torch.nonzero(need).flatten()
+        return int(hit[0]) if hit.numel() else int(ids.shape[0])
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)

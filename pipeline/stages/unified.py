@@ -30,11 +30,17 @@ class UnifiedWorker:
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 2048,
         max_len: int = 4096,
+        enable_prefix_caching: bool = True,
     ) -> None:
         lm = model.unified
         self.adapter = UnifiedAdapter(lm, max_len=max_len)
         self.engine = Engine(
-            self.adapter, num_blocks, max_num_seqs, max_num_batched_tokens, dtype=lm.lm_head.weight.dtype
+            self.adapter,
+            num_blocks,
+            max_num_seqs,
+            max_num_batched_tokens,
+            dtype=lm.lm_head.weight.dtype,
+            enable_prefix_caching=enable_prefix_caching,
         )
 
     def submit(self, msg: StageMessage) -> None:
