@@ -65,7 +65,9 @@ def truncate_aligned(chunks: list[tuple[int, str]], played: int) -> str:
 class History:
     """``[role, text]`` turns carried across a session's turns (what the pipeline's ``history`` wants).
 
-    ``max_entries`` bounds the prompt: the oldest entries are dropped first.
+    ``max_entries`` bounds the prompt. Past it, the oldest entries are dropped down to half of it at once,
+    not one per turn: between two trims every prompt starts with the same entries, so the LLM's prefix
+    caching reuses the KV of the history on all but one turn in ``max_entries // 2``.
     """
 
     max_entries: int = 16
@@ -78,7 +80,8 @@ class History:
             return None
         entry = [role, text]
         self.entries.append(entry)
-        del self.entries[: max(0, len(self.entries) - self.max_entries)]
+        if len(self.entries) > self.max_entries:
+            del self.entries[: len(self.entries) - max(1, self.max_entries // 2)]
         return entry
 
     def remove(self, entry: list[str] | None) -> None:

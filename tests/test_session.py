@@ -329,15 +329,20 @@ def test_truncate_reply_keeps_characters_in_proportion_to_played_audio(text, pla
     assert truncate_reply(text, played, generated) == kept
 
 
-def test_history_is_bounded_and_snapshots_are_copies():
-    h = History(max_entries=3)
-    for i in range(5):
+def test_history_is_bounded_trimmed_by_halves_and_snapshots_are_copies():
+    h = History(max_entries=4)
+    firsts = []
+    for i in range(9):
         h.add("user", f"u{i}")
+        assert len(h.entries) <= 4
+        firsts.append(h.entries[0][1])
     h.add("assistant", "")
+    # trimmed to the newest 2 when a 5th entry comes, so the prompt's first entry changes every 3rd turn
+    assert firsts == ["u0", "u0", "u0", "u0", "u3", "u3", "u3", "u6", "u6"]
     snap = h.snapshot()
-    assert snap == [["user", "u2"], ["user", "u3"], ["user", "u4"]]
+    assert snap == [["user", "u6"], ["user", "u7"], ["user", "u8"]]
     snap[0][1] = "x"
-    assert h.entries[0] == ["user", "u2"]
+    assert h.entries[0] == ["user", "u6"]
 
 
 def test_playout_buffer_resamples_reads_exact_frames_and_flushes():
