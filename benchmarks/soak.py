@@ -199,7 +199,13 @@ class _Soak:
                 async with httpx.AsyncClient(base_url=base, timeout=30) as http:
                     answer = (await http.post("/offer", json=await c.offer())).json()
                     await c.accept(answer)
-                    started = await c.wait_for("reply_audio_started", 120)
+                    started = await c.wait_for("reply_audio_started", 120, "reply_ended")
+                    if started["type"] == "reply_ended":  # a reply with no audio at all
+                        heard = [e.get("text") for e in c.events if e["type"] == "user_transcript"]
+                        raise RuntimeError(
+                            f"reply ended {started.get('reason')!r} before any audio; heard {heard}, "
+                            f"reply text {started.get('text')!r}, error {started.get('error')!r}"
+                        )
                     ttfp = started.get("commit_to_audio_ms")
                     if action == "vanish":
                         c.mic.vanish()

@@ -94,12 +94,14 @@ class VoiceClient:
     def kinds(self) -> list[str]:
         return [e["type"] for e in self.events]
 
-    async def wait_for(self, kind: str, timeout: float) -> dict:
-        """The first event of ``kind`` (waits up to ``timeout`` s, then raises TimeoutError)."""
+    async def wait_for(self, kind: str, timeout: float, *or_kinds: str) -> dict:
+        """The first event of ``kind`` or of one of ``or_kinds`` (waits up to ``timeout`` s, then raises
+        TimeoutError)."""
+        kinds = (kind, *or_kinds)
         deadline = time.monotonic() + timeout
         while True:
             for e in self.events:
-                if e["type"] == kind:
+                if e["type"] in kinds:
                     return e
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {kind!r} event after {timeout} s; got {self.kinds()}")

@@ -1,7 +1,7 @@
 """Graceful drain (app/drain.py): while draining, every surface refuses new sessions and /readyz is 503;
 the drain waits for replies in flight and gives up at its deadline.
 
-The whole path (SIGTERM to ``omniduplex serve`` mid-reply) runs in tests/e2e/test_drain.py.
+The whole path (SIGTERM to ``omniduplex serve`` mid-reply) runs in tests/e2e/test_sigterm_drain.py.
 """
 
 from __future__ import annotations
