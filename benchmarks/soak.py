@@ -55,10 +55,14 @@ def _fds(pid: int) -> int:
         return 0
 
 
+def _pids(state) -> dict[str, int]:
+    """``name → pid`` of the server process and each stage process, now."""
+    return {"server": os.getpid(), **{s: p.pid for s, p in state.orchestrator.backend.procs.items()}}
+
+
 def _rss_by_process(state) -> dict[str, tuple[int, int]]:
     """``name → (pid, RSS kB)`` of the server process and each stage process, now."""
-    pids = {"server": os.getpid(), **{s: p.pid for s, p in state.orchestrator.backend.procs.items()}}
-    return {k: (pid, _rss_kb(pid)) for k, pid in pids.items()}
+    return {k: (pid, _rss_kb(pid)) for k, pid in _pids(state).items()}
 
 
 def _rss_growth(samples: list[dict[str, tuple[int, int]]]) -> dict[str, float | None]:
@@ -79,7 +83,7 @@ def _snapshot(state, loop, killed: frozenset[int] = frozenset()) -> dict:
     by this server, its stage processes and the stage processes killed so far (other runs on the machine
     have theirs too)."""
     backend = state.orchestrator.backend
-    pids = {"server": os.getpid(), **{s: p.pid for s, p in backend.procs.items()}}
+    pids = _pids(state)
     ours = set(pids.values()) | killed
     tasks = asyncio.run_coroutine_threadsafe(_count_tasks(), loop).result(timeout=5)
     st = backend.stats()

@@ -9,7 +9,6 @@ import json
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -17,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import soundfile
 import soxr
-import uvicorn
 
 from omniduplex.app.phone.narrowband import FRAME_SAMPLES, ULAW_SILENCE, ulaw_decode, ulaw_encode
 from omniduplex.app.responder import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
+from omniduplex.benchmarks.local_server import LocalServer
 from omniduplex.pipeline.audio_io import load_audio
 
 QUESTION = Path(__file__).parents[2] / "examples" / "question.wav"
@@ -101,32 +100,9 @@ def free_port(kind=socket.SOCK_STREAM) -> int:
         return s.getsockname()[1]
 
 
-class ServedApp:
+def ServedApp(app) -> LocalServer:  # noqa: N802 (kept the tests' name)
     """The FastAPI app under uvicorn in a thread (its own event loop), like ``omniduplex serve``."""
-
-    def __init__(self, app) -> None:
-        self.app, self.port = app, free_port()
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> ServedApp:
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-
-    @property
-    def state(self):
-        return self.app.state.server
+    return LocalServer(app, start_timeout_s=60)
 
 
 class FakeTwilio:
