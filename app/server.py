@@ -32,6 +32,7 @@ from fastapi.staticfiles import StaticFiles
 
 from . import logs
 from .auth import AuthConfig, EdgeGate, TokenStore
+from .heap import release_free_memory
 from .kiosk import KioskConfig
 from .kiosk_routes import router as kiosk_router
 from .metrics import CONTENT_TYPE, MeteredResponder, ServerMetrics
@@ -223,6 +224,7 @@ class ServerState:
             self.closed_stats.append(peer.session.stats)
             del self.closed_stats[:-256]
             log.info("session %s closed (%d/%d)", peer.id, len(self.sessions), self.cfg.max_sessions)
+            release_free_memory()
 
     def metrics(self) -> dict:
         """Counters, per-event measurements and pipeline resources (JSON-able)."""

@@ -287,6 +287,7 @@ def run(
         "warm_up_turns": warm,
         "rss_growth_pct": {"server_after_warm_up": server_growth, "second_half": _rss_growth(samples)},
         "rss_mb": {k: rss // 1024 for k, (_, rss) in samples[-1].items()} if samples else {},
+        "server_rss_mb_each_tenth": [s["server"][1] // 1024 for s in samples],
     }
     print(json.dumps(report, indent=2))
     if json_out:

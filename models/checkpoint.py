@@ -142,6 +142,46 @@ def fuse_expert_names(names: list[str]) -> dict[str, list[str]]:
     return fused
 
 
+def merged_sources(module: torch.nn.Module) -> dict[str, list[tuple[str, int]]]:
+    """Our merged projection parameters → their published parts, from every :class:`~.layers.MergedLinear`.
+
+    ``{"layers.0.self_attn.qkv_proj.weight": [("layers.0.self_attn.q_proj.weight", 512), ("...k_proj.weight",
+    256), ("...v_proj.weight", 256)], ...}``: the parts' tensors, concatenated along dim 0 in this order, are
+    the merged tensor; the ints are each part's rows.
+    """
+    from .layers import MergedLinear  # local: layers imports kernels, which checkpoint users may not need
+
+    out: dict[str, list[tuple[str, int]]] = {}
+    for mod_name, mod in module.named_modules():
+        if isinstance(mod, MergedLinear):
+            parent = mod_name.rsplit(".", 1)[0] + "." if "." in mod_name else ""
+            own = f"{mod_name}." if mod_name else ""
+            for leaf in ("weight", "bias") if mod.bias is not None else ("weight",):
+                out[own + leaf] = [(f"{parent}{part}.{leaf}", rows) for part, rows in mod.parts]
+    return out
+
+
+def published_shapes_of(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """Published tensor name → shape of every tensor of ``module``'s state dict, with merged projections
+    and fused experts split back into the names of the published checkpoints (the inverse of
+    :func:`load_state_dict_into`'s mapping)."""
+    merged = merged_sources(module)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, t in module.state_dict().items():
+        prefix = name.rsplit(".", 1)[0]
+        if name in merged:
+            shapes.update({src: (rows, *t.shape[1:]) for src, rows in merged[name]})
+        elif name.endswith("experts.gate_up_proj"):
+            e, two_i, h = t.shape
+            for kind in ("gate_proj", "up_proj"):
+                shapes.update({f"{prefix}.{i}.{kind}.weight": (two_i // 2, h) for i in range(e)})
+        elif name.endswith("experts.down_proj"):
+            shapes.update({f"{prefix}.{i}.down_proj.weight": tuple(t.shape[1:]) for i in range(t.shape[0])})
+        else:
+            shapes[name] = tuple(t.shape)
+    return shapes
+
+
 def load_state_dict_into(
     module: torch.nn.Module,
     files: dict[str, Path],
@@ -151,8 +191,9 @@ def load_state_dict_into(
 ) -> None:
     """Copy checkpoint tensors ``prefix + name`` into ``module``'s parameters, strictly.
 
-    Per-expert MoE tensors are fused (see :func:`fuse_expert_names`). Tensor names starting with one of
-    ``ignore`` (e.g. ``thinker.visual.``) are skipped.
+    Per-expert MoE tensors are fused (see :func:`fuse_expert_names`) and the parts of merged projections
+    concatenated (see :func:`merged_sources`). Tensor names starting with one of ``ignore`` (e.g.
+    ``thinker.visual.``) are skipped.
 
     Raises:
         CheckpointError: a tensor is missing, has the wrong shape, or the checkpoint holds a tensor under
@@ -164,6 +205,8 @@ def load_state_dict_into(
     }
     avail = [n[len(prefix) :] for n in files if n.startswith(prefix) and not n.startswith(ignore)]
     fused = fuse_expert_names(avail)
+    merged = merged_sources(module)
+    fused.update({name: [src for src, _ in parts] for name, parts in merged.items()})
     consumed = {s for srcs in fused.values() for s in srcs}
     plain = set(avail) - consumed
     unexpected = sorted((plain - set(ours)) | {f for f in fused if f not in ours})
@@ -172,11 +215,29 @@ def load_state_dict_into(
             f"checkpoint tensor '{prefix}{unexpected[0]}' is not part of the model the config "
             f"describes ({len(unexpected)} such tensors) — config and weights disagree"
         )
+    have = set(avail)
     for name, param in ours.items():
         if name in tied and name not in plain:
             continue
         if name in plain:
             ((_, t),) = iter_tensors(files, [prefix + name])
+        elif name in merged:
+            srcs = [src for src, _ in merged[name]]
+            missing = [s for s in srcs if s not in have]
+            if missing:
+                rows = dict(merged[name])[missing[0]]
+                raise CheckpointError(
+                    f"missing tensor '{prefix}{missing[0]}' (expected shape {[rows, *param.shape[1:]]})"
+                )
+            parts = dict(iter_tensors(files, [prefix + s for s in srcs]))
+            pieces = [parts[prefix + s] for s in srcs]
+            for (src, rows), piece in zip(merged[name], pieces):
+                if tuple(piece.shape) != (rows, *param.shape[1:]):
+                    raise CheckpointError(
+                        f"tensor '{prefix}{src}' in {files[prefix + src]} has shape {list(piece.shape)}, "
+                        f"the config implies {[rows, *param.shape[1:]]}"
+                    )
+            t = torch.cat(pieces)
         elif name in fused:
             srcs = fused[name]
             parts = dict(iter_tensors(files, [prefix + s for s in srcs]))

@@ -1,8 +1,11 @@
 """Building blocks of the Qwen3-family and Llama decoders, for a flat token batch and a paged KV cache.
 
-Parameter names match the published checkpoints (``q_proj``, ``q_norm``, ``mlp.gate``,
-``mlp.experts``, ``mlp.shared_expert``, ...). MoE experts are held fused (``gate_up_proj``
-``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``); the loader maps per-expert checkpoint tensors onto them.
+Parameter names match the published checkpoints (``q_norm``, ``o_proj``, ``mlp.gate``, ``mlp.experts``,
+``mlp.shared_expert``, ...) except where projections of one input are merged into one GEMM, as vLLM does:
+``self_attn.qkv_proj`` (``q_proj``, ``k_proj``, ``v_proj`` rows stacked), ``mlp.gate_up_proj`` (``gate_proj``,
+``up_proj``), and the MoE experts (``gate_up_proj`` ``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``). The loader
+(:func:`~.checkpoint.load_state_dict_into`) maps the published tensors onto them and
+:func:`~.checkpoint.published_shapes_of` maps back.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omniduplex.kernels import paged_attention, write_kv_cache
+from omniduplex.kernels import cpu_linear, custom_ops, paged_attention, write_kv_cache
 
 from .config import DecoderConfig
 from .forward_batch import ForwardBatch
@@ -30,6 +33,22 @@ class RMSNorm(nn.Module):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(dtype)
+
+
+class MergedLinear(nn.Linear):
+    """Several linear projections of the same input as one GEMM (vLLM's ``QKVParallelLinear`` /
+    ``MergedColumnParallelLinear``): ``weight`` ``[sum(rows), in_features]`` stacks the parts' rows in order.
+
+    Args:
+        in_features: input width.
+        parts: ``{published name: output rows}`` in stacking order, e.g. ``{"q_proj": 512, "k_proj": 256,
+            "v_proj": 256}``; checkpoints keep these names (``<parent>.q_proj.weight``).
+        bias: whether the parts have biases (all or none).
+    """
+
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool) -> None:
+        super().__init__(in_features, sum(parts.values()), bias=bias)
+        self.parts = tuple(parts.items())
 
 
 class RotaryEmbedding(nn.Module):
@@ -75,9 +94,10 @@ class Attention(nn.Module):
             cfg.head_dim,
         )
         bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = MergedLinear(
+            cfg.hidden_size, {"q_proj": self.q_size, "k_proj": self.kv_size, "v_proj": self.kv_size}, bias
+        )
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -95,13 +115,28 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``x`` ``[T, hidden]`` → ``[T, hidden]``; writes this step's K/V into ``kv`` at ``slot_mapping``."""
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = q.reshape(t, self.num_heads, self.head_dim)
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         k_cache, v_cache = kv
+        if torch.compiler.is_compiling():  # one opaque node each, no graph break (kernels/custom_ops.py)
+            custom_ops.write_kv_cache_op(k_cache, v_cache, k, v, batch.slot_mapping)
+            out = custom_ops.paged_attention_op(
+                q,
+                k_cache,
+                v_cache,
+                batch.block_tables,
+                batch.seq_lens,
+                batch.query_start_loc,
+                self.scale,
+                batch.max_seq_len,
+                batch.max_query_len,
+            )
+            return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
         write_kv_cache(k_cache, v_cache, k, v, batch.slot_mapping)
         out = paged_attention(
             q,
@@ -118,16 +153,16 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))`` (Shazeer 2020)."""
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))`` (Shazeer 2020), gate and up as one GEMM."""
 
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.gate_up_proj = MergedLinear(hidden, {"gate_proj": intermediate, "up_proj": intermediate}, False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Router(nn.Module):
@@ -147,34 +182,111 @@ class Router(nn.Module):
         return top_w.to(x.dtype), top_i
 
 
+SMALL_DISPATCH = 4
+"""Most (token, expert) pairs a step may have for :func:`moe_experts` to run them one by one (decode of one
+or two sequences) instead of grouping them by expert."""
+
+
+def moe_experts(
+    x: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    packed: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+) -> torch.Tensor:
+    """Weighted sum of each token's top-k SwiGLU experts (Qwen3-MoE), dispatched for a CPU.
+
+    Args:
+        x: ``[T, H]`` tokens.
+        gate_up_proj: ``[E, 2I, H]`` every expert's gate rows then up rows.
+        down_proj: ``[E, H, I]``.
+        weights: ``[T, k]`` router weights (dtype of ``x``); ``ids``: int64 ``[T, k]`` expert ids.
+        packed: per-expert gate_up and down weights prepacked for oneDNN (:mod:`omniduplex.kernels
+            .cpu_linear`), used instead of the plain ones when given.
+
+    Returns ``[T, H]``. Every expert's GEMM runs only on the rows routed to it: few pairs (decode of one or
+    two sequences, at most :data:`SMALL_DISPATCH`) run one by one on views of their expert's weights;
+    more are sorted by expert into contiguous groups, one GEMM per expert hit, and summed back per token.
+    The expert ids are read on the host (free on a CPU, where there is no device to wait for).
+    """
+    t, k = ids.shape
+    flat = ids.reshape(-1)
+    if packed is None:
+
+        def gate_up_of(rows, e):
+            return F.linear(rows, gate_up_proj[e])
+
+        def down_of(rows, e):
+            return F.linear(rows, down_proj[e])
+    else:
+
+        def gate_up_of(rows, e):
+            return cpu_linear.packed_linear(rows, packed[0][e])
+
+        def down_of(rows, e):
+            return cpu_linear.packed_linear(rows, packed[1][e])
+
+    if t * k <= SMALL_DISPATCH:
+        w = weights.reshape(-1, 1)
+        ys = []
+        for j, e in enumerate(flat.tolist()):
+            gate, up = gate_up_of(x[j // k : j // k + 1], e).chunk(2, dim=-1)
+            ys.append(down_of(F.silu(gate) * up, e) * w[j])
+        return torch.cat(ys).view(t, k, -1).sum(dim=1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=gate_up_proj.shape[0]).tolist()
+    xs = x.index_select(0, order // k)
+    outs, start = [], 0
+    for e, c in enumerate(counts):
+        if c == 0:
+            continue
+        gate, up = gate_up_of(xs[start : start + c], e).chunk(2, dim=-1)
+        outs.append(down_of(F.silu(gate) * up, e))
+        start += c
+    ys = torch.cat(outs) * weights.reshape(-1)[order, None]
+    # un-sort to [T, k, H] and sum over k (index_add_ is slow on CPU)
+    unsorted = torch.empty_like(ys).index_copy_(0, order, ys)
+    return unsorted.view(t, k, -1).sum(dim=1)
+
+
 class Experts(nn.Module):
-    """``E`` SwiGLU experts stored fused; tokens are grouped by expert and run one matmul per expert hit."""
+    """``E`` SwiGLU experts stored fused (``gate_up_proj`` ``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``); the
+    dispatch is :func:`moe_experts` (an opaque custom op while compiled)."""
 
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
+        self.packed: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+
+    def prepack(self) -> int:
+        """Pack every expert's weights for oneDNN where :func:`~omniduplex.kernels.cpu_linear.can_pack`
+        allows (bf16 on a CPU with native bf16); returns the number of weights packed."""
+        if not cpu_linear.can_pack(self.gate_up_proj[0]):
+            return 0
+        self.packed = (
+            [cpu_linear.pack(w) for w in self.gate_up_proj],
+            [cpu_linear.pack(w) for w in self.down_proj],
+        )
+        keys = [cpu_linear.register(p) for p in self.packed[0] + self.packed[1]]
+        self.packed_key = keys[0]  # consecutive: gate_up of every expert, then down
+        return 2 * self.gate_up_proj.shape[0]
+
+    def packed_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(plain weight, packed weight)`` of one expert's two projections (the shapes every expert
+        shares; for :func:`~omniduplex.kernels.cpu_linear.warm_up`), or ``[]`` when not packed."""
+        if self.packed is None:
+            return []
+        return [(self.gate_up_proj[0], self.packed[0][0]), (self.down_proj[0], self.packed[1][0])]
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """``x`` ``[T, H]``, ``weights``/``ids`` ``[T, k]`` → ``[T, H]`` weighted sum of expert outputs."""
-        k = ids.shape[1]
-        flat = ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0]).tolist()
-        token = order // k
-        xs = x.index_select(0, token)
-        outs, start = [], 0
-        for e, c in enumerate(counts):
-            if c == 0:
-                continue
-            gate, up = F.linear(xs[start : start + c], self.gate_up_proj[e]).chunk(2, dim=-1)
-            outs.append(F.linear(F.silu(gate) * up, self.down_proj[e]))
-            start += c
-        ys = torch.cat(outs) * weights.reshape(-1)[order, None]
-        # un-sort to [T, k, H] and sum over k (index_add_ is slow on CPU)
-        unsorted = torch.empty_like(ys).index_copy_(0, order, ys)
-        return unsorted.view(x.shape[0], k, -1).sum(dim=1)
+        if torch.compiler.is_compiling():
+            key = -1 if self.packed is None else self.packed_key
+            return custom_ops.moe_experts_op(x, self.gate_up_proj, self.down_proj, weights, ids, key)
+        return moe_experts(x, self.gate_up_proj, self.down_proj, weights, ids, self.packed)
 
 
 class SparseMoE(nn.Module):

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from .checkpoint import published_shapes_of
 from .tokenizer import preset_token_ids, write_tokenizer
 
 _IDS = preset_token_ids()
@@ -228,29 +229,13 @@ def draw_tensor(name: str, shape: tuple[int, ...], seed: int, std: float) -> tor
     return torch.randn(shape, generator=g) * std
 
 
-def _unfuse(name: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Our fused expert tensors → the published per-expert names."""
-    prefix = name.rsplit(".", 1)[0]
-    if name.endswith("experts.gate_up_proj"):
-        gate, up = t.chunk(2, dim=1)
-        return {
-            **{f"{prefix}.{e}.gate_proj.weight": gate[e].contiguous() for e in range(t.shape[0])},
-            **{f"{prefix}.{e}.up_proj.weight": up[e].contiguous() for e in range(t.shape[0])},
-        }
-    if name.endswith("experts.down_proj"):
-        return {f"{prefix}.{e}.down_proj.weight": t[e].contiguous() for e in range(t.shape[0])}
-    return {name: t}
-
-
 def published_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     """Published tensor name → shape of every weight our modules need for ``config``."""
     from .registry import build_modules  # local: avoid a cycle at import time
 
     shapes = {}
     for prefix, module in build_modules(config).items():
-        for name, t in module.state_dict().items():
-            for pub, part in _unfuse(prefix + name, torch.empty(t.shape)).items():
-                shapes[pub] = tuple(part.shape)
+        shapes.update({prefix + n: s for n, s in published_shapes_of(module).items()})
     return shapes
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from .checkpoint import published_shapes_of
 from .dac import DacCodec, DacDecoderConfig
 from .dac_encoder import DacCodecEncoder, DacEncoderConfig
 from .presets import draw_tensor
@@ -115,7 +116,7 @@ def unified_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     """Checkpoint tensor name → shape for ``config`` (LM tensors, then ``codec.*``: decode and encode side;
     the quantizer's ``codebook``/``out_proj`` belong to both and appear once)."""
     cfg = UnifiedConfig.from_dict(config)
-    shapes = {n: tuple(t.shape) for n, t in UnifiedLM(cfg).state_dict().items()}
+    shapes = published_shapes_of(UnifiedLM(cfg))
     for codec in (
         DacCodec(DacDecoderConfig.from_dict(cfg.codec_config)),
         DacCodecEncoder(DacEncoderConfig.from_dict(cfg.codec_config)),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from omniduplex.kernels.cpu_linear import prepack_linears, warm_up
 from omniduplex.models.cascade import is_cascade, load_manifest, resolve_llm
 from omniduplex.models.checkpoint import iter_tensors, weight_files
 from omniduplex.models.code2wav_stream import Code2WavStream
@@ -58,6 +59,21 @@ def auto_dtype(cpuinfo: str | None = None) -> torch.dtype:
     return torch.bfloat16 if flags & {"amx_bf16", "avx512_bf16"} else torch.float32
 
 
+ENGINE_STAGES = ("thinker", "talker", "unified")
+"""Stages whose decoder runs on our engine (besides the cascade's ``llm``)."""
+
+WARM_UP_ROWS = 256
+"""Most GEMM rows whose oneDNN kernels are built at start-up (decode batches and short prefill chunks);
+longer prefills build theirs on first use (:mod:`omniduplex.kernels.cpu_linear`)."""
+
+
+def _prepack(model: torch.nn.Module, cfg: StageConfig) -> None:
+    """bf16 on a CPU with native bf16: pack the linear weights for oneDNN once and build the GEMM kernels
+    of small batches now rather than during the first turns (no-op otherwise)."""
+    if prepack_linears(model):
+        warm_up(model, min(WARM_UP_ROWS, cfg.max_num_batched_tokens))
+
+
 def build_worker(
     stage: str, model_dir: str | Path, cfg: StageConfig, chunking: ChunkingConfig, side_asr: str | None = None
 ):
@@ -70,6 +86,8 @@ def build_worker(
     if stage in CASCADE.stages:
         return _cascade_worker(stage, load_manifest(model_dir), cfg)
     model = load_model(model_dir, parts=PARTS[stage], dtype=_dtype(cfg.dtype), device=cfg.device)
+    if stage in ENGINE_STAGES:
+        _prepack(getattr(model, "unified" if stage == "unified" else stage), cfg)
     if stage == "codec_encoder":
         return CodecEncoderWorker(model, max_batch=cfg.max_num_seqs)
     if stage == "unified":
@@ -126,6 +144,7 @@ def _cascade_worker(stage: str, manifest, cfg: StageConfig):
     from .stages.llm import LLMWorker
 
     model = load_model(llm_dir, parts=("thinker",), dtype=_dtype(cfg.dtype), device=cfg.device)
+    _prepack(model.thinker, cfg)
     return LLMWorker(
         model,
         cfg.num_kv_blocks,

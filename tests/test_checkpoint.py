@@ -107,6 +107,39 @@ def test_wrong_shape_is_named(tiny, tmp_path):
         load_model(d)
 
 
+def test_merged_projections_load_from_the_published_parts(tiny, tmp_path):
+    """q/k/v and gate/up are one GEMM each in our layers; the checkpoint keeps the published names."""
+    names = set(load_file(str(tiny / "model.safetensors")))
+    assert {
+        "thinker.model.layers.0.self_attn.k_proj.weight",
+        "talker.model.layers.0.mlp.shared_expert.up_proj.weight",
+    } <= names
+    assert not any("qkv_proj" in n or "shared_expert.gate_up_proj" in n for n in names)
+    t = load_file(str(tiny / "model.safetensors"))
+    model = load_model(tiny)
+    attn = model.thinker.model.layers[1].self_attn
+    q, k, v = (t[f"thinker.model.layers.1.self_attn.{n}_proj.weight"] for n in "qkv")
+    assert torch.equal(attn.qkv_proj.weight, torch.cat((q, k, v)))
+    shared = model.talker.model.layers[0].mlp.shared_expert
+    gate, up = (t[f"talker.model.layers.0.mlp.shared_expert.{n}_proj.weight"] for n in ("gate", "up"))
+    assert torch.equal(shared.gate_up_proj.weight, torch.cat((gate, up)))
+
+
+def test_missing_or_misshapen_part_of_a_merged_projection_is_named(tiny, tmp_path):
+    d = _copy(tiny, tmp_path)
+    t = load_file(str(d / "model.safetensors"))
+    k = t.pop("thinker.model.layers.0.self_attn.k_proj.weight")
+    save_file(t, str(d / "model.safetensors"))
+    with pytest.raises(
+        CheckpointError, match=r"missing tensor 'thinker\.model\.layers\.0\.self_attn\.k_proj\.weight'"
+    ):
+        load_model(d)
+    t["thinker.model.layers.0.self_attn.k_proj.weight"] = k[:-1]
+    save_file(t, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=rf"self_attn\.k_proj\.weight.*has shape \[{k.shape[0] - 1}, "):
+        load_model(d)
+
+
 def test_unknown_architecture(tiny, tmp_path):
     d = _copy(tiny, tmp_path)
     cfg = json.loads((d / "config.json").read_text())

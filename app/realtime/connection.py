@@ -46,6 +46,7 @@ from ..events import (
     UserTranscriptEvent,
     UserTurnCommitted,
 )
+from ..heap import release_free_memory
 from ..responder import Responder
 from ..session import Session, SessionConfig
 from ..vad import FRAME_SAMPLES, SAMPLE_RATE, TurnConfig
@@ -166,6 +167,7 @@ class RealtimeConnection:
             self.outbox.put_nowait(None)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer, timeout=2.0)
+            release_free_memory()
             writer.cancel()
 
     async def _writer(self) -> None:

@@ -1,0 +1,103 @@
+"""Paged attention, the paged KV write and the MoE expert dispatch as registered torch custom ops.
+
+``torch.compile`` cannot trace into the paged-attention dispatcher (host-side branching on batch shape) or
+the MoE dispatch (per-expert row counts read on the host): traced as Python they break the graph once per
+layer. Registered as ops with shape functions ("fake" kernels), they are single opaque nodes, so a whole
+decoder forward compiles to one graph (vLLM registers its attention the same way,
+``vllm.utils.direct_register_custom_op``). The layers call these ops only while being compiled
+(``torch.compiler.is_compiling()``); eager calls go straight to the Python functions and skip the
+dispatcher.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import cpu_linear
+from .attention import paged_attention
+from .paged_attention_ref import write_kv_cache
+
+
+@torch.library.custom_op("omniduplex::paged_attention", mutates_args=())
+def paged_attention_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    max_seq_len: int,
+    max_query_len: int,
+) -> torch.Tensor:
+    """:func:`~.attention.paged_attention` as an op: ``q [T, Hq, D]`` → ``[T, Hq, D]`` (dtype of ``q``)."""
+    return paged_attention(
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale,
+        max_seq_len=max_seq_len,
+        max_query_len=max_query_len,
+    )
+
+
+@paged_attention_op.register_fake
+def _(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_seq_len, max_query_len):
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("omniduplex::write_kv_cache", mutates_args=("k_cache", "v_cache"))
+def write_kv_cache_op(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """:func:`~.paged_attention_ref.write_kv_cache` as an op (writes ``k``/``v`` ``[T, Hkv, D]`` in place)."""
+    write_kv_cache(k_cache, v_cache, k, v, slot_mapping)
+
+
+@write_kv_cache_op.register_fake
+def _(k_cache, v_cache, k, v, slot_mapping):
+    return None
+
+
+@torch.library.custom_op("omniduplex::moe_experts", mutates_args=())
+def moe_experts_op(
+    x: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    packed_key: int = -1,
+) -> torch.Tensor:
+    """:func:`omniduplex.models.layers.moe_experts` as an op: ``x [T, H]`` → ``[T, H]``; ``packed_key`` ≥ 0:
+    the experts' oneDNN-packed weights are ``cpu_linear.PACKED[key : key + 2E]`` (gate_up then down)."""
+    from omniduplex.models.layers import moe_experts  # local: models imports this package
+
+    packed = None
+    if packed_key >= 0:
+        e = gate_up_proj.shape[0]
+        packed = (
+            cpu_linear.PACKED[packed_key : packed_key + e],
+            cpu_linear.PACKED[packed_key + e : packed_key + 2 * e],
+        )
+    return moe_experts(x, gate_up_proj, down_proj, weights, ids, packed)
+
+
+@moe_experts_op.register_fake
+def _(x, gate_up_proj, down_proj, weights, ids, packed_key=-1):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("omniduplex::packed_linear", mutates_args=())
+def packed_linear_op(x: torch.Tensor, key: int, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """:func:`.cpu_linear.packed_linear` on the packed weight ``cpu_linear.PACKED[key]``: ``x`` bf16
+    ``[T, in]`` → ``[T, out_features]``."""
+    y = cpu_linear.packed_linear(x, cpu_linear.PACKED[key], bias)
+    return y if y._base is None else y.clone()  # a padded GEMM returns a view of its rows
+
+
+@packed_linear_op.register_fake
+def _(x, key, bias, out_features):
+    return x.new_empty((x.shape[0], out_features))
