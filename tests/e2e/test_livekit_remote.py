@@ -60,7 +60,7 @@ def test_remote_session_spoken_turn_and_barge_in(server):
 
         handle = session.generate_reply(user_input="Tell me a long story about a brave cat.")
         await until(lambda: speaker.segments == 2)  # the story is playing
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(0.5)  # barge in early: a short reply (the LLM decides its length) still plays
         mic.say(speech(EXAMPLES / "green_tea.wav"))
         await asyncio.wait_for(handle, 60)
         await until(lambda: len(speaker.reports) >= 2 and not rt._after_response and rt._gen is None, 60)
@@ -73,7 +73,8 @@ def test_remote_session_spoken_turn_and_barge_in(server):
     transcripts, answered_s, position, interrupted, server_history, errors = asyncio.run(main())
     assert any("green tea" in t.lower() for t in transcripts), transcripts
     assert answered_s > 1.0
-    assert interrupted and 0.2 <= position <= 4.0  # less than 1.5 s when the CPU cannot keep up
+    # interrupted ~1.4 s in (0.5 s + VAD onset + the session's minimum interruption duration)
+    assert interrupted and 0.2 <= position <= 4.0, (position, interrupted, server_history)
     # the server's history has the story cut to the words of the ~position s the room played
     asked = server_history.index(["user", "Tell me a long story about a brave cat."])
     role, kept = server_history[asked + 1]
