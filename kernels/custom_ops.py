@@ -33,9 +33,12 @@ def _register(name: str, fake: Callable, mutates_args: tuple[str, ...] = ()) -> 
     shape function; returns the op (``torch.ops.omniduplex.<name>.default``)."""
 
     def wrap(fn: Callable) -> Callable:
-        _LIB.define(name + infer_schema(fn, mutates_args=mutates_args))
-        _LIB.impl(name, fn, "CompositeExplicitAutograd")
-        register_fake(f"omniduplex::{name}", fake, lib=_LIB)
+        # this module can be imported a second time under another name (from a source checkout,
+        # transformers' probe for a ``kernels`` package imports our top-level ``kernels/``): define once
+        if not hasattr(torch.ops.omniduplex, name):
+            _LIB.define(name + infer_schema(fn, mutates_args=mutates_args))
+            _LIB.impl(name, fn, "CompositeExplicitAutograd")
+            register_fake(f"omniduplex::{name}", fake, lib=_LIB)
         return getattr(torch.ops.omniduplex, name).default
 
     return wrap
