@@ -123,22 +123,12 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         k_cache, v_cache = kv
-        if torch.compiler.is_compiling():  # one opaque node each, no graph break (kernels/custom_ops.py)
-            custom_ops.write_kv_cache_op(k_cache, v_cache, k, v, batch.slot_mapping)
-            out = custom_ops.paged_attention_op(
-                q,
-                k_cache,
-                v_cache,
-                batch.block_tables,
-                batch.seq_lens,
-                batch.query_start_loc,
-                self.scale,
-                batch.max_seq_len,
-                batch.max_query_len,
-            )
-            return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
-        write_kv_cache(k_cache, v_cache, k, v, batch.slot_mapping)
-        out = paged_attention(
+        # compiled: the registered ops, one opaque node each, no graph break (kernels/custom_ops.py)
+        compiling = torch.compiler.is_compiling()
+        write = custom_ops.write_kv_cache_op if compiling else write_kv_cache
+        attend = custom_ops.paged_attention_op if compiling else paged_attention
+        write(k_cache, v_cache, k, v, batch.slot_mapping)
+        out = attend(
             q,
             k_cache,
             v_cache,
