@@ -1,12 +1,16 @@
-"""Paged attention dispatcher: the Triton decode kernel where it applies, the torch path elsewhere.
+"""Paged attention dispatcher: a decode kernel where one applies (Triton on CUDA, our C++ one on CPU), the
+torch path elsewhere.
 
-Selection (``OMNIDUPLEX_ATTENTION_BACKEND`` unset or ``auto``): the Triton decode kernel when ``q`` is on
-CUDA, Triton is importable and every query length is 1; otherwise :func:`paged_attention_torch`.
+Selection (``OMNIDUPLEX_ATTENTION_BACKEND`` unset or ``auto``), for batches where every query length is 1:
+the Triton decode kernel when ``q`` is on CUDA and Triton is importable; the C++ decode kernel
+(:mod:`.cpu_ops`) when ``q`` is on the CPU and the kernels are loaded (a model prepared for CPU serving,
+:func:`.cpu_linear.prepack_linears`, loads them). Otherwise, and for every batch with a longer query (prefill
+chunks), :func:`paged_attention_torch`.
 
 ``OMNIDUPLEX_ATTENTION_BACKEND=torch`` always takes the torch path. ``=triton`` sends every decode-only
 batch to the Triton kernel and raises if it cannot run (Triton missing, or ``q`` on CPU without
-``TRITON_INTERPRET=1``); batches with a query longer than 1 still take the torch path, since there is no
-Triton prefill kernel.
+``TRITON_INTERPRET=1``); ``=cpp`` sends every decode-only CPU batch to the C++ kernel (building it if need
+be); batches with a query longer than 1 still take the torch path, since there is no prefill kernel.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 
 import torch
 
+from . import cpu_ops
 from .paged_attention_ref import paged_attention_torch, write_kv_cache
 from .paged_decode_attention import HAS_TRITON, paged_decode_attention_triton
 
@@ -24,19 +29,27 @@ BACKEND_ENV = "OMNIDUPLEX_ATTENTION_BACKEND"
 
 
 def select_backend(device: torch.device, decode_only: bool) -> str:
-    """Return ``"triton"`` or ``"torch"`` for a batch on ``device`` (see module docstring).
+    """Return ``"triton"``, ``"cpp"`` or ``"torch"`` for a batch on ``device`` (see module docstring).
 
     Raises:
         ValueError: unknown value of ``OMNIDUPLEX_ATTENTION_BACKEND``.
-        RuntimeError: ``triton`` forced for a decode batch where it cannot run.
+        RuntimeError: ``triton`` or ``cpp`` forced for a decode batch where it cannot run.
+        omniduplex.kernels.cpu_ops.CpuOpsBuildError: ``cpp`` forced and the C++ kernels cannot be built.
     """
     forced = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
-    if forced not in ("auto", "torch", "triton"):
-        raise ValueError(f"{BACKEND_ENV}={forced!r}; expected torch, triton or auto")
+    if forced not in ("auto", "torch", "triton", "cpp"):
+        raise ValueError(f"{BACKEND_ENV}={forced!r}; expected torch, triton, cpp or auto")
     if forced == "torch" or not decode_only:
         return "torch"
     if forced == "auto":
-        return "triton" if HAS_TRITON and device.type == "cuda" else "torch"
+        if device.type == "cuda":
+            return "triton" if HAS_TRITON else "torch"
+        return "cpp" if device.type == "cpu" and cpu_ops.loaded() else "torch"
+    if forced == "cpp":
+        if device.type != "cpu":
+            raise RuntimeError(f"{BACKEND_ENV}=cpp needs CPU tensors, not {device.type}")
+        cpu_ops.load()
+        return "cpp"
     if not HAS_TRITON:
         raise RuntimeError(f"{BACKEND_ENV}=triton but triton is not installed")
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -83,10 +96,14 @@ def paged_attention(
             is_decode_only = bool((query_start_loc[1:] - query_start_loc[:-1] == 1).all())
     if is_decode_only:
         max_query_len = 1
-    if select_backend(q.device, is_decode_only) == "triton":
+    backend = select_backend(q.device, is_decode_only)
+    if backend == "triton":
         return paged_decode_attention_triton(
             q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len=max_seq_len
         )
+    if backend == "cpp" and k_cache.dtype == q.dtype:
+        decode = torch.ops.omniduplex_cpu.paged_decode_attention
+        return decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
     return paged_attention_torch(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_seq_len, max_query_len
     )

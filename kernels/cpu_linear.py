@@ -69,15 +69,25 @@ PACKED: list[torch.Tensor] = []
 
 
 def register(packed: torch.Tensor) -> int:
-    """Keep ``packed`` in :data:`PACKED`; returns its key."""
+    """Keep ``packed`` in :data:`PACKED` and, where the C++ kernels are loaded, in their registry under the
+    same key (:mod:`.cpu_ops`); returns the key."""
+    from . import cpu_ops
+
     PACKED.append(packed)
-    return len(PACKED) - 1
+    key = len(PACKED) - 1
+    if cpu_ops.loaded():
+        cpp_key = torch.ops.omniduplex_cpu.register_packed(packed)
+        if cpp_key != key:
+            raise RuntimeError(f"packed-weight registries out of step: key {key} here, {cpp_key} in C++")
+    return key
 
 
 def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])
-    if torch.compiler.is_compiling():
+    if self.packed_in_cpp:
+        y = torch.ops.omniduplex_cpu.packed_linear(rows, self.packed_key, self.bias, self.out_features)
+    elif torch.compiler.is_compiling():
         from .custom_ops import packed_linear_op
 
         y = packed_linear_op(rows, self.packed_key, self.bias, self.out_features)
@@ -106,15 +116,20 @@ def warm_up(model: nn.Module, max_rows: int) -> int:
 
 
 def prepack_linears(model: nn.Module) -> int:
-    """Pack every bf16 ``nn.Linear`` of ``model`` (and the MoE experts' weights, via their
-    ``prepack()``) for the CPU, in place; returns how many weights were packed (0 where :func:`can_pack`
-    says no, e.g. fp32 or no native bf16). Call after the model has its final dtype and device: a later
-    ``.to()`` leaves stale packed copies."""
+    """Prepare ``model`` for CPU serving, in place: its attention and MoE go onto our C++ kernels where they
+    can be built (:func:`.cpu_ops.attach`), and every bf16 ``nn.Linear`` (and the MoE experts' weights, via
+    their ``prepack()``) is packed for oneDNN. Returns how many weights were packed (0 where
+    :func:`can_pack` says no, e.g. fp32 or no native bf16). Call after the model has its final dtype and
+    device: a later ``.to()`` leaves stale packed copies."""
+    from . import cpu_ops
+
+    cpu_ops.attach(model)  # before packing: the C++ registry must see every packed weight
     n = 0
     for mod in model.modules():
         if isinstance(mod, nn.Linear) and can_pack(mod.weight):
             mod.packed_weight = pack(mod.weight)
             mod.packed_key = register(mod.packed_weight)
+            mod.packed_in_cpp = cpu_ops.loaded()
             mod.forward = types.MethodType(_packed_forward, mod)
             n += 1
         elif hasattr(mod, "prepack") and callable(mod.prepack):

@@ -105,6 +105,8 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.scale = self.head_dim**-0.5
+        self.use_cpu_ops = False
+        """Write the KV cache with the C++ op (set by :func:`omniduplex.kernels.cpu_ops.attach`)."""
 
     def forward(
         self,
@@ -123,9 +125,13 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         k_cache, v_cache = kv
-        # compiled: the registered ops, one opaque node each, no graph break (kernels/custom_ops.py)
+        # compiled: the registered ops, one opaque node each, no graph break (kernels/custom_ops.py); the
+        # attention dispatcher picks the C++ decode kernel where it is loaded (kernels/attention.py)
         compiling = torch.compiler.is_compiling()
-        write = custom_ops.write_kv_cache_op if compiling else write_kv_cache
+        if self.use_cpu_ops:
+            write = torch.ops.omniduplex_cpu.write_kv_cache
+        else:
+            write = custom_ops.write_kv_cache_op if compiling else write_kv_cache
         attend = custom_ops.paged_attention_op if compiling else paged_attention
         write(k_cache, v_cache, k, v, batch.slot_mapping)
         out = attend(
@@ -242,7 +248,8 @@ def moe_experts(
 
 class Experts(nn.Module):
     """``E`` SwiGLU experts stored fused (``gate_up_proj`` ``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``); the
-    dispatch is :func:`moe_experts` (an opaque custom op while compiled)."""
+    dispatch is our C++ op (``omniduplex_cpu::moe_experts``, :mod:`omniduplex.kernels.cpu_ops`) once the model
+    is prepared for CPU serving, else :func:`moe_experts` (an opaque custom op while compiled)."""
 
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
@@ -250,6 +257,9 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
         self.packed: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        self.packed_key = -1
+        self.use_cpu_ops = False
+        """Dispatch with the C++ op (set by :func:`omniduplex.kernels.cpu_ops.attach`)."""
 
     def prepack(self) -> int:
         """Pack every expert's weights for oneDNN where :func:`~omniduplex.kernels.cpu_linear.can_pack`
@@ -273,9 +283,13 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """``x`` ``[T, H]``, ``weights``/``ids`` ``[T, k]`` → ``[T, H]`` weighted sum of expert outputs."""
+        if self.use_cpu_ops:
+            return torch.ops.omniduplex_cpu.moe_experts(
+                x, self.gate_up_proj, self.down_proj, weights, ids, self.packed_key
+            )
         if torch.compiler.is_compiling():
-            key = -1 if self.packed is None else self.packed_key
-            return custom_ops.moe_experts_op(x, self.gate_up_proj, self.down_proj, weights, ids, key)
+            op = custom_ops.moe_experts_op
+            return op(x, self.gate_up_proj, self.down_proj, weights, ids, self.packed_key)
         return moe_experts(x, self.gate_up_proj, self.down_proj, weights, ids, self.packed)
 
 

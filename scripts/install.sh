@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=${1:-}
-APT_PKGS="espeak-ng sox libsndfile1"
+APT_PKGS="espeak-ng sox libsndfile1 g++"  # g++: our C++ CPU kernels and torch.compile (kernels/cpu_ops.py)
 [ "$want_test" = test ] && APT_PKGS="$APT_PKGS chromium sip-tester"  # sip-tester: SIPp (tests/e2e/sipp)
 missing=""
 for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done

@@ -44,3 +44,23 @@ def test_compiled_forward_is_one_graph_and_equals_eager(tmp_path):
     for staggered in (False, True):
         assert _run(compiled, prompts, staggered) == want[staggered]
     assert _run(compiled, prompts[:1], False) == {"r0": want[False]["r0"]}  # one sequence: T == 1 decode
+
+
+def test_compiled_forward_on_the_cpp_kernels_equals_eager(tmp_path):
+    """A model prepared for CPU serving (C++ KV write, decode attention and MoE ops, kernels/cpu_ops.py)
+    compiles to one graph around those ops too, and gives the eager tokens."""
+    from omniduplex.kernels.cpu_linear import prepack_linears
+
+    d = write_checkpoint(tmp_path / "m", "tiny", seed=7, text_only=True)
+    rng = random.Random(2)
+    prompts = [[rng.randrange(0, 256) for _ in range(rng.randrange(1, 30))] for _ in range(5)]
+    eager = load_model(d).thinker
+    assert prepack_linears(eager) == 0  # fp32: nothing packed, the C++ ops attached
+    assert eager.model.layers[0].mlp.experts.use_cpu_ops
+    want = _run(eager, prompts, True)
+    torch._dynamo.reset()
+    compiled = load_model(d).thinker
+    prepack_linears(compiled)
+    compile_decoder(compiled)
+    assert _run(compiled, prompts, True) == want
+    assert _run(compiled, prompts[:1], False) == {"r0": _run(eager, prompts[:1], False)["r0"]}

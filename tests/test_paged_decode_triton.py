@@ -203,6 +203,7 @@ def test_dispatcher_torch_paths(monkeypatch):
     assert attention.select_backend(torch.device("cuda"), decode_only=True) == "torch"
     assert_matches(attention.paged_attention(**case, is_decode_only=True), case)
     monkeypatch.delenv(attention.BACKEND_ENV)
+    monkeypatch.setenv("OMNIDUPLEX_CPU_OPS", "0")  # else our C++ decode kernel where loaded (test_cpu_ops)
     assert attention.select_backend(torch.device("cpu"), decode_only=True) == "torch"
     monkeypatch.setenv(attention.BACKEND_ENV, "cuda-graphs")
     with pytest.raises(ValueError):

@@ -1,0 +1,141 @@
+"""Our C++ CPU kernels of a decode step (``csrc/cpu_ops.cpp``), built once per machine, loaded as torch ops.
+
+Ops (namespace ``torch.ops.omniduplex_cpu``):
+
+- ``paged_decode_attention(q [S, Hq, D], k_cache, v_cache [NB, 16, Hkv, D], block_tables int32 [S, MB],
+  seq_lens int32 [S], scale) -> [S, Hq, D]``: one query per sequence over the paged cache (layout of
+  :mod:`.paged_attention_ref`), fp32 accumulation; the dtype of ``q`` (fp32, bf16 or fp16).
+- ``write_kv_cache(k_cache, v_cache, k, v, slot_mapping)``: in place, as :func:`.paged_attention_ref
+  .write_kv_cache`; raises on a slot outside the cache.
+- ``register_packed(packed) -> key`` / ``packed_linear(x [T, in], key, bias, out_features) -> [T, out]``:
+  a oneDNN-packed weight (:mod:`.cpu_linear`) kept by key, so compiled graphs can name it.
+- ``moe_experts(x [T, H], gate_up_proj [E, 2I, H], down_proj [E, H, I], weights [T, k], ids [T, k],
+  packed_key) -> [T, H]``: as :func:`omniduplex.models.layers.moe_experts`, summed in fp32.
+
+They replace Python glue that cost more than the GEMMs it joins (measured in the issue-17 note). The
+extension is compiled with ``torch.utils.cpp_extension.load`` (g++ and ninja, ``-O3 -march=native``, one
+build per CPU kind, ~1 min on two cores, cached under ``$TORCH_EXTENSIONS_DIR`` or
+``~/.cache/torch_extensions``). Where it cannot be built (no compiler), or with ``OMNIDUPLEX_CPU_OPS=0``,
+:func:`available` is ``False`` and the callers keep their plain-torch paths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ENV = "OMNIDUPLEX_CPU_OPS"
+"""``0`` turns the C++ kernels off (plain-torch paths everywhere), e.g. to compare the two."""
+
+SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
+_lock = threading.Lock()
+_state: dict[str, bool | str] = {}
+
+
+class CpuOpsBuildError(RuntimeError):
+    """The C++ extension could not be compiled or loaded (message: the compiler's reason)."""
+
+
+def _cpu_tag() -> str:
+    """Short hash of the CPU's ISA flags: ``-march=native`` code of one CPU kind may not run on another."""
+    try:
+        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = "unknown"
+    return hashlib.sha1(flags.encode()).hexdigest()[:8]
+
+
+def load() -> None:
+    """Build (first call on this machine) and load the extension; idempotent and thread-safe.
+
+    Raises:
+        CpuOpsBuildError: compiler or ninja missing, or the build failed.
+    """
+    with _lock:
+        if _state.get("loaded"):
+            return
+        if hasattr(torch.ops.omniduplex_cpu, "moe_experts"):  # loaded by another copy of this module
+            _state["loaded"] = True
+            return
+        from torch.utils.cpp_extension import load as build
+
+        try:
+            build(
+                name=f"omniduplex_cpu_ops_{_cpu_tag()}",
+                sources=[str(SOURCE)],
+                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+                verbose=False,
+            )
+        except (OSError, RuntimeError, ImportError) as e:
+            raise CpuOpsBuildError(f"building {SOURCE.name} failed: {e}") from e
+        _register_fakes()
+        _state["loaded"] = True
+
+
+def available() -> bool:
+    """``True`` when the ops are loaded (building them on first call); ``False`` with ``OMNIDUPLEX_CPU_OPS=0``
+    or when the build fails (logged once, with the reason)."""
+    if not enabled() or _state.get("failed"):
+        return False
+    if _state.get("loaded"):
+        return True
+    try:
+        load()
+    except CpuOpsBuildError as e:
+        _state["failed"] = True
+        log.warning("C++ CPU kernels unavailable, using the plain-torch paths: %s", e)
+        return False
+    return True
+
+
+def enabled() -> bool:
+    """``False`` when ``OMNIDUPLEX_CPU_OPS=0`` turns the C++ kernels off."""
+    return os.environ.get(ENV, "1").strip() != "0"
+
+
+def loaded() -> bool:
+    """``True`` once the ops are loaded and :func:`enabled` (never builds them)."""
+    return bool(_state.get("loaded")) and enabled()
+
+
+def attach(model: torch.nn.Module) -> bool:
+    """Switch the paged KV write and the MoE dispatch of ``model``'s layers (modules with a
+    ``use_cpu_ops`` attribute) onto the C++ ops when ``model`` is on the CPU and :func:`available`;
+    returns whether it did. Decode attention needs no switch: the dispatcher of :mod:`.attention` takes
+    the C++ kernel whenever it is loaded."""
+    params = next(model.parameters(), None)
+    on = params is not None and params.device.type == "cpu" and available()
+    for mod in model.modules():
+        if hasattr(mod, "use_cpu_ops"):
+            mod.use_cpu_ops = on
+    return on
+
+
+def _register_fakes() -> None:
+    """Shape functions for ``torch.compile`` (the C++ ops have CPU kernels only)."""
+    lib = "omniduplex_cpu::"
+
+    @torch.library.register_fake(lib + "paged_decode_attention")
+    def _(q, k_cache, v_cache, block_tables, seq_lens, scale):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake(lib + "write_kv_cache")
+    def _(k_cache, v_cache, k, v, slot_mapping):
+        return None
+
+    @torch.library.register_fake(lib + "packed_linear")
+    def _(x, key, bias, out_features):
+        return x.new_empty((x.shape[0], out_features))
+
+    @torch.library.register_fake(lib + "moe_experts")
+    def _(x, gate_up_proj, down_proj, weights, ids, packed_key):
+        return torch.empty_like(x, memory_format=torch.contiguous_format)

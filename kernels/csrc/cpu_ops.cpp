@@ -1,0 +1,306 @@
+// CPU kernels of a decode step, as torch ops in the ``omniduplex_cpu`` namespace (built by kernels/cpu_ops.py).
+//
+// What they replace: the Python glue between GEMMs of a decode step (paged-attention gather + SDPA, the
+// paged KV write, the MoE dispatch and the packed-linear wrapper) cost more than the GEMMs on a CPU (tens of
+// small ATen calls per layer, each a few microseconds). vLLM's CPU backend has C++ kernels for the same
+// work (csrc/cpu/attention.cpp, the sgl-kernel derived fused MoE); these are ours.
+//
+// Layouts are the contract of kernels/paged_attention_ref.py: caches [num_blocks, block_size, Hkv, D],
+// block_tables int32 [S, max_blocks], seq_lens int32 [S] (including this step's token), GQA head h reads
+// KV head h / (Hq / Hkv).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+namespace {
+
+// ---------------------------------------------------------------- paged decode attention
+
+// One query token per sequence. Work item = (sequence, KV head): the G query heads of the group share each
+// K/V row, converted to fp32 once. Two passes over the sequence (scores, then the weighted sum of V), fp32
+// accumulation (as at::opmath_type does for bf16/fp16 in ATen's SDPA). D is a template parameter for the
+// usual head sizes, so the inner loops unroll into whole vector registers.
+template <typename scalar_t, int64_t kD>
+void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                             const at::Tensor& block_tables, const at::Tensor& seq_lens, at::Tensor& out,
+                             double scale, int64_t max_len) {
+  const int64_t S = q.size(0), Hq = q.size(1), D = kD > 0 ? kD : q.size(2);
+  const int64_t num_blocks = k_cache.size(0), BS = k_cache.size(1), Hkv = k_cache.size(2);
+  const int64_t G = Hq / Hkv, MB = block_tables.size(1);
+  const scalar_t* qp = q.data_ptr<scalar_t>();
+  const scalar_t* kc = k_cache.data_ptr<scalar_t>();
+  const scalar_t* vc = v_cache.data_ptr<scalar_t>();
+  const int32_t* bt = block_tables.data_ptr<int32_t>();
+  const int32_t* sl = seq_lens.data_ptr<int32_t>();
+  scalar_t* op = out.data_ptr<scalar_t>();
+  const float fscale = static_cast<float>(scale);
+  at::parallel_for(0, S * Hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(G * D), acc(G * D), row(D), scores(G * max_len), denom(G);
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t s = w / Hkv, h = w % Hkv, len = sl[s];
+      const scalar_t* qs = qp + (s * Hq + h * G) * D;
+      for (int64_t i = 0; i < G * D; ++i) qf[i] = static_cast<float>(qs[i]) * fscale;
+      for (int64_t b0 = 0; b0 < len; b0 += BS) {
+        const int64_t blk = bt[s * MB + b0 / BS];
+        TORCH_CHECK(blk >= 0 && blk < num_blocks, "block_tables[", s, "] holds block ", blk, " of ", num_blocks);
+        const int64_t rows = std::min(BS, len - b0);
+        for (int64_t r = 0; r < rows; ++r) {
+          const scalar_t* kp = kc + ((blk * BS + r) * Hkv + h) * D;
+          float* rw = row.data();
+          for (int64_t d = 0; d < D; ++d) rw[d] = static_cast<float>(kp[d]);
+          for (int64_t g = 0; g < G; ++g) {
+            const float* qg = qf.data() + g * D;
+            float a = 0.f;
+#pragma omp simd reduction(+ : a)
+            for (int64_t d = 0; d < D; ++d) a += qg[d] * rw[d];
+            scores[g * len + b0 + r] = a;
+          }
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        float* sg = scores.data() + g * len;
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t p = 0; p < len; ++p) m = std::max(m, sg[p]);
+        float sum = 0.f;
+        for (int64_t p = 0; p < len; ++p) {
+          sg[p] = std::exp(sg[p] - m);
+          sum += sg[p];
+        }
+        denom[g] = sum;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t b0 = 0; b0 < len; b0 += BS) {
+        const int64_t blk = bt[s * MB + b0 / BS];
+        const int64_t rows = std::min(BS, len - b0);
+        for (int64_t r = 0; r < rows; ++r) {
+          const scalar_t* vp = vc + ((blk * BS + r) * Hkv + h) * D;
+          for (int64_t g = 0; g < G; ++g) {
+            const float wgt = scores[g * len + b0 + r];
+            float* ag = acc.data() + g * D;
+#pragma omp simd
+            for (int64_t d = 0; d < D; ++d) ag[d] += wgt * static_cast<float>(vp[d]);
+          }
+        }
+      }
+      scalar_t* os = op + (s * Hq + h * G) * D;
+      for (int64_t g = 0; g < G; ++g) {
+        const float inv = 1.f / denom[g];
+        for (int64_t d = 0; d < D; ++d) os[g * D + d] = static_cast<scalar_t>(acc[g * D + d] * inv);
+      }
+    }
+  });
+}
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(q.device().is_cpu() && q.dim() == 3, "q must be a CPU tensor [S, Hq, D]");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(), "caches must be [NB, BS, Hkv, D] alike");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "q and caches must share a dtype");
+  TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(1) % k_cache.size(2) == 0, "head shapes do not match");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt,
+              "block_tables and seq_lens must be int32");
+  TORCH_CHECK(block_tables.size(0) == q.size(0) && seq_lens.size(0) == q.size(0), "one query per sequence");
+  at::Tensor qc = q.contiguous(), bt = block_tables.contiguous(), sl = seq_lens.contiguous();
+  at::Tensor out = at::empty_like(qc);
+  const int32_t* lens = sl.data_ptr<int32_t>();
+  const int64_t capacity = bt.size(1) * k_cache.size(1);
+  int64_t max_len = 0;
+  for (int64_t s = 0; s < sl.size(0); ++s) {
+    TORCH_CHECK(lens[s] >= 1 && lens[s] <= capacity, "seq_lens[", s, "] = ", lens[s], " outside [1, ", capacity, "]");
+    max_len = std::max<int64_t>(max_len, lens[s]);
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode_attention", [&] {
+    switch (q.size(2)) {
+      case 64: decode_attention_kernel<scalar_t, 64>(qc, k_cache, v_cache, bt, sl, out, scale, max_len); break;
+      case 128: decode_attention_kernel<scalar_t, 128>(qc, k_cache, v_cache, bt, sl, out, scale, max_len); break;
+      default: decode_attention_kernel<scalar_t, 0>(qc, k_cache, v_cache, bt, sl, out, scale, max_len);
+    }
+  });
+  return out;
+}
+
+// ---------------------------------------------------------------- paged KV write
+
+void write_kv_cache(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k, const at::Tensor& v,
+                    const at::Tensor& slot_mapping) {
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(), "caches must be [NB, BS, Hkv, D] alike");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  const int64_t T = slot_mapping.size(0), row = k_cache.size(2) * k_cache.size(3);
+  const int64_t slots = k_cache.size(0) * k_cache.size(1);
+  TORCH_CHECK(k.dim() == 3 && k.size(0) == T && k.size(1) * k.size(2) == row && k.sizes() == v.sizes(),
+              "k/v must be [T, Hkv, D] matching the cache");
+  at::Tensor kc = k.to(k_cache.scalar_type()).contiguous(), vc = v.to(v_cache.scalar_type()).contiguous();
+  at::Tensor sm = slot_mapping.to(at::kLong).contiguous();
+  const int64_t* sp = sm.data_ptr<int64_t>();
+  const int64_t bytes = row * k_cache.element_size();
+  char* kd = static_cast<char*>(k_cache.data_ptr());
+  char* vd = static_cast<char*>(v_cache.data_ptr());
+  const char* ks = static_cast<const char*>(kc.data_ptr());
+  const char* vs = static_cast<const char*>(vc.data_ptr());
+  for (int64_t t = 0; t < T; ++t) {  // all checked before any write: a bad batch leaves the cache as it was
+    TORCH_CHECK(sp[t] >= 0 && sp[t] < slots, "slot_mapping[", t, "] = ", sp[t], " outside [0, ", slots, ")");
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    std::memcpy(kd + sp[t] * bytes, ks + t * bytes, bytes);
+    std::memcpy(vd + sp[t] * bytes, vs + t * bytes, bytes);
+  }
+}
+
+// ---------------------------------------------------------------- packed (oneDNN) linear
+
+// Weights reordered once for oneDNN (mkldnn::_reorder_linear_weight); compiled graphs refer to them by key.
+std::mutex registry_mutex;
+std::vector<at::Tensor> packed_registry;
+
+int64_t register_packed(const at::Tensor& packed) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  packed_registry.push_back(packed);
+  return static_cast<int64_t>(packed_registry.size()) - 1;
+}
+
+const at::Tensor& packed_at(int64_t key) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  TORCH_CHECK(key >= 0 && key < static_cast<int64_t>(packed_registry.size()), "no packed weight ", key);
+  return packed_registry[key];
+}
+
+// Rows a GEMM of m rows is padded to (kernels/cpu_linear.py bucket_rows): oneDNN JIT-builds a kernel per row
+// count, so counts are bucketed to keep the kernels built bounded.
+int64_t bucket_rows(int64_t m) {
+  if (m <= 8) return m;
+  const int64_t step = m <= 64 ? 8 : m <= 1024 ? 64 : 256;
+  return (m + step - 1) / step * step;
+}
+
+at::Tensor linear_pointwise(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  std::vector<c10::IValue> stack;
+  stack.reserve(6);
+  stack.emplace_back(x);
+  stack.emplace_back(w);
+  stack.emplace_back(bias.has_value() ? c10::IValue(*bias) : c10::IValue());
+  stack.emplace_back(std::string("none"));
+  stack.emplace_back(c10::List<c10::optional<at::Scalar>>());
+  stack.emplace_back(c10::IValue());
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
+// x [m, in] bf16 @ packed weight -> [m, out]; rows padded to bucket_rows inside.
+at::Tensor packed_mm(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
+  const int64_t m = x.size(0), b = bucket_rows(m);
+  if (b == m) return linear_pointwise(x.contiguous(), packed, bias);
+  at::Tensor padded = at::zeros({b, x.size(1)}, x.options());
+  padded.narrow(0, 0, m).copy_(x);
+  return linear_pointwise(padded, packed, bias).narrow(0, 0, m).contiguous();
+}
+
+at::Tensor packed_linear(const at::Tensor& x, int64_t key, const c10::optional<at::Tensor>& bias,
+                         int64_t out_features) {
+  at::Tensor y = packed_mm(x, packed_at(key), bias);
+  TORCH_CHECK(y.size(1) == out_features, "packed weight ", key, " gives ", y.size(1), " features, not ", out_features);
+  return y;
+}
+
+// ---------------------------------------------------------------- MoE experts
+
+// acc[token[r]] += w[r] * y[r] over the rows r of one expert
+template <typename scalar_t>
+void scatter_weighted(const at::Tensor& y, const int64_t* tokens, const scalar_t* w, float* acc, int64_t H) {
+  const scalar_t* yp = y.data_ptr<scalar_t>();
+  for (int64_t r = 0; r < y.size(0); ++r) {
+    float* dst = acc + tokens[r] * H;
+    const float wr = static_cast<float>(w[r]);
+    const scalar_t* src = yp + r * H;
+#pragma omp simd
+    for (int64_t d = 0; d < H; ++d) dst[d] += wr * static_cast<float>(src[d]);
+  }
+}
+
+// Weighted sum of each token's top-k SwiGLU experts (Qwen3-MoE): the (token, expert) pairs are grouped by
+// expert (a counting sort on the host, free on a CPU), each expert runs two GEMMs on its rows only, and the
+// outputs are summed per token in fp32. packed_key >= 0: the experts' oneDNN-packed weights are registry
+// entries [key, key + E) (gate_up) and [key + E, key + 2E) (down).
+at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
+                       const at::Tensor& weights, const at::Tensor& ids, int64_t packed_key) {
+  TORCH_CHECK(x.dim() == 2 && ids.dim() == 2 && weights.sizes() == ids.sizes() && ids.size(0) == x.size(0),
+              "x [T, H], weights and ids [T, k] expected");
+  const int64_t T = x.size(0), K = ids.size(1), H = x.size(1), E = gate_up_proj.size(0);
+  const int64_t I = down_proj.size(2);
+  TORCH_CHECK(gate_up_proj.size(1) == 2 * I && gate_up_proj.size(2) == H && down_proj.size(1) == H,
+              "expert weight shapes do not match x");
+  at::Tensor idc = ids.to(at::kLong).contiguous(), xc = x.contiguous();
+  const int64_t* ip = idc.data_ptr<int64_t>();
+  std::vector<int64_t> counts(E + 1, 0);
+  for (int64_t j = 0; j < T * K; ++j) {
+    TORCH_CHECK(ip[j] >= 0 && ip[j] < E, "expert id ", ip[j], " outside [0, ", E, ")");
+    ++counts[ip[j] + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) counts[e + 1] += counts[e];  // exclusive prefix: group starts
+  at::Tensor tokens = at::empty({T * K}, idc.options());
+  at::Tensor pair_w = at::empty({T * K}, weights.options());
+  at::Tensor wc = weights.contiguous();
+  {
+    std::vector<int64_t> fill(counts.begin(), counts.end() - 1);
+    int64_t* tp = tokens.data_ptr<int64_t>();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "moe_sort", [&] {
+      const scalar_t* wsrc = wc.data_ptr<scalar_t>();
+      scalar_t* wdst = pair_w.data_ptr<scalar_t>();
+      for (int64_t j = 0; j < T * K; ++j) {
+        const int64_t at_ = fill[ip[j]]++;
+        tp[at_] = j / K;
+        wdst[at_] = wsrc[j];
+      }
+    });
+  }
+  at::Tensor xs = xc.index_select(0, tokens);  // [T*K, H] rows grouped by expert
+  at::Tensor acc = at::zeros({T, H}, x.options().dtype(at::kFloat));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t start = counts[e], n = counts[e + 1] - start;
+    if (n == 0) continue;
+    at::Tensor rows = xs.narrow(0, start, n);
+    at::Tensor gu = packed_key >= 0 ? packed_mm(rows, packed_at(packed_key + e), c10::nullopt)
+                                    : at::linear(rows, gate_up_proj[e]);
+    // silu(gate) * up with ATen's vectorised kernels (a scalar exp per element cost more than the GEMMs)
+    at::Tensor h = at::silu(gu.narrow(1, 0, I)).mul_(gu.narrow(1, I, I));
+    at::Tensor y = packed_key >= 0 ? packed_mm(h, packed_at(packed_key + E + e), c10::nullopt) : at::linear(h, down_proj[e]);
+    y = y.contiguous();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "moe_scatter", [&] {
+      scatter_weighted<scalar_t>(y, tokens.data_ptr<int64_t>() + start, pair_w.data_ptr<scalar_t>() + start,
+                                 acc.data_ptr<float>(), H);
+    });
+  }
+  return acc.to(x.scalar_type());
+}
+
+}  // namespace
+
+TORCH_LIBRARY(omniduplex_cpu, m) {
+  m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor seq_lens, float scale) -> Tensor");
+  m.def("write_kv_cache(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slot_mapping) -> ()");
+  m.def("register_packed(Tensor packed) -> int");
+  m.def("packed_linear(Tensor x, int key, Tensor? bias, int out_features) -> Tensor");
+  m.def("moe_experts(Tensor x, Tensor gate_up_proj, Tensor down_proj, Tensor weights, Tensor ids, "
+        "int packed_key) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(omniduplex_cpu, CPU, m) {
+  m.impl("paged_decode_attention", &paged_decode_attention);
+  m.impl("write_kv_cache", &write_kv_cache);
+  m.impl("packed_linear", &packed_linear);
+  m.impl("moe_experts", &moe_experts);
+}
+
+TORCH_LIBRARY_IMPL(omniduplex_cpu, CompositeExplicitAutograd, m) { m.impl("register_packed", &register_packed); }
