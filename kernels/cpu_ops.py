@@ -52,6 +52,20 @@ def _cpu_tag() -> str:
     return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
+def _isa_flags() -> list[str]:
+    """``-DCPU_CAPABILITY_*`` for ATen's ``at::vec::Vectorized`` (as Inductor's C++ builds pass it): AVX-512
+    or AVX2 where the CPU has it, else none (scalar vectors)."""
+    try:
+        flags = set(next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")).split())
+    except (OSError, StopIteration):
+        return []
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        return ["-DCPU_CAPABILITY_AVX512"]
+    if {"avx2", "fma"} <= flags:
+        return ["-DCPU_CAPABILITY_AVX2"]
+    return []
+
+
 def load() -> None:
     """Build (first call on this machine) and load the extension; idempotent and thread-safe.
 
@@ -70,7 +84,7 @@ def load() -> None:
             build(
                 name=f"omniduplex_cpu_ops_{_cpu_tag()}",
                 sources=[str(SOURCE)],
-                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_cflags=["-O3", "-march=native", "-fopenmp", *_isa_flags()],
                 extra_ldflags=["-fopenmp"],
                 is_python_module=False,
                 verbose=False,

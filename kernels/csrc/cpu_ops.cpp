@@ -12,6 +12,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -19,21 +21,42 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 // ---------------------------------------------------------------- paged decode attention
 
-// One query token per sequence. Work item = (sequence, KV head): the G query heads of the group share each
-// K/V row, converted to fp32 once. Two passes over the sequence (scores, then the weighted sum of V), fp32
-// accumulation (as at::opmath_type does for bf16/fp16 in ATen's SDPA). D is a template parameter for the
-// usual head sizes, so the inner loops unroll into whole vector registers.
-template <typename scalar_t, int64_t kD>
+using Vec = at::vec::Vectorized<float>;
+
+// Vec::size() consecutive elements as fp32
+template <typename scalar_t>
+inline Vec load_float(const scalar_t* p) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    return Vec::loadu(p);
+  } else {
+    Vec out;
+    at::vec::load_to_float<scalar_t>(p, out);
+    return out;
+  }
+}
+
+template <typename scalar_t>
+inline void store_from_float(scalar_t* p, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<scalar_t>(src[i]);
+}
+
+// One query token per sequence. The G query heads of a KV head's group share each K/V row, loaded as fp32 vectors once (at::vec::Vectorized: AVX-512 / AVX2 as the build's CPU has). Two
+// passes over the sequence (scores, then the weighted sum of V), fp32 accumulation (as at::opmath_type
+// does for bf16/fp16 in ATen's SDPA). NV = D / Vec::size() is a template parameter, so a row stays in
+// registers.
+template <typename scalar_t, int64_t NV>
 void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                              const at::Tensor& block_tables, const at::Tensor& seq_lens, at::Tensor& out,
                              double scale, int64_t max_len) {
-  const int64_t S = q.size(0), Hq = q.size(1), D = kD > 0 ? kD : q.size(2);
+  constexpr int64_t W = Vec::size(), D = NV * W;
+  const int64_t S = q.size(0), Hq = q.size(1);
   const int64_t num_blocks = k_cache.size(0), BS = k_cache.size(1), Hkv = k_cache.size(2);
   const int64_t G = Hq / Hkv, MB = block_tables.size(1);
   const scalar_t* qp = q.data_ptr<scalar_t>();
@@ -42,59 +65,76 @@ void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, con
   const int32_t* bt = block_tables.data_ptr<int32_t>();
   const int32_t* sl = seq_lens.data_ptr<int32_t>();
   scalar_t* op = out.data_ptr<scalar_t>();
-  const float fscale = static_cast<float>(scale);
-  at::parallel_for(0, S * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(G * D), acc(G * D), row(D), scores(G * max_len), denom(G);
+  const Vec vscale(static_cast<float>(scale));
+  // Work item = (sequence, HP KV heads). With enough sequences for every thread an item takes all of a
+  // sequence's heads: each cached row is then read whole and in order (a block of 16 rows is one contiguous
+  // run of memory, which the hardware prefetcher streams); with few sequences, one head per item so that
+  // every thread has work.
+  const int64_t HP = S >= 2 * at::get_num_threads() ? Hkv : 1, QH = HP * G;
+  at::parallel_for(0, S * (Hkv / HP), 1, [&](int64_t begin, int64_t end) {
+    std::vector<Vec> qv(QH * NV), acc(QH * NV);
+    std::vector<float> scores(QH * max_len + W), outf(D), denom(QH);
     for (int64_t w = begin; w < end; ++w) {
-      const int64_t s = w / Hkv, h = w % Hkv, len = sl[s];
-      const scalar_t* qs = qp + (s * Hq + h * G) * D;
-      for (int64_t i = 0; i < G * D; ++i) qf[i] = static_cast<float>(qs[i]) * fscale;
+      const int64_t s = w / (Hkv / HP), h0 = (w % (Hkv / HP)) * HP, len = sl[s];
+      const scalar_t* qs = qp + (s * Hq + h0 * G) * D;  // query heads h0*G .. (h0+HP)*G - 1
+      for (int64_t i = 0; i < QH * NV; ++i) qv[i] = load_float(qs + i * W) * vscale;
       for (int64_t b0 = 0; b0 < len; b0 += BS) {
         const int64_t blk = bt[s * MB + b0 / BS];
         TORCH_CHECK(blk >= 0 && blk < num_blocks, "block_tables[", s, "] holds block ", blk, " of ", num_blocks);
         const int64_t rows = std::min(BS, len - b0);
         for (int64_t r = 0; r < rows; ++r) {
-          const scalar_t* kp = kc + ((blk * BS + r) * Hkv + h) * D;
-          float* rw = row.data();
-          for (int64_t d = 0; d < D; ++d) rw[d] = static_cast<float>(kp[d]);
-          for (int64_t g = 0; g < G; ++g) {
-            const float* qg = qf.data() + g * D;
-            float a = 0.f;
-#pragma omp simd reduction(+ : a)
-            for (int64_t d = 0; d < D; ++d) a += qg[d] * rw[d];
-            scores[g * len + b0 + r] = a;
+          const scalar_t* kp = kc + ((blk * BS + r) * Hkv + h0) * D;
+          for (int64_t hh = 0; hh < HP; ++hh) {
+            Vec kr[NV];
+            for (int64_t j = 0; j < NV; ++j) kr[j] = load_float(kp + hh * D + j * W);
+            for (int64_t g = hh * G; g < (hh + 1) * G; ++g) {
+              Vec a = qv[g * NV] * kr[0];
+              for (int64_t j = 1; j < NV; ++j) a = at::vec::fmadd(qv[g * NV + j], kr[j], a);
+              scores[g * len + b0 + r] = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, a);
+            }
           }
         }
       }
-      for (int64_t g = 0; g < G; ++g) {
+      for (int64_t g = 0; g < QH; ++g) {
         float* sg = scores.data() + g * len;
         float m = -std::numeric_limits<float>::infinity();
         for (int64_t p = 0; p < len; ++p) m = std::max(m, sg[p]);
-        float sum = 0.f;
-        for (int64_t p = 0; p < len; ++p) {
+        const Vec vm(m);
+        Vec vsum(0.f);
+        int64_t p = 0;
+        for (; p + W <= len; p += W) {
+          const Vec e = (Vec::loadu(sg + p) - vm).exp_u20();
+          e.store(sg + p);
+          vsum = vsum + e;
+        }
+        float sum = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, vsum);
+        for (; p < len; ++p) {
           sg[p] = std::exp(sg[p] - m);
           sum += sg[p];
         }
         denom[g] = sum;
       }
-      std::fill(acc.begin(), acc.end(), 0.f);
+      for (auto& a : acc) a = Vec(0.f);
       for (int64_t b0 = 0; b0 < len; b0 += BS) {
         const int64_t blk = bt[s * MB + b0 / BS];
         const int64_t rows = std::min(BS, len - b0);
         for (int64_t r = 0; r < rows; ++r) {
-          const scalar_t* vp = vc + ((blk * BS + r) * Hkv + h) * D;
-          for (int64_t g = 0; g < G; ++g) {
-            const float wgt = scores[g * len + b0 + r];
-            float* ag = acc.data() + g * D;
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) ag[d] += wgt * static_cast<float>(vp[d]);
+          const scalar_t* vp = vc + ((blk * BS + r) * Hkv + h0) * D;
+          for (int64_t hh = 0; hh < HP; ++hh) {
+            Vec vr[NV];
+            for (int64_t j = 0; j < NV; ++j) vr[j] = load_float(vp + hh * D + j * W);
+            for (int64_t g = hh * G; g < (hh + 1) * G; ++g) {
+              const Vec wgt(scores[g * len + b0 + r]);
+              for (int64_t j = 0; j < NV; ++j) acc[g * NV + j] = at::vec::fmadd(wgt, vr[j], acc[g * NV + j]);
+            }
           }
         }
       }
-      scalar_t* os = op + (s * Hq + h * G) * D;
-      for (int64_t g = 0; g < G; ++g) {
-        const float inv = 1.f / denom[g];
-        for (int64_t d = 0; d < D; ++d) os[g * D + d] = static_cast<scalar_t>(acc[g * D + d] * inv);
+      scalar_t* os = op + (s * Hq + h0 * G) * D;
+      for (int64_t g = 0; g < QH; ++g) {
+        const Vec inv(1.f / denom[g]);
+        for (int64_t j = 0; j < NV; ++j) (acc[g * NV + j] * inv).store(outf.data() + j * W);
+        store_from_float(os + g * D, outf.data(), D);
       }
     }
   });
@@ -120,13 +160,30 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     TORCH_CHECK(lens[s] >= 1 && lens[s] <= capacity, "seq_lens[", s, "] = ", lens[s], " outside [1, ", capacity, "]");
     max_len = std::max<int64_t>(max_len, lens[s]);
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode_attention", [&] {
-    switch (q.size(2)) {
-      case 64: decode_attention_kernel<scalar_t, 64>(qc, k_cache, v_cache, bt, sl, out, scale, max_len); break;
-      case 128: decode_attention_kernel<scalar_t, 128>(qc, k_cache, v_cache, bt, sl, out, scale, max_len); break;
-      default: decode_attention_kernel<scalar_t, 0>(qc, k_cache, v_cache, bt, sl, out, scale, max_len);
+  const int64_t W = Vec::size(), D = q.size(2);
+  TORCH_CHECK(D % W == 0 && D / W <= 16, "head_dim ", D, " must be a multiple of ", W, ", at most ", 16 * W);
+  auto by_width = [&](auto zero) {
+    using scalar_t = decltype(zero);
+    auto run = [&](auto nv) {
+      decode_attention_kernel<scalar_t, decltype(nv)::value>(qc, k_cache, v_cache, bt, sl, out, scale, max_len);
+    };
+    switch (D / W) {
+      case 1: run(std::integral_constant<int64_t, 1>{}); break;
+      case 2: run(std::integral_constant<int64_t, 2>{}); break;
+      case 3: run(std::integral_constant<int64_t, 3>{}); break;
+      case 4: run(std::integral_constant<int64_t, 4>{}); break;
+      case 6: run(std::integral_constant<int64_t, 6>{}); break;
+      case 8: run(std::integral_constant<int64_t, 8>{}); break;
+      case 16: run(std::integral_constant<int64_t, 16>{}); break;
+      default: TORCH_CHECK(false, "paged_decode_attention: head_dim ", D, " not built");
     }
-  });
+  };
+  switch (q.scalar_type()) {
+    case at::kFloat: by_width(float{}); break;
+    case at::kBFloat16: by_width(c10::BFloat16{}); break;
+    case at::kHalf: by_width(c10::Half{}); break;
+    default: TORCH_CHECK(false, "paged_decode_attention: dtype ", q.scalar_type(), " not supported");
+  }
   return out;
 }
 

@@ -68,7 +68,9 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     Rows with ``temperature == 0`` take the argmax of the penalised logits.
     """
     logits = apply_penalties(logits.float(), b)
-    greedy = logits.argmax(dim=-1)
+    # max(dim).indices: the same first maximal index as argmax, ~3x faster on CPU (32 x 8192 fp32: 115 vs
+    # 357 us on one core here)
+    greedy = logits.max(dim=-1).indices
     random_rows = b.temperature > 0
     if not bool(random_rows.any()):
         return greedy
