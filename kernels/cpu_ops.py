@@ -43,22 +43,24 @@ class CpuOpsBuildError(RuntimeError):
     """The C++ extension could not be compiled or loaded (message: the compiler's reason)."""
 
 
+def _cpu_flags() -> set[str]:
+    """The CPU's ISA flags (``/proc/cpuinfo``); empty where unreadable."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return set()
+    return set(next((ln for ln in lines if ln.startswith("flags")), "").split())
+
+
 def _cpu_tag() -> str:
     """Short hash of the CPU's ISA flags: ``-march=native`` code of one CPU kind may not run on another."""
-    try:
-        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = "unknown"
-    return hashlib.sha1(flags.encode()).hexdigest()[:8]
+    return hashlib.sha1(" ".join(sorted(_cpu_flags())).encode()).hexdigest()[:8]
 
 
 def _isa_flags() -> list[str]:
     """``-DCPU_CAPABILITY_*`` for ATen's ``at::vec::Vectorized`` (as Inductor's C++ builds pass it): AVX-512
     or AVX2 where the CPU has it, else none (scalar vectors)."""
-    try:
-        flags = set(next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")).split())
-    except (OSError, StopIteration):
-        return []
+    flags = _cpu_flags()
     if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
         return ["-DCPU_CAPABILITY_AVX512"]
     if {"avx2", "fma"} <= flags:
