@@ -113,6 +113,12 @@ def available() -> bool:
     return True
 
 
+def fits_decode_kernel(head_dim: int) -> bool:
+    """Whether ``paged_decode_attention`` takes this head size: a multiple of 16 up to 128 (whole fp32 vectors
+    of AVX-512 or AVX2, at most 16 of them); others stay on the torch path."""
+    return head_dim % 16 == 0 and 16 <= head_dim <= 128
+
+
 def enabled() -> bool:
     """``False`` when ``OMNIDUPLEX_CPU_OPS=0`` turns the C++ kernels off."""
     return os.environ.get(ENV, "1").strip() != "0"

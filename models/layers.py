@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omniduplex.kernels import cpu_linear, custom_ops, paged_attention, write_kv_cache
+from omniduplex.kernels import cpu_linear, cpu_ops, custom_ops, paged_attention, write_kv_cache
 
 from .config import DecoderConfig
 from .forward_batch import ForwardBatch
@@ -106,7 +106,8 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.scale = self.head_dim**-0.5
         self.use_cpu_ops = False
-        """Write the KV cache with the C++ op (set by :func:`omniduplex.kernels.cpu_ops.attach`)."""
+        """Write the KV cache (and attend, for one token) with the C++ ops (set by
+        :func:`omniduplex.kernels.cpu_ops.attach`)."""
 
     def forward(
         self,
@@ -134,6 +135,14 @@ class Attention(nn.Module):
             write = custom_ops.write_kv_cache_op if compiling else write_kv_cache
         attend = custom_ops.paged_attention_op if compiling else paged_attention
         write(k_cache, v_cache, k, v, batch.slot_mapping)
+        one_decode = t == 1 and k_cache.dtype == q.dtype and cpu_ops.fits_decode_kernel(self.head_dim)
+        if self.use_cpu_ops and one_decode:
+            # one token is one sequence's decode: straight to the C++ kernel, no dispatcher (in a compiled
+            # graph, where T is symbolic and >= 2, this branch is resolved while tracing)
+            out = torch.ops.omniduplex_cpu.paged_decode_attention(
+                q, k_cache, v_cache, batch.block_tables, batch.seq_lens, self.scale
+            )
+            return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
         out = attend(
             q,
             k_cache,

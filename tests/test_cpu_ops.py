@@ -39,7 +39,9 @@ def _paged_case(seed, num_seqs, num_q_heads, num_kv_heads, head_dim, dtype, max_
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("heads", "head_dim"), [((8, 4), 64), ((4, 4), 128), ((6, 2), 48), ((16, 2), 64)])
+@pytest.mark.parametrize(
+    ("heads", "head_dim"), [((8, 4), 64), ((4, 4), 128), ((6, 2), 48), ((16, 2), 64), ((9, 3), 96)]
+)
 @pytest.mark.parametrize("num_seqs", [1, 5])
 def test_decode_attention_equals_torch_reference(dtype, heads, head_dim, num_seqs):
     case = _paged_case(num_seqs + head_dim, num_seqs, *heads, head_dim, dtype)
@@ -50,6 +52,16 @@ def test_decode_attention_equals_torch_reference(dtype, heads, head_dim, num_seq
     got = OPS.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale)
     assert got.dtype == dtype and got.shape == q.shape
     torch.testing.assert_close(got.float(), want, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_dispatcher_keeps_head_sizes_the_kernel_does_not_take_on_torch(monkeypatch):
+    monkeypatch.delenv(attention.BACKEND_ENV, raising=False)
+    q, k_cache, v_cache, tables, seq_lens = _paged_case(5, 3, 4, 2, 40, torch.float32)
+    assert not cpu_ops.fits_decode_kernel(40) and cpu_ops.fits_decode_kernel(64)
+    qsl = torch.arange(4, dtype=torch.int32)
+    got = attention.paged_attention(q, k_cache, v_cache, tables, seq_lens, qsl, 0.15, max_query_len=1)
+    want = paged_attention_torch(q, k_cache, v_cache, tables, seq_lens, qsl, 0.15)
+    torch.testing.assert_close(got, want)
 
 
 def test_decode_attention_takes_strided_queries():

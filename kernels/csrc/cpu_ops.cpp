@@ -29,6 +29,7 @@ namespace {
 // ---------------------------------------------------------------- paged decode attention
 
 using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kMaxVecs = 16;  // head_dim up to 16 vectors (256 with AVX-512)
 
 // Vec::size() consecutive elements as fp32
 template <typename scalar_t>
@@ -49,13 +50,14 @@ inline void store_from_float(scalar_t* p, const float* src, int64_t n) {
 
 // One query token per sequence. The G query heads of a KV head's group share each K/V row, loaded as fp32 vectors once (at::vec::Vectorized: AVX-512 / AVX2 as the build's CPU has). Two
 // passes over the sequence (scores, then the weighted sum of V), fp32 accumulation (as at::opmath_type
-// does for bf16/fp16 in ATen's SDPA). NV = D / Vec::size() is a template parameter, so a row stays in
-// registers.
-template <typename scalar_t, int64_t NV>
+// does for bf16/fp16 in ATen's SDPA). For the usual head sizes NV = D / Vec::size() is a template
+// parameter, so a row stays in registers.
+template <typename scalar_t, int64_t kNV>
 void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                              const at::Tensor& block_tables, const at::Tensor& seq_lens, at::Tensor& out,
                              double scale, int64_t max_len) {
-  constexpr int64_t W = Vec::size(), D = NV * W;
+  constexpr int64_t W = Vec::size();
+  const int64_t NV = kNV > 0 ? kNV : q.size(2) / W, D = NV * W;  // kNV = 0: any width, decided at run time
   const int64_t S = q.size(0), Hq = q.size(1);
   const int64_t num_blocks = k_cache.size(0), BS = k_cache.size(1), Hkv = k_cache.size(2);
   const int64_t G = Hq / Hkv, MB = block_tables.size(1);
@@ -85,7 +87,7 @@ void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, con
         for (int64_t r = 0; r < rows; ++r) {
           const scalar_t* kp = kc + ((blk * BS + r) * Hkv + h0) * D;
           for (int64_t hh = 0; hh < HP; ++hh) {
-            Vec kr[NV];
+            Vec kr[kNV > 0 ? kNV : kMaxVecs];
             for (int64_t j = 0; j < NV; ++j) kr[j] = load_float(kp + hh * D + j * W);
             for (int64_t g = hh * G; g < (hh + 1) * G; ++g) {
               Vec a = qv[g * NV] * kr[0];
@@ -121,7 +123,7 @@ void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, con
         for (int64_t r = 0; r < rows; ++r) {
           const scalar_t* vp = vc + ((blk * BS + r) * Hkv + h0) * D;
           for (int64_t hh = 0; hh < HP; ++hh) {
-            Vec vr[NV];
+            Vec vr[kNV > 0 ? kNV : kMaxVecs];
             for (int64_t j = 0; j < NV; ++j) vr[j] = load_float(vp + hh * D + j * W);
             for (int64_t g = hh * G; g < (hh + 1) * G; ++g) {
               const Vec wgt(scores[g * len + b0 + r]);
@@ -161,7 +163,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     max_len = std::max<int64_t>(max_len, lens[s]);
   }
   const int64_t W = Vec::size(), D = q.size(2);
-  TORCH_CHECK(D % W == 0 && D / W <= 16, "head_dim ", D, " must be a multiple of ", W, ", at most ", 16 * W);
+  TORCH_CHECK(D % W == 0 && D / W <= kMaxVecs, "head_dim ", D, " must be a multiple of ", W, ", at most ",
+              kMaxVecs * W);
   auto by_width = [&](auto zero) {
     using scalar_t = decltype(zero);
     auto run = [&](auto nv) {
@@ -170,12 +173,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     switch (D / W) {
       case 1: run(std::integral_constant<int64_t, 1>{}); break;
       case 2: run(std::integral_constant<int64_t, 2>{}); break;
-      case 3: run(std::integral_constant<int64_t, 3>{}); break;
       case 4: run(std::integral_constant<int64_t, 4>{}); break;
-      case 6: run(std::integral_constant<int64_t, 6>{}); break;
       case 8: run(std::integral_constant<int64_t, 8>{}); break;
-      case 16: run(std::integral_constant<int64_t, 16>{}); break;
-      default: TORCH_CHECK(false, "paged_decode_attention: head_dim ", D, " not built");
+      default: run(std::integral_constant<int64_t, 0>{});
     }
   };
   switch (q.scalar_type()) {
