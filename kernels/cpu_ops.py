@@ -14,7 +14,7 @@ Ops (namespace ``torch.ops.omniduplex_cpu``):
 
 They replace Python glue that cost more than the GEMMs it joins (measured in the issue-17 note). The
 extension is compiled with ``torch.utils.cpp_extension.load`` (g++ and ninja, ``-O3 -march=native``, one
-build per CPU kind, ~1 min on two cores, cached under ``$TORCH_EXTENSIONS_DIR`` or
+build per CPU kind and source, ~15 s on two cores, cached under ``$TORCH_EXTENSIONS_DIR`` or
 ``~/.cache/torch_extensions``). Where it cannot be built (no compiler), or with ``OMNIDUPLEX_CPU_OPS=0``,
 :func:`available` is ``False`` and the callers keep their plain-torch paths.
 """
@@ -52,9 +52,12 @@ def _cpu_flags() -> set[str]:
     return set(next((ln for ln in lines if ln.startswith("flags")), "").split())
 
 
-def _cpu_tag() -> str:
-    """Short hash of the CPU's ISA flags: ``-march=native`` code of one CPU kind may not run on another."""
-    return hashlib.sha1(" ".join(sorted(_cpu_flags())).encode()).hexdigest()[:8]
+def _build_tag() -> str:
+    """Short hash of the CPU's ISA flags and of the source: ``-march=native`` code of one CPU kind may not run
+    on another, and two checkouts with different sources must not rebuild one shared library in turn."""
+    h = hashlib.sha1(" ".join(sorted(_cpu_flags())).encode())
+    h.update(SOURCE.read_bytes())
+    return h.hexdigest()[:10]
 
 
 def _isa_flags() -> list[str]:
@@ -84,7 +87,7 @@ def load() -> None:
 
         try:
             build(
-                name=f"omniduplex_cpu_ops_{_cpu_tag()}",
+                name=f"omniduplex_cpu_ops_{_build_tag()}",
                 sources=[str(SOURCE)],
                 extra_cflags=["-O3", "-march=native", "-fopenmp", *_isa_flags()],
                 extra_ldflags=["-fopenmp"],

@@ -73,6 +73,22 @@ void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, con
   // run of memory, which the hardware prefetcher streams); with few sequences, one head per item so that
   // every thread has work.
   const int64_t HP = S >= 2 * at::get_num_threads() ? Hkv : 1, QH = HP * G;
+  // fn(position, head offset in [0, HP), the row as fp32 vectors) for every cached row of sequence s, heads
+  // h0 .. h0 + HP - 1, in position order
+  auto for_each_row = [&](const scalar_t* cache, int64_t s, int64_t len, int64_t h0, auto&& fn) {
+    for (int64_t b0 = 0; b0 < len; b0 += BS) {
+      const int64_t blk = bt[s * MB + b0 / BS];
+      TORCH_CHECK(blk >= 0 && blk < num_blocks, "block_tables[", s, "] holds block ", blk, " of ", num_blocks);
+      for (int64_t r = 0; r < std::min(BS, len - b0); ++r) {
+        const scalar_t* row = cache + ((blk * BS + r) * Hkv + h0) * D;
+        for (int64_t hh = 0; hh < HP; ++hh) {
+          Vec v[kNV > 0 ? kNV : kMaxVecs];
+          for (int64_t j = 0; j < NV; ++j) v[j] = load_float(row + hh * D + j * W);
+          fn(b0 + r, hh, v);
+        }
+      }
+    }
+  };
   at::parallel_for(0, S * (Hkv / HP), 1, [&](int64_t begin, int64_t end) {
     std::vector<Vec> qv(QH * NV), acc(QH * NV);
     std::vector<float> scores(QH * max_len + W), outf(D), denom(QH);
@@ -80,23 +96,13 @@ void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, con
       const int64_t s = w / (Hkv / HP), h0 = (w % (Hkv / HP)) * HP, len = sl[s];
       const scalar_t* qs = qp + (s * Hq + h0 * G) * D;  // query heads h0*G .. (h0+HP)*G - 1
       for (int64_t i = 0; i < QH * NV; ++i) qv[i] = load_float(qs + i * W) * vscale;
-      for (int64_t b0 = 0; b0 < len; b0 += BS) {
-        const int64_t blk = bt[s * MB + b0 / BS];
-        TORCH_CHECK(blk >= 0 && blk < num_blocks, "block_tables[", s, "] holds block ", blk, " of ", num_blocks);
-        const int64_t rows = std::min(BS, len - b0);
-        for (int64_t r = 0; r < rows; ++r) {
-          const scalar_t* kp = kc + ((blk * BS + r) * Hkv + h0) * D;
-          for (int64_t hh = 0; hh < HP; ++hh) {
-            Vec kr[kNV > 0 ? kNV : kMaxVecs];
-            for (int64_t j = 0; j < NV; ++j) kr[j] = load_float(kp + hh * D + j * W);
-            for (int64_t g = hh * G; g < (hh + 1) * G; ++g) {
-              Vec a = qv[g * NV] * kr[0];
-              for (int64_t j = 1; j < NV; ++j) a = at::vec::fmadd(qv[g * NV + j], kr[j], a);
-              scores[g * len + b0 + r] = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, a);
-            }
-          }
+      for_each_row(kc, s, len, h0, [&](int64_t p, int64_t hh, const Vec* kr) {
+        for (int64_t g = hh * G; g < (hh + 1) * G; ++g) {
+          Vec a = qv[g * NV] * kr[0];
+          for (int64_t j = 1; j < NV; ++j) a = at::vec::fmadd(qv[g * NV + j], kr[j], a);
+          scores[g * len + p] = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, a);
         }
-      }
+      });
       for (int64_t g = 0; g < QH; ++g) {
         float* sg = scores.data() + g * len;
         float m = -std::numeric_limits<float>::infinity();
@@ -117,21 +123,12 @@ void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, con
         denom[g] = sum;
       }
       for (auto& a : acc) a = Vec(0.f);
-      for (int64_t b0 = 0; b0 < len; b0 += BS) {
-        const int64_t blk = bt[s * MB + b0 / BS];
-        const int64_t rows = std::min(BS, len - b0);
-        for (int64_t r = 0; r < rows; ++r) {
-          const scalar_t* vp = vc + ((blk * BS + r) * Hkv + h0) * D;
-          for (int64_t hh = 0; hh < HP; ++hh) {
-            Vec vr[kNV > 0 ? kNV : kMaxVecs];
-            for (int64_t j = 0; j < NV; ++j) vr[j] = load_float(vp + hh * D + j * W);
-            for (int64_t g = hh * G; g < (hh + 1) * G; ++g) {
-              const Vec wgt(scores[g * len + b0 + r]);
-              for (int64_t j = 0; j < NV; ++j) acc[g * NV + j] = at::vec::fmadd(wgt, vr[j], acc[g * NV + j]);
-            }
-          }
+      for_each_row(vc, s, len, h0, [&](int64_t p, int64_t hh, const Vec* vr) {
+        for (int64_t g = hh * G; g < (hh + 1) * G; ++g) {
+          const Vec wgt(scores[g * len + p]);
+          for (int64_t j = 0; j < NV; ++j) acc[g * NV + j] = at::vec::fmadd(wgt, vr[j], acc[g * NV + j]);
         }
-      }
+      });
       scalar_t* os = op + (s * Hq + h0 * G) * D;
       for (int64_t g = 0; g < QH; ++g) {
         const Vec inv(1.f / denom[g]);
