@@ -40,6 +40,7 @@ def load_llm(dtype: str = "float32"):
     Raises:
         WeightsError: the weight package is missing (one line with the fix).
     """
+    from omniduplex.kernels.cpu_linear import prepack_linears
     from omniduplex.models.cascade import default_manifest, load_manifest, resolve_llm
     from omniduplex.models.registry import load_model
     from omniduplex.models.weights import cache_dir
@@ -47,7 +48,9 @@ def load_llm(dtype: str = "float32"):
 
     cache = cache_dir()
     llm_dir = resolve_llm(load_manifest(default_manifest(cache)), cache)
-    return load_model(llm_dir, parts=("thinker",), dtype=_dtype(dtype))
+    model = load_model(llm_dir, parts=("thinker",), dtype=_dtype(dtype))
+    prepack_linears(model.thinker)  # as the serving stage prepares it (C++ kernels; packed GEMMs in bf16)
+    return model
 
 
 def conversation(model, caching: bool, max_tokens: int, replies: list[str] | None = None) -> list[dict]:
