@@ -15,12 +15,14 @@ Ops (namespace ``torch.ops.omniduplex_cpu``):
 They replace Python glue that cost more than the GEMMs it joins (measured in the issue-17 note). The
 extension is compiled with ``torch.utils.cpp_extension.load`` (g++ and ninja, ``-O3 -march=native``, one
 build per CPU kind and source, ~15 s on two cores, cached under ``$TORCH_EXTENSIONS_DIR`` or
-``~/.cache/torch_extensions``). Where it cannot be built (no compiler), or with ``OMNIDUPLEX_CPU_OPS=0``,
-:func:`available` is ``False`` and the callers keep their plain-torch paths.
+``~/.cache/torch_extensions``; processes starting together wait for the first one's build). Where it cannot
+be built (no compiler), or with ``OMNIDUPLEX_CPU_OPS=0``, :func:`available` is ``False`` and the callers keep
+their plain-torch paths.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -85,15 +87,26 @@ def load() -> None:
             return
         from torch.utils.cpp_extension import load as build
 
+        name = f"omniduplex_cpu_ops_{_build_tag()}"
+        root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
+        build_dir = Path(root) / name
         try:
-            build(
-                name=f"omniduplex_cpu_ops_{_build_tag()}",
-                sources=[str(SOURCE)],
-                extra_cflags=["-O3", "-march=native", "-fopenmp", *_isa_flags()],
-                extra_ldflags=["-fopenmp"],
-                is_python_module=False,
-                verbose=False,
-            )
+            build_dir.mkdir(parents=True, exist_ok=True)
+            # Stage processes start together and the first one builds. Our lock is an flock, which the kernel
+            # drops when its holder dies; torch's own lock is a file that a build killed midway leaves behind,
+            # after which every later start would wait on it forever, so it is cleared under ours.
+            with open(build_dir / "omniduplex.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                (build_dir / "lock").unlink(missing_ok=True)
+                build(
+                    name=name,
+                    sources=[str(SOURCE)],
+                    extra_cflags=["-O3", "-march=native", "-fopenmp", *_isa_flags()],
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=str(build_dir),
+                    is_python_module=False,
+                    verbose=False,
+                )
         except (OSError, RuntimeError, ImportError) as e:
             raise CpuOpsBuildError(f"building {SOURCE.name} failed: {e}") from e
         _register_fakes()

@@ -221,3 +221,39 @@ def test_build_failure_falls_back_with_the_reason_logged(tmp_path):
     proc = _run(CHECK_FALLBACK, CXX="/nonexistent/g++", TORCH_EXTENSIONS_DIR=str(tmp_path))
     assert "FALLBACK OK" in proc.stdout, proc.stderr[-2000:]
     assert "C++ CPU kernels unavailable" in proc.stderr
+
+
+BUILD_AND_RUN = """
+    import torch
+    from omniduplex.kernels import cpu_ops
+    cpu_ops.load()
+    k = torch.zeros(2, 16, 1, 16)
+    torch.ops.omniduplex_cpu.write_kv_cache(k, k.clone(), torch.ones(1, 1, 16), torch.ones(1, 1, 16),
+                                            torch.tensor([3]))
+    assert k.view(-1, 16)[3].sum() == 16
+    print("BUILT OK")
+"""
+
+
+@pytest.mark.slow  # a cold build of the extension (~15 s on two cores)
+def test_cold_build_by_processes_starting_together_and_a_stale_torch_lock(tmp_path):
+    """Stage processes start together on a fresh machine: one builds, the other waits, both load. A lock
+    file left by a build killed midway (torch's, which torch never clears) does not make them wait forever."""
+    build_dir = tmp_path / f"omniduplex_cpu_ops_{cpu_ops._build_tag()}"
+    build_dir.mkdir()
+    (build_dir / "lock").write_text("")  # what a killed build leaves
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(BUILD_AND_RUN)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(2)
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert "BUILT OK" in out, err[-2000:]
+    assert list(build_dir.glob("*.so"))
