@@ -101,7 +101,7 @@ def paged_attention(
         return paged_decode_attention_triton(
             q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len=max_seq_len
         )
-    if backend == "cpp" and k_cache.dtype == q.dtype and cpu_ops.fits_decode_kernel(q.shape[-1]):
+    if backend == "cpp" and cpu_ops.fits_decode_kernel(q, k_cache):
         decode = torch.ops.omniduplex_cpu.paged_decode_attention
         return decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
     return paged_attention_torch(

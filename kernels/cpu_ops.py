@@ -129,10 +129,12 @@ def available() -> bool:
     return True
 
 
-def fits_decode_kernel(head_dim: int) -> bool:
-    """Whether ``paged_decode_attention`` takes this head size: a multiple of 16 up to 128 (whole fp32 vectors
-    of AVX-512 or AVX2, at most 16 of them); others stay on the torch path."""
-    return head_dim % 16 == 0 and 16 <= head_dim <= 128
+def fits_decode_kernel(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether ``paged_decode_attention`` takes these tensors: ``q`` and the cache of one dtype, a head size
+    that is a multiple of 16 up to 128 (whole fp32 vectors of AVX-512 or AVX2, at most 16 of them); others
+    stay on the torch path."""
+    head_dim = q.shape[-1]
+    return k_cache.dtype == q.dtype and head_dim % 16 == 0 and 16 <= head_dim <= 128
 
 
 def enabled() -> bool:

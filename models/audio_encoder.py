@@ -80,17 +80,24 @@ class AudioEncoderConfig:
 
     def __post_init__(self) -> None:
         if self.d_model % self.encoder_attention_heads or self.d_model % 2:
-            raise ConfigError(f"d_model={self.d_model} must be even and divisible by "
-                              f"encoder_attention_heads={self.encoder_attention_heads}")
+            raise ConfigError(
+                f"d_model={self.d_model} must be even and divisible by "
+                f"encoder_attention_heads={self.encoder_attention_heads}"
+            )
         if self.activation_function not in _ACTIVATIONS:
-            raise ConfigError(f"activation_function={self.activation_function!r} "
-                              f"not in {sorted(_ACTIVATIONS)}")
+            raise ConfigError(
+                f"activation_function={self.activation_function!r} not in {sorted(_ACTIVATIONS)}"
+            )
         if self.n_window < 1 or self.n_window_infer < 2 * self.n_window:
-            raise ConfigError(f"need n_window >= 1 and n_window_infer >= 2 * n_window, got "
-                              f"n_window={self.n_window}, n_window_infer={self.n_window_infer}")
+            raise ConfigError(
+                f"need n_window >= 1 and n_window_infer >= 2 * n_window, got "
+                f"n_window={self.n_window}, n_window_infer={self.n_window_infer}"
+            )
         if downsampled_length(2 * self.n_window) > self.max_source_positions:
-            raise ConfigError(f"a chunk of {2 * self.n_window} frames exceeds max_source_positions="
-                              f"{self.max_source_positions}")
+            raise ConfigError(
+                f"a chunk of {2 * self.n_window} frames exceeds max_source_positions="
+                f"{self.max_source_positions}"
+            )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AudioEncoderConfig:
@@ -133,21 +140,21 @@ def audio_token_count(feature_lens: torch.Tensor | int, n_window: int = 50) -> t
 class _Windows(NamedTuple):
     """Attention windows over the flat token sequence ``[N]``, padded to ``W`` tokens each."""
 
-    index: torch.Tensor       # int64 [num_windows, W]; padding points at row N (a zero row)
-    key_mask: torch.Tensor    # bool [num_windows, 1, 1, W]; True = real token
+    index: torch.Tensor  # int64 [num_windows, W]; padding points at row N (a zero row)
+    key_mask: torch.Tensor  # bool [num_windows, 1, 1, W]; True = real token
     flat_valid: torch.Tensor  # int64 [N]; positions of real tokens in the flattened [num_windows * W]
 
 
 def _windows(token_lens: torch.Tensor, window: int) -> _Windows:
     """Cut each utterance's tokens (``token_lens`` int64 ``[B]``) into windows of ``window`` tokens."""
     device = token_lens.device
-    n_win = (token_lens + window - 1) // window                                    # [B]
+    n_win = (token_lens + window - 1) // window  # [B]
     utt = torch.repeat_interleave(torch.arange(len(token_lens), device=device), n_win)
     first_win = torch.cumsum(n_win, 0) - n_win
     j = torch.arange(len(utt), device=device) - first_win[utt]
     tok_offset = torch.cumsum(token_lens, 0) - token_lens
     start = tok_offset[utt] + j * window
-    length = torch.clamp(token_lens[utt] - j * window, max=window)                 # [num_windows]
+    length = torch.clamp(token_lens[utt] - j * window, max=window)  # [num_windows]
     width = int(length.max())
     pos = torch.arange(width, device=device)[None, :]
     real = pos < length[:, None]
@@ -171,7 +178,7 @@ class AudioAttention(nn.Module):
         """``x`` ``[N, d_model]`` → ``[N, d_model]``; scale ``head_dim^-0.5``."""
         n, d = x.shape
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        qkv = torch.cat([qkv, qkv.new_zeros(1, 3 * d)])[windows.index]                # [nw, W, 3d]
+        qkv = torch.cat([qkv, qkv.new_zeros(1, 3 * d)])[windows.index]  # [nw, W, 3d]
         nw, w = windows.index.shape
         q, k, v = qkv.view(nw, w, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=windows.key_mask)  # [nw, H, W, hd]
@@ -224,11 +231,15 @@ class AudioEncoder(nn.Module):
         self.proj1 = nn.Linear(cfg.d_model, cfg.d_model)
         self.act = _ACTIVATIONS[cfg.activation_function]
         self.proj2 = nn.Linear(cfg.d_model, cfg.output_dim)
-        self.register_buffer("positional_embedding",
-                             sinusoid_positions(cfg.max_source_positions, cfg.d_model), persistent=False)
+        self.register_buffer(
+            "positional_embedding",
+            sinusoid_positions(cfg.max_source_positions, cfg.d_model),
+            persistent=False,
+        )
 
-    def forward(self, features: torch.Tensor,
-                feature_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, features: torch.Tensor, feature_lens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode a right-padded batch of log-mel features.
 
         ``features``: float ``[B, num_mel_bins, T]`` (``LogMelFrontEnd`` output; frames ≥ a length are
@@ -243,17 +254,22 @@ class AudioEncoder(nn.Module):
         """
         cfg = self.config
         if features.dim() != 3 or features.shape[1] != cfg.num_mel_bins:
-            raise ValueError(f"expected features [B, {cfg.num_mel_bins} mel bins, frames], "
-                             f"got shape {tuple(features.shape)}")
+            raise ValueError(
+                f"expected features [B, {cfg.num_mel_bins} mel bins, frames], "
+                f"got shape {tuple(features.shape)}"
+            )
         feature_lens = torch.as_tensor(feature_lens, dtype=torch.long, device=features.device)
         if feature_lens.shape != (features.shape[0],) or features.shape[0] == 0:
-            raise ValueError(f"feature_lens must be int64 [B={features.shape[0]}] with B >= 1, "
-                             f"got shape {tuple(feature_lens.shape)}")
+            raise ValueError(
+                f"feature_lens must be int64 [B={features.shape[0]}] with B >= 1, "
+                f"got shape {tuple(feature_lens.shape)}"
+            )
         if int(feature_lens.min()) < 1 or int(feature_lens.max()) > features.shape[2]:
-            raise ValueError(f"feature_lens must lie in [1, {features.shape[2]}], "
-                             f"got {feature_lens.tolist()}")
+            raise ValueError(
+                f"feature_lens must lie in [1, {features.shape[2]}], got {feature_lens.tolist()}"
+            )
 
-        x = self._embed_chunks(features, feature_lens)                                 # [N, d_model]
+        x = self._embed_chunks(features, feature_lens)  # [N, d_model]
         out_lens = audio_token_count(feature_lens, cfg.n_window)
         windows = _windows(out_lens, cfg.tokens_per_window)
         for layer in self.layers:
@@ -265,30 +281,30 @@ class AudioEncoder(nn.Module):
         """Chunk, downsample and position-embed: ``[B, n_mels, T]`` → ``[N_total, d_model]``."""
         chunk = 2 * self.config.n_window
         device = features.device
-        n_chunks = (feature_lens + chunk - 1) // chunk                                 # [B]
+        n_chunks = (feature_lens + chunk - 1) // chunk  # [B]
         utt = torch.repeat_interleave(torch.arange(len(feature_lens), device=device), n_chunks)
         j = torch.arange(len(utt), device=device) - (torch.cumsum(n_chunks, 0) - n_chunks)[utt]
         start = j * chunk
-        chunk_len = torch.clamp(feature_lens[utt] - start, max=chunk)                  # [C]
+        chunk_len = torch.clamp(feature_lens[utt] - start, max=chunk)  # [C]
         # The width the reference pads this chunk to when its utterance is encoded alone.
-        pad_width = torch.clamp(feature_lens[utt], max=chunk)                          # [C]
+        pad_width = torch.clamp(feature_lens[utt], max=chunk)  # [C]
         width = int(pad_width.max())
         pos = torch.arange(width, device=device)[None, :]
         frame = torch.clamp(start[:, None] + pos, max=features.shape[2] - 1)
-        x = features.transpose(1, 2)[utt[:, None], frame]                              # [C, width, n_mels]
+        x = features.transpose(1, 2)[utt[:, None], frame]  # [C, width, n_mels]
         x = x.masked_fill((pos >= chunk_len[:, None])[:, :, None], 0.0)
-        x = x.transpose(1, 2).unsqueeze(1).to(self.conv2d1.weight.dtype)              # [C, 1, n_mels, width]
+        x = x.transpose(1, 2).unsqueeze(1).to(self.conv2d1.weight.dtype)  # [C, 1, n_mels, width]
 
         outs = []
         for i in range(0, x.shape[0], self.config.conv_chunksize):
-            h, w = x[i:i + self.config.conv_chunksize], pad_width[i:i + self.config.conv_chunksize]
+            h, w = x[i : i + self.config.conv_chunksize], pad_width[i : i + self.config.conv_chunksize]
             for conv in (self.conv2d1, self.conv2d2, self.conv2d3):
                 h = F.gelu(conv(h))
                 w = (w - 1) // 2 + 1
                 # Zero what lies beyond this chunk's own padded width, as a shorter input would give.
                 h = h * (torch.arange(h.shape[-1], device=device) < w[:, None]).to(h.dtype)[:, None, None, :]
             outs.append(h)
-        h = torch.cat(outs)                                                            # [C, ch, F', T']
+        h = torch.cat(outs)  # [C, ch, F', T']
         c, ch, f, t = h.shape
         h = self.conv_out(h.permute(0, 3, 1, 2).reshape(c, t, ch * f))
         h = h + self.positional_embedding[:t].to(h.dtype)

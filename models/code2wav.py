@@ -64,18 +64,23 @@ class Code2WavConfig:
         if not self.head_dim:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(f"code2wav: num_attention_heads={self.num_attention_heads} is not a multiple "
-                              f"of num_key_value_heads={self.num_key_value_heads}")
+            raise ConfigError(
+                f"code2wav: num_attention_heads={self.num_attention_heads} is not a multiple "
+                f"of num_key_value_heads={self.num_key_value_heads}"
+            )
         if self.hidden_act != "silu":
             raise ConfigError(f"code2wav: hidden_act={self.hidden_act!r} is not supported (only 'silu')")
         if self.sliding_window < 1:
             raise ConfigError(f"code2wav: sliding_window={self.sliding_window} must be >= 1")
         if any(r < 1 for r in self.upsample_rates + self.upsampling_ratios):
-            raise ConfigError(f"code2wav: upsample rates {self.upsample_rates}/{self.upsampling_ratios} "
-                              "must be >= 1")
+            raise ConfigError(
+                f"code2wav: upsample rates {self.upsample_rates}/{self.upsampling_ratios} must be >= 1"
+            )
         if self.decoder_dim >> len(self.upsample_rates) < 1:
-            raise ConfigError(f"code2wav: decoder_dim={self.decoder_dim} is too small to halve "
-                              f"{len(self.upsample_rates)} times")
+            raise ConfigError(
+                f"code2wav: decoder_dim={self.decoder_dim} is too small to halve "
+                f"{len(self.upsample_rates)} times"
+            )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Code2WavConfig:
@@ -156,7 +161,7 @@ class CausalTransConv1d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.conv(x)
-        return y[..., self.trim: y.shape[-1] - self.trim]
+        return y[..., self.trim : y.shape[-1] - self.trim]
 
     def output_length(self, n: int) -> int:
         return (n - 1) * self.stride + self.kernel - 2 * self.trim
@@ -228,8 +233,10 @@ class DecoderBlock(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, rate: int) -> None:
         super().__init__()
-        self.block = nn.ModuleList([SnakeBeta(in_dim), CausalTransConv1d(in_dim, out_dim, 2 * rate, rate)]
-                                   + [ResidualUnit(out_dim, d) for d in (1, 3, 9)])
+        self.block = nn.ModuleList(
+            [SnakeBeta(in_dim), CausalTransConv1d(in_dim, out_dim, 2 * rate, rate)]
+            + [ResidualUnit(out_dim, d) for d in (1, 3, 9)]
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.block:
@@ -255,8 +262,13 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                ) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         """``x`` ``[B, T, H]``; ``cos``/``sin`` ``[T, head_dim]``; bool ``mask`` ``[T, T]``, True = attend."""
         b, t, _ = x.shape
         q = apply_rope(self.q_proj(x).view(b, t, self.heads, self.head_dim), cos, sin)
@@ -304,8 +316,13 @@ class TransformerLayer(nn.Module):
         self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
         self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                ) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
@@ -352,8 +369,9 @@ class Code2Wav(nn.Module):
         offset = torch.arange(cfg.num_quantizers).view(1, -1, 1) * cfg.codebook_size
         self.register_buffer("code_offset", offset, persistent=False)
         h = cfg.hidden_size
-        self.upsample = nn.ModuleList(nn.ModuleList([CausalTransConv1d(h, h, f, f), ConvNeXtBlock(h)])
-                                      for f in cfg.upsampling_ratios)
+        self.upsample = nn.ModuleList(
+            nn.ModuleList([CausalTransConv1d(h, h, f, f), ConvNeXtBlock(h)]) for f in cfg.upsampling_ratios
+        )
         dims = [cfg.decoder_dim >> i for i in range(len(cfg.upsample_rates) + 1)]
         self.decoder = nn.ModuleList(
             [CausalConv1d(h, cfg.decoder_dim, 7)]
@@ -421,8 +439,9 @@ class Code2Wav(nn.Module):
         bad = (codes < 0) | (codes >= size)
         if bool(bad.any()):
             b, book, f = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(f"code2wav: codebook {book} has id {int(codes[b, book, f])} at frame {f}, "
-                             f"outside [0, {size})")
+            raise ValueError(
+                f"code2wav: codebook {book} has id {int(codes[b, book, f])} at frame {f}, outside [0, {size})"
+            )
         return self.code_embedding(codes.long() + self.code_offset).mean(1)
 
     def synthesize(self, hidden: torch.Tensor) -> torch.Tensor:

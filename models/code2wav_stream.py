@@ -127,8 +127,9 @@ class Code2WavStream(OneShotEnd):
         return self.no_samples
 
 
-def chunked_decode(model: Code2Wav, codes: torch.Tensor, chunk_frames: int = 300,
-                   left_context_frames: int = 25) -> torch.Tensor:
+def chunked_decode(
+    model: Code2Wav, codes: torch.Tensor, chunk_frames: int = 300, left_context_frames: int = 25
+) -> torch.Tensor:
     """``transformers``' ``Qwen3OmniMoeCode2Wav.chunked_decode(codes, chunk_size, left_context_size)``.
 
     Each chunk ``[s, e)`` (``e − s = chunk_frames``, last one ragged) is decoded from ``codes[s − c : e]``
@@ -144,12 +145,13 @@ def chunked_decode(model: Code2Wav, codes: torch.Tensor, chunk_frames: int = 300
         ValueError: ``chunk_frames < 1`` or ``left_context_frames < 0``; bad codes as :meth:`Code2Wav.embed`.
     """
     if chunk_frames < 1 or left_context_frames < 0:
-        raise ValueError(f"need chunk_frames >= 1 and left_context_frames >= 0, got {chunk_frames}, "
-                         f"{left_context_frames}")
+        raise ValueError(
+            f"need chunk_frames >= 1 and left_context_frames >= 0, got {chunk_frames}, {left_context_frames}"
+        )
     n, start, out = codes.shape[-1], 0, []
     while start < n:
         end = min(start + chunk_frames, n)
         context = min(left_context_frames, start)
-        out.append(model(codes[..., start - context: end])[..., context * model.total_upsample:])
+        out.append(model(codes[..., start - context : end])[..., context * model.total_upsample :])
         start = end
     return torch.cat(out, dim=-1)

@@ -135,8 +135,7 @@ class Attention(nn.Module):
             write = custom_ops.write_kv_cache_op if compiling else write_kv_cache
         attend = custom_ops.paged_attention_op if compiling else paged_attention
         write(k_cache, v_cache, k, v, batch.slot_mapping)
-        one_decode = t == 1 and k_cache.dtype == q.dtype and cpu_ops.fits_decode_kernel(self.head_dim)
-        if self.use_cpu_ops and one_decode:
+        if self.use_cpu_ops and t == 1 and cpu_ops.fits_decode_kernel(q, k_cache):
             # one token is one sequence's decode: straight to the C++ kernel, no dispatcher (in a compiled
             # graph, where T is symbolic and >= 2, this branch is resolved while tracing)
             out = torch.ops.omniduplex_cpu.paged_decode_attention(

@@ -55,8 +55,9 @@ def mel_to_hz_slaney(mel: torch.Tensor) -> torch.Tensor:
     return torch.where(mel >= 15.0, log, lin)
 
 
-def mel_filter_bank(n_fft: int, n_mels: int, sampling_rate: int, f_min: float = MEL_MIN_HZ,
-                    f_max: float = MEL_MAX_HZ) -> torch.Tensor:
+def mel_filter_bank(
+    n_fft: int, n_mels: int, sampling_rate: int, f_min: float = MEL_MIN_HZ, f_max: float = MEL_MAX_HZ
+) -> torch.Tensor:
     """Slaney-style triangular mel filters with area ("slaney") normalisation, as librosa's ``filters.mel``.
 
     ``n_mels + 2`` edge frequencies are spaced evenly on the Slaney mel scale between ``f_min`` and
@@ -67,16 +68,20 @@ def mel_filter_bank(n_fft: int, n_mels: int, sampling_rate: int, f_min: float = 
     Raises ValueError if ``n_mels < 1`` or ``f_max <= f_min``.
     """
     if n_mels < 1 or f_max <= f_min:
-        raise ValueError(f"need n_mels >= 1 and f_max > f_min, "
-                         f"got n_mels={n_mels}, f_min={f_min}, f_max={f_max}")
+        raise ValueError(
+            f"need n_mels >= 1 and f_max > f_min, got n_mels={n_mels}, f_min={f_min}, f_max={f_max}"
+        )
     n_bins = n_fft // 2 + 1
     fft_hz = torch.linspace(0.0, sampling_rate / 2, n_bins, dtype=torch.float64)
-    mel_edges = torch.linspace(float(hz_to_mel_slaney(torch.tensor(f_min, dtype=torch.float64))),
-                               float(hz_to_mel_slaney(torch.tensor(f_max, dtype=torch.float64))),
-                               n_mels + 2, dtype=torch.float64)
-    edges_hz = mel_to_hz_slaney(mel_edges)                       # [n_mels + 2]
-    widths = edges_hz[1:] - edges_hz[:-1]                        # [n_mels + 1]
-    offsets = edges_hz[None, :] - fft_hz[:, None]                # [n_bins, n_mels + 2]
+    mel_edges = torch.linspace(
+        float(hz_to_mel_slaney(torch.tensor(f_min, dtype=torch.float64))),
+        float(hz_to_mel_slaney(torch.tensor(f_max, dtype=torch.float64))),
+        n_mels + 2,
+        dtype=torch.float64,
+    )
+    edges_hz = mel_to_hz_slaney(mel_edges)  # [n_mels + 2]
+    widths = edges_hz[1:] - edges_hz[:-1]  # [n_mels + 1]
+    offsets = edges_hz[None, :] - fft_hz[:, None]  # [n_bins, n_mels + 2]
     rising = -offsets[:, :-2] / widths[:-1]
     falling = offsets[:, 2:] / widths[1:]
     filters = torch.clamp(torch.minimum(rising, falling), min=0.0)
@@ -140,8 +145,9 @@ class LogMelFrontEnd(nn.Module):
         """Feature frames for utterances of ``num_samples`` samples (int64 tensor): ``S // hop_length``."""
         return torch.div(num_samples, self.hop_length, rounding_mode="floor")
 
-    def forward(self, waveforms: Sequence[torch.Tensor] | torch.Tensor,
-                lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, waveforms: Sequence[torch.Tensor] | torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Compute log-mel features for a batch of utterances.
 
         ``waveforms``: a list of 1-D float tensors (samples at ``sampling_rate`` Hz, nominal range
@@ -157,21 +163,23 @@ class LogMelFrontEnd(nn.Module):
         """
         audio, lengths = self._pad(waveforms, lengths)
         if int(lengths.min()) < self.min_samples:
-            raise ValueError(f"every utterance needs at least {self.min_samples} samples (n_fft // 2 + 1), "
-                             f"got lengths {lengths.tolist()}")
+            raise ValueError(
+                f"every utterance needs at least {self.min_samples} samples (n_fft // 2 + 1), "
+                f"got lengths {lengths.tolist()}"
+            )
         half = self.n_fft // 2
-        n_frames = self.frame_count(lengths)                        # [B]
+        n_frames = self.frame_count(lengths)  # [B]
         max_frames = int(n_frames.max())
         # Reflect-pad each utterance at its own ends (torch.stft center=True, pad_mode="reflect").
         span = (max_frames - 1) * self.hop_length + self.n_fft
-        pos = torch.arange(span, device=audio.device)[None, :] - half          # [1, span]
-        last = (lengths - 1)[:, None]                                           # [B, 1]
+        pos = torch.arange(span, device=audio.device)[None, :] - half  # [1, span]
+        last = (lengths - 1)[:, None]  # [B, 1]
         src = torch.where(pos < 0, -pos, pos)
         src = torch.where(src > last, 2 * last - src, src).clamp(min=0)
-        padded = torch.gather(audio, 1, src)                                    # [B, span]
+        padded = torch.gather(audio, 1, src)  # [B, span]
         frames = padded.unfold(1, self.n_fft, self.hop_length)[:, :max_frames]  # [B, F, n_fft]
-        power = torch.fft.rfft(frames * self.window, dim=-1).abs().pow(2)      # [B, F, n_fft//2 + 1]
-        mel = power @ self.mel_filters                                          # [B, F, n_mels]
+        power = torch.fft.rfft(frames * self.window, dim=-1).abs().pow(2)  # [B, F, n_fft//2 + 1]
+        mel = power @ self.mel_filters  # [B, F, n_mels]
         log_mel = torch.clamp(mel, min=LOG_FLOOR).log10()
         valid = torch.arange(max_frames, device=audio.device)[None, :] < n_frames[:, None]  # [B, F]
         peak = log_mel.masked_fill(~valid[:, :, None], float("-inf")).amax(dim=(1, 2), keepdim=True)
@@ -180,28 +188,32 @@ class LogMelFrontEnd(nn.Module):
         return log_mel.transpose(1, 2).contiguous(), n_frames
 
     @staticmethod
-    def _pad(waveforms: Sequence[torch.Tensor] | torch.Tensor,
-             lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pad(
+        waveforms: Sequence[torch.Tensor] | torch.Tensor, lengths: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Normalise the two input forms to float32 ``[B, S]`` + int64 ``[B]`` lengths."""
         if isinstance(waveforms, torch.Tensor):
             if waveforms.dim() != 2:
-                raise ValueError(f"a padded waveform batch must be [B, S], "
-                                 f"got shape {tuple(waveforms.shape)}")
+                raise ValueError(
+                    f"a padded waveform batch must be [B, S], got shape {tuple(waveforms.shape)}"
+                )
             audio = waveforms.float()
             if lengths is None:
                 lengths = torch.full((audio.shape[0],), audio.shape[1], dtype=torch.long, device=audio.device)
             lengths = torch.as_tensor(lengths, dtype=torch.long, device=audio.device)
             if lengths.shape != (audio.shape[0],) or int(lengths.max()) > audio.shape[1]:
-                raise ValueError(f"lengths {lengths.tolist()} do not fit a batch "
-                                 f"of shape {tuple(audio.shape)}")
+                raise ValueError(
+                    f"lengths {lengths.tolist()} do not fit a batch of shape {tuple(audio.shape)}"
+                )
         else:
             if len(waveforms) == 0:
                 raise ValueError("empty batch of waveforms")
             for i, w in enumerate(waveforms):
                 if w.dim() != 1:
                     raise ValueError(f"waveform {i} must be 1-D (mono samples), got shape {tuple(w.shape)}")
-            lengths = torch.tensor([w.shape[0] for w in waveforms], dtype=torch.long,
-                                   device=waveforms[0].device)
+            lengths = torch.tensor(
+                [w.shape[0] for w in waveforms], dtype=torch.long, device=waveforms[0].device
+            )
             audio = nn.utils.rnn.pad_sequence([w.float() for w in waveforms], batch_first=True)
         if audio.shape[0] == 0:
             raise ValueError("empty batch of waveforms")

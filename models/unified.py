@@ -230,6 +230,6 @@ class UnifiedLM(nn.Module):
         w = self.lm_head.weight
         primary = torch.nn.functional.linear(hidden + e[0], w).float()
         lo = cfg.stream_offset(1)
-        regions = w[lo: lo + (s - 1) * a].view(s - 1, a, -1)  # rows of streams 1..S-1 (contiguous)
+        regions = w[lo : lo + (s - 1) * a].view(s - 1, a, -1)  # rows of streams 1..S-1 (contiguous)
         aux = torch.einsum("bsh,sah->bsa", hidden[:, None, :] + e[None, 1:], regions).float()
         return primary, aux

@@ -57,7 +57,9 @@ def test_decode_attention_equals_torch_reference(dtype, heads, head_dim, num_seq
 def test_dispatcher_keeps_head_sizes_the_kernel_does_not_take_on_torch(monkeypatch):
     monkeypatch.delenv(attention.BACKEND_ENV, raising=False)
     q, k_cache, v_cache, tables, seq_lens = _paged_case(5, 3, 4, 2, 40, torch.float32)
-    assert not cpu_ops.fits_decode_kernel(40) and cpu_ops.fits_decode_kernel(64)
+    assert not cpu_ops.fits_decode_kernel(q, k_cache)
+    assert cpu_ops.fits_decode_kernel(torch.zeros(1, 4, 64), torch.zeros(2, 16, 2, 64))
+    assert not cpu_ops.fits_decode_kernel(torch.zeros(1, 4, 64), torch.zeros(2, 16, 2, 64).bfloat16())
     qsl = torch.arange(4, dtype=torch.int32)
     got = attention.paged_attention(q, k_cache, v_cache, tables, seq_lens, qsl, 0.15, max_query_len=1)
     want = paged_attention_torch(q, k_cache, v_cache, tables, seq_lens, qsl, 0.15)

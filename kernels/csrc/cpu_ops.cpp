@@ -271,11 +271,11 @@ at::Tensor packed_linear(const at::Tensor& x, int64_t key, const c10::optional<a
 
 // acc[token[r]] += w[r] * y[r] over the rows r of one expert
 template <typename scalar_t>
-void scatter_weighted(const at::Tensor& y, const int64_t* tokens, const scalar_t* w, float* acc, int64_t H) {
+void scatter_weighted(const at::Tensor& y, const int64_t* tokens, const float* w, float* acc, int64_t H) {
   const scalar_t* yp = y.data_ptr<scalar_t>();
   for (int64_t r = 0; r < y.size(0); ++r) {
     float* dst = acc + tokens[r] * H;
-    const float wr = static_cast<float>(w[r]);
+    const float wr = w[r];
     const scalar_t* src = yp + r * H;
 #pragma omp simd
     for (int64_t d = 0; d < H; ++d) dst[d] += wr * static_cast<float>(src[d]);
@@ -302,21 +302,19 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& gate_up_proj, cons
     ++counts[ip[j] + 1];
   }
   for (int64_t e = 0; e < E; ++e) counts[e + 1] += counts[e];  // exclusive prefix: group starts
+  // pair j = (token j / K, its (j % K)-th expert) goes to row fill[expert]++ of its expert's group
   at::Tensor tokens = at::empty({T * K}, idc.options());
-  at::Tensor pair_w = at::empty({T * K}, weights.options());
-  at::Tensor wc = weights.contiguous();
+  std::vector<float> pair_w(T * K);
   {
+    at::Tensor wf = weights.to(at::kFloat).contiguous();
+    const float* wsrc = wf.data_ptr<float>();
     std::vector<int64_t> fill(counts.begin(), counts.end() - 1);
     int64_t* tp = tokens.data_ptr<int64_t>();
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "moe_sort", [&] {
-      const scalar_t* wsrc = wc.data_ptr<scalar_t>();
-      scalar_t* wdst = pair_w.data_ptr<scalar_t>();
-      for (int64_t j = 0; j < T * K; ++j) {
-        const int64_t at_ = fill[ip[j]]++;
-        tp[at_] = j / K;
-        wdst[at_] = wsrc[j];
-      }
-    });
+    for (int64_t j = 0; j < T * K; ++j) {
+      const int64_t row = fill[ip[j]]++;
+      tp[row] = j / K;
+      pair_w[row] = wsrc[j];
+    }
   }
   at::Tensor xs = xc.index_select(0, tokens);  // [T*K, H] rows grouped by expert
   at::Tensor acc = at::zeros({T, H}, x.options().dtype(at::kFloat));
@@ -331,7 +329,7 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& gate_up_proj, cons
     at::Tensor y = packed_key >= 0 ? packed_mm(h, packed_at(packed_key + E + e), c10::nullopt) : at::linear(h, down_proj[e]);
     y = y.contiguous();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "moe_scatter", [&] {
-      scatter_weighted<scalar_t>(y, tokens.data_ptr<int64_t>() + start, pair_w.data_ptr<scalar_t>() + start,
+      scatter_weighted<scalar_t>(y, tokens.data_ptr<int64_t>() + start, pair_w.data() + start,
                                  acc.data_ptr<float>(), H);
     });
   }
