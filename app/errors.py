@@ -14,7 +14,7 @@ import contextlib
 
 def known_error_types() -> tuple[type[BaseException], ...]:
     """The exception classes of the module docstring (imported lazily: the CLI starts fast)."""
-    from omniduplex.models.chat_template import ChatTemplateError
+    from omniduplex.models.cascade.chat_template import ChatTemplateError
     from omniduplex.models.checkpoint import CheckpointError
     from omniduplex.models.config import ConfigError
     from omniduplex.models.weights import WeightsError

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 import yaml
 
 if TYPE_CHECKING:
-    from .server import ServerConfig
-    from .session import Session
+    from omniduplex.app.server import ServerConfig
+    from omniduplex.app.session import Session
 
 TEXT_CONTRAST = 4.5
 """Minimum contrast ratio of text against what is behind it (WCAG 2.1 AA, normal text)."""
@@ -184,7 +184,7 @@ def page_config(cfg: KioskConfig) -> dict:
 def server_config(kiosk: KioskConfig, **kwargs) -> ServerConfig:
     """A :class:`~omniduplex.app.server.ServerConfig` for ``omniduplex kiosk``: ``kwargs`` as for ``serve``,
     then the kiosk's system prompt, voice and turn detection on top."""
-    from .server import ServerConfig
+    from omniduplex.app.server import ServerConfig
 
     cfg = ServerConfig(**kwargs)
     cfg.kiosk = kiosk

@@ -14,7 +14,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 
-from .kiosk import page_config
+from omniduplex.app.kiosk import page_config
 
 router = APIRouter(tags=["kiosk"])
 NO_CACHE = {"cache-control": "no-cache"}

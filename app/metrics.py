@@ -30,9 +30,9 @@ import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from . import logs
-from .events import ReplyAudioStarted, ReplyEnded, SessionEvent, UserTurnCommitted
-from .responder import ReplyDone, ReplyEvent, Responder
+from omniduplex.app import logs
+from omniduplex.app.events import ReplyAudioStarted, ReplyEnded, SessionEvent, UserTurnCommitted
+from omniduplex.app.replies import ReplyDone, ReplyEvent, Responder
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 TTFP_BUCKETS_S = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -145,7 +145,7 @@ def _families(prefix: str, gauges: dict[str, str], label: str, rows: dict[str, d
 
 
 class MeteredResponder:
-    """A :class:`~omniduplex.app.responder.Responder` that records metrics and log context on the way.
+    """A :class:`~omniduplex.app.replies.Responder` that records metrics and log context on the way.
 
     Sessions call :meth:`observe` with each of their events (``Session.emit``); :meth:`events` records the
     pipeline's E2EL of each completed reply and tags the consuming task's log records with the turn id.

@@ -39,7 +39,7 @@ def default_model() -> Path:
     Raises:
         WeightsError: a weight package is missing or corrupted (one line naming the fix).
     """
-    from omniduplex.models.cascade import default_manifest
+    from omniduplex.models.cascade.manifest import default_manifest
 
     return default_manifest(cache_dir())
 
@@ -47,7 +47,7 @@ def default_model() -> Path:
 def tiny_model() -> Path:
     """The tiny random Qwen3-Omni checkpoint, written on first use (deterministic, so concurrent writers
     agree): the model of the pipeline tests; ``--model tiny`` selects it."""
-    from omniduplex.models.presets import write_checkpoint
+    from omniduplex.models.qwen3_omni.presets import write_checkpoint
 
     d = cache_dir() / "tiny"
     if not (d / "model.safetensors").is_file():
@@ -91,8 +91,8 @@ def make_backend(pcfg, processes: bool):
         from omniduplex.pipeline.process_backend import ProcessBackend
 
         return ProcessBackend(pcfg)
-    from omniduplex.pipeline.graph import build_all
     from omniduplex.pipeline.local_backend import LocalBackend
+    from omniduplex.pipeline.workers import build_all
 
     return LocalBackend(build_all(pcfg), pcfg.topology())
 

@@ -30,18 +30,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from . import logs
-from .auth import AuthConfig, EdgeGate, TokenStore
-from .heap import release_free_memory
-from .kiosk import KioskConfig
-from .kiosk_routes import router as kiosk_router
-from .metrics import CONTENT_TYPE, MeteredResponder, ServerMetrics
-from .phone.config import SipConfig, TwilioConfig
-from .phone.routes import router as phone_router
-from .realtime.routes import router as realtime_router
-from .responder import OrchestratorResponder, Responder
-from .session import SessionConfig
-from .webrtc import OfferError, PeerSession, check_offer
+from omniduplex.app import logs
+from omniduplex.app.auth import AuthConfig, EdgeGate, TokenStore
+from omniduplex.app.heap import release_free_memory
+from omniduplex.app.kiosk import KioskConfig
+from omniduplex.app.kiosk_routes import router as kiosk_router
+from omniduplex.app.metrics import CONTENT_TYPE, MeteredResponder, ServerMetrics
+from omniduplex.app.phone.config import SipConfig, TwilioConfig
+from omniduplex.app.phone.routes import router as phone_router
+from omniduplex.app.realtime.routes import router as realtime_router
+from omniduplex.app.replies import OrchestratorResponder, Responder
+from omniduplex.app.session import SessionConfig
+from omniduplex.app.webrtc import OfferError, PeerSession, check_offer
 
 log = logging.getLogger("omniduplex.server")
 
@@ -292,7 +292,7 @@ def create_app(cfg: ServerConfig | None = None, responder: Responder | None = No
         await state.start()
         sip = None
         if cfg.sip is not None:
-            from .phone.sip import start_sip
+            from omniduplex.app.phone.sip import start_sip
 
             sip = await start_sip(state, cfg.sip)
         app.state.sip = sip
@@ -384,8 +384,8 @@ def check_graph(cfg: ServerConfig) -> None:
         GraphConfigError: an invalid graph file; ``VLLMUnavailableError`` (a subclass): no vLLM for a stage
             that asks for it.
     """
-    from omniduplex.pipeline.backends import check_backends
     from omniduplex.pipeline.config import load_graph
+    from omniduplex.pipeline.stage_engines import check_backends
     from omniduplex.pipeline.topology import CASCADE
 
     pcfg = load_graph(cfg.graph, model=cfg.model)
@@ -414,7 +414,7 @@ def serve(
     """
     import uvicorn
 
-    from .drain import DrainingServer
+    from omniduplex.app.drain import DrainingServer
 
     check_graph(cfg)
     logs.configure(log_level, log_json)

@@ -5,7 +5,7 @@ pulls the assistant's audio one frame per frame period at real-time pace (:meth:
 ``output_rate``). In between, the session runs turn-taking:
 
 * webrtcvad per frame → :class:`~omniduplex.app.vad.SpeechSegmenter`; ``endpoint_ms`` of trailing
-  silence commits the segment as a user turn to the :class:`~omniduplex.app.responder.Responder`.
+  silence commits the segment as a user turn to the :class:`~omniduplex.app.replies.Responder`.
   With ``turn_detection="smart"`` the Smart Turn model is asked instead, after ``smart_check_ms`` of
   silence, in a worker thread (:class:`~omniduplex.app.turn_detection.EndOfTurnPolicy`): "complete"
   commits at once if no speech came meanwhile, "incomplete" waits through the pause (up to
@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .events import (
+from omniduplex.app.events import (
     BargeIn,
     ReplyAudioStarted,
     ReplyEnded,
@@ -50,9 +50,9 @@ from .events import (
     UserTranscriptEvent,
     UserTurnCommitted,
 )
-from .history import History, truncate_aligned, truncate_reply
-from .playout import PlayoutBuffer
-from .responder import (
+from omniduplex.app.history import History, truncate_aligned, truncate_reply
+from omniduplex.app.playout import PlayoutBuffer
+from omniduplex.app.replies import (
     ReplyAudioChunk,
     ReplyDone,
     ReplyFailed,
@@ -60,8 +60,8 @@ from .responder import (
     Responder,
     UserTranscript,
 )
-from .turn_detection import SMART_TURN_SAMPLES, EndOfTurnPolicy, TurnModel
-from .vad import (
+from omniduplex.app.turn_detection import SMART_TURN_SAMPLES, EndOfTurnPolicy, TurnModel
+from omniduplex.app.vad import (
     FRAME_MS,
     FRAME_SAMPLES,
     SAMPLE_RATE,

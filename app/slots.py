@@ -13,7 +13,7 @@ import logging
 import secrets
 from typing import Protocol
 
-from .session import Session
+from omniduplex.app.session import Session
 
 log = logging.getLogger("omniduplex.slots")
 _numbers = itertools.count(1)

@@ -33,7 +33,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from .vad import SAMPLE_RATE, TurnConfig
+from omniduplex.app.vad import SAMPLE_RATE, TurnConfig
 
 log = logging.getLogger("omniduplex.turn_detection")
 

@@ -25,11 +25,11 @@ import numpy as np
 from aiortc import MediaStreamTrack, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
-from .events import SessionEvent
-from .kiosk import speak_greeting
-from .responder import Responder
-from .session import Session, SessionConfig
-from .vad import FRAME_SAMPLES, SAMPLE_RATE
+from omniduplex.app.events import SessionEvent
+from omniduplex.app.kiosk import speak_greeting
+from omniduplex.app.replies import Responder
+from omniduplex.app.session import Session, SessionConfig
+from omniduplex.app.vad import FRAME_SAMPLES, SAMPLE_RATE
 
 log = logging.getLogger("omniduplex.webrtc")
 

@@ -74,8 +74,8 @@ def run(
     ``{backend: {c: {"tok_s", "ttft_p50_ms", "ttft_max_ms"}}}``."""
     from omniduplex.app.respond import CASCADE_SYSTEM_PROMPT
     from omniduplex.models.registry import load_model
-    from omniduplex.pipeline.graph import _dtype
     from omniduplex.pipeline.stages.llm import LLMWorker
+    from omniduplex.pipeline.workers import _dtype
 
     torch.set_num_threads(threads)
     td = _dtype(dtype)

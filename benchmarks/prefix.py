@@ -41,10 +41,10 @@ def load_llm(dtype: str = "float32"):
         WeightsError: the weight package is missing (one line with the fix).
     """
     from omniduplex.kernels.cpu_linear import prepack_linears
-    from omniduplex.models.cascade import default_manifest, load_manifest, resolve_llm
+    from omniduplex.models.cascade.manifest import default_manifest, load_manifest, resolve_llm
     from omniduplex.models.registry import load_model
     from omniduplex.models.weights import cache_dir
-    from omniduplex.pipeline.graph import _dtype
+    from omniduplex.pipeline.workers import _dtype
 
     cache = cache_dir()
     llm_dir = resolve_llm(load_manifest(default_manifest(cache)), cache)

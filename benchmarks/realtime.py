@@ -26,9 +26,8 @@ import numpy as np
 import soxr
 import websockets
 
+from omniduplex.benchmarks.local_server import LocalServer
 from omniduplex.pipeline.audio_io import load_audio
-
-from .local_server import LocalServer
 
 CHUNK_S = 0.020
 

@@ -28,11 +28,10 @@ from pathlib import Path
 import numpy as np
 import soxr
 
+from omniduplex.benchmarks.local_server import LocalServer
+from omniduplex.benchmarks.realtime import _pcm24, _stream
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.relay.shm_pool import list_segments
-
-from .local_server import LocalServer
-from .realtime import _pcm24, _stream
 
 KILL_WINDOW_S = 15.0
 """Failures within this long after a SIGKILL count as the kill's (turns in flight on the dead stage)."""
@@ -192,7 +191,7 @@ class _Soak:
     async def webrtc_client(self) -> None:
         import httpx
 
-        from .webrtc_client import VoiceClient
+        from omniduplex.benchmarks.webrtc_client import VoiceClient
 
         base = self.url.replace("ws://", "http://").split("/v1/")[0]
         while self._more():

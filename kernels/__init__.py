@@ -4,10 +4,14 @@ The package imports without Triton installed: ``paged_attention`` then runs the 
 ``paged_decode_attention_triton`` raises ``RuntimeError`` when called.
 """
 
-from . import custom_ops
-from .attention import BACKEND_ENV, paged_attention, select_backend
-from .paged_attention_ref import paged_attention_torch, write_kv_cache
-from .paged_decode_attention import HAS_TRITON, choose_num_splits, paged_decode_attention_triton
+from omniduplex.kernels import custom_ops
+from omniduplex.kernels.attention import BACKEND_ENV, paged_attention, select_backend
+from omniduplex.kernels.paged_attention_ref import paged_attention_torch, write_kv_cache
+from omniduplex.kernels.paged_decode_attention import (
+    HAS_TRITON,
+    choose_num_splits,
+    paged_decode_attention_triton,
+)
 
 __all__ = [
     "custom_ops",

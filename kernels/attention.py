@@ -19,9 +19,9 @@ import os
 
 import torch
 
-from . import cpu_ops
-from .paged_attention_ref import paged_attention_torch, write_kv_cache
-from .paged_decode_attention import HAS_TRITON, paged_decode_attention_triton
+from omniduplex.kernels import cpu_ops
+from omniduplex.kernels.paged_attention_ref import paged_attention_torch, write_kv_cache
+from omniduplex.kernels.paged_decode_attention import HAS_TRITON, paged_decode_attention_triton
 
 __all__ = ["BACKEND_ENV", "paged_attention", "select_backend", "write_kv_cache"]
 

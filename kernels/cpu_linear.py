@@ -71,7 +71,7 @@ PACKED: list[torch.Tensor] = []
 def register(packed: torch.Tensor) -> int:
     """Keep ``packed`` in :data:`PACKED` and, where the C++ kernels are loaded, in their registry under the
     same key (:mod:`.cpu_ops`); returns the key."""
-    from . import cpu_ops
+    from omniduplex.kernels import cpu_ops
 
     PACKED.append(packed)
     key = len(PACKED) - 1
@@ -88,7 +88,7 @@ def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if self.packed_in_cpp:
         y = torch.ops.omniduplex_cpu.packed_linear(rows, self.packed_key, self.bias, self.out_features)
     elif torch.compiler.is_compiling():
-        from .custom_ops import packed_linear_op
+        from omniduplex.kernels.custom_ops import packed_linear_op
 
         y = packed_linear_op(rows, self.packed_key, self.bias, self.out_features)
     else:
@@ -121,7 +121,7 @@ def prepack_linears(model: nn.Module) -> int:
     their ``prepack()``) is packed for oneDNN. Returns how many weights were packed (0 where
     :func:`can_pack` says no, e.g. fp32 or no native bf16). Call after the model has its final dtype and
     device: a later ``.to()`` leaves stale packed copies."""
-    from . import cpu_ops
+    from omniduplex.kernels import cpu_ops
 
     cpu_ops.attach(model)  # before packing: the C++ registry must see every packed weight
     n = 0

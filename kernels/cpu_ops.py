@@ -10,7 +10,7 @@ Ops (namespace ``torch.ops.omniduplex_cpu``):
 - ``register_packed(packed) -> key`` / ``packed_linear(x [T, in], key, bias, out_features) -> [T, out]``:
   a oneDNN-packed weight (:mod:`.cpu_linear`) kept by key, so compiled graphs can name it.
 - ``moe_experts(x [T, H], gate_up_proj [E, 2I, H], down_proj [E, H, I], weights [T, k], ids [T, k],
-  packed_key) -> [T, H]``: as :func:`omniduplex.models.layers.moe_experts`, summed in fp32.
+  packed_key) -> [T, H]``: as :func:`omniduplex.kernels.moe.moe_experts`, summed in fp32.
 
 They replace Python glue that cost more than the GEMMs it joins (measured in the issue-17 note). The
 extension is compiled with ``torch.utils.cpp_extension.load`` (g++ and ninja, ``-O3 -march=native``, one

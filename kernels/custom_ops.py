@@ -21,9 +21,10 @@ from collections.abc import Callable
 import torch
 from torch.library import Library, infer_schema, register_fake
 
-from . import cpu_linear
-from .attention import paged_attention
-from .paged_attention_ref import write_kv_cache
+from omniduplex.kernels import cpu_linear
+from omniduplex.kernels.attention import paged_attention
+from omniduplex.kernels.moe import moe_experts
+from omniduplex.kernels.paged_attention_ref import write_kv_cache
 
 _LIB = Library("omniduplex", "FRAGMENT")
 
@@ -101,10 +102,8 @@ def moe_experts_op(
     ids: torch.Tensor,
     packed_key: int = -1,
 ) -> torch.Tensor:
-    """:func:`omniduplex.models.layers.moe_experts` as an op: ``x [T, H]`` → ``[T, H]``; ``packed_key`` ≥ 0:
+    """:func:`omniduplex.kernels.moe.moe_experts` as an op: ``x [T, H]`` → ``[T, H]``; ``packed_key`` ≥ 0:
     the experts' oneDNN-packed weights are ``cpu_linear.PACKED[key : key + 2E]`` (gate_up then down)."""
-    from omniduplex.models.layers import moe_experts  # local: models imports this package
-
     packed = None
     if packed_key >= 0:
         e = gate_up_proj.shape[0]

@@ -149,7 +149,9 @@ def merged_sources(module: torch.nn.Module) -> dict[str, list[tuple[str, int]]]:
     256), ("...v_proj.weight", 256)], ...}``: the parts' tensors, concatenated along dim 0 in this order, are
     the merged tensor; the ints are each part's rows.
     """
-    from .layers import MergedLinear  # local: layers imports kernels, which checkpoint users may not need
+    from omniduplex.models.layers import (
+        MergedLinear,  # local: layers imports kernels, which checkpoint users may not need
+    )
 
     out: dict[str, list[tuple[str, int]]] = {}
     for mod_name, mod in module.named_modules():

@@ -15,16 +15,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .audio_encoder import AudioEncoder, AudioEncoderConfig
-from .checkpoint import CheckpointError, load_state_dict_into, read_config, weight_files
-from .code2wav import Code2Wav, Code2WavConfig
-from .config import ConfigError, DecoderConfig, OmniConfig
-from .dac import DacCodec, DacDecoderConfig, load_codec_into
-from .dac_encoder import DacCodecEncoder, DacEncoderConfig, load_codec_encoder_into
-from .talker import Talker
-from .thinker import Thinker
-from .unified import ARCHITECTURE as UNIFIED
-from .unified import UnifiedConfig, UnifiedLM
+from omniduplex.models.checkpoint import CheckpointError, load_state_dict_into, read_config, weight_files
+from omniduplex.models.codecs.dac import DacCodec, DacDecoderConfig, load_codec_into
+from omniduplex.models.codecs.dac_encoder import DacCodecEncoder, DacEncoderConfig, load_codec_encoder_into
+from omniduplex.models.config import ConfigError, DecoderConfig, OmniConfig
+from omniduplex.models.qwen3_omni.audio_encoder import AudioEncoder, AudioEncoderConfig
+from omniduplex.models.qwen3_omni.code2wav import Code2Wav, Code2WavConfig
+from omniduplex.models.qwen3_omni.talker import Talker
+from omniduplex.models.thinker import Thinker
+from omniduplex.models.unified.model import ARCHITECTURE as UNIFIED
+from omniduplex.models.unified.model import UnifiedConfig, UnifiedLM
 
 OMNI = "Qwen3OmniMoeForConditionalGeneration"
 TEXT_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "LlamaForCausalLM")

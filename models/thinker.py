@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import DecoderConfig
-from .forward_batch import ForwardBatch
-from .layers import DecoderStack
+from omniduplex.models.config import DecoderConfig
+from omniduplex.models.forward_batch import ForwardBatch
+from omniduplex.models.layers import DecoderStack
 
 
 class ThinkerTextModel(DecoderStack):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from .config import OmniConfig
+from omniduplex.models.config import OmniConfig
 
 # Order defines the ids 256.. of the preset tokenizer; names are the published Qwen3-Omni tokens.
 PRESET_SPECIAL_TOKENS = [

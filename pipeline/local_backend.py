@@ -9,11 +9,11 @@ import threading
 import traceback
 from collections import deque
 
-from .messages import StageMessage
-from .orchestrator import OutputCallback, output_sources
-from .stage_stats import worker_stats
-from .stages import failed_requests
-from .topology import SHAPES, Topology, with_side_asr
+from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.orchestrator import OutputCallback, output_sources
+from omniduplex.pipeline.stage_stats import worker_stats
+from omniduplex.pipeline.stages import failed_requests
+from omniduplex.pipeline.topology import SHAPES, Topology, with_side_asr
 
 
 class LocalBackend:

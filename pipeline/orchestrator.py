@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from .audio_io import OUTPUT_RATE
-from .detokenize import IncrementalDetokenizer
-from .messages import StageMessage, TurnEvent
-from .topology import Topology
+from omniduplex.pipeline.audio_io import OUTPUT_RATE
+from omniduplex.pipeline.detokenize import IncrementalDetokenizer
+from omniduplex.pipeline.messages import StageMessage, TurnEvent
+from omniduplex.pipeline.topology import Topology
 
 OutputCallback = Callable[[str, StageMessage], None]
 """``(source, message)``: source is ``"transcript"`` (meta ``transcript``, ``words``: the ASR stage),

@@ -27,15 +27,14 @@ import time
 
 import zmq
 
+from omniduplex.pipeline.config import PipelineConfig
+from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.orchestrator import OutputCallback, output_sources
+from omniduplex.pipeline.stage_process import Wiring, edge_config, pack, run_stage, unpack
+from omniduplex.pipeline.stage_stats import producer_stats
+from omniduplex.pipeline.topology import ORCHESTRATOR
+from omniduplex.pipeline.workers import prepare
 from omniduplex.relay import ConsumerDied, EdgeConsumer, EdgeProducer, RelayError, sweep_orphans
-
-from .config import PipelineConfig
-from .graph import prepare
-from .messages import StageMessage
-from .orchestrator import OutputCallback, output_sources
-from .stage_process import Wiring, edge_config, pack, run_stage, unpack
-from .stage_stats import producer_stats
-from .topology import ORCHESTRATOR
 
 STARTUP_TIMEOUT_S = 180.0
 CHECK_EVERY_S = 1.0

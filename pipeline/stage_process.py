@@ -21,13 +21,12 @@ from dataclasses import dataclass
 import torch
 import zmq
 
+from omniduplex.pipeline.config import PipelineConfig
+from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stage_stats import StatsReporter, producer_stats, worker_stats
+from omniduplex.pipeline.stages import failed_requests
+from omniduplex.pipeline.topology import Topology
 from omniduplex.relay import ConsumerDied, EdgeConfig, EdgeConsumer, EdgeProducer, RelayError
-
-from .config import PipelineConfig
-from .messages import StageMessage
-from .stage_stats import StatsReporter, producer_stats, worker_stats
-from .stages import failed_requests
-from .topology import Topology
 
 META_KEY = "__meta__"
 IDLE_WAIT_S = 1.0
@@ -84,7 +83,7 @@ class StageLoop:
     """One stage process's sockets and worker; :meth:`run` until the orchestrator says ``stop``."""
 
     def __init__(self, stage: str, pcfg: PipelineConfig, wiring: Wiring, ctx: zmq.Context, status) -> None:
-        from .graph import build_worker
+        from omniduplex.pipeline.workers import build_worker
 
         self.stage, self.status, self.topo = stage, status, pcfg.topology()
         scfg = pcfg.stage(stage)

@@ -10,8 +10,8 @@ same :class:`Topology`, picked from the checkpoint's ``architectures`` or the ca
 * ``unified``: ``codec_encoder → unified → codec`` (shape 2): the DAC encoder turns the user's speech
   into delay-pattern codec steps of the prompt, the unified LM writes text then speaks (CFG pairs in its
   engine), the DAC decoder streams the waveform.
-* ``cascade``: ``asr → llm → tts`` (shape 3, :mod:`omniduplex.models.cascade`): Whisper transcribes the
-  turn (the transcript also goes to the orchestrator: user captions and history), the text LLM streams
+* ``cascade``: ``asr → llm → tts`` (shape 3, :mod:`omniduplex.models.cascade.manifest`): Whisper transcribes
+  the turn (the transcript also goes to the orchestrator: user captions and history), the text LLM streams
   its reply tokens with their text, Piper speaks it clause by clause; each PCM chunk carries the text it
   speaks (the alignment used to truncate an interrupted reply).
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from omniduplex.models.cascade import is_cascade
+from omniduplex.models.cascade.manifest import is_cascade
 from omniduplex.models.checkpoint import read_config
 
 ORCHESTRATOR = "orchestrator"

@@ -7,10 +7,10 @@ the producer blocks when the consumer falls behind. Entry points: :class:`EdgePr
 :class:`EdgeConsumer`, :class:`EdgeConfig`. This package knows nothing of models.
 """
 
-from .consumer import EdgeConsumer
-from .cuda_ipc import cuda_ipc_available
-from .edge import EdgeConfig, EdgeStats, Message, ipc_address
-from .errors import (
+from omniduplex.relay.consumer import EdgeConsumer
+from omniduplex.relay.cuda_ipc import cuda_ipc_available
+from omniduplex.relay.edge import EdgeConfig, EdgeStats, Message, ipc_address
+from omniduplex.relay.errors import (
     AttachTimeout,
     BackpressureTimeout,
     ConsumerDied,
@@ -20,9 +20,9 @@ from .errors import (
     ProtocolError,
     RelayError,
 )
-from .producer import EdgeProducer
-from .shm_pool import list_segments, sweep_orphans
-from .tcp import tcp_address
+from omniduplex.relay.producer import EdgeProducer
+from omniduplex.relay.shm_pool import list_segments, sweep_orphans
+from omniduplex.relay.tcp import tcp_address
 
 __all__ = [
     "AttachTimeout", "BackpressureTimeout", "ConsumerDied", "EdgeClosed", "EdgeConfig", "EdgeConsumer",

@@ -25,12 +25,21 @@ import torch
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from .edge import EdgeStats, Message, RecentSet, make_socket
-from .errors import AttachTimeout, EdgeClosed, ProducerDied, ProtocolError, RelayError
-from .layout import INLINE_ALIGN, SLOT_ALIGN, Bytes, Layout, allocate, pieces, plan, unpack_inline
-from .messages import Abort, Bye, Credit, DataReady, Hello, Welcome, decode, encode
-from .planes import PlaneReader, open_reader
-from .shm_pool import sweep_after_exit
+from omniduplex.relay.edge import EdgeStats, Message, RecentSet, make_socket
+from omniduplex.relay.errors import AttachTimeout, EdgeClosed, ProducerDied, ProtocolError, RelayError
+from omniduplex.relay.layout import (
+    INLINE_ALIGN,
+    SLOT_ALIGN,
+    Bytes,
+    Layout,
+    allocate,
+    pieces,
+    plan,
+    unpack_inline,
+)
+from omniduplex.relay.messages import Abort, Bye, Credit, DataReady, Hello, Welcome, decode, encode
+from omniduplex.relay.planes import PlaneReader, open_reader
+from omniduplex.relay.shm_pool import sweep_after_exit
 
 # plain ints: pyzmq's enum flags cost microseconds per use on the hot path
 _EVENTS, _POLLIN, _RCVMORE, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE), int(zmq.NOBLOCK)

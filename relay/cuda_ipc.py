@@ -29,7 +29,7 @@ def cuda_ipc_available() -> tuple[bool, str]:
 def _require() -> None:
     ok, why = cuda_ipc_available()
     if not ok:
-        from .errors import RelayError
+        from omniduplex.relay.errors import RelayError
 
         raise RelayError(f"CUDA IPC data plane unavailable: {why}")
 

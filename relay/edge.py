@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import zmq
 
-from .messages import MAX_SLOTS, PLANES
+from omniduplex.relay.messages import MAX_SLOTS, PLANES
 
 
 @dataclass(frozen=True)

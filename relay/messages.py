@@ -26,8 +26,8 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
-from .errors import ProtocolError
-from .layout import DTYPE_CODE, DTYPES, TensorSpec
+from omniduplex.relay.errors import ProtocolError
+from omniduplex.relay.layout import DTYPE_CODE, DTYPES, TensorSpec
 
 HEADER = struct.Struct("<BBHI")
 _HELLO = struct.Struct("<I")

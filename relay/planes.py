@@ -12,8 +12,8 @@ from typing import Protocol
 
 import torch
 
-from .layout import Bytes
-from .messages import Welcome
+from omniduplex.relay.layout import Bytes
+from omniduplex.relay.messages import Welcome
 
 
 class PlaneWriter(Protocol):
@@ -56,15 +56,15 @@ class PlaneReader(Protocol):
 def open_writer(kind: str, edge: str, slots: int, slot_bytes: int) -> PlaneWriter:
     """Create the producer side of plane ``kind`` for ``edge``."""
     if kind == "shm":
-        from .shm_pool import ShmWriter
+        from omniduplex.relay.shm_pool import ShmWriter
 
         return ShmWriter(edge, slots, slot_bytes)
     if kind == "frames":
-        from .tcp import FrameWriter
+        from omniduplex.relay.tcp import FrameWriter
 
         return FrameWriter()
     if kind == "cuda":
-        from .cuda_ipc import CudaWriter
+        from omniduplex.relay.cuda_ipc import CudaWriter
 
         return CudaWriter(slots, slot_bytes)
     raise ValueError(f"unknown data plane {kind!r}")
@@ -73,15 +73,15 @@ def open_writer(kind: str, edge: str, slots: int, slot_bytes: int) -> PlaneWrite
 def open_reader(welcome: Welcome) -> PlaneReader:
     """Open the consumer side of the plane a ``Welcome`` announces."""
     if welcome.plane == "shm":
-        from .shm_pool import ShmReader
+        from omniduplex.relay.shm_pool import ShmReader
 
         return ShmReader(welcome.descriptor, welcome.slots, welcome.slot_bytes)
     if welcome.plane == "frames":
-        from .tcp import FrameReader
+        from omniduplex.relay.tcp import FrameReader
 
         return FrameReader()
     if welcome.plane == "cuda":
-        from .cuda_ipc import CudaReader
+        from omniduplex.relay.cuda_ipc import CudaReader
 
         return CudaReader(welcome.descriptor, welcome.slots, welcome.slot_bytes)
     raise ValueError(f"unknown data plane {welcome.plane!r}")

@@ -25,12 +25,19 @@ from collections.abc import Callable, Mapping
 import torch
 import zmq
 
-from .edge import EdgeConfig, EdgeStats, RecentSet, make_socket
-from .errors import AttachTimeout, BackpressureTimeout, ConsumerDied, EdgeClosed, ProtocolError, RelayError
-from .layout import INLINE_ALIGN, SLOT_ALIGN, pack_inline, pieces, plan, prepare
-from .messages import Abort, Bye, Credit, DataReady, Hello, Ping, Welcome, decode, encode
-from .planes import open_writer
-from .shm_pool import pid_alive
+from omniduplex.relay.edge import EdgeConfig, EdgeStats, RecentSet, make_socket
+from omniduplex.relay.errors import (
+    AttachTimeout,
+    BackpressureTimeout,
+    ConsumerDied,
+    EdgeClosed,
+    ProtocolError,
+    RelayError,
+)
+from omniduplex.relay.layout import INLINE_ALIGN, SLOT_ALIGN, pack_inline, pieces, plan, prepare
+from omniduplex.relay.messages import Abort, Bye, Credit, DataReady, Hello, Ping, Welcome, decode, encode
+from omniduplex.relay.planes import open_writer
+from omniduplex.relay.shm_pool import pid_alive
 
 # plain ints: pyzmq's enum flags cost microseconds per use on the hot path
 _EVENTS, _POLLIN, _SNDMORE, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.SNDMORE), int(zmq.NOBLOCK)

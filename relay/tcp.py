@@ -54,7 +54,7 @@ class FrameWriter:
             for tracker in self._trackers:
                 tracker.wait(timeout_s)
         except zmq.NotDone:
-            from .errors import BackpressureTimeout
+            from omniduplex.relay.errors import BackpressureTimeout
 
             raise BackpressureTimeout(f"ZMQ still held the sent tensors after {timeout_s:.3g} s") from None
         finally:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from speech import espeak, words_of
 
-from omniduplex.models.asr import SAMPLE_RATE, WhisperASR
+from omniduplex.models.cascade.asr import SAMPLE_RATE, WhisperASR
 from omniduplex.models.weights import WHISPER_TINY_EN, locate
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.messages import StageMessage

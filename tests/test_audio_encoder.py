@@ -12,7 +12,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     _get_feat_extract_output_lengths,
 )
 
-from omniduplex.models.audio_encoder import AudioEncoder, AudioEncoderConfig, audio_token_count
+from omniduplex.models.qwen3_omni.audio_encoder import AudioEncoder, AudioEncoderConfig, audio_token_count
 
 # n_window stays in 49..52: the reference hard-codes 13 tokens per chunk and breaks elsewhere.
 CONFIGS = [

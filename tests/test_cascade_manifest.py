@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from omniduplex.models import weights
-from omniduplex.models.cascade import default_manifest, is_cascade, load_manifest, write_manifest
+from omniduplex.models.cascade.manifest import default_manifest, is_cascade, load_manifest, write_manifest
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.pipeline.topology import CASCADE, QWEN3_OMNI, output_rate, topology_for
 
@@ -85,7 +85,7 @@ def test_manifest_round_trip_relative_paths_and_errors(tmp_path, cache):
 
 
 def test_a_checkpoint_directory_is_not_a_cascade(tmp_path):
-    from omniduplex.models.presets import write_checkpoint
+    from omniduplex.models.qwen3_omni.presets import write_checkpoint
 
     ckpt = write_checkpoint(tmp_path / "tiny", "tiny")
     assert not is_cascade(ckpt) and topology_for(ckpt) is QWEN3_OMNI
@@ -94,7 +94,7 @@ def test_a_checkpoint_directory_is_not_a_cascade(tmp_path):
 def test_init_cascade_cli_writes_a_loadable_manifest(tmp_path, cache):
     out = tmp_path / "c.yaml"
     r = subprocess.run(
-        [sys.executable, "-m", "omniduplex.app.cli", "init-cascade", "--out", str(out)],
+        [sys.executable, "-m", "omniduplex.cli.main", "init-cascade", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from omniduplex.models.checkpoint import CheckpointError
-from omniduplex.models.presets import write_checkpoint
+from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.registry import load_model
 
 
@@ -37,7 +37,7 @@ def test_init_model_cli_is_byte_identical_across_runs(tmp_path, tiny):
     a, b = tmp_path / "a", tmp_path / "b"
     for out in (a, b):
         r = subprocess.run(
-            [sys.executable, "-m", "omniduplex.app.cli", "init-model", "--preset", "tiny", "--out", str(out)],
+            [sys.executable, "-m", "omniduplex.cli.main", "init-model", "--preset", "tiny", "--out", str(out)],  # noqa: E501
             capture_output=True,
             text=True,
             timeout=120,

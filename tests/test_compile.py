@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from omniduplex.models.presets import write_checkpoint
+from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.registry import load_model
 from omniduplex.pipeline.engine.adapters import ThinkerAdapter
 from omniduplex.pipeline.engine.compile import compile_decoder

@@ -21,15 +21,15 @@ from transformers import (  # noqa: E402
 )
 from transformers.models.qwen3_omni_moe import configuration_qwen3_omni_moe as hf_omni  # noqa: E402
 
-from omniduplex.models.audio_encoder import AUDIO_ALIASES, AudioEncoderConfig  # noqa: E402
-from omniduplex.models.code2wav import Code2WavConfig  # noqa: E402
+from omniduplex.models.codecs.dac import DacDecoderConfig  # noqa: E402
 from omniduplex.models.config import DECODER_ALIASES, DecoderConfig, OmniConfig  # noqa: E402
-from omniduplex.models.dac import DacDecoderConfig  # noqa: E402
-from omniduplex.models.presets import omni_config, text_config, write_checkpoint  # noqa: E402
+from omniduplex.models.qwen3_omni.audio_encoder import AUDIO_ALIASES, AudioEncoderConfig  # noqa: E402
+from omniduplex.models.qwen3_omni.code2wav import Code2WavConfig  # noqa: E402
+from omniduplex.models.qwen3_omni.presets import omni_config, text_config, write_checkpoint  # noqa: E402
 from omniduplex.models.registry import load_model  # noqa: E402
-from omniduplex.models.unified import UnifiedConfig  # noqa: E402
-from omniduplex.models.unified_presets import PRESETS as UNIFIED_PRESETS  # noqa: E402
-from omniduplex.models.unified_presets import unified_config  # noqa: E402
+from omniduplex.models.unified.model import UnifiedConfig  # noqa: E402
+from omniduplex.models.unified.presets import PRESETS as UNIFIED_PRESETS  # noqa: E402
+from omniduplex.models.unified.presets import unified_config  # noqa: E402
 
 OMNI_PRESETS = ("tiny", "small")
 

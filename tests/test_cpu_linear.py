@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from omniduplex.kernels.cpu_linear import bucket_rows, can_pack, pack, packed_linear, prepack_linears, warm_up
 from omniduplex.models.forward_batch import ForwardBatch, allocate_kv_cache
-from omniduplex.models.presets import write_checkpoint
+from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.registry import load_model
 
 NATIVE_BF16 = can_pack(torch.zeros(2, 2, dtype=torch.bfloat16))

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from omniduplex.kernels import attention, cpu_linear, cpu_ops
+from omniduplex.kernels.moe import moe_experts
 from omniduplex.kernels.paged_attention_ref import paged_attention_torch, write_kv_cache
-from omniduplex.models.layers import moe_experts
 
 cpu_ops.load()  # the CI machine has g++ and ninja: a failed build fails every test here
 OPS = torch.ops.omniduplex_cpu
@@ -161,7 +161,7 @@ def test_moe_experts_rejects_bad_ids_and_shapes():
 def test_prepared_model_runs_on_the_cpp_kernels_with_reference_outputs(tmp_path):
     """A model prepared for CPU serving (``prepack_linears``) switches its layers onto the C++ ops, and its
     prefill + decode hidden states match the same model on the plain-torch paths."""
-    from omniduplex.models.presets import write_checkpoint
+    from omniduplex.models.qwen3_omni.presets import write_checkpoint
     from omniduplex.models.registry import load_model
     from omniduplex.pipeline.engine.adapters import ThinkerAdapter
     from omniduplex.pipeline.engine.engine import Engine

@@ -12,10 +12,10 @@ from safetensors.torch import save_file
 from transformers import DacConfig, DacModel
 
 from omniduplex.models.checkpoint import CheckpointError, weight_files
-from omniduplex.models.dac import DacCodec, DacDecoderConfig, load_codec_into
-from omniduplex.models.dac_encoder import DacCodecEncoder, DacEncoderConfig, load_codec_encoder_into
-from omniduplex.models.dac_stream import DacDecodeStream
-from omniduplex.models.unified_presets import write_unified_checkpoint
+from omniduplex.models.codecs.dac import DacCodec, DacDecoderConfig, load_codec_into
+from omniduplex.models.codecs.dac_encoder import DacCodecEncoder, DacEncoderConfig, load_codec_encoder_into
+from omniduplex.models.codecs.dac_stream import DacDecodeStream
+from omniduplex.models.unified.presets import write_unified_checkpoint
 
 CONFIGS = {
     # even strides: T·hop samples; odd stride: transformers' conv-transpose padding drops samples
@@ -162,7 +162,7 @@ def test_stream_refuses_bad_codes_and_use_after_flush(tmp_path):
         stream.push(torch.zeros(1, 2, 1, dtype=torch.int64))
 
 
-# -- encode side (models/dac_encoder.py) --------------------------------------------------------------
+# -- encode side (models/codecs/dac_encoder.py) --------------------------------------------------------------
 def _encoder_from(model: DacModel, tmp_path, legacy: bool = False) -> DacCodecEncoder:
     save_file(_state(model, legacy), str(tmp_path / "model.safetensors"))
     ours = DacCodecEncoder(DacEncoderConfig.from_dict(model.config.to_dict())).eval()

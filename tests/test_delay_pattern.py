@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniduplex.models.delay_pattern import (
+from omniduplex.models.unified.delay_pattern import (
     completed_frames,
     deinterleave,
     interleave,

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from omniduplex.models.forward_batch import ForwardBatch, allocate_kv_cache
-from omniduplex.models.presets import write_checkpoint
+from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.registry import load_model
 from omniduplex.pipeline.engine.adapters import ThinkerAdapter
 from omniduplex.pipeline.engine.block_manager import BlockAllocator, NoFreeBlocks

@@ -11,7 +11,6 @@ import pytest
 from test_session import ScriptedResponder
 from typer.testing import CliRunner
 
-from omniduplex.app.cli import cli
 from omniduplex.app.kiosk import (
     KioskColors,
     KioskConfig,
@@ -23,10 +22,11 @@ from omniduplex.app.kiosk import (
     page_config,
     server_config,
 )
-from omniduplex.app.responder import ReplyDone
+from omniduplex.app.replies import ReplyDone
 from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.app.session import SessionConfig
 from omniduplex.app.webrtc import PeerSession
+from omniduplex.cli.main import cli
 
 
 def test_contrast_ratio_matches_wcag():

@@ -28,7 +28,7 @@ CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("LIVEKIT_"
 
 
 def agent(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-c", "from omniduplex.app.cli import main; main()", "agent", *args]
+    cmd = [sys.executable, "-c", "from omniduplex.cli.main import main; main()", "agent", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**CLEAN_ENV, **(env or {})})
 
 

@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 import torch
 
-from omniduplex.models.chat_template import (
+from omniduplex.models.cascade.chat_template import (
     CHATML_TEMPLATE,
     ChatTemplateError,
     load_chat_template,
     render_chat,
 )
+from omniduplex.models.cascade.gguf_import import cached_import, import_gguf, unpermute_rope_rows
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.config import DecoderConfig
 from omniduplex.models.forward_batch import ForwardBatch, allocate_kv_cache
-from omniduplex.models.gguf_import import cached_import, import_gguf, unpermute_rope_rows
 from omniduplex.models.registry import load_model
 from omniduplex.models.thinker import Thinker
 from omniduplex.pipeline.engine.adapters import ThinkerAdapter

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omniduplex.models.gguf_import import cached_import
+from omniduplex.models.cascade.gguf_import import cached_import
 from omniduplex.models.registry import load_model
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.stages.llm import IncrementalDetokenizer, LLMWorker

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omniduplex.models.layers import SMALL_DISPATCH, moe_experts
+from omniduplex.kernels.moe import SMALL_DISPATCH, moe_experts
 
 
 def _dense(x, gate_up, down, weights, ids):

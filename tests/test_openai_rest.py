@@ -11,7 +11,7 @@ import soundfile as sf
 from speech import wer
 from test_server import request
 
-from omniduplex.models.asr import WhisperASR
+from omniduplex.models.cascade.asr import WhisperASR
 from omniduplex.models.weights import WHISPER_TINY_EN, locate
 from omniduplex.pipeline.audio_io import load_audio
 

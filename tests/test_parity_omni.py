@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from omniduplex.models.forward_batch import ForwardBatch, allocate_kv_cache
-from omniduplex.models.presets import omni_config, write_checkpoint
-from omniduplex.models.reference import generate_turn
+from omniduplex.models.qwen3_omni.presets import omni_config, write_checkpoint
+from omniduplex.models.qwen3_omni.reference import generate_turn
 from omniduplex.models.registry import load_model
 from omniduplex.models.tokenizer import load_tokenizer, voice_turn_prompt
 
@@ -68,7 +68,7 @@ def _inputs(d, ours, seconds=1.3, seed=0):
         truncation=False,
     )
     frames = int(feats["attention_mask"].sum())
-    from omniduplex.models.audio_encoder import audio_token_count
+    from omniduplex.models.qwen3_omni.audio_encoder import audio_token_count
 
     n_audio = int(audio_token_count(torch.tensor([frames]))[0])
     ids = voice_turn_prompt(ours.config, load_tokenizer(d), n_audio)

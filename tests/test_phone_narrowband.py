@@ -13,7 +13,7 @@ import soxr
 
 from omniduplex.app.events import UserTurnCommitted
 from omniduplex.app.phone import narrowband as nb
-from omniduplex.app.responder import ReplyDone
+from omniduplex.app.replies import ReplyDone
 from omniduplex.app.session import Session, SessionConfig
 from omniduplex.pipeline.audio_io import load_audio
 

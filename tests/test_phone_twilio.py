@@ -20,7 +20,7 @@ from omniduplex.app.phone import twilio
 from omniduplex.app.phone.config import TwilioConfig
 from omniduplex.app.phone.narrowband import ulaw_encode
 from omniduplex.app.phone.routes import connect_stream_twiml, twilio_signature
-from omniduplex.app.responder import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
+from omniduplex.app.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
 from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.app.session import SessionConfig
 from omniduplex.pipeline.audio_io import load_audio

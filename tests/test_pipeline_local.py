@@ -12,18 +12,18 @@ import torch
 from turns import run_turn
 
 from omniduplex.models.mel import LogMelFrontEnd
-from omniduplex.models.presets import write_checkpoint
-from omniduplex.models.reference import generate_turn
+from omniduplex.models.qwen3_omni.presets import write_checkpoint
+from omniduplex.models.qwen3_omni.reference import generate_turn
 from omniduplex.models.registry import load_model
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.config import PipelineConfig
 from omniduplex.pipeline.connector import ChunkingConfig
-from omniduplex.pipeline.graph import build_all
 from omniduplex.pipeline.local_backend import LocalBackend
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.stages.vocoder import VocoderWorker
+from omniduplex.pipeline.workers import build_all
 
 QUESTION = Path(__file__).parents[1] / "examples" / "question.wav"
 GREEDY = {

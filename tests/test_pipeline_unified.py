@@ -14,16 +14,16 @@ from turns import run_turn
 
 from omniduplex.models.registry import load_model
 from omniduplex.models.tokenizer import load_tokenizer
-from omniduplex.models.unified_presets import write_unified_checkpoint
-from omniduplex.models.unified_prompt import conversation_steps, speech_steps
-from omniduplex.models.unified_reference import generate
+from omniduplex.models.unified.presets import write_unified_checkpoint
+from omniduplex.models.unified.prompt import conversation_steps, speech_steps
+from omniduplex.models.unified.reference import generate
 from omniduplex.pipeline.audio_io import MODEL_INPUT_RATE, load_audio
 from omniduplex.pipeline.config import PipelineConfig
 from omniduplex.pipeline.connector import ChunkingConfig
-from omniduplex.pipeline.graph import build_all
 from omniduplex.pipeline.local_backend import LocalBackend
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.topology import UNIFIED, output_rate, topology_for
+from omniduplex.pipeline.workers import build_all
 
 QUESTION = Path(__file__).parents[1] / "examples" / "question.wav"
 

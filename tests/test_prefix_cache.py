@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from omniduplex.models.presets import write_checkpoint
+from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.registry import load_model
 from omniduplex.pipeline.engine.adapters import ThinkerAdapter
 from omniduplex.pipeline.engine.block_manager import BlockAllocator
@@ -269,7 +269,7 @@ def test_thinker_capture_reuses_only_rows_the_talker_does_not_read(thinker):
 # -- the unified LM: multi-stream step rows -------------------------------------------------------------
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
-    from omniduplex.models.unified_presets import write_unified_checkpoint
+    from omniduplex.models.unified.presets import write_unified_checkpoint
 
     lm = load_model(write_unified_checkpoint(tmp_path_factory.mktemp("u"), "tiny", seed=1)).unified
     cfg = lm.cfg
@@ -280,7 +280,7 @@ def lm(tmp_path_factory):
 
 
 def test_unified_steps_are_keyed_on_every_stream_and_equal_the_reference(lm):
-    from omniduplex.models.unified_reference import generate
+    from omniduplex.models.unified.reference import generate
     from omniduplex.pipeline.engine.unified_adapter import UnifiedAdapter
 
     cfg, s = lm.cfg, lm.cfg.num_streams
@@ -313,7 +313,7 @@ def test_unified_steps_are_keyed_on_every_stream_and_equal_the_reference(lm):
 # -- the cascade's LLM stage on the real SmolLM2 weights -------------------------------------------------
 @pytest.fixture(scope="module")
 def smollm(tmp_path_factory):
-    from omniduplex.models.gguf_import import cached_import
+    from omniduplex.models.cascade.gguf_import import cached_import
     from omniduplex.models.weights import SMOLLM2_135M, WeightsError, locate
 
     try:
@@ -354,7 +354,7 @@ def test_llm_stage_next_turn_reuses_its_history(smollm):
 
 # -- the Thinker stage: text history reused, audio rows (read by the Talker) always computed --------------
 def test_thinker_stage_reuses_the_text_history_before_the_audio(tmp_path):
-    from omniduplex.models.talker_prompt import user_token_mask
+    from omniduplex.models.qwen3_omni.talker_prompt import user_token_mask
     from omniduplex.models.tokenizer import load_tokenizer, voice_turn_prompt
     from omniduplex.pipeline.messages import StageMessage
     from omniduplex.pipeline.stages.thinker import ThinkerWorker

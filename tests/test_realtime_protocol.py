@@ -24,8 +24,8 @@ from openai.types.realtime.response_create_event_with_references_param import (
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from omniduplex.app.realtime import audio
-from omniduplex.app.realtime import events_server as S
-from omniduplex.app.realtime.events_client import (
+from omniduplex.app.realtime import server_events as S
+from omniduplex.app.realtime.client_events import (
     CLIENT_EVENTS,
     SessionConfig,
     SessionUpdate,

@@ -25,7 +25,7 @@ from omniduplex.app.events import (
 )
 from omniduplex.app.history import History, truncate_reply
 from omniduplex.app.playout import PlayoutBuffer
-from omniduplex.app.responder import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
+from omniduplex.app.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
 from omniduplex.app.session import Session, SessionConfig
 from omniduplex.app.turn_detection import SmartTurnModel
 from omniduplex.app.vad import TurnConfig, WebRtcVad

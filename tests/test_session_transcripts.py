@@ -10,7 +10,7 @@ from test_session import LOUD, QUIET, Harness, run, tone
 
 from omniduplex.app.events import ReplyEnded, UserTranscriptEvent, UserTurnCommitted
 from omniduplex.app.history import History, truncate_aligned, truncate_reply
-from omniduplex.app.responder import ReplyAudioChunk, ReplyDone, ReplyTextDelta, UserTranscript
+from omniduplex.app.replies import ReplyAudioChunk, ReplyDone, ReplyTextDelta, UserTranscript
 from omniduplex.app.vad import TurnConfig
 
 

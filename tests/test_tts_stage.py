@@ -10,8 +10,8 @@ import pytest
 import soxr
 from speech import wer
 
-from omniduplex.models.asr import SAMPLE_RATE, WhisperASR
-from omniduplex.models.tts import PiperTTS
+from omniduplex.models.cascade.asr import SAMPLE_RATE, WhisperASR
+from omniduplex.models.cascade.tts import PiperTTS
 from omniduplex.models.weights import PIPER_JOE, PIPER_JOE_CONFIG, WHISPER_TINY_EN, locate
 from omniduplex.pipeline.clauses import MARKDOWN, count_words
 from omniduplex.pipeline.messages import StageMessage

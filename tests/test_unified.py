@@ -10,16 +10,16 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from omniduplex.app.cli import cli
+from omniduplex.cli.main import cli
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.config import ConfigError
-from omniduplex.models.delay_pattern import interleave
 from omniduplex.models.forward_batch import ForwardBatch, allocate_kv_cache
 from omniduplex.models.registry import load_model
-from omniduplex.models.unified import UnifiedConfig, text_steps
-from omniduplex.models.unified_phases import AUDIO, DRAIN, TEXT, TRANSITION
-from omniduplex.models.unified_presets import unified_config, write_unified_checkpoint
-from omniduplex.models.unified_reference import generate
+from omniduplex.models.unified.delay_pattern import interleave
+from omniduplex.models.unified.model import UnifiedConfig, text_steps
+from omniduplex.models.unified.phases import AUDIO, DRAIN, TEXT, TRANSITION
+from omniduplex.models.unified.presets import unified_config, write_unified_checkpoint
+from omniduplex.models.unified.reference import generate
 
 PROMPT = [257, 72, 105, 33, 10]  # <|im_start|> "Hi!\n"
 

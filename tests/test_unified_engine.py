@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from omniduplex.models.registry import load_model
-from omniduplex.models.unified_presets import write_unified_checkpoint
-from omniduplex.models.unified_reference import generate
+from omniduplex.models.unified.presets import write_unified_checkpoint
+from omniduplex.models.unified.reference import generate
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.unified_adapter import UnifiedAdapter
 
@@ -127,7 +127,7 @@ def test_companion_is_hidden_and_paired(lm):
 def test_cfg_merge_on_hidden_states_equals_merge_on_logits(lm):
     """The engine merges ``w·h_c + (1−w)·h_u`` before the bias-free shared head; that must equal the
     specified logit merge ``w·W(h_c + e_i) + (1−w)·W(h_u + e_i)`` for every stream."""
-    from omniduplex.models.unified_phases import merge_cfg
+    from omniduplex.models.unified.phases import merge_cfg
 
     g = torch.Generator().manual_seed(0)
     h_c, h_u = (torch.randn(5, lm.cfg.decoder.hidden_size, generator=g) for _ in range(2))

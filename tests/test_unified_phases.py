@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniduplex.models.delay_pattern import deinterleave, validity_mask
-from omniduplex.models.unified import UnifiedConfig
-from omniduplex.models.unified_phases import (
+from omniduplex.models.unified.delay_pattern import deinterleave, validity_mask
+from omniduplex.models.unified.model import UnifiedConfig
+from omniduplex.models.unified.phases import (
     AUDIO,
     DONE,
     DRAIN,
@@ -23,7 +23,7 @@ from omniduplex.models.unified_phases import (
     decode_step,
     merge_cfg,
 )
-from omniduplex.models.unified_presets import unified_config
+from omniduplex.models.unified.presets import unified_config
 
 CFG = UnifiedConfig.from_dict(unified_config("tiny"))  # S=4, text 288, 66 ids per stream
 T = PhaseTables.from_config(CFG)

@@ -13,13 +13,13 @@ import torch
 from turns import run_turn
 
 from omniduplex.app.respond import CASCADE_SYSTEM_PROMPT, default_model, new_orchestrator
-from omniduplex.models.gguf_import import cached_import
+from omniduplex.models.cascade.gguf_import import cached_import
 from omniduplex.models.registry import load_model
 from omniduplex.models.weights import SMOLLM2_135M, WeightsError, cache_dir, locate
 from omniduplex.pipeline.audio_io import load_audio
-from omniduplex.pipeline.backends import VLLMUnavailableError, check_backends, vllm_installed
 from omniduplex.pipeline.config import GraphConfigError, StageConfig, load_graph
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stage_engines import VLLMUnavailableError, check_backends, vllm_installed
 from omniduplex.pipeline.stages.llm import LLMWorker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +107,7 @@ def test_graph_on_vllm_without_vllm_fails_before_any_stage_starts(no_vllm):
 
 @pytest.mark.parametrize("command", ["respond", "serve"])
 def test_cli_without_vllm_prints_one_line(no_vllm, monkeypatch, capsys, command):
-    from omniduplex.app.cli import main
+    from omniduplex.cli.main import main
 
     args = ["-i", str(GREEN_TEA)] if command == "respond" else ["--port", "0"]
     monkeypatch.setattr(sys, "argv", ["omniduplex", command, "--graph", str(VLLM_GRAPH), *args])
@@ -229,7 +229,7 @@ def test_greedy_ids_equal_our_engine_on_the_tiny_qwen3_preset(tmp_path):
     """The tiny preset's Qwen3-MoE text decoder (random weights, 4 experts, top-2) with ``head_dim`` 32:
     vLLM's CPU attention takes head sizes 32, 64, ... only (the preset's 16 kills its engine core at the
     first step: ``Unsupported CPU attention configuration: head_dim=16``)."""
-    from omniduplex.models.presets import text_config, write_checkpoint
+    from omniduplex.models.qwen3_omni.presets import text_config, write_checkpoint
     from omniduplex.pipeline.stages.vllm_llm import VLLMLLMWorker
 
     cfg = {**text_config("tiny"), "head_dim": 32}
@@ -253,7 +253,7 @@ def test_greedy_ids_equal_our_engine_on_the_tiny_qwen3_preset(tmp_path):
 def test_a_dead_engine_raises_from_step(tmp_path):
     """vLLM's CPU attention rejects head_dim 16 at the first forward and its engine core dies: the worker
     raises from ``step`` (a stage process then exits and is restarted; its turns are failed)."""
-    from omniduplex.models.presets import write_checkpoint
+    from omniduplex.models.qwen3_omni.presets import write_checkpoint
     from omniduplex.pipeline.stages.vllm_llm import VLLMLLMWorker
 
     d = write_checkpoint(tmp_path / "tiny16", "tiny", seed=3, text_only=True)

@@ -14,7 +14,7 @@ import secrets
 
 from livekit.agents import llm
 
-from ..history import History
+from omniduplex.app.history import History
 
 ROLES = ("user", "assistant")
 

@@ -1,6 +1,6 @@
 """The pipeline as a LiveKit ``RealtimeModel``, in this process.
 
-One model owns (or is given) one pipeline :class:`~omniduplex.app.responder.Responder`; every room session
+One model owns (or is given) one pipeline :class:`~omniduplex.app.replies.Responder`; every room session
 it makes shares it, as the sessions of ``omniduplex serve`` do. The pipeline is bound to the event loop that
 started it, so the model and its sessions live on one loop (one job process of the worker, or a test).
 For workers that scale apart from model servers use :class:`~.remote.RemoteRealtimeModel`.
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, replace
 
 from livekit.agents import llm
 
-from ..responder import OrchestratorResponder, Responder
-from ..session import SessionConfig
-from .generation import pipeline_capabilities
-from .local_session import PipelineRealtimeSession
+from omniduplex.app.livekit.generation import pipeline_capabilities
+from omniduplex.app.livekit.local_session import PipelineRealtimeSession
+from omniduplex.app.replies import OrchestratorResponder, Responder
+from omniduplex.app.session import SessionConfig
 
 log = logging.getLogger("omniduplex.livekit")
 

@@ -35,7 +35,7 @@ from livekit.agents import llm
 from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.utils import is_given
 
-from ..events import (
+from omniduplex.app.events import (
     BargeIn,
     ReplyEnded,
     ReplyStarted,
@@ -46,13 +46,13 @@ from ..events import (
     UserTranscriptEvent,
     UserTurnCommitted,
 )
-from ..responder import Responder
-from ..session import Session, SessionConfig
-from ..vad import FRAME_SAMPLES, SAMPLE_RATE
-from .audio import FrameSplitter, MonoResampler, pcm_frame
-from .chat_sync import ItemIds, apply_chat_ctx, history_chat_ctx
-from .generation import Generation, Message, model_error
-from .turn_signals import SpeechSignals
+from omniduplex.app.livekit.audio import FrameSplitter, MonoResampler, pcm_frame
+from omniduplex.app.livekit.chat_sync import ItemIds, apply_chat_ctx, history_chat_ctx
+from omniduplex.app.livekit.generation import Generation, Message, model_error
+from omniduplex.app.livekit.turn_signals import SpeechSignals
+from omniduplex.app.replies import Responder
+from omniduplex.app.session import Session, SessionConfig
+from omniduplex.app.vad import FRAME_SAMPLES, SAMPLE_RATE
 
 log = logging.getLogger("omniduplex.livekit")
 

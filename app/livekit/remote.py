@@ -1,5 +1,5 @@
 """The remote plugin: a LiveKit ``RealtimeModel`` whose sessions talk to an omniduplex server over its GA
-Realtime API (``/v1/realtime``; wire shapes in :mod:`omniduplex.app.realtime.events_server`), so agent
+Realtime API (``/v1/realtime``; wire shapes in :mod:`omniduplex.app.realtime.server_events`), so agent
 workers scale apart from model servers.
 
 Server → framework: ``input_audio_buffer.speech_started|speech_stopped`` → ``input_speech_started|stopped``
@@ -38,10 +38,10 @@ from livekit.agents import APIConnectionError, llm
 from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.utils import is_given
 
-from .audio import MonoResampler, pcm_frame, to_int16
-from .generation import Generation, model_error, pipeline_capabilities
-from .remote_items import RemoteConversation
-from .remote_link import RealtimeLink, RetryPolicy
+from omniduplex.app.livekit.audio import MonoResampler, pcm_frame, to_int16
+from omniduplex.app.livekit.generation import Generation, model_error, pipeline_capabilities
+from omniduplex.app.livekit.remote_items import RemoteConversation
+from omniduplex.app.livekit.remote_link import RealtimeLink, RetryPolicy
 
 log = logging.getLogger("omniduplex.livekit")
 

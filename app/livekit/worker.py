@@ -43,12 +43,12 @@ def build_model() -> llm.RealtimeModel:
     """The realtime model the environment asks for (see the module docstring)."""
     url = os.environ.get("OMNIDUPLEX_REALTIME_URL")
     if url:
-        from .remote import RemoteOptions, RemoteRealtimeModel
+        from omniduplex.app.livekit.remote import RemoteOptions, RemoteRealtimeModel
 
         return RemoteRealtimeModel(
             RemoteOptions(url=url, api_key=os.environ.get("OMNIDUPLEX_API_KEY") or None)
         )
-    from .local_model import PipelineOptions, PipelineRealtimeModel
+    from omniduplex.app.livekit.local_model import PipelineOptions, PipelineRealtimeModel
 
     processes = os.environ.get("OMNIDUPLEX_PROCESSES", "0") == "1"
     return PipelineRealtimeModel(

@@ -27,9 +27,9 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import PlainTextResponse, Response
 from starlette.websockets import WebSocketDisconnect
 
-from ..slots import CallsFull, admit, new_call_id, release
-from .config import TwilioConfig
-from .twilio import TwilioBridge
+from omniduplex.app.phone.config import TwilioConfig
+from omniduplex.app.phone.twilio import TwilioBridge
+from omniduplex.app.slots import CallsFull, admit, new_call_id, release
 
 log = logging.getLogger("omniduplex.phone.routes")
 router = APIRouter(prefix="/phone", tags=["phone"])

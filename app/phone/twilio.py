@@ -41,10 +41,16 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from ..events import BargeIn, ReplyEnded, SessionEvent
-from ..responder import Responder
-from ..session import Session, SessionConfig
-from .narrowband import FRAME_SAMPLES, TELEPHONE_RATE, ulaw_decode, ulaw_encode, upsampler_8k_to_16k
+from omniduplex.app.events import BargeIn, ReplyEnded, SessionEvent
+from omniduplex.app.phone.narrowband import (
+    FRAME_SAMPLES,
+    TELEPHONE_RATE,
+    ulaw_decode,
+    ulaw_encode,
+    upsampler_8k_to_16k,
+)
+from omniduplex.app.replies import Responder
+from omniduplex.app.session import Session, SessionConfig
 
 log = logging.getLogger("omniduplex.phone.twilio")
 

@@ -26,8 +26,8 @@ from typing import Any, Literal
 import numpy as np
 import soxr
 
-from ..phone.narrowband import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
-from .protocol import INVALID_AUDIO, ProtocolError
+from omniduplex.app.phone.narrowband import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from omniduplex.app.realtime.protocol import INVALID_AUDIO, ProtocolError
 
 FormatType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
 

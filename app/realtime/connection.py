@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from fastapi import WebSocket, WebSocketDisconnect
 
-from ..events import (
+from omniduplex.app.events import (
     BargeIn,
     ReplyEnded,
     ReplyStarted,
@@ -46,13 +46,10 @@ from ..events import (
     UserTranscriptEvent,
     UserTurnCommitted,
 )
-from ..heap import release_free_memory
-from ..responder import Responder
-from ..session import Session, SessionConfig
-from ..vad import FRAME_SAMPLES, SAMPLE_RATE, TurnConfig
-from . import events_server as ev
-from .audio import InputConverter, OutputConverter
-from .events_client import (
+from omniduplex.app.heap import release_free_memory
+from omniduplex.app.realtime import server_events as ev
+from omniduplex.app.realtime.audio import InputConverter, OutputConverter
+from omniduplex.app.realtime.client_events import (
     AssistantMessage,
     ConversationItemCreate,
     ConversationItemDelete,
@@ -71,8 +68,11 @@ from .events_client import (
     UserMessage,
     apply_session_update,
 )
-from .events_client import SessionConfig as RealtimeConfig
-from .protocol import ProtocolError, parse_client_event
+from omniduplex.app.realtime.client_events import SessionConfig as RealtimeConfig
+from omniduplex.app.realtime.protocol import ProtocolError, parse_client_event
+from omniduplex.app.replies import Responder
+from omniduplex.app.session import Session, SessionConfig
+from omniduplex.app.vad import FRAME_SAMPLES, SAMPLE_RATE, TurnConfig
 
 log = logging.getLogger("omniduplex.realtime")
 

@@ -64,8 +64,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .events_client import CLIENT_EVENTS, ClientEvent
-from .events_server import error
+from omniduplex.app.realtime.client_events import CLIENT_EVENTS, ClientEvent
+from omniduplex.app.realtime.server_events import error
 
 INVALID_JSON = "invalid_json"
 """The message is not UTF-8 JSON."""

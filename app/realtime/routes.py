@@ -22,10 +22,10 @@ from fastapi import APIRouter, File, Form, Request, UploadFile, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
-from ...pipeline.audio_io import AudioInputError, load_audio
-from ..slots import CallsFull, admit, new_call_id, release
-from . import events_server as ev
-from .connection import RealtimeConnection
+from omniduplex.app.realtime import server_events as ev
+from omniduplex.app.realtime.connection import RealtimeConnection
+from omniduplex.app.slots import CallsFull, admit, new_call_id, release
+from omniduplex.pipeline.audio_io import AudioInputError, load_audio
 
 log = logging.getLogger("omniduplex.realtime")
 router = APIRouter()
@@ -80,7 +80,7 @@ async def realtime(ws: WebSocket) -> None:
 def _turn_model(state):
     """The server's Smart Turn model, loaded on first use by a ``semantic_vad`` session."""
     if state.turn_model is None:
-        from ..turn_detection import SmartTurnModel
+        from omniduplex.app.turn_detection import SmartTurnModel
 
         state.turn_model = SmartTurnModel()
     return state.turn_model
@@ -119,16 +119,16 @@ async def models():
 
 @lru_cache(maxsize=1)
 def _asr():
-    from ...models.asr import WhisperASR
-    from ...models.weights import WHISPER_TINY_EN, locate
+    from omniduplex.models.cascade.asr import WhisperASR
+    from omniduplex.models.weights import WHISPER_TINY_EN, locate
 
     return WhisperASR(locate(WHISPER_TINY_EN).parent)
 
 
 @lru_cache(maxsize=1)
 def _tts():
-    from ...models.tts import PiperTTS
-    from ...models.weights import PIPER_JOE, PIPER_JOE_CONFIG, locate
+    from omniduplex.models.cascade.tts import PiperTTS
+    from omniduplex.models.weights import PIPER_JOE, PIPER_JOE_CONFIG, locate
 
     return PiperTTS(locate(PIPER_JOE), locate(PIPER_JOE_CONFIG))
 
@@ -189,7 +189,7 @@ async def speech(req: SpeechRequest):
     """Speak ``input`` with the Piper voice, streamed clause by clause (the cascade's clause splitter)."""
     if req.response_format not in ("wav", "pcm"):
         return _error(400, f"response_format {req.response_format!r}: use wav or pcm", "invalid_value")
-    from ...pipeline.clauses import ClauseSplitter
+    from omniduplex.pipeline.clauses import ClauseSplitter
 
     splitter = ClauseSplitter()
     clauses = splitter.push(req.input) + splitter.flush()

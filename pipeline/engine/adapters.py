@@ -13,12 +13,11 @@ from __future__ import annotations
 import torch
 
 from omniduplex.models.forward_batch import ForwardBatch
-from omniduplex.models.talker import Talker
+from omniduplex.models.qwen3_omni.talker import Talker
 from omniduplex.models.thinker import Thinker
-
-from .request import Request
-from .sampler import SamplingBatch
-from .sampler import sample as sample_batch
+from omniduplex.pipeline.engine.request import Request
+from omniduplex.pipeline.engine.sampler import SamplingBatch
+from omniduplex.pipeline.engine.sampler import sample as sample_batch
 
 PREDICTOR_TOP_K, PREDICTOR_TOP_P = 50, 0.8
 """Code-predictor sampling filters of ``transformers``' Qwen3-Omni Talker when sampling is on."""

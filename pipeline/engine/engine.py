@@ -12,13 +12,12 @@ from typing import Protocol
 import torch
 
 from omniduplex.models.forward_batch import BLOCK_SIZE, ForwardBatch, allocate_kv_cache
-
-from .block_manager import BlockAllocator
-from .prefix_cache import PrefixCache
-from .request import Request, RequestOutput, Status
-from .sampler import SamplingBatch, sample
-from .scheduler import ScheduledBatch, Scheduler
-from .threads import ThreadGovernor
+from omniduplex.pipeline.engine.block_manager import BlockAllocator
+from omniduplex.pipeline.engine.prefix_cache import PrefixCache
+from omniduplex.pipeline.engine.request import Request, RequestOutput, Status
+from omniduplex.pipeline.engine.sampler import SamplingBatch, sample
+from omniduplex.pipeline.engine.scheduler import ScheduledBatch, Scheduler
+from omniduplex.pipeline.engine.threads import ThreadGovernor
 
 
 class ModelAdapter(Protocol):

@@ -23,9 +23,8 @@ from collections.abc import Callable
 import torch
 
 from omniduplex.models.forward_batch import BLOCK_SIZE
-
-from .block_manager import BlockAllocator
-from .request import Request
+from omniduplex.pipeline.engine.block_manager import BlockAllocator
+from omniduplex.pipeline.engine.request import Request
 
 RowKey = Callable[[Request, int, int], "bytes | None"]
 """``(request, start, end) → bytes``: content of input rows ``start..end`` beyond their ids (or ``None``)."""

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .block_manager import BlockAllocator, blocks_for
-from .prefix_cache import PrefixCache
-from .request import Request, Status
+from omniduplex.pipeline.engine.block_manager import BlockAllocator, blocks_for
+from omniduplex.pipeline.engine.prefix_cache import PrefixCache
+from omniduplex.pipeline.engine.request import Request, Status
 
 
 @dataclass

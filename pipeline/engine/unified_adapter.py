@@ -4,7 +4,7 @@ Stream 0 is the primary token the scheduler sees (``Request.output_ids``); strea
 sampled in the same step from ``logits_i = W_H(h + e_i)`` and kept in a batched step buffer. Every
 request's decode state — phase, phase counter, frames, budgets, audio start, step tokens — lives in
 tensors indexed by the request's slot, and one step runs the phase rules of
-:mod:`omniduplex.models.unified_phases` over the whole batch at once.
+:mod:`omniduplex.models.unified.phases` over the whole batch at once.
 
 CFG: a request with ``extra["cfg_scale"] = w > 1`` gets a hidden companion on the null prompt (see
 :meth:`UnifiedAdapter.make_request`). The companion is lazy: through TEXT and TRANSITION (where its
@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 
 from omniduplex.models.forward_batch import ForwardBatch
-from omniduplex.models.unified import UnifiedLM, null_prompt_ids
-from omniduplex.models.unified_phases import (
+from omniduplex.models.unified.model import UnifiedLM, null_prompt_ids
+from omniduplex.models.unified.phases import (
     AUDIO,
     DONE,
     DRAIN,
@@ -39,10 +39,9 @@ from omniduplex.models.unified_phases import (
     next_state,
     resolve_step,
 )
-
-from .prefix_cache import tensor_bytes
-from .request import Request, SamplingParams
-from .sampler import counter_uniform
+from omniduplex.pipeline.engine.prefix_cache import tensor_bytes
+from omniduplex.pipeline.engine.request import Request, SamplingParams
+from omniduplex.pipeline.engine.sampler import counter_uniform
 
 
 class UnifiedAdapter:
@@ -81,7 +80,7 @@ class UnifiedAdapter:
         """A request for :meth:`Engine.add_request` (with its null-prompt companion if ``cfg_scale != 1``).
 
         ``prompt_ids``: text ids ``[P]``, or step tokens int64 ``[P, S]`` (``-1`` = absent) for prompts
-        with speech (:mod:`omniduplex.models.unified_prompt`); the scheduler sees their stream-0 column.
+        with speech (:mod:`omniduplex.models.unified.prompt`); the scheduler sees their stream-0 column.
 
         Raises:
             ValueError: a ``[P, S]`` prompt with the wrong stream count or an absent stream-0 token.

@@ -5,7 +5,7 @@ prompt, history, options) and is passed through. Output: one message per turn, `
 tensors, meta = the input meta plus ``transcript`` (str, "" for silence or noise), ``words``
 (``[[word, start_s, end_s], ...]``, seconds from the start of the turn's audio) and ``asr_ms`` (wall time of
 the batch the turn ran in, ms). Every turn pending at a step goes in one
-:meth:`~omniduplex.models.asr.WhisperASR.transcribe_batch` call (up to ``max_batch``).
+:meth:`~omniduplex.models.cascade.asr.WhisperASR.transcribe_batch` call (up to ``max_batch``).
 
 A typed turn (meta ``user_text``, e.g. a Realtime ``conversation.item.create``) needs no transcription:
 its text is the transcript, sent on at once with no ``words``, and its waveform may be empty.
@@ -18,9 +18,8 @@ import time
 import numpy as np
 import torch
 
-from omniduplex.models.asr import SAMPLE_RATE, WhisperASR
-
-from ..messages import StageMessage
+from omniduplex.models.cascade.asr import SAMPLE_RATE, WhisperASR
+from omniduplex.pipeline.messages import StageMessage
 
 MIN_SAMPLES = SAMPLE_RATE // 10
 """Shortest turn accepted: 0.1 s at 16 kHz (1600 samples)."""

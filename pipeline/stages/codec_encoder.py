@@ -2,7 +2,7 @@
 
 Input tensors: ``waveform`` float32 ``[samples]`` at 16 kHz (may be empty for a text-only turn with
 meta ``user_text``); meta ``user_text``, ``system_prompt``, ``history`` (list of ``[role, text]``).
-Output: ``prompt_steps`` int64 ``[P, S]`` (:func:`omniduplex.models.unified_prompt.conversation_steps`),
+Output: ``prompt_steps`` int64 ``[P, S]`` (:func:`omniduplex.models.unified.prompt.conversation_steps`),
 the meta passed on. The waveform is resampled to the codec's ``sampling_rate`` (soxr) and encoded with
 the first ``S`` codebooks of the DAC residual quantizer.
 """
@@ -15,10 +15,9 @@ import torch
 
 from omniduplex.models.registry import LoadedModel
 from omniduplex.models.tokenizer import load_tokenizer
-from omniduplex.models.unified_prompt import conversation_steps
-
-from ..audio_io import MODEL_INPUT_RATE
-from ..messages import StageMessage
+from omniduplex.models.unified.prompt import conversation_steps
+from omniduplex.pipeline.audio_io import MODEL_INPUT_RATE
+from omniduplex.pipeline.messages import StageMessage
 
 MAX_INPUT_S = 60.0
 """Longest user turn accepted (s): the prompt grows by ~86 steps per second at 44.1 kHz / hop 512."""

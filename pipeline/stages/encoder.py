@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from omniduplex.models.audio_encoder import audio_token_count
 from omniduplex.models.mel import LogMelFrontEnd
+from omniduplex.models.qwen3_omni.audio_encoder import audio_token_count
 from omniduplex.models.registry import LoadedModel
 from omniduplex.models.tokenizer import DEFAULT_SYSTEM_PROMPT, load_tokenizer, voice_turn_prompt
-
-from ..messages import StageMessage
+from omniduplex.pipeline.messages import StageMessage
 
 
 class EncoderWorker:

@@ -20,15 +20,14 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from omniduplex.models.chat_template import ChatTemplate, encode_chat, load_chat_template
+from omniduplex.models.cascade.chat_template import ChatTemplate, encode_chat, load_chat_template
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.registry import LoadedModel
-
-from ..detokenize import IncrementalDetokenizer
-from ..engine.adapters import ThinkerAdapter
-from ..engine.engine import Engine
-from ..engine.request import Request, SamplingParams
-from ..messages import StageMessage
+from omniduplex.pipeline.detokenize import IncrementalDetokenizer
+from omniduplex.pipeline.engine.adapters import ThinkerAdapter
+from omniduplex.pipeline.engine.engine import Engine
+from omniduplex.pipeline.engine.request import Request, SamplingParams
+from omniduplex.pipeline.messages import StageMessage
 
 __all__ = ["ChatPrompter", "IncrementalDetokenizer", "LLMWorker", "TurnStream"]
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import torch
 
+from omniduplex.models.qwen3_omni.talker_prompt import TalkerTextEmbeds, talker_prefill_embeds
 from omniduplex.models.registry import LoadedModel
-from omniduplex.models.talker_prompt import TalkerTextEmbeds, talker_prefill_embeds
-
-from ..engine.adapters import TalkerAdapter
-from ..engine.engine import Engine
-from ..engine.request import Request, SamplingParams
-from ..messages import StageMessage
+from omniduplex.pipeline.engine.adapters import TalkerAdapter
+from omniduplex.pipeline.engine.engine import Engine
+from omniduplex.pipeline.engine.request import Request, SamplingParams
+from omniduplex.pipeline.messages import StageMessage
 
 DEFAULT_TALKER_SAMPLING = dict(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, max_tokens=1024)
 """``transformers``' Qwen3-Omni ``generate`` defaults for the Talker (``talker_*`` kwargs)."""

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import torch
 
+from omniduplex.models.qwen3_omni.talker_prompt import user_token_mask
 from omniduplex.models.registry import LoadedModel
-from omniduplex.models.talker_prompt import user_token_mask
-
-from ..engine.adapters import ThinkerAdapter
-from ..engine.engine import Engine
-from ..engine.request import Request, SamplingParams
-from ..messages import StageMessage
+from omniduplex.pipeline.engine.adapters import ThinkerAdapter
+from omniduplex.pipeline.engine.engine import Engine
+from omniduplex.pipeline.engine.request import Request, SamplingParams
+from omniduplex.pipeline.messages import StageMessage
 
 
 class ThinkerWorker:
@@ -25,8 +24,8 @@ class ThinkerWorker:
 
     Prefix caching: a turn reuses the KV of the prompt rows it shares with earlier turns (system prompt,
     text history) up to the first audio row of a user turn, the first row whose hidden state the Talker
-    reads (:func:`omniduplex.models.talker_prompt.talker_prefill_embeds`); prompt rows are keyed by their
-    input embeddings, so audio rows match only on equal audio features.
+    reads (:func:`omniduplex.models.qwen3_omni.talker_prompt.talker_prefill_embeds`); prompt rows are keyed
+    by their input embeddings, so audio rows match only on equal audio features.
     """
 
     def __init__(

@@ -30,10 +30,9 @@ import numpy as np
 import soxr
 import torch
 
-from omniduplex.models.tts import PiperTTS
-
-from ..clauses import ClauseSplitter
-from ..messages import StageMessage
+from omniduplex.models.cascade.tts import PiperTTS
+from omniduplex.pipeline.clauses import ClauseSplitter
+from omniduplex.pipeline.messages import StageMessage
 
 PASSED_OPTIONS = ("skipped",)
 """Meta keys of a turn's first message copied onto every message the turn emits."""

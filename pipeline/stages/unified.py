@@ -11,10 +11,9 @@ from __future__ import annotations
 import torch
 
 from omniduplex.models.registry import LoadedModel
-
-from ..engine.engine import Engine
-from ..engine.unified_adapter import UnifiedAdapter
-from ..messages import StageMessage
+from omniduplex.pipeline.engine.engine import Engine
+from omniduplex.pipeline.engine.unified_adapter import UnifiedAdapter
+from omniduplex.pipeline.messages import StageMessage
 
 DEFAULT_MAX_TEXT_TOKENS = 48
 DEFAULT_MAX_AUDIO_FRAMES = 256

@@ -52,12 +52,11 @@ from pathlib import Path
 import torch
 
 from omniduplex.models.checkpoint import read_config
-
-from ..backends import require_vllm
-from ..config import StageConfig
-from ..engine.request import SamplingParams
-from ..messages import StageMessage
-from .llm import ChatPrompter, ChatTurn, TurnStream
+from omniduplex.pipeline.config import StageConfig
+from omniduplex.pipeline.engine.request import SamplingParams
+from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stage_engines import require_vllm
+from omniduplex.pipeline.stages.llm import ChatPrompter, ChatTurn, TurnStream
 
 STEP_WAIT_S = 0.002
 """Longest :meth:`VLLMLLMWorker.step` waits for vLLM's next output when none is ready (s)."""
@@ -147,7 +146,7 @@ class VLLMLLMWorker:
     Args:
         model_dir: an HF-layout checkpoint vLLM supports (``config.json``, ``*.safetensors``), holding
             ``tokenizer.json`` and optionally a chat template (the cascade's GGUF is imported into such a
-            folder first: :func:`omniduplex.models.cascade.resolve_llm`).
+            folder first: :func:`omniduplex.models.cascade.manifest.resolve_llm`).
         cfg: the stage's settings (``backend: vllm`` keys, :class:`.StageConfig`).
         dtype: the weights' and activations' dtype.
 

@@ -1,7 +1,7 @@
 """The vocoder stage of both graphs: codec frames → waveform, streamed with per-layer decoder state.
 
-Qwen3-Omni runs Code2Wav (:class:`~omniduplex.models.code2wav_stream.Code2WavStream`, 24 kHz), the
-unified LM the DAC decoder (:class:`~omniduplex.models.dac_stream.DacDecodeStream`, the codec's rate).
+Qwen3-Omni runs Code2Wav (:class:`~omniduplex.models.qwen3_omni.code2wav_stream.Code2WavStream`, 24 kHz), the
+unified LM the DAC decoder (:class:`~omniduplex.models.codecs.dac_stream.DacDecodeStream`, the codec's rate).
 Each turn keeps one stream, so every frame is decoded once and the concatenated output equals the
 one-shot decode of the turn's frames.
 
@@ -20,8 +20,8 @@ from typing import Protocol
 
 import torch
 
-from ..connector import ChunkingConfig
-from ..messages import StageMessage
+from omniduplex.pipeline.connector import ChunkingConfig
+from omniduplex.pipeline.messages import StageMessage
 
 
 class VocoderStream(Protocol):

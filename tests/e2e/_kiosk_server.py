@@ -21,7 +21,7 @@ import numpy as np
 
 from omniduplex.app.auth import AuthConfig
 from omniduplex.app.kiosk import KioskConfig
-from omniduplex.app.responder import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta, UserTranscript
+from omniduplex.app.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta, UserTranscript
 from omniduplex.app.server import ServerConfig, create_app
 
 RATE = 24000
@@ -48,7 +48,7 @@ def voice(seconds: float, seed: int = 0) -> np.ndarray:
 
 
 class ScriptedReplies:
-    """A :class:`~omniduplex.app.responder.Responder` with a known reply (see the module docstring).
+    """A :class:`~omniduplex.app.replies.Responder` with a known reply (see the module docstring).
 
     ``think_s``: commit → first audio chunk (s), so "thinking" is visible; ``clause_s``: audio per clause (s).
     ``started``: ``(turn_id, audio_s, options)`` of every turn, for in-process tests.

@@ -18,7 +18,7 @@ import soundfile
 import soxr
 
 from omniduplex.app.phone.narrowband import FRAME_SAMPLES, ULAW_SILENCE, ulaw_decode, ulaw_encode
-from omniduplex.app.responder import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
+from omniduplex.app.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
 from omniduplex.benchmarks.local_server import LocalServer
 from omniduplex.pipeline.audio_io import load_audio
 

@@ -19,7 +19,7 @@ import pytest
 
 from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.benchmarks.local_server import LocalServer, free_port  # noqa: F401 (free_port: kiosk tests)
-from omniduplex.models.presets import write_checkpoint
+from omniduplex.models.qwen3_omni.presets import write_checkpoint
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]

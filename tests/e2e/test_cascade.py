@@ -12,8 +12,8 @@ import soxr
 from speech import wer, words_of
 
 from omniduplex.app.respond import CASCADE_SYSTEM_PROMPT, default_model, new_orchestrator
-from omniduplex.models.asr import WhisperASR
-from omniduplex.models.tts import PiperTTS
+from omniduplex.models.cascade.asr import WhisperASR
+from omniduplex.models.cascade.tts import PiperTTS
 from omniduplex.models.weights import PIPER_JOE, PIPER_JOE_CONFIG, WHISPER_TINY_EN, locate
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.config import load_graph

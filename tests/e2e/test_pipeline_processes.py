@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from turns import run_turn
 
-from omniduplex.models.presets import write_checkpoint
+from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.config import PipelineConfig
-from omniduplex.pipeline.graph import build_all
 from omniduplex.pipeline.local_backend import LocalBackend
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.process_backend import ProcessBackend
+from omniduplex.pipeline.workers import build_all
 from omniduplex.relay import list_segments
 
 pytestmark = pytest.mark.slow
@@ -95,7 +95,7 @@ def test_respond_cli_in_processes_writes_24k_wav_and_dump(ckpt, tmp_path):
         [
             sys.executable,
             "-m",
-            "omniduplex.app.cli",
+            "omniduplex.cli.main",
             "respond",
             "--input",
             str(ROOT / "examples" / "interrupt_48k_stereo.wav"),
@@ -136,7 +136,7 @@ def test_respond_cli_rejects_unreadable_audio(tmp_path, ckpt):
         [
             sys.executable,
             "-m",
-            "omniduplex.app.cli",
+            "omniduplex.cli.main",
             "respond",
             "--input",
             str(bad),

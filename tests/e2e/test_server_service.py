@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.benchmarks.local_server import free_port
-from omniduplex.models.presets import write_checkpoint
+from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.pipeline.config import PipelineConfig
 from omniduplex.pipeline.process_backend import ProcessBackend, StageStartError
 
@@ -117,7 +117,7 @@ def _cpu_seconds(pids: list[int]) -> float:
 def test_idle_server_with_stage_processes_stays_off_the_cpu(ckpt):
     """Resource bound, not a latency: the server and its stage processes block on their sockets when idle."""
     port = free_port()
-    cmd = [sys.executable, "-m", "omniduplex.app.cli", "serve", "--model", str(ckpt), "--processes"]
+    cmd = [sys.executable, "-m", "omniduplex.cli.main", "serve", "--model", str(ckpt), "--processes"]
     proc = subprocess.Popen([*cmd, "--port", str(port), "--log-level", "warning"])
     try:
         deadline = time.monotonic() + 180
@@ -153,7 +153,7 @@ def test_a_stage_that_fails_to_start_names_its_cause(broken_ckpt):
 
 
 def test_cli_prints_a_start_up_error_on_one_line(broken_ckpt):
-    cmd = [sys.executable, "-m", "omniduplex.app.cli", "respond", "--model", str(broken_ckpt)]
+    cmd = [sys.executable, "-m", "omniduplex.cli.main", "respond", "--model", str(broken_ckpt)]
     r = subprocess.run(
         [*cmd, "-i", str(QUESTION)],
         capture_output=True,

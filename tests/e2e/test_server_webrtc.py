@@ -16,7 +16,7 @@ from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.app.session import SessionConfig
 from omniduplex.app.vad import TurnConfig
 from omniduplex.benchmarks.webrtc_client import VoiceClient
-from omniduplex.models.presets import write_checkpoint
+from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.pipeline.audio_io import load_audio
 
 pytestmark = pytest.mark.slow
@@ -34,8 +34,8 @@ def unified_ckpt(tmp_path_factory):
     reply runs to its frame budget instead of stopping wherever the random weights say."""
     from safetensors.torch import load_file, save_file
 
-    from omniduplex.models.unified import UnifiedConfig
-    from omniduplex.models.unified_presets import unified_config, write_unified_checkpoint
+    from omniduplex.models.unified.model import UnifiedConfig
+    from omniduplex.models.unified.presets import unified_config, write_unified_checkpoint
 
     d = write_unified_checkpoint(tmp_path_factory.mktemp("unified"), "tiny", seed=3)
     tensors = load_file(d / "model.safetensors")

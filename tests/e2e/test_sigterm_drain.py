@@ -79,7 +79,7 @@ def _start_server() -> tuple[subprocess.Popen, int]:
     """``omniduplex serve`` (default cascade) in a child process, once /readyz says ready."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "omniduplex.app.cli", "serve", "--port", str(port), "--max-tokens", "40"],
+        [sys.executable, "-m", "omniduplex.cli.main", "serve", "--port", str(port), "--max-tokens", "40"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

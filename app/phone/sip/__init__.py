@@ -2,6 +2,6 @@
 (:mod:`.sdp`), RTP (:mod:`.rtp`), digest/allow-list admission (:mod:`.auth`), message parsing
 (:mod:`.message`) and the UDP/TCP transports (:mod:`.transport`)."""
 
-from .uas import SipServer, start_sip
+from omniduplex.app.phone.sip.uas import SipServer, start_sip
 
 __all__ = ["SipServer", "start_sip"]

@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...events import SessionEvent
-from ...session import Session, SessionConfig
-from ..narrowband import CODECS, FRAME_SAMPLES, TELEPHONE_RATE, upsampler_8k_to_16k
-from . import message as sipmsg
-from .rtp import JitterBuffer, RtpEndpoint, RtpPacket, parse_dtmf
-from .sdp import Negotiated
+from omniduplex.app.events import SessionEvent
+from omniduplex.app.phone.narrowband import CODECS, FRAME_SAMPLES, TELEPHONE_RATE, upsampler_8k_to_16k
+from omniduplex.app.phone.sip import message as sipmsg
+from omniduplex.app.phone.sip.rtp import JitterBuffer, RtpEndpoint, RtpPacket, parse_dtmf
+from omniduplex.app.phone.sip.sdp import Negotiated
+from omniduplex.app.session import Session, SessionConfig
 
 if TYPE_CHECKING:
-    from .transport import Peer
-    from .uas import SipServer
+    from omniduplex.app.phone.sip.transport import Peer
+    from omniduplex.app.phone.sip.uas import SipServer
 
 log = logging.getLogger("omniduplex.phone.sip.call")
 FRAME_S = 0.020

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import message as sipmsg
+from omniduplex.app.phone.sip import message as sipmsg
 
 log = logging.getLogger("omniduplex.phone.sip")
 

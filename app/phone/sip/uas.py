@@ -29,14 +29,14 @@ import socket
 import time
 from dataclasses import replace
 
-from ...slots import CallsFull, admit, new_call_id, release
-from ..config import SipConfig
-from . import message as sipmsg
-from . import sdp
-from .auth import Gate
-from .call import T1, T2, SipCall
-from .rtp import PortPool
-from .transport import Peer, UdpTransport, tcp_connection
+from omniduplex.app.phone.config import SipConfig
+from omniduplex.app.phone.sip import message as sipmsg
+from omniduplex.app.phone.sip import sdp
+from omniduplex.app.phone.sip.auth import Gate
+from omniduplex.app.phone.sip.call import T1, T2, SipCall
+from omniduplex.app.phone.sip.rtp import PortPool
+from omniduplex.app.phone.sip.transport import Peer, UdpTransport, tcp_connection
+from omniduplex.app.slots import CallsFull, admit, new_call_id, release
 
 log = logging.getLogger("omniduplex.phone.sip")
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"

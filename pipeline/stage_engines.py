@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterable
 
-from .config import GraphConfigError, PipelineConfig
+from omniduplex.pipeline.config import GraphConfigError, PipelineConfig
 
 INSTALL_HINT = (
     "pip install -c constraints.txt 'omniduplex[vllm]' && pip uninstall -y torchvision torchaudio torchcodec"

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .code_predictor import CodePredictor
-from .config import DecoderConfig, TalkerConfig
-from .forward_batch import ForwardBatch
-from .layers import DecoderStack
+from omniduplex.models.config import DecoderConfig, TalkerConfig
+from omniduplex.models.forward_batch import ForwardBatch
+from omniduplex.models.layers import DecoderStack
+from omniduplex.models.qwen3_omni.code_predictor import CodePredictor
 
 
 class TalkerModel(DecoderStack):

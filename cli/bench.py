@@ -1,6 +1,6 @@
 """``omniduplex bench …``: the benchmark commands (each prints its tables and can write JSON; speed is
 measured here, never by timed tests). The measurements live in :mod:`omniduplex.benchmarks` and
-``relay/bench.py``."""
+``benchmarks/relay.py``."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def bench_engine(
     """Generated tokens/s: our engine vs transformers generate (one at a time) vs vLLM in every setting."""
     from omniduplex.app.respond import cache_dir
     from omniduplex.benchmarks.engine import SETTINGS, run
-    from omniduplex.models.presets import write_checkpoint
+    from omniduplex.models.qwen3_omni.presets import write_checkpoint
 
     for flag, value in (("--ours", ours), ("--vllm", vllm_settings)):
         for s in value.split(","):
@@ -92,7 +92,7 @@ def bench_llm(
 ) -> None:
     """The cascade's LLM stage worker on each backend: tokens/s and TTFT over chat turns."""
     from omniduplex.benchmarks.llm_backends import run
-    from omniduplex.models.cascade import load_manifest, resolve_llm
+    from omniduplex.models.cascade.manifest import load_manifest, resolve_llm
     from omniduplex.models.weights import cache_dir
 
     if model is None:
@@ -201,7 +201,7 @@ def bench_cfg(
     """Audio-frame throughput with CFG (paired co-scheduling) vs without."""
     from omniduplex.app.respond import cache_dir
     from omniduplex.benchmarks.cfg import run
-    from omniduplex.models.unified_presets import write_unified_checkpoint
+    from omniduplex.models.unified.presets import write_unified_checkpoint
 
     if model is None:
         model = cache_dir() / "small-unified"
@@ -216,6 +216,6 @@ def bench_cfg(
 def bench_relay(ctx: typer.Context) -> None:
     """Relay throughput/latency (shm slots vs pickle-over-ZMQ vs multiprocessing.Queue), signal latency,
     memory under a slow consumer. Options: --sizes, --methods, --quick, --no-memory, --json."""
-    from omniduplex.relay.bench import main as relay_main
+    from omniduplex.benchmarks.relay import main as relay_main
 
     relay_main(list(ctx.args))

@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from .events_client import AssistantMessage, SessionConfig, SystemMessage, UserMessage
+from omniduplex.app.realtime.client_events import AssistantMessage, SessionConfig, SystemMessage, UserMessage
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 ResponseStatus = Literal["in_progress", "completed", "cancelled", "failed", "incomplete"]

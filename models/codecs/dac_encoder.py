@@ -32,8 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ConfigError
-from .dac import (
+from omniduplex.models.codecs.dac import (
     RESIDUAL_DILATIONS,
     ResidualUnit,
     Snake1d,
@@ -41,6 +40,7 @@ from .dac import (
     copy_codec_tensors,
     read_codec_tensors,
 )
+from omniduplex.models.config import ConfigError
 
 
 @dataclass

@@ -12,10 +12,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .code2wav_stream import chunked_decode
-from .forward_batch import SequenceCache
-from .registry import LoadedModel
-from .talker_prompt import special_text_embeds, talker_prefill_embeds, trailing_text_embed
+from omniduplex.models.forward_batch import SequenceCache
+from omniduplex.models.qwen3_omni.code2wav_stream import chunked_decode
+from omniduplex.models.qwen3_omni.talker_prompt import (
+    special_text_embeds,
+    talker_prefill_embeds,
+    trailing_text_embed,
+)
+from omniduplex.models.registry import LoadedModel
 
 
 @dataclass

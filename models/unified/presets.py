@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .checkpoint import published_shapes_of
-from .dac import DacCodec, DacDecoderConfig
-from .dac_encoder import DacCodecEncoder, DacEncoderConfig
-from .presets import draw_tensor
-from .tokenizer import PRESET_SPECIAL_TOKENS, build_byte_tokenizer
-from .unified import UnifiedConfig, UnifiedLM
+from omniduplex.models.checkpoint import published_shapes_of
+from omniduplex.models.codecs.dac import DacCodec, DacDecoderConfig
+from omniduplex.models.codecs.dac_encoder import DacCodecEncoder, DacEncoderConfig
+from omniduplex.models.qwen3_omni.presets import draw_tensor
+from omniduplex.models.tokenizer import PRESET_SPECIAL_TOKENS, build_byte_tokenizer
+from omniduplex.models.unified.model import UnifiedConfig, UnifiedLM
 
 UNIFIED_SPECIAL_TOKENS = ["<|speech_start|>", "<|cfg_null|>"]
 """Appended after the byte tokenizer's own specials (ids 256 + 15 = 271, 272)."""

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .delay_pattern import deinterleave
-from .forward_batch import SequenceCache
-from .unified import UnifiedLM, null_prompt_ids, text_steps
-from .unified_phases import (
+from omniduplex.models.forward_batch import SequenceCache
+from omniduplex.models.unified.delay_pattern import deinterleave
+from omniduplex.models.unified.model import UnifiedLM, null_prompt_ids, text_steps
+from omniduplex.models.unified.phases import (
     AUDIO,
     DONE,
     DRAIN,

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ConfigError
+from omniduplex.models.config import ConfigError
 
 
 @dataclass

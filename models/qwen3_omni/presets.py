@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .checkpoint import published_shapes_of
-from .tokenizer import preset_token_ids, write_tokenizer
+from omniduplex.models.checkpoint import published_shapes_of
+from omniduplex.models.tokenizer import preset_token_ids, write_tokenizer
 
 _IDS = preset_token_ids()
 CODEBOOK = {"tiny": 256, "small": 1024}
@@ -231,7 +231,7 @@ def draw_tensor(name: str, shape: tuple[int, ...], seed: int, std: float) -> tor
 
 def published_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     """Published tensor name → shape of every weight our modules need for ``config``."""
-    from .registry import build_modules  # local: avoid a cycle at import time
+    from omniduplex.models.registry import build_modules  # local: avoid a cycle at import time
 
     shapes = {}
     for prefix, module in build_modules(config).items():

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointError, iter_tensors
-from .config import ConfigError
+from omniduplex.models.checkpoint import CheckpointError, iter_tensors
+from omniduplex.models.config import ConfigError
 
 RESIDUAL_DILATIONS = (1, 3, 9)
 

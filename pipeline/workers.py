@@ -10,24 +10,23 @@ from pathlib import Path
 import torch
 
 from omniduplex.kernels.cpu_linear import prepack_linears, warm_up
-from omniduplex.models.cascade import is_cascade, load_manifest, resolve_llm
+from omniduplex.models.cascade.manifest import is_cascade, load_manifest, resolve_llm
 from omniduplex.models.checkpoint import iter_tensors, weight_files
-from omniduplex.models.code2wav_stream import Code2WavStream
-from omniduplex.models.dac_stream import DacDecodeStream
+from omniduplex.models.codecs.dac_stream import DacDecodeStream
+from omniduplex.models.qwen3_omni.code2wav_stream import Code2WavStream
+from omniduplex.models.qwen3_omni.talker_prompt import TalkerTextEmbeds
 from omniduplex.models.registry import load_model
-from omniduplex.models.talker_prompt import TalkerTextEmbeds
 from omniduplex.models.weights import WHISPER_TINY_EN, cache_dir, locate
-
-from .backends import check_backends
-from .config import PipelineConfig, StageConfig
-from .connector import ChunkingConfig
-from .stages.codec_encoder import CodecEncoderWorker
-from .stages.encoder import EncoderWorker
-from .stages.talker import TalkerWorker
-from .stages.thinker import ThinkerWorker
-from .stages.unified import UnifiedWorker
-from .stages.vocoder import VocoderWorker
-from .topology import CASCADE, CASCADE_OUTPUT_RATE
+from omniduplex.pipeline.config import PipelineConfig, StageConfig
+from omniduplex.pipeline.connector import ChunkingConfig
+from omniduplex.pipeline.stage_engines import check_backends
+from omniduplex.pipeline.stages.codec_encoder import CodecEncoderWorker
+from omniduplex.pipeline.stages.encoder import EncoderWorker
+from omniduplex.pipeline.stages.talker import TalkerWorker
+from omniduplex.pipeline.stages.thinker import ThinkerWorker
+from omniduplex.pipeline.stages.unified import UnifiedWorker
+from omniduplex.pipeline.stages.vocoder import VocoderWorker
+from omniduplex.pipeline.topology import CASCADE, CASCADE_OUTPUT_RATE
 
 PARTS = {
     "encoder": ("audio_tower",),
@@ -129,19 +128,18 @@ def _cascade_worker(stage: str, manifest, cfg: StageConfig):
     if stage == "asr":
         return _asr_worker(manifest.asr, cfg)
     if stage == "tts":
-        from omniduplex.models.tts import PiperTTS
-
-        from .stages.tts import TTSWorker
+        from omniduplex.models.cascade.tts import PiperTTS
+        from omniduplex.pipeline.stages.tts import TTSWorker
 
         # a 4-word first clause: the first audio waits for ~5 LLM tokens instead of ~8 (TTFP)
         tts = PiperTTS(manifest.tts, manifest.tts_config, threads=cfg.torch_threads)
         return TTSWorker(tts, CASCADE_OUTPUT_RATE, first_max_words=4)
     llm_dir = resolve_llm(manifest, cache_dir())
     if cfg.backend == "vllm":
-        from .stages.vllm_llm import VLLMLLMWorker
+        from omniduplex.pipeline.stages.vllm_llm import VLLMLLMWorker
 
         return VLLMLLMWorker(llm_dir, cfg, _dtype(cfg.dtype))
-    from .stages.llm import LLMWorker
+    from omniduplex.pipeline.stages.llm import LLMWorker
 
     model = load_model(llm_dir, parts=("thinker",), dtype=_dtype(cfg.dtype), device=cfg.device)
     _prepack(model.thinker, cfg)
@@ -155,9 +153,8 @@ def _cascade_worker(stage: str, manifest, cfg: StageConfig):
 
 
 def _asr_worker(model_dir: Path, cfg: StageConfig):
-    from omniduplex.models.asr import WhisperASR
-
-    from .stages.asr import ASRWorker
+    from omniduplex.models.cascade.asr import WhisperASR
+    from omniduplex.pipeline.stages.asr import ASRWorker
 
     return ASRWorker(WhisperASR(model_dir, cpu_threads=cfg.torch_threads), max_batch=cfg.max_num_seqs)
 

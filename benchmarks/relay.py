@@ -14,7 +14,7 @@ Per tensor size (default 4 KiB, 1 MiB, 64 MiB) and method (see :mod:`.bench_meth
   host-wide: other processes creating shared memory meanwhile would show up as noise.
 
 Every tensor is distinct (``mp.Queue`` moves a sent tensor into shared memory in place, so
-re-sending one would cost nothing). Run: ``python -m omniduplex.relay.bench --json out.json``.
+re-sending one would cost nothing). Run: ``python -m omniduplex.benchmarks.relay --json out.json``.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import numpy as np
 import torch
 import zmq
 
-from .bench_methods import METHODS, Sender, bench_ipc, receiver_main, unlink_ipc
-from .edge import EdgeConfig
+from omniduplex.benchmarks.relay_methods import METHODS, Sender, bench_ipc, receiver_main, unlink_ipc
+from omniduplex.relay.edge import EdgeConfig
 
 SIZES = (4 << 10, 1 << 20, 64 << 20)
 MEMORY_METHODS = ("relay-shm", "pickle-zmq", "mp-queue")
@@ -246,7 +246,7 @@ def run(sizes: tuple[int, ...] = SIZES, methods: tuple[str, ...] = METHODS, quic
 
 
 def main(argv: list[str] | None = None) -> None:
-    """CLI: ``python -m omniduplex.relay.bench [--sizes ...] [--methods ...] [--quick] [--json out.json]``."""
+    """CLI: ``python -m omniduplex.benchmarks.relay [--sizes ...] [--methods ...] [--quick] [--json F]``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="tensor sizes in bytes, a,b,c")
     ap.add_argument("--methods", default=",".join(METHODS), help=f"subset of {','.join(METHODS)}")

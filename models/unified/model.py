@@ -36,9 +36,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import ConfigError, DecoderConfig
-from .forward_batch import ForwardBatch
-from .layers import DecoderStack
+from omniduplex.models.config import ConfigError, DecoderConfig
+from omniduplex.models.forward_batch import ForwardBatch
+from omniduplex.models.layers import DecoderStack
 
 ARCHITECTURE = "OmniduplexUnifiedLM"
 MODEL_TYPE = "omniduplex_unified"

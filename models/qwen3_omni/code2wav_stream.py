@@ -20,7 +20,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .code2wav import (
+from omniduplex.models.conv_stream import (
+    Chain,
+    ConvStream,
+    ConvTransposeStream,
+    OneShotEnd,
+    Pointwise,
+    Residual,
+)
+from omniduplex.models.qwen3_omni.code2wav import (
     CausalConv1d,
     CausalTransConv1d,
     Code2Wav,
@@ -32,7 +40,6 @@ from .code2wav import (
     apply_rope,
     rope,
 )
-from .conv_stream import Chain, ConvStream, ConvTransposeStream, OneShotEnd, Pointwise, Residual
 
 
 def _conv_stream(layer: nn.Module, batch: int):

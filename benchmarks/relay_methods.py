@@ -25,10 +25,10 @@ import uuid
 import torch
 import zmq
 
-from .consumer import EdgeConsumer
-from .edge import EdgeConfig, ipc_address
-from .producer import EdgeProducer
-from .tcp import tcp_address
+from omniduplex.relay.consumer import EdgeConsumer
+from omniduplex.relay.edge import EdgeConfig, ipc_address
+from omniduplex.relay.producer import EdgeProducer
+from omniduplex.relay.tcp import tcp_address
 
 METHODS = ("relay-shm", "relay-shm-slots", "relay-tcp", "pickle-zmq", "mp-queue")
 

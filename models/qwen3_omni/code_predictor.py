@@ -12,9 +12,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .config import DecoderConfig
-from .forward_batch import BLOCK_SIZE, ForwardBatch, allocate_kv_cache
-from .layers import DecoderStack
+from omniduplex.models.config import DecoderConfig
+from omniduplex.models.forward_batch import BLOCK_SIZE, ForwardBatch, allocate_kv_cache
+from omniduplex.models.layers import DecoderStack
 
 SampleFn = Callable[[torch.Tensor, int], torch.Tensor]
 """``(logits [B, vocab] fp32, codebook index g) -> codes [B] int64``."""

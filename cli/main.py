@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from .bench_cli import bench
+from omniduplex.cli.bench import bench
 
 cli = typer.Typer(
     help="omniduplex: full-duplex voice assistant on a streaming speech-model pipeline.",
@@ -44,9 +44,9 @@ def init_model(
     ),
 ) -> None:
     """Write a deterministic random-weight checkpoint (Qwen3-Omni layout, or the unified delay-pattern LM)."""
-    from omniduplex.models.presets import write_checkpoint
+    from omniduplex.models.qwen3_omni.presets import write_checkpoint
     from omniduplex.models.registry import load_model
-    from omniduplex.models.unified_presets import write_unified_checkpoint
+    from omniduplex.models.unified.presets import write_unified_checkpoint
 
     if arch not in ("qwen3-omni", "unified"):
         raise typer.BadParameter(f"unknown --arch {arch!r}; choose qwen3-omni or unified")
@@ -86,7 +86,7 @@ def init_cascade(
 ) -> None:
     """Write a cascade manifest (asr → llm → tts) to pass as --model; unset parts use the packaged weights."""
     from omniduplex.models import weights
-    from omniduplex.models.cascade import load_manifest, write_manifest
+    from omniduplex.models.cascade.manifest import load_manifest, write_manifest
 
     def pick(given: Path | None, packaged) -> Path:
         return given.resolve() if given else weights.locate(packaged)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from .checkpoint import CheckpointError
-from .weights import PIPER_JOE, PIPER_JOE_CONFIG, SMOLLM2_135M, WHISPER_TINY_EN, locate
+from omniduplex.models.checkpoint import CheckpointError
+from omniduplex.models.weights import PIPER_JOE, PIPER_JOE_CONFIG, SMOLLM2_135M, WHISPER_TINY_EN, locate
 
 ARCHITECTURE = "cascade"
 MANIFEST_NAME = "cascade.yaml"
@@ -109,7 +109,7 @@ def write_manifest(out: str | Path, asr: Path, llm: Path, tts: Path, tts_config:
         doc["tts_config"] = str(tts_config)
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     tmp.write_text(
-        "# omniduplex cascade: Whisper ASR -> LLM -> Piper TTS (models/cascade.py)\n" + yaml.safe_dump(doc)
+        "# omniduplex cascade: Whisper ASR -> LLM -> Piper TTS (models/cascade)\n" + yaml.safe_dump(doc)
     )
     tmp.replace(out)
     return out
@@ -142,6 +142,6 @@ def resolve_llm(manifest: CascadeManifest, cache: Path) -> Path:
         raise CheckpointError(
             f"{manifest.path}: llm {manifest.llm} is neither a checkpoint folder nor a .gguf"
         )
-    from .gguf_import import cached_import
+    from omniduplex.models.cascade.gguf_import import cached_import
 
     return cached_import(manifest.llm, cache / "gguf")

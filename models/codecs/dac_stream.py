@@ -1,6 +1,6 @@
 """Exact streaming DAC decode with per-layer state: each new frame is decoded once.
 
-DAC's decoder convolutions are centred (``models/dac.py``), so the sample at time ``t`` of a layer's
+DAC's decoder convolutions are centred (``models/codecs/dac.py``), so the sample at time ``t`` of a layer's
 output needs that layer's input up to ``t + padding``. A :class:`DacDecodeStream` keeps, per layer, the
 input samples a later output still needs (the conv's ``(k−1)·dilation`` halo), the overlap-add tail of
 each ``ConvTranspose1d`` (``kernel − stride`` samples) and, per residual unit, the skip path delayed by
@@ -18,8 +18,15 @@ from __future__ import annotations
 
 import torch
 
-from .conv_stream import Chain, ConvStream, ConvTransposeStream, OneShotEnd, Pointwise, Residual
-from .dac import DacCodec, DecoderBlock, ResidualUnit
+from omniduplex.models.codecs.dac import DacCodec, DecoderBlock, ResidualUnit
+from omniduplex.models.conv_stream import (
+    Chain,
+    ConvStream,
+    ConvTransposeStream,
+    OneShotEnd,
+    Pointwise,
+    Residual,
+)
 
 
 def _centred(conv, batch: int) -> ConvStream:

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import torch
 from tokenizers import Tokenizer
 
-from .delay_pattern import interleave
-from .unified import UnifiedConfig, text_steps
+from omniduplex.models.unified.delay_pattern import interleave
+from omniduplex.models.unified.model import UnifiedConfig, text_steps
 
 
 def speech_steps(cfg: UnifiedConfig, codes: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ConfigError, resolve_aliases
+from omniduplex.models.config import ConfigError, resolve_aliases
 
 AUDIO_ALIASES: dict[str, str] = {
     "num_hidden_layers": "encoder_layers",

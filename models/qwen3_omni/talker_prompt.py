@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import OmniConfig
-from .talker import Talker
+from omniduplex.models.config import OmniConfig
+from omniduplex.models.qwen3_omni.talker import Talker
 
 
 @dataclass

@@ -37,8 +37,8 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from .checkpoint import CheckpointError
-from .weights import sha256_file
+from omniduplex.models.checkpoint import CheckpointError
+from omniduplex.models.weights import sha256_file
 
 ARCHITECTURE = "LlamaForCausalLM"
 SOURCE_FILE = "gguf_source.json"

@@ -54,8 +54,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .delay_pattern import step_validity
-from .unified import UnifiedConfig
+from omniduplex.models.unified.delay_pattern import step_validity
+from omniduplex.models.unified.model import UnifiedConfig
 
 TEXT, TRANSITION, AUDIO, DRAIN, DONE = range(5)
 PHASE_NAMES = ("text", "transition", "audio", "drain", "done")
