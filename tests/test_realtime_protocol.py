@@ -27,11 +27,20 @@ from omniduplex.app.realtime import audio
 from omniduplex.app.realtime import server_events as S
 from omniduplex.app.realtime.client_events import (
     CLIENT_EVENTS,
+    ConversationItemTruncate,
+    InputAudioBufferAppend,
+    ResponseCancel,
+    ResponseCreate,
     SessionConfig,
     SessionUpdate,
     apply_session_update,
 )
-from omniduplex.app.realtime.protocol import ProtocolError, parse_client_event
+from omniduplex.app.realtime.protocol import (
+    ProtocolError,
+    client_event_json,
+    parse_client_event,
+    parse_server_event,
+)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -69,12 +78,20 @@ def sdk_validate(adapter: TypeAdapter, ev: dict, allowed_extra: tuple[str, ...] 
 SESSION_EXTRA = (".session.object", ".session.id")  # SessionCreatedEvent types session as the *request*
 
 
-def check_server(ev: dict) -> BaseModel:
+def wire(m: BaseModel) -> dict:
+    """A model as it goes over the socket, decoded."""
+    return json.loads(m.model_dump_json())
+
+
+def check_server(event: BaseModel) -> BaseModel:
+    """``event`` (one of our server event models) validates with the SDK, and parses back to itself."""
+    ev = wire(event)
     assert re.fullmatch(r"event_[0-9a-f]{20}", ev["event_id"])
     m = sdk_validate(SERVER, ev, SESSION_EXTRA)
     assert m.type == ev["type"]
     if "session" in ev:  # the full session object as the GA API returns it
         sdk_validate(TypeAdapter(RealtimeSessionCreateResponse), ev["session"])
+    assert parse_server_event(event.model_dump_json()) == event
     return m
 
 
@@ -84,7 +101,7 @@ def full_config() -> SessionConfig:
     return apply_session_update(SessionConfig(id="sess_1"), upd.session)
 
 
-def audio_response_events(status: str = "completed") -> list[dict]:
+def audio_response_events(status: str = "completed") -> list[BaseModel]:
     """One audio response, in the documented order."""
     rid, iid, prev = "resp_1", "item_2", "item_1"
     fmt = {"type": "audio/pcm", "rate": 24000}
@@ -121,15 +138,15 @@ def audio_response_events(status: str = "completed") -> list[dict]:
 def test_audio_response_events_validate_in_order():
     evs = audio_response_events()
     models = [check_server(ev) for ev in evs]
-    assert [ev["type"] for ev in evs][:4] == [
+    assert [ev.type for ev in evs][:4] == [
         "response.created",
         "response.output_item.added",
         "conversation.item.added",
         "response.content_part.added",
     ]
     assert models[0].response.metadata == {"turn": "7"} and models[-1].response.status == "completed"
-    assert base64.b64decode(evs[4]["delta"]) == b"\x00\x01" * 480
-    assert len({ev["event_id"] for ev in evs}) == len(evs)
+    assert base64.b64decode(evs[4].delta) == b"\x00\x01" * 480
+    assert len({ev.event_id for ev in evs}) == len(evs)
     for ev in audio_response_events("cancelled"):
         check_server(ev)
 
@@ -189,7 +206,7 @@ def test_session_and_conversation_events_validate():
         ProtocolError("invalid_value", "bad", "evt_9", "session.type").to_event(),
     ]:
         check_server(ev)
-    s = S.session_updated(cfg)["session"]
+    s = wire(S.session_updated(cfg))["session"]
     assert s["object"] == "realtime.session" and s["audio"]["output"]["format"] == {"type": "audio/pcmu"}
     assert s["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 640
 
@@ -197,16 +214,19 @@ def test_session_and_conversation_events_validate():
 def test_client_items_echo_validate():
     ev = parse_client_event(json.dumps(ITEM_EVENTS[0]))
     item = S.client_item(ev.item, "item_9")
-    assert item["content"][1] == {"type": "input_audio", "transcript": "what is up"}  # audio bytes dropped
+    assert wire(item)["content"][1] == {
+        "type": "input_audio",
+        "transcript": "what is up",
+    }  # audio bytes dropped
     check_server(S.conversation_item_added(item, "item_8"))
 
 
 def misbuilt_events() -> dict[str, dict]:
     """Events a buggy builder could produce, each one mistake away from a valid one."""
-    delta = S.response_output_audio_delta("r", "i", b"\0\0")
-    part = S.response_content_part_added("r", "i", S.audio_part())
-    added = S.conversation_item_added(S.message_item("i", "user", []))
-    started = S.input_audio_buffer_speech_started(1200, "i")
+    delta = wire(S.response_output_audio_delta("r", "i", b"\0\0"))
+    part = wire(S.response_content_part_added("r", "i", S.audio_part()))
+    added = wire(S.conversation_item_added(S.message_item("i", "user", [])))
+    started = wire(S.input_audio_buffer_speech_started(1200, "i"))
     return {
         "missing item_id": {k: v for k, v in delta.items() if k != "item_id"},
         "beta event name": {**delta, "type": "response.audio.delta"},
@@ -230,10 +250,79 @@ def test_bare_sdk_adapter_is_lenient_hence_the_extra_checks():
         "type": "conversation.item.added",
         "event_id": "event_1",
         "previous_item": "x",
-        "item": S.message_item("i", "user", []),
+        "item": wire(S.message_item("i", "user", [])),
     }
     SERVER.validate_python(misspelt)  # accepted: SDK models allow extra fields
     assert unknown_fields(SERVER.validate_python(misspelt)) == [".previous_item"]
+
+
+def sdk_server_classes() -> dict[str, type[BaseModel]]:
+    return {
+        c.model_fields["type"].annotation.__args__[0]: c for c in get_args(get_args(RealtimeServerEvent)[0])
+    }
+
+
+def test_every_server_event_model_is_a_ga_event_with_ga_field_names():
+    sdk = sdk_server_classes()
+    assert len(S.SERVER_EVENTS) == 28
+    for kind, cls in S.SERVER_EVENTS.items():
+        assert kind in sdk, f"{kind} is not a GA server event"
+        assert set(cls.model_fields) <= set(sdk[kind].model_fields), kind
+
+
+def test_parse_server_event_types_what_we_model_and_skips_the_rest():
+    ev = parse_server_event(S.response_output_audio_delta("r", "i", b"\1\0").model_dump_json())
+    assert isinstance(ev, S.ResponseOutputAudioDelta) and base64.b64decode(ev.delta) == b"\1\0"
+    assert parse_server_event({"type": "rate_limits.updated", "rate_limits": []}) is None
+    assert parse_server_event({"type": "response.done", "response": {"id": "r", "x": 1}}).response.id == "r"
+    with pytest.raises(ValueError):
+        parse_server_event({"type": "response.output_audio.delta", "response_id": "r"})  # no item_id, delta
+    with pytest.raises(ValueError):
+        parse_server_event("[1]")
+    with pytest.raises(ValueError):
+        parse_server_event(b"not json")
+
+
+def test_status_details_leave_out_what_is_unset():
+    assert wire(S.status_details("cancelled", "turn_detected")) == {
+        "type": "cancelled",
+        "reason": "turn_detected",
+    }
+    done = S.response_done(
+        S.response_object("r", status="cancelled", status_details=S.status_details("cancelled"))
+    )
+    assert wire(done)["response"]["status_details"] == {"type": "cancelled"}
+
+
+def test_client_events_built_from_models_are_what_the_server_parses():
+    """What a client (the LiveKit remote plugin) builds: only the fields it set go out, the SDK accepts
+    them, and the server's parser gives back the same event."""
+    built = [
+        InputAudioBufferAppend(type="input_audio_buffer.append", audio=B64),
+        ResponseCreate(
+            type="response.create", event_id="e1", response={"metadata": {"client_event_id": "e1"}}
+        ),
+        ResponseCancel(type="response.cancel"),
+        ConversationItemTruncate(
+            type="conversation.item.truncate", item_id="i", content_index=0, audio_end_ms=9
+        ),
+        SessionUpdate(
+            type="session.update",
+            session={
+                "type": "realtime",
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}}},
+            },
+        ),
+    ]
+    for ev in built:
+        raw = client_event_json(ev)
+        sdk_validate(CLIENT, json.loads(raw))
+        assert parse_client_event(raw) == ev
+    assert json.loads(client_event_json(built[2])) == {"type": "response.cancel"}
+    assert json.loads(client_event_json(built[4]))["session"] == {
+        "type": "realtime",
+        "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}}},
+    }
 
 
 # -- client events -----------------------------------------------------------------------------------

@@ -173,7 +173,7 @@ class RealtimeConnection:
     async def _writer(self) -> None:
         while (item := await self.outbox.get()) is not None:
             try:
-                await self.ws.send_json(item)
+                await self.ws.send_text(item.model_dump_json())
             except Exception:  # the client is gone; run() notices on its next receive
                 return
 

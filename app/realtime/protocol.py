@@ -6,9 +6,13 @@ into the ``openai`` Python SDK 3.54 (``openai.types.realtime``: ``RealtimeClient
 ``RealtimeServerEvent`` and the ``*_param.py`` TypedDicts). The SDK is this module's test oracle
 (``tests/test_realtime_protocol.py``); it is not imported at runtime.
 
-Layout: :mod:`.events_client` (client event models, :class:`SessionConfig`), :mod:`.events_server`
-(server event builders returning JSON-ready dicts, each with a fresh ``event_id``), this module (the
-parser and :class:`ProtocolError`), :mod:`.audio` (the three audio formats ↔ float32 PCM).
+Layout: :mod:`.client_events` (client event models, :class:`SessionConfig`), :mod:`.server_events`
+(server event models and their builders, each event with a fresh ``event_id``; the objects inside them in
+:mod:`.server_objects`), this module (the parsers both ways and :class:`ProtocolError`), :mod:`.audio` (the
+three audio formats ↔ float32 PCM). Both directions are typed: the server parses client events
+(:func:`parse_client_event`) and sends server event models (``model_dump_json()``); a client (the LiveKit
+remote plugin) builds client event models (:func:`client_event_json`) and parses server events
+(:func:`parse_server_event`).
 
 Event order of one audio response (server → client)::
 
@@ -62,10 +66,10 @@ import json
 import re
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from omniduplex.app.realtime.client_events import CLIENT_EVENTS, ClientEvent
-from omniduplex.app.realtime.server_events import error
+from omniduplex.app.realtime.server_events import SERVER_EVENTS, Error, ServerEvent, error
 
 INVALID_JSON = "invalid_json"
 """The message is not UTF-8 JSON."""
@@ -127,7 +131,7 @@ class ProtocolError(Exception):
     def __repr__(self) -> str:
         return f"ProtocolError({self.code!r}, {self.message!r}, {self.event_id!r}, {self.param!r})"
 
-    def to_event(self) -> dict:
+    def to_event(self) -> Error:
         """The ``error`` server event for this error."""
         return error(self.message, code=self.code, type=self.type, param=self.param, event_id=self.event_id)
 
@@ -218,3 +222,28 @@ def _json_path(data: Any, loc: tuple, err_type: str, ctx: dict) -> str:
     if err_type.startswith("union_tag") and "discriminator" in ctx:
         out = f"{out}.{ctx['discriminator'].strip(chr(39))}" if out else ctx["discriminator"].strip("'")
     return out
+
+
+_SERVER_EVENT = TypeAdapter(ServerEvent)
+
+
+def parse_server_event(raw: str | bytes | dict) -> ServerEvent | None:
+    """One server message (JSON text, or already decoded) → its server event model; ``None`` for an event
+    type we do not model (a client ignores those, as the API asks of clients).
+
+    Raises:
+        ValueError: not JSON, not an object, or a known event type with missing or ill-typed fields
+            (``pydantic.ValidationError`` is a ``ValueError``).
+    """
+    data = json.loads(raw) if isinstance(raw, (str, bytes, bytearray)) else raw
+    if not isinstance(data, dict):
+        raise ValueError(f"a server event must be a JSON object, got {type(data).__name__}")
+    if data.get("type") not in SERVER_EVENTS:
+        return None
+    return _SERVER_EVENT.validate_python(data)
+
+
+def client_event_json(event: ClientEvent) -> str:
+    """The wire form of a client event model: the fields it was built (or parsed) with, nothing else (so
+    the server applies defaults, and ``session.update`` changes only what was set)."""
+    return event.model_dump_json(exclude_unset=True)

@@ -67,7 +67,7 @@ async def realtime(ws: WebSocket) -> None:
     try:
         admit(state, call)
     except CallsFull as e:
-        await ws.send_json(ev.error(str(e), code="session_limit_reached", type="server_error"))
+        await ws.send_text(ev.error(str(e), code="session_limit_reached", type="server_error").model_dump_json())
         await ws.close(code=1013, reason="server full")
         await conn.session.close("server full")
         return

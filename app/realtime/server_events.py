@@ -1,10 +1,17 @@
-"""Server → client events of the OpenAI Realtime API (GA), as builders returning JSON-ready dicts.
+"""Server → client events of the OpenAI Realtime API (GA) as pydantic v2 models, and their builders.
 
-Each builder returns ``{"type": …, "event_id": "event_<hex>", …}`` with a fresh ``event_id``; the
-fields are exactly the GA ones (source: the API reference's server events, mirrored by the ``openai``
-SDK's ``RealtimeServerEvent``, which validates every builder's output in the tests). Plain dicts, not
-models: ``response.output_audio.delta`` goes out every 20–100 ms and needs no validation on the way.
-The event order of one response is documented in :mod:`.protocol`.
+One model per event type we emit, named after the SDK's (``openai.types.realtime``: ``SessionCreatedEvent``
+→ :class:`SessionCreated`, …), with exactly the GA fields (source: the API reference's server events,
+https://platform.openai.com/docs/api-reference/realtime-server-events, as generated into the ``openai`` SDK
+3.57; the tests validate every model's wire form with the SDK and check its field names against the SDK's
+class). The server builds them (the ``snake_case`` builders below, one per event type) and sends
+``model_dump_json()``; the LiveKit remote plugin parses them back
+(:func:`omniduplex.app.realtime.protocol.parse_server_event`). The event order of one response is documented
+in :mod:`.protocol`.
+
+Wire form: every field is sent, ``null`` included (``previous_item_id: null`` means "at the start"), except
+``status_details.reason|error``, which are left out when unset. Unknown fields are ignored when parsing, so a
+newer server's extra fields do not break an older client.
 
 Ids: ``event_``, ``item_``, ``resp_``, ``sess_``, ``conv_`` + 20 hex digits (:func:`new_id`). Indices:
 ``output_index`` is the item's position in ``response.output``, ``content_index`` the part's in
@@ -16,13 +23,48 @@ from __future__ import annotations
 
 import base64
 import secrets
-from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import Annotated, Literal, get_args
 
-from omniduplex.app.realtime.client_events import AssistantMessage, SessionConfig, SystemMessage, UserMessage
+from pydantic import Field
 
-ItemStatus = Literal["in_progress", "completed", "incomplete"]
-ResponseStatus = Literal["in_progress", "completed", "cancelled", "failed", "incomplete"]
+from omniduplex.app.realtime.client_events import SessionConfig
+from omniduplex.app.realtime.server_objects import (  # noqa: F401 (the builders are re-exported)
+    AudioPart,
+    DurationUsage,
+    ErrorBody,
+    InputAudioContent,
+    InputTextContent,
+    InputTokenDetails,
+    Item,
+    ItemStatus,
+    OutputAudioContent,
+    OutputTextContent,
+    OutputTokenDetails,
+    Part,
+    Response,
+    ResponseAudio,
+    ResponseAudioOutput,
+    ResponseStatus,
+    Role,
+    SessionObject,
+    StatusDetails,
+    StatusError,
+    TextPart,
+    Usage,
+    WireModel,
+    audio_part,
+    client_item,
+    input_audio,
+    input_text,
+    message_item,
+    output_audio,
+    output_text,
+    response_object,
+    session_object,
+    status_details,
+    text_part,
+    usage_object,
+)
 
 
 def new_id(prefix: str) -> str:
@@ -30,332 +72,398 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(10)}"
 
 
-def _event(type_: str, **fields: Any) -> dict:
-    return {"type": type_, "event_id": new_id("event"), **fields}
+# -- events ------------------------------------------------------------------------------------------
+class _Event(WireModel):
+    event_id: str = Field(default_factory=lambda: new_id("event"))
+    """This event's own id (fresh for each event)."""
 
 
-# -- objects -----------------------------------------------------------------------------------------
-def session_object(cfg: SessionConfig) -> dict:
-    """The GA session object (``object: "realtime.session"``) for ``cfg``, as ``session.*`` report it."""
-    return {"object": "realtime.session", **cfg.model_dump(mode="json")}
+class SessionCreated(_Event):
+    type: Literal["session.created"] = "session.created"
+    session: SessionObject
 
 
-def message_item(
-    item_id: str,
-    role: Literal["user", "assistant", "system"],
-    content: Iterable[dict],
-    status: ItemStatus = "completed",
-) -> dict:
-    """A conversation item ``{id, object: realtime.item, type: message, status, role, content}``."""
-    return {
-        "id": item_id,
-        "object": "realtime.item",
-        "type": "message",
-        "status": status,
-        "role": role,
-        "content": list(content),
-    }
-
-
-def client_item(item: UserMessage | AssistantMessage | SystemMessage, item_id: str) -> dict:
-    """A client-created item (``conversation.item.create``) as the server reports it: our ``item_id``,
-    ``status: completed``, audio bytes dropped from its content (the API echoes only transcripts)."""
-    content = [c.model_dump(exclude={"audio"}) for c in item.content]
-    return message_item(item_id, item.role, content, "completed")
-
-
-def input_text(text: str) -> dict:
-    return {"type": "input_text", "text": text}
-
-
-def input_audio(transcript: str | None = None) -> dict:
-    """User audio content; ``transcript`` stays ``None`` until transcription completes."""
-    return {"type": "input_audio", "transcript": transcript}
-
-
-def output_text(text: str) -> dict:
-    return {"type": "output_text", "text": text}
-
-
-def output_audio(transcript: str) -> dict:
-    """Assistant audio content as items report it (the audio itself went out as deltas)."""
-    return {"type": "output_audio", "transcript": transcript}
-
-
-def audio_part(transcript: str = "") -> dict:
-    """The ``part`` of ``response.content_part.added|done`` for audio (``audio``, not ``output_audio``)."""
-    return {"type": "audio", "transcript": transcript}
-
-
-def text_part(text: str = "") -> dict:
-    """The part of ``response.content_part.added|done`` for text output."""
-    return {"type": "text", "text": text}
-
-
-def usage_object(
-    *,
-    input_text_tokens: int = 0,
-    input_audio_tokens: int = 0,
-    output_text_tokens: int = 0,
-    output_audio_tokens: int = 0,
-    cached_tokens: int = 0,
-) -> dict:
-    """``response.usage`` (token counts; totals are the sums)."""
-    i, o = input_text_tokens + input_audio_tokens, output_text_tokens + output_audio_tokens
-    return {
-        "total_tokens": i + o,
-        "input_tokens": i,
-        "output_tokens": o,
-        "input_token_details": {
-            "text_tokens": input_text_tokens,
-            "audio_tokens": input_audio_tokens,
-            "cached_tokens": cached_tokens,
-        },
-        "output_token_details": {"text_tokens": output_text_tokens, "audio_tokens": output_audio_tokens},
-    }
-
-
-def status_details(
-    type_: Literal["completed", "cancelled", "incomplete", "failed"],
-    reason: Literal["turn_detected", "client_cancelled", "max_output_tokens", "content_filter"] | None = None,
-    error: Mapping[str, str] | None = None,
-) -> dict:
-    """``response.status_details``: ``cancelled`` by ``turn_detected`` (barge-in) or ``client_cancelled``;
-    ``incomplete`` by ``max_output_tokens``; ``failed`` with ``error {type, code, message}``."""
-    out: dict[str, Any] = {"type": type_}
-    if reason is not None:
-        out["reason"] = reason
-    if error is not None:
-        out["error"] = dict(error)
-    return out
-
-
-def response_object(
-    response_id: str,
-    *,
-    status: ResponseStatus = "in_progress",
-    output: Iterable[dict] = (),
-    conversation_id: str | None = None,
-    output_modalities: Iterable[str] = ("audio",),
-    metadata: Mapping[str, str] | None = None,
-    usage: dict | None = None,
-    status_details: dict | None = None,
-    voice: str | None = None,
-    output_format: dict | None = None,
-    max_output_tokens: int | str = "inf",
-) -> dict:
-    """The GA response object ``{id, object: realtime.response, status, …}``.
-
-    ``conversation_id``: ``None`` for an out-of-band (``conversation: "none"``) response;
-    ``output_format``: e.g. ``{"type": "audio/pcm", "rate": 24000}``; ``metadata`` as the client sent it.
-    """
-    return {
-        "id": response_id,
-        "object": "realtime.response",
-        "status": status,
-        "status_details": status_details,
-        "output": list(output),
-        "conversation_id": conversation_id,
-        "output_modalities": list(output_modalities),
-        "max_output_tokens": max_output_tokens,
-        "audio": {"output": {"format": output_format, "voice": voice}},
-        "usage": usage,
-        "metadata": dict(metadata) if metadata is not None else None,
-    }
-
-
-# -- session, input audio buffer ---------------------------------------------------------------------
-def session_created(cfg: SessionConfig) -> dict:
-    return _event("session.created", session=session_object(cfg))
-
-
-def session_updated(cfg: SessionConfig) -> dict:
+class SessionUpdated(_Event):
     """The full effective config after a ``session.update``."""
-    return _event("session.updated", session=session_object(cfg))
+
+    type: Literal["session.updated"] = "session.updated"
+    session: SessionObject
 
 
-def input_audio_buffer_speech_started(audio_start_ms: int, item_id: str) -> dict:
+class InputAudioBufferSpeechStarted(_Event):
     """Speech began ``audio_start_ms`` (ms of input audio since session start, incl. prefix padding);
     ``item_id``: the user item the buffer will become when committed."""
-    return _event("input_audio_buffer.speech_started", audio_start_ms=int(audio_start_ms), item_id=item_id)
+
+    type: Literal["input_audio_buffer.speech_started"] = "input_audio_buffer.speech_started"
+    audio_start_ms: int
+    item_id: str
 
 
-def input_audio_buffer_speech_stopped(audio_end_ms: int, item_id: str) -> dict:
-    return _event("input_audio_buffer.speech_stopped", audio_end_ms=int(audio_end_ms), item_id=item_id)
+class InputAudioBufferSpeechStopped(_Event):
+    type: Literal["input_audio_buffer.speech_stopped"] = "input_audio_buffer.speech_stopped"
+    audio_end_ms: int
+    item_id: str
 
 
-def input_audio_buffer_committed(item_id: str, previous_item_id: str | None = None) -> dict:
-    return _event("input_audio_buffer.committed", previous_item_id=previous_item_id, item_id=item_id)
+class InputAudioBufferCommitted(_Event):
+    type: Literal["input_audio_buffer.committed"] = "input_audio_buffer.committed"
+    previous_item_id: str | None = None
+    item_id: str
 
 
-def input_audio_buffer_cleared() -> dict:
-    return _event("input_audio_buffer.cleared")
+class InputAudioBufferCleared(_Event):
+    type: Literal["input_audio_buffer.cleared"] = "input_audio_buffer.cleared"
 
 
-# -- conversation ------------------------------------------------------------------------------------
-def conversation_item_added(item: dict, previous_item_id: str | None = None) -> dict:
+class ConversationItemAdded(_Event):
     """An item joined the conversation (maybe still ``in_progress``); GA replacement of beta ``created``."""
-    return _event("conversation.item.added", previous_item_id=previous_item_id, item=item)
+
+    type: Literal["conversation.item.added"] = "conversation.item.added"
+    previous_item_id: str | None = None
+    item: Item
 
 
-def conversation_item_done(item: dict, previous_item_id: str | None = None) -> dict:
+class ConversationItemDone(_Event):
     """An item is final (``completed`` / ``incomplete``)."""
-    return _event("conversation.item.done", previous_item_id=previous_item_id, item=item)
+
+    type: Literal["conversation.item.done"] = "conversation.item.done"
+    previous_item_id: str | None = None
+    item: Item
 
 
-def conversation_item_deleted(item_id: str) -> dict:
-    return _event("conversation.item.deleted", item_id=item_id)
+class ConversationItemDeleted(_Event):
+    type: Literal["conversation.item.deleted"] = "conversation.item.deleted"
+    item_id: str
 
 
-def conversation_item_truncated(item_id: str, content_index: int, audio_end_ms: int) -> dict:
+class ConversationItemTruncated(_Event):
     """Assistant audio ``item_id`` was cut at ``audio_end_ms`` (ms into the item's audio)."""
-    return _event(
-        "conversation.item.truncated",
-        item_id=item_id,
-        content_index=content_index,
-        audio_end_ms=int(audio_end_ms),
+
+    type: Literal["conversation.item.truncated"] = "conversation.item.truncated"
+    item_id: str
+    content_index: int = 0
+    audio_end_ms: int
+
+
+class ConversationItemRetrieved(_Event):
+    type: Literal["conversation.item.retrieved"] = "conversation.item.retrieved"
+    item: Item
+
+
+class ConversationItemInputAudioTranscriptionCompleted(_Event):
+    """The ASR transcript of user audio item ``item_id``."""
+
+    type: Literal["conversation.item.input_audio_transcription.completed"] = (
+        "conversation.item.input_audio_transcription.completed"
+    )
+    item_id: str
+    content_index: int = 0
+    transcript: str
+    usage: DurationUsage = Field(default_factory=DurationUsage)
+
+
+class ResponseCreated(_Event):
+    """First event of a response (``in_progress``, no output)."""
+
+    type: Literal["response.created"] = "response.created"
+    response: Response
+
+
+class ResponseDone(_Event):
+    """Last event of a response: final ``status``, ``status_details``, ``output`` items and ``usage``."""
+
+    type: Literal["response.done"] = "response.done"
+    response: Response
+
+
+class ResponseOutputItemAdded(_Event):
+    type: Literal["response.output_item.added"] = "response.output_item.added"
+    response_id: str
+    output_index: int = 0
+    item: Item
+
+
+class ResponseOutputItemDone(_Event):
+    type: Literal["response.output_item.done"] = "response.output_item.done"
+    response_id: str
+    output_index: int = 0
+    item: Item
+
+
+class _PartEvent(_Event):
+    response_id: str
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+
+
+class ResponseContentPartAdded(_PartEvent):
+    """Announces ``part`` before its first delta."""
+
+    type: Literal["response.content_part.added"] = "response.content_part.added"
+    part: Part
+
+
+class ResponseContentPartDone(_PartEvent):
+    """The finished ``part`` (with its full transcript / text)."""
+
+    type: Literal["response.content_part.done"] = "response.content_part.done"
+    part: Part
+
+
+class ResponseOutputAudioDelta(_PartEvent):
+    """``delta``: base64 audio in the session's output format."""
+
+    type: Literal["response.output_audio.delta"] = "response.output_audio.delta"
+    delta: str
+
+
+class ResponseOutputAudioDone(_PartEvent):
+    type: Literal["response.output_audio.done"] = "response.output_audio.done"
+
+
+class ResponseOutputAudioTranscriptDelta(_PartEvent):
+    type: Literal["response.output_audio_transcript.delta"] = "response.output_audio_transcript.delta"
+    delta: str
+
+
+class ResponseOutputAudioTranscriptDone(_PartEvent):
+    type: Literal["response.output_audio_transcript.done"] = "response.output_audio_transcript.done"
+    transcript: str
+
+
+class ResponseOutputTextDelta(_PartEvent):
+    type: Literal["response.output_text.delta"] = "response.output_text.delta"
+    delta: str
+
+
+class ResponseOutputTextDone(_PartEvent):
+    type: Literal["response.output_text.done"] = "response.output_text.done"
+    text: str
+
+
+class OutputAudioBufferStarted(_Event):
+    """The client started hearing ``response_id``'s audio."""
+
+    type: Literal["output_audio_buffer.started"] = "output_audio_buffer.started"
+    response_id: str
+
+
+class OutputAudioBufferStopped(_Event):
+    """All of ``response_id``'s audio has been played."""
+
+    type: Literal["output_audio_buffer.stopped"] = "output_audio_buffer.stopped"
+    response_id: str
+
+
+class OutputAudioBufferCleared(_Event):
+    """Unplayed audio of ``response_id`` was dropped (``output_audio_buffer.clear`` or barge-in)."""
+
+    type: Literal["output_audio_buffer.cleared"] = "output_audio_buffer.cleared"
+    response_id: str
+
+
+class Error(_Event):
+    type: Literal["error"] = "error"
+    error: ErrorBody
+
+
+ServerEvent = Annotated[
+    SessionCreated
+    | SessionUpdated
+    | InputAudioBufferSpeechStarted
+    | InputAudioBufferSpeechStopped
+    | InputAudioBufferCommitted
+    | InputAudioBufferCleared
+    | ConversationItemAdded
+    | ConversationItemDone
+    | ConversationItemDeleted
+    | ConversationItemTruncated
+    | ConversationItemRetrieved
+    | ConversationItemInputAudioTranscriptionCompleted
+    | ResponseCreated
+    | ResponseDone
+    | ResponseOutputItemAdded
+    | ResponseOutputItemDone
+    | ResponseContentPartAdded
+    | ResponseContentPartDone
+    | ResponseOutputAudioDelta
+    | ResponseOutputAudioDone
+    | ResponseOutputAudioTranscriptDelta
+    | ResponseOutputAudioTranscriptDone
+    | ResponseOutputTextDelta
+    | ResponseOutputTextDone
+    | OutputAudioBufferStarted
+    | OutputAudioBufferStopped
+    | OutputAudioBufferCleared
+    | Error,
+    Field(discriminator="type"),
+]
+"""Every server event we emit, discriminated on ``type``."""
+
+SERVER_EVENTS: dict[str, type[_Event]] = {
+    cls.model_fields["type"].default: cls for cls in get_args(get_args(ServerEvent)[0])
+}
+"""Server event type → model."""
+
+
+# -- builders (the server's call sites) --------------------------------------------------------------
+
+
+def session_created(cfg: SessionConfig) -> SessionCreated:
+    return SessionCreated(session=session_object(cfg))
+
+
+def session_updated(cfg: SessionConfig) -> SessionUpdated:
+    return SessionUpdated(session=session_object(cfg))
+
+
+def input_audio_buffer_speech_started(audio_start_ms: int, item_id: str) -> InputAudioBufferSpeechStarted:
+    return InputAudioBufferSpeechStarted(audio_start_ms=int(audio_start_ms), item_id=item_id)
+
+
+def input_audio_buffer_speech_stopped(audio_end_ms: int, item_id: str) -> InputAudioBufferSpeechStopped:
+    return InputAudioBufferSpeechStopped(audio_end_ms=int(audio_end_ms), item_id=item_id)
+
+
+def input_audio_buffer_committed(
+    item_id: str, previous_item_id: str | None = None
+) -> InputAudioBufferCommitted:
+    return InputAudioBufferCommitted(item_id=item_id, previous_item_id=previous_item_id)
+
+
+def input_audio_buffer_cleared() -> InputAudioBufferCleared:
+    return InputAudioBufferCleared()
+
+
+def conversation_item_added(item: Item, previous_item_id: str | None = None) -> ConversationItemAdded:
+    return ConversationItemAdded(item=item, previous_item_id=previous_item_id)
+
+
+def conversation_item_done(item: Item, previous_item_id: str | None = None) -> ConversationItemDone:
+    return ConversationItemDone(item=item, previous_item_id=previous_item_id)
+
+
+def conversation_item_deleted(item_id: str) -> ConversationItemDeleted:
+    return ConversationItemDeleted(item_id=item_id)
+
+
+def conversation_item_truncated(
+    item_id: str, content_index: int, audio_end_ms: int
+) -> ConversationItemTruncated:
+    return ConversationItemTruncated(
+        item_id=item_id, content_index=content_index, audio_end_ms=int(audio_end_ms)
     )
 
 
-def conversation_item_retrieved(item: dict) -> dict:
-    return _event("conversation.item.retrieved", item=item)
+def conversation_item_retrieved(item: Item) -> ConversationItemRetrieved:
+    return ConversationItemRetrieved(item=item)
 
 
 def conversation_item_input_audio_transcription_completed(
     item_id: str, transcript: str, content_index: int = 0, audio_seconds: float = 0.0
-) -> dict:
-    """The ASR transcript of user audio item ``item_id``; ``usage``: ``audio_seconds`` (s) transcribed."""
-    return _event(
-        "conversation.item.input_audio_transcription.completed",
+) -> ConversationItemInputAudioTranscriptionCompleted:
+    """``audio_seconds``: seconds of audio transcribed (the event's ``usage``)."""
+    return ConversationItemInputAudioTranscriptionCompleted(
         item_id=item_id,
         content_index=content_index,
         transcript=transcript,
-        usage={"type": "duration", "seconds": float(audio_seconds)},
+        usage=DurationUsage(seconds=float(audio_seconds)),
     )
 
 
-# -- response ----------------------------------------------------------------------------------------
-def response_created(response: dict) -> dict:
-    """First event of a response: ``response`` from :func:`response_object` (``in_progress``, no output)."""
-    return _event("response.created", response=response)
+def response_created(response: Response) -> ResponseCreated:
+    return ResponseCreated(response=response)
 
 
-def response_done(response: dict) -> dict:
-    """Last event of a response: final ``status``, ``status_details``, ``output`` items and ``usage``."""
-    return _event("response.done", response=response)
+def response_done(response: Response) -> ResponseDone:
+    return ResponseDone(response=response)
 
 
-def response_output_item_added(response_id: str, item: dict, output_index: int = 0) -> dict:
-    return _event("response.output_item.added", response_id=response_id, output_index=output_index, item=item)
+def response_output_item_added(
+    response_id: str, item: Item, output_index: int = 0
+) -> ResponseOutputItemAdded:
+    return ResponseOutputItemAdded(response_id=response_id, item=item, output_index=output_index)
 
 
-def response_output_item_done(response_id: str, item: dict, output_index: int = 0) -> dict:
-    return _event("response.output_item.done", response_id=response_id, output_index=output_index, item=item)
+def response_output_item_done(response_id: str, item: Item, output_index: int = 0) -> ResponseOutputItemDone:
+    return ResponseOutputItemDone(response_id=response_id, item=item, output_index=output_index)
 
 
-def _part_event(type_: str, response_id: str, item_id: str, output_index: int, content_index: int, **kw: Any):
-    return _event(
-        type_,
-        response_id=response_id,
-        item_id=item_id,
-        output_index=output_index,
-        content_index=content_index,
-        **kw,
-    )
+def _ids(response_id: str, item_id: str, output_index: int, content_index: int) -> dict:
+    return {
+        "response_id": response_id,
+        "item_id": item_id,
+        "output_index": output_index,
+        "content_index": content_index,
+    }
 
 
 def response_content_part_added(
-    response_id: str, item_id: str, part: dict, output_index: int = 0, content_index: int = 0
-) -> dict:
-    """Announces ``part`` (:func:`audio_part` / :func:`text_part`) before its first delta."""
-    return _part_event(
-        "response.content_part.added", response_id, item_id, output_index, content_index, part=part
-    )
+    response_id: str, item_id: str, part: AudioPart | TextPart, output_index: int = 0, content_index: int = 0
+) -> ResponseContentPartAdded:
+    return ResponseContentPartAdded(part=part, **_ids(response_id, item_id, output_index, content_index))
 
 
 def response_content_part_done(
-    response_id: str, item_id: str, part: dict, output_index: int = 0, content_index: int = 0
-) -> dict:
-    """The finished ``part`` (with its full transcript / text)."""
-    return _part_event(
-        "response.content_part.done", response_id, item_id, output_index, content_index, part=part
-    )
+    response_id: str, item_id: str, part: AudioPart | TextPart, output_index: int = 0, content_index: int = 0
+) -> ResponseContentPartDone:
+    return ResponseContentPartDone(part=part, **_ids(response_id, item_id, output_index, content_index))
 
 
 def response_output_audio_delta(
     response_id: str, item_id: str, delta: bytes | str, output_index: int = 0, content_index: int = 0
-) -> dict:
-    """One chunk of output audio in the session's output format: raw ``bytes`` (base64-encoded here)
-    or an already base64 ``str``."""
+) -> ResponseOutputAudioDelta:
+    """One chunk of output audio: raw ``bytes`` (base64-encoded here) or an already base64 ``str``."""
     if isinstance(delta, (bytes, bytearray, memoryview)):
         delta = base64.b64encode(delta).decode("ascii")
-    return _part_event(
-        "response.output_audio.delta", response_id, item_id, output_index, content_index, delta=delta
-    )
+    return ResponseOutputAudioDelta(delta=delta, **_ids(response_id, item_id, output_index, content_index))
 
 
 def response_output_audio_done(
     response_id: str, item_id: str, output_index: int = 0, content_index: int = 0
-) -> dict:
-    return _part_event("response.output_audio.done", response_id, item_id, output_index, content_index)
+) -> ResponseOutputAudioDone:
+    return ResponseOutputAudioDone(**_ids(response_id, item_id, output_index, content_index))
 
 
 def response_output_audio_transcript_delta(
     response_id: str, item_id: str, delta: str, output_index: int = 0, content_index: int = 0
-) -> dict:
-    return _part_event(
-        "response.output_audio_transcript.delta",
-        response_id,
-        item_id,
-        output_index,
-        content_index,
-        delta=delta,
+) -> ResponseOutputAudioTranscriptDelta:
+    return ResponseOutputAudioTranscriptDelta(
+        delta=delta, **_ids(response_id, item_id, output_index, content_index)
     )
 
 
 def response_output_audio_transcript_done(
     response_id: str, item_id: str, transcript: str, output_index: int = 0, content_index: int = 0
-) -> dict:
-    return _part_event(
-        "response.output_audio_transcript.done",
-        response_id,
-        item_id,
-        output_index,
-        content_index,
-        transcript=transcript,
+) -> ResponseOutputAudioTranscriptDone:
+    return ResponseOutputAudioTranscriptDone(
+        transcript=transcript, **_ids(response_id, item_id, output_index, content_index)
     )
 
 
 def response_output_text_delta(
     response_id: str, item_id: str, delta: str, output_index: int = 0, content_index: int = 0
-) -> dict:
-    return _part_event(
-        "response.output_text.delta", response_id, item_id, output_index, content_index, delta=delta
-    )
+) -> ResponseOutputTextDelta:
+    return ResponseOutputTextDelta(delta=delta, **_ids(response_id, item_id, output_index, content_index))
 
 
 def response_output_text_done(
     response_id: str, item_id: str, text: str, output_index: int = 0, content_index: int = 0
-) -> dict:
-    return _part_event(
-        "response.output_text.done", response_id, item_id, output_index, content_index, text=text
-    )
+) -> ResponseOutputTextDone:
+    return ResponseOutputTextDone(text=text, **_ids(response_id, item_id, output_index, content_index))
 
 
-# -- output audio buffer (playout), errors -----------------------------------------------------------
-def output_audio_buffer_started(response_id: str) -> dict:
-    """The client started hearing ``response_id``'s audio."""
-    return _event("output_audio_buffer.started", response_id=response_id)
+def output_audio_buffer_started(response_id: str) -> OutputAudioBufferStarted:
+    return OutputAudioBufferStarted(response_id=response_id)
 
 
-def output_audio_buffer_stopped(response_id: str) -> dict:
-    """All of ``response_id``'s audio has been played."""
-    return _event("output_audio_buffer.stopped", response_id=response_id)
+def output_audio_buffer_stopped(response_id: str) -> OutputAudioBufferStopped:
+    return OutputAudioBufferStopped(response_id=response_id)
 
 
-def output_audio_buffer_cleared(response_id: str) -> dict:
-    """Unplayed audio of ``response_id`` was dropped (``output_audio_buffer.clear`` or barge-in)."""
-    return _event("output_audio_buffer.cleared", response_id=response_id)
+def output_audio_buffer_cleared(response_id: str) -> OutputAudioBufferCleared:
+    return OutputAudioBufferCleared(response_id=response_id)
 
 
 def error(
@@ -365,8 +473,7 @@ def error(
     type: str = "invalid_request_error",  # noqa: A002 (wire name)
     param: str | None = None,
     event_id: str | None = None,
-) -> dict:
+) -> Error:
     """``error {error: {type, code, message, param, event_id}}``; ``event_id`` inside is the client's
     event that caused it (the outer ``event_id`` is this event's own)."""
-    body = {"type": type, "code": code, "message": message, "param": param, "event_id": event_id}
-    return _event("error", error=body)
+    return Error(error=ErrorBody(type=type, code=code, message=message, param=param, event_id=event_id))
