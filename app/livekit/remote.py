@@ -1,6 +1,7 @@
 """The remote plugin: a LiveKit ``RealtimeModel`` whose sessions talk to an omniduplex server over its GA
-Realtime API (``/v1/realtime``; wire shapes in :mod:`omniduplex.app.realtime.server_events`), so agent
-workers scale apart from model servers.
+Realtime API (``/v1/realtime``), so agent workers scale apart from model servers. The protocol is typed both
+ways: server events arrive parsed into the models of :mod:`omniduplex.app.realtime.server_events`, and client
+events are built from the models of :mod:`omniduplex.app.realtime.client_events` (the server's own).
 
 Server → framework: ``input_audio_buffer.speech_started|speech_stopped`` → ``input_speech_started|stopped``
 (the server's VAD interrupts a reply as soon as speech starts, as the API does);
@@ -42,6 +43,16 @@ from omniduplex.app.livekit.audio import MonoResampler, pcm_frame, to_int16
 from omniduplex.app.livekit.generation import Generation, model_error, pipeline_capabilities
 from omniduplex.app.livekit.remote_items import RemoteConversation
 from omniduplex.app.livekit.remote_link import RealtimeLink, RetryPolicy
+from omniduplex.app.realtime import server_events as se
+from omniduplex.app.realtime.client_events import (
+    ConversationItemTruncate,
+    InputAudioBufferAppend,
+    InputAudioBufferClear,
+    InputAudioBufferCommit,
+    ResponseCancel,
+    ResponseCreate,
+    SessionUpdate,
+)
 
 log = logging.getLogger("omniduplex.livekit")
 
@@ -103,7 +114,7 @@ class RemoteRealtimeSession(llm.RealtimeSession):
         self._gen: Generation | None = None  # the response in flight
         self._gen_done = asyncio.Event()
         self._gen_done.set()
-        self._after_response: list[dict] = []  # events to send when the response in flight is done
+        self._after_response: list[ConversationItemTruncate] = []  # to send when the response in flight ends
         self._pending: dict[str, asyncio.Future[llm.GenerationCreatedEvent]] = {}  # client event id → future
         self._abandoned: set[str] = set()  # generate_reply requests cancelled or timed out before created
         self._resampler = MonoResampler(RATE)
@@ -136,7 +147,7 @@ class RemoteRealtimeSession(llm.RealtimeSession):
         x = self._resampler.push(frame)
         if x.size:
             data = base64.b64encode(to_int16(x).astype("<i2").tobytes()).decode("ascii")
-            self.link.send({"type": "input_audio_buffer.append", "audio": data})
+            self.link.send(InputAudioBufferAppend(type="input_audio_buffer.append", audio=data))
 
     def push_video(self, frame: rtc.VideoFrame) -> None:
         """Ignored: no video."""
@@ -180,7 +191,7 @@ class RemoteRealtimeSession(llm.RealtimeSession):
             response: dict = {"metadata": {"client_event_id": eid}}
             if instructions:
                 response["instructions"] = instructions
-            if not self.link.send({"type": "response.create", "event_id": eid, "response": response}):
+            if not self.link.send(ResponseCreate(type="response.create", event_id=eid, response=response)):
                 raise llm.RealtimeError("omniduplex server connection lost")
             await asyncio.wait_for(asyncio.shield(fut), self.opts.response_timeout_s)
         except asyncio.TimeoutError:
@@ -197,7 +208,7 @@ class RemoteRealtimeSession(llm.RealtimeSession):
     def interrupt(self) -> None:
         """``response.cancel`` for the response in flight; does nothing if there is none."""
         if self._gen is not None:
-            self.link.send({"type": "response.cancel"})
+            self.link.send(ResponseCancel(type="response.cancel"))
 
     def truncate(
         self,
@@ -210,8 +221,12 @@ class RemoteRealtimeSession(llm.RealtimeSession):
         """``conversation.item.truncate``: the room played ``audio_end_ms`` ms of ``message_id``; the server
         keeps the words of that audio in its history. Sent once the server has ended that response (it
         can only truncate a finished reply)."""
-        event = {"type": "conversation.item.truncate", "item_id": message_id, "content_index": 0,
-                 "audio_end_ms": max(0, int(audio_end_ms))}  # fmt: skip
+        event = ConversationItemTruncate(
+            type="conversation.item.truncate",
+            item_id=message_id,
+            content_index=0,
+            audio_end_ms=max(0, int(audio_end_ms)),
+        )
         if self._gen is not None and message_id in self._gen.by_id:
             self._after_response.append(event)
         else:
@@ -223,7 +238,7 @@ class RemoteRealtimeSession(llm.RealtimeSession):
         """The session's instructions (system prompt) from the next reply on; re-sent after a reconnection."""
         self._instructions = instructions
         self.link.send(
-            {"type": "session.update", "session": {"type": "realtime", "instructions": instructions}}
+            SessionUpdate(type="session.update", session={"type": "realtime", "instructions": instructions})
         )
 
     async def update_chat_ctx(self, chat_ctx: llm.ChatContext) -> None:
@@ -240,11 +255,11 @@ class RemoteRealtimeSession(llm.RealtimeSession):
 
     def commit_audio(self) -> None:
         """``input_audio_buffer.commit``: the audio since the last turn becomes a turn now."""
-        self.link.send({"type": "input_audio_buffer.commit"})
+        self.link.send(InputAudioBufferCommit(type="input_audio_buffer.commit"))
 
     def clear_audio(self) -> None:
         """``input_audio_buffer.clear``."""
-        self.link.send({"type": "input_audio_buffer.clear"})
+        self.link.send(InputAudioBufferClear(type="input_audio_buffer.clear"))
 
     async def aclose(self) -> None:
         """Close the connection (the server cancels the reply in flight) and end every stream."""
@@ -254,7 +269,7 @@ class RemoteRealtimeSession(llm.RealtimeSession):
         self._end_inflight(llm.RealtimeError("the realtime session is closed"))
 
     # -- connection -----------------------------------------------------------------------------------
-    async def _on_connected(self, created: dict) -> None:
+    async def _on_connected(self, created: se.SessionCreated) -> None:
         session: dict = {
             "type": "realtime",
             "output_modalities": ["audio"],
@@ -269,7 +284,7 @@ class RemoteRealtimeSession(llm.RealtimeSession):
         }
         if self._instructions is not None:
             session["instructions"] = self._instructions
-        self.link.send({"type": "session.update", "session": session})
+        self.link.send(SessionUpdate(type="session.update", session=session))
         for event in self.conversation.replay():  # a restarted server has forgotten the conversation
             self.link.send(event)
         if self._was_connected:
@@ -312,45 +327,42 @@ class RemoteRealtimeSession(llm.RealtimeSession):
         self._gen_done.set()
 
     # -- server → framework ---------------------------------------------------------------------------
-    def _on_event(self, ev: dict) -> None:
-        handler = _HANDLERS.get(ev.get("type", ""))
+    def _on_event(self, ev: se.ServerEvent) -> None:
+        handler = _HANDLERS.get(type(ev))
         if handler is not None:
             handler(self, ev)
 
-    def _speech_started(self, ev: dict) -> None:
+    def _speech_started(self, ev: se.InputAudioBufferSpeechStarted) -> None:
         self._speaking = True
         self.emit("input_speech_started", llm.InputSpeechStartedEvent())
 
-    def _speech_stopped(self, ev: dict) -> None:
+    def _speech_stopped(self, ev: se.InputAudioBufferSpeechStopped) -> None:
         self._speaking = False
         enabled = self.realtime_model.capabilities.user_transcription
         self.emit("input_speech_stopped", llm.InputSpeechStoppedEvent(user_transcription_enabled=enabled))
 
-    def _item_added(self, ev: dict) -> None:
-        self.conversation.on_item(ev.get("item") or {})
+    def _item_added(self, ev: se.ConversationItemAdded | se.ConversationItemDone) -> None:
+        self.conversation.on_item(ev.item)
 
-    def _item_deleted(self, ev: dict) -> None:
-        self.conversation.on_deleted(ev.get("item_id", ""))
+    def _item_deleted(self, ev: se.ConversationItemDeleted) -> None:
+        self.conversation.on_deleted(ev.item_id)
 
-    def _transcription(self, ev: dict) -> None:
-        self.conversation.set_text(ev["item_id"], ev.get("transcript", ""))
-        if ev.get("transcript"):
+    def _transcription(self, ev: se.ConversationItemInputAudioTranscriptionCompleted) -> None:
+        self.conversation.set_text(ev.item_id, ev.transcript)
+        if ev.transcript:
             self.emit(
                 "input_audio_transcription_completed",
-                llm.InputTranscriptionCompleted(
-                    item_id=ev["item_id"], transcript=ev["transcript"], is_final=True
-                ),
+                llm.InputTranscriptionCompleted(item_id=ev.item_id, transcript=ev.transcript, is_final=True),
             )
 
-    def _response_created(self, ev: dict) -> None:
+    def _response_created(self, ev: se.ResponseCreated) -> None:
         self._close_generation()
-        resp = ev.get("response") or {}
-        self._gen = Generation(resp.get("id") or "")
+        self._gen = Generation(ev.response.id)
         self._gen_done.clear()
-        eid = (resp.get("metadata") or {}).get("client_event_id")
+        eid = (ev.response.metadata or {}).get("client_event_id")
         if eid in self._abandoned:
             self._abandoned.discard(eid)
-            self.link.send({"type": "response.cancel"})
+            self.link.send(ResponseCancel(type="response.cancel"))
             return
         fut = self._pending.pop(eid, None) if eid else None
         created = self._gen.created_event(user_initiated=fut is not None)
@@ -358,69 +370,66 @@ class RemoteRealtimeSession(llm.RealtimeSession):
             fut.set_result(created)
         self.emit("generation_created", created)
 
-    def _output_item_added(self, ev: dict) -> None:
-        item = ev.get("item") or {}
-        if self._gen is not None and item.get("type") == "message":
-            self._gen.open_message(item["id"])
+    def _output_item_added(self, ev: se.ResponseOutputItemAdded) -> None:
+        if self._gen is not None:
+            self._gen.open_message(ev.item.id)
 
-    def _content_part_added(self, ev: dict) -> None:
-        msg = self._message(ev)
+    def _content_part_added(self, ev: se.ResponseContentPartAdded) -> None:
+        msg = self._message(ev.item_id)
         if msg is not None:
-            kind = (ev.get("part") or {}).get("type")
-            msg.set_modalities(["audio", "text"] if kind == "audio" else ["text"])
+            msg.set_modalities(["audio", "text"] if ev.part.type == "audio" else ["text"])
 
-    def _audio_delta(self, ev: dict) -> None:
-        msg = self._message(ev)
+    def _audio_delta(self, ev: se.ResponseOutputAudioDelta) -> None:
+        msg = self._message(ev.item_id)
         if msg is not None:
-            pcm = np.frombuffer(base64.b64decode(ev["delta"]), "<i2")
+            pcm = np.frombuffer(base64.b64decode(ev.delta), "<i2")
             if pcm.size:
                 msg.push_audio(pcm_frame(pcm, RATE))
 
-    def _text_delta(self, ev: dict) -> None:
-        msg = self._message(ev)
+    def _text_delta(self, ev: se.ResponseOutputAudioTranscriptDelta | se.ResponseOutputTextDelta) -> None:
+        msg = self._message(ev.item_id)
         if msg is not None:
-            msg.push_text(ev.get("delta", ""))
+            msg.push_text(ev.delta)
 
-    def _response_done(self, ev: dict) -> None:
-        resp = ev.get("response") or {}
+    def _response_done(self, ev: se.ResponseDone) -> None:
         self._close_generation()
         for event in self._after_response:
             self.link.send(event)
         self._after_response.clear()
-        if resp.get("status") == "failed":
-            details = (resp.get("status_details") or {}).get("error") or {}
-            err = llm.RealtimeError(f"response failed: {details.get('message', 'server error')}")
+        details = ev.response.status_details
+        if ev.response.status == "failed":
+            message = details.error.message if details and details.error else None
+            err = llm.RealtimeError(f"response failed: {message or 'server error'}")
             self.emit("error", model_error(self.realtime_model.label, err, recoverable=True))
 
-    def _error(self, ev: dict) -> None:
-        err = ev.get("error") or {}
-        eid = err.get("event_id")
-        if eid in self._pending:
-            self._fail(eid, llm.RealtimeError(err.get("message", "server error"), code=err.get("code")))
-        elif err.get("type") == "server_error":
-            error = llm.RealtimeError(err.get("message", "server error"), code=err.get("code"))
+    def _error(self, ev: se.Error) -> None:
+        err = ev.error
+        if err.event_id in self._pending:
+            self._fail(err.event_id, llm.RealtimeError(err.message, code=err.code))
+        elif err.type == "server_error":
+            error = llm.RealtimeError(err.message, code=err.code)
             self.emit("error", model_error(self.realtime_model.label, error, recoverable=True))
         else:
-            log.warning("realtime server rejected an event: %s (%s)", err.get("message"), err.get("code"))
+            log.warning("realtime server rejected an event: %s (%s)", err.message, err.code)
 
-    def _message(self, ev: dict):
-        return self._gen.by_id.get(ev.get("item_id", "")) if self._gen is not None else None
+    def _message(self, item_id: str):
+        return self._gen.by_id.get(item_id) if self._gen is not None else None
 
 
 _HANDLERS = {
-    "input_audio_buffer.speech_started": RemoteRealtimeSession._speech_started,
-    "input_audio_buffer.speech_stopped": RemoteRealtimeSession._speech_stopped,
-    "conversation.item.added": RemoteRealtimeSession._item_added,
-    "conversation.item.done": RemoteRealtimeSession._item_added,
-    "conversation.item.deleted": RemoteRealtimeSession._item_deleted,
-    "conversation.item.input_audio_transcription.completed": RemoteRealtimeSession._transcription,
-    "response.created": RemoteRealtimeSession._response_created,
-    "response.output_item.added": RemoteRealtimeSession._output_item_added,
-    "response.content_part.added": RemoteRealtimeSession._content_part_added,
-    "response.output_audio.delta": RemoteRealtimeSession._audio_delta,
-    "response.output_audio_transcript.delta": RemoteRealtimeSession._text_delta,
-    "response.output_text.delta": RemoteRealtimeSession._text_delta,
-    "response.done": RemoteRealtimeSession._response_done,
-    "error": RemoteRealtimeSession._error,
+    se.InputAudioBufferSpeechStarted: RemoteRealtimeSession._speech_started,
+    se.InputAudioBufferSpeechStopped: RemoteRealtimeSession._speech_stopped,
+    se.ConversationItemAdded: RemoteRealtimeSession._item_added,
+    se.ConversationItemDone: RemoteRealtimeSession._item_added,
+    se.ConversationItemDeleted: RemoteRealtimeSession._item_deleted,
+    se.ConversationItemInputAudioTranscriptionCompleted: RemoteRealtimeSession._transcription,
+    se.ResponseCreated: RemoteRealtimeSession._response_created,
+    se.ResponseOutputItemAdded: RemoteRealtimeSession._output_item_added,
+    se.ResponseContentPartAdded: RemoteRealtimeSession._content_part_added,
+    se.ResponseOutputAudioDelta: RemoteRealtimeSession._audio_delta,
+    se.ResponseOutputAudioTranscriptDelta: RemoteRealtimeSession._text_delta,
+    se.ResponseOutputTextDelta: RemoteRealtimeSession._text_delta,
+    se.ResponseDone: RemoteRealtimeSession._response_done,
+    se.Error: RemoteRealtimeSession._error,
 }
-"""Server event type → handler; other events (``session.*``, ``*.done`` of parts, …) need nothing."""
+"""Server event model → handler; other events (``session.*``, ``*.done`` of parts, …) need nothing."""

@@ -10,13 +10,8 @@ from __future__ import annotations
 
 from livekit.agents import llm
 
-TEXT_FIELDS = {
-    "input_text": "text",
-    "output_text": "text",
-    "input_audio": "transcript",
-    "output_audio": "transcript",
-}
-"""Content part type → the field holding its text."""
+from omniduplex.app.realtime.client_events import ConversationItemCreate, ConversationItemDelete
+from omniduplex.app.realtime.server_objects import Item
 
 
 class RemoteConversation:
@@ -35,13 +30,13 @@ class RemoteConversation:
         return ctx
 
     # -- what the server reports ------------------------------------------------------------------------
-    def on_item(self, item: dict) -> None:
+    def on_item(self, item: Item) -> None:
         """``conversation.item.added|done``: a user/assistant message joined or got its final text."""
-        if item.get("type") != "message" or item.get("role") not in ("user", "assistant"):
+        if item.role not in ("user", "assistant"):
             return
-        text, found = item_text(item), self.get(item["id"])
+        text, found = item.text, self.get(item.id)
         if found is None:
-            self.items.append({"id": item["id"], "role": item["role"], "text": text})
+            self.items.append({"id": item.id, "role": item.role, "text": text})
         elif text:
             found["text"] = text
 
@@ -55,11 +50,11 @@ class RemoteConversation:
             found["text"] = text
 
     # -- what to send -------------------------------------------------------------------------------------
-    def replay(self) -> list[dict]:
+    def replay(self) -> list[ConversationItemCreate]:
         """``conversation.item.create`` for every item with text, in order (a restarted server)."""
         return [create_event(it) for it in self.items if it["text"]]
 
-    def update(self, chat_ctx: llm.ChatContext) -> list[dict]:
+    def update(self, chat_ctx: llm.ChatContext) -> list[ConversationItemCreate | ConversationItemDelete]:
         """Adopt ``chat_ctx``'s user/assistant text messages; returns the events that make the server's
         conversation the same: deletes for missing or changed items, creates for new or changed ones (the
         server appends a created item at the end)."""
@@ -81,13 +76,8 @@ class RemoteConversation:
         return events
 
 
-def item_text(item: dict) -> str:
-    """The text of a wire item: its parts' text or transcripts, joined."""
-    parts = [c.get(TEXT_FIELDS.get(c.get("type", ""), "text")) or "" for c in item.get("content") or []]
-    return " ".join(p for p in parts if p).strip()
-
-
-def create_event(it: dict) -> dict:
+def create_event(it: dict) -> ConversationItemCreate:
+    """``conversation.item.create`` of item ``it`` (``{"id", "role", "text"}``), with its id."""
     kind = "input_text" if it["role"] == "user" else "output_text"
     item = {
         "id": it["id"],
@@ -95,8 +85,8 @@ def create_event(it: dict) -> dict:
         "role": it["role"],
         "content": [{"type": kind, "text": it["text"]}],
     }
-    return {"type": "conversation.item.create", "item": item}
+    return ConversationItemCreate(type="conversation.item.create", item=item)
 
 
-def delete_event(item_id: str) -> dict:
-    return {"type": "conversation.item.delete", "item_id": item_id}
+def delete_event(item_id: str) -> ConversationItemDelete:
+    return ConversationItemDelete(type="conversation.item.delete", item_id=item_id)

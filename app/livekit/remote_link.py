@@ -2,23 +2,32 @@
 
 The link connects (``websockets`` client, ``Authorization: Bearer <key>`` when a key is set), waits for
 ``session.created``, hands it to ``on_connected`` (which re-sends the session's configuration and history),
-then pumps JSON both ways. When a connection fails or drops it calls ``on_down`` at once (the owner fails
-what was in flight: nothing waits on a dead socket) and reconnects after :meth:`RetryPolicy.delay`; after
-``give_up_after_s`` of consecutive failure it calls ``on_give_up`` and stops. Events sent while down are
-dropped (:meth:`RealtimeLink.send` returns False): stale microphone audio is worth nothing later.
+then pumps events both ways, typed: client event models out
+(:func:`~omniduplex.app.realtime.protocol.client_event_json`), server events in, parsed into their models
+(:func:`~omniduplex.app.realtime.protocol.parse_server_event`; event types we do not model are skipped, a
+malformed event is logged and skipped). A first event other than ``session.created`` (an ``error``: the
+server is full or its stages are not ready, then a close 1013) counts as a failed attempt.
+
+When a connection fails or drops it calls ``on_down`` at once (the owner fails what was in flight: nothing
+waits on a dead socket) and reconnects after :meth:`RetryPolicy.delay`; after ``give_up_after_s`` of
+consecutive failure it calls ``on_give_up`` and stops. Events sent while down are dropped
+(:meth:`RealtimeLink.send` returns False): stale microphone audio is worth nothing later.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from websockets.asyncio.client import ClientConnection, connect
+
+from omniduplex.app.realtime.client_events import ClientEvent
+from omniduplex.app.realtime.protocol import client_event_json, parse_server_event
+from omniduplex.app.realtime.server_events import ServerEvent, SessionCreated
 
 log = logging.getLogger("omniduplex.livekit")
 
@@ -45,7 +54,7 @@ class RealtimeLink:
         url: ``ws://host:port/v1/realtime`` (``http(s)://`` is accepted and mapped to ``ws(s)://``).
         api_key: sent as ``Authorization: Bearer``; ``None`` for a server without keys.
         policy: reconnection schedule.
-        on_event: each server event (a dict), in order.
+        on_event: each server event (a model of :mod:`omniduplex.app.realtime.server_events`), in order.
         on_connected: awaited with ``session.created`` after each (re)connection, before other events.
         on_down: called with the error each time a connection attempt fails or a live connection ends.
         on_give_up: called once with the last error when ``policy.give_up_after_s`` is exhausted.
@@ -56,8 +65,8 @@ class RealtimeLink:
         url: str,
         api_key: str | None,
         policy: RetryPolicy,
-        on_event: Callable[[dict], None],
-        on_connected: Callable[[dict], Awaitable[None]],
+        on_event: Callable[[ServerEvent], None],
+        on_connected: Callable[[SessionCreated], Awaitable[None]],
         on_down: Callable[[Exception], None],
         on_give_up: Callable[[Exception], None],
     ) -> None:
@@ -82,11 +91,11 @@ class RealtimeLink:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="omniduplex-realtime-link")
 
-    def send(self, event: dict) -> bool:
+    def send(self, event: ClientEvent) -> bool:
         """Queue a client event on the live connection; False (dropped) while disconnected."""
         if self._out is None:
             return False
-        self._out.put_nowait(json.dumps(event))
+        self._out.put_nowait(client_event_json(event))
         return True
 
     async def aclose(self) -> None:
@@ -131,9 +140,10 @@ class RealtimeLink:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         timeout = self.policy.connect_timeout_s
         async with connect(self.url, additional_headers=headers, open_timeout=timeout, max_size=None) as ws:
-            first = json.loads(await asyncio.wait_for(ws.recv(), timeout))
-            if first.get("type") != "session.created":
-                raise ConnectionError(f"expected session.created, got {first.get('type')}: {first}")
+            raw = await asyncio.wait_for(ws.recv(), timeout)
+            first = parse_server_event(raw)
+            if not isinstance(first, SessionCreated):  # e.g. an error: the server is full or not ready yet
+                raise ConnectionError(f"expected session.created, got {str(raw)[:300]}")
             self.connections += 1
             self._out = asyncio.Queue()
             await self.on_connected(first)
@@ -148,7 +158,14 @@ class RealtimeLink:
         try:
             async for raw in ws:  # ends when the connection closes (cleanly or not)
                 try:
-                    self.on_event(json.loads(raw))
+                    event = parse_server_event(raw)
+                except ValueError as e:
+                    log.warning("malformed realtime server event skipped: %s", e)
+                    continue
+                if event is None:
+                    continue
+                try:
+                    self.on_event(event)
                 except Exception:
                     log.exception("realtime event handler failed")
             if sender.done() and sender.exception() is not None:
