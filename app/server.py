@@ -3,12 +3,15 @@
 Routes:
     ``GET /``            the voice chat page (``web/``).
     ``POST /offer``      ``{"sdp", "type": "offer"}`` → ``{"sdp", "type": "answer", "session_id"}``;
-                         400 with ``{"error"}`` for a bad offer, 503 when ``max_sessions`` are open.
+                         400 with ``{"error"}`` for a bad offer, 503 when ``max_sessions`` are open, and 503
+                         with ``{"error": reason, "status"}`` and ``Retry-After`` while the stages start or
+                         restart (:mod:`.readiness`).
     ``DELETE /sessions/{id}``, ``POST /sessions/{id}/bye``  hang up a session (the page also says
                          ``bye`` on the data channel).
     ``GET /kiosk``       the kiosk page; ``GET /kiosk/config.json`` its settings (``app/kiosk_routes.py``).
     ``GET /healthz``     liveness and session count (answers while the pipeline is still starting).
-    ``GET /readyz``      200 once every stage is up, 503 before (and while a crashed stage restarts).
+    ``GET /readyz``      200 once every stage is up, 503 before (and while a crashed stage restarts) with
+                         ``{"status", "reason", "stages"}``: which stage is starting or restarting.
     ``GET /metrics``     Prometheus text: latency histograms, counters, stage and relay gauges (app.metrics).
     ``GET /stats``       JSON: sessions, turn counters, barge-in stop times, latencies, pipeline resources.
 
@@ -38,6 +41,7 @@ from omniduplex.app.kiosk_routes import router as kiosk_router
 from omniduplex.app.metrics import CONTENT_TYPE, MeteredResponder, ServerMetrics
 from omniduplex.app.phone.config import SipConfig, TwilioConfig
 from omniduplex.app.phone.routes import router as phone_router
+from omniduplex.app.readiness import RETRY_AFTER_S, readiness, unready_reason
 from omniduplex.app.realtime.routes import router as realtime_router
 from omniduplex.app.replies import OrchestratorResponder, Responder
 from omniduplex.app.session import SessionConfig
@@ -190,8 +194,9 @@ class ServerState:
             SessionFull: no free slot (:class:`NotReady`: the pipeline is not up). OfferError: the offer
                 cannot be answered.
         """
-        if not self.started:
-            raise NotReady(f"the pipeline is not up yet: {self.start_error or 'starting'}")
+        reason = unready_reason(self)
+        if reason is not None:
+            raise NotReady(f"the pipeline is not up yet: {reason}")
         if self.draining:
             raise SessionFull("the server is shutting down (draining): no new sessions")
         if len(self.sessions) >= self.cfg.max_sessions:
@@ -327,6 +332,9 @@ def create_app(cfg: ServerConfig | None = None, responder: Responder | None = No
         try:
             sdp = check_offer(body.get("sdp"), body.get("type"))
             sid, answer = await state.open(sdp)
+        except NotReady as e:
+            retry = {"Retry-After": str(RETRY_AFTER_S)}
+            return JSONResponse({"error": str(e), "status": readiness(state)["status"]}, 503, headers=retry)
         except SessionFull as e:
             return JSONResponse({"error": str(e), "max_sessions": cfg.max_sessions}, 503)
         except OfferError as e:
@@ -348,13 +356,8 @@ def create_app(cfg: ServerConfig | None = None, responder: Responder | None = No
 
     @app.get("/readyz")
     async def readyz():
-        if state.draining:  # load balancers stop sending new sessions here
-            return JSONResponse({"status": "draining", "sessions": len(state.sessions)}, 503)
-        if state.ready:
-            return {"status": "ready"}
-        if state.start_error is not None:
-            return JSONResponse({"status": "failed", "error": str(state.start_error)}, 503)
-        return JSONResponse({"status": "degraded" if state.started else "starting"}, 503)
+        body = readiness(state)  # draining: load balancers stop sending new sessions here
+        return body if body["status"] == "ready" else JSONResponse(body, 503)
 
     @app.get("/metrics")
     async def metrics():

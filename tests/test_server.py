@@ -127,7 +127,8 @@ def test_readyz_is_503_until_a_background_start_is_done(monkeypatch):
 
     (health, ready), offer, after = asyncio.run(main())
     assert health.status_code == 200
-    assert ready.status_code == 503 and ready.json() == {"status": "starting"}
+    assert ready.status_code == 503 and ready.json()["status"] == "starting"
+    assert ready.json()["reason"] == "the pipeline is starting: loading models"
     assert offer.status_code == 503 and "not up yet" in offer.json()["error"]
     assert after.status_code == 200
 
@@ -148,7 +149,8 @@ def test_readyz_reports_a_failed_background_start(monkeypatch):
                 return await client.get("/readyz"), failed
 
     r, failed = asyncio.run(main())
-    assert r.status_code == 503 and r.json() == {"status": "failed", "error": "no weights here"}
+    assert r.status_code == 503 and r.json()["status"] == "failed" and r.json()["error"] == "no weights here"
+    assert r.json()["reason"] == "the pipeline failed to start: no weights here"
     assert failed == [True]
 
 

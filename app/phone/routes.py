@@ -2,9 +2,12 @@
 
 Routes:
     ``POST /phone/twilio/voice``   the incoming-call webhook: TwiML that connects the call to the stream
-                                   (``<Connect><Stream>`` = bidirectional). 403 on a bad signature.
+                                   (``<Connect><Stream>`` = bidirectional). 403 on a bad signature; 503 with
+                                   ``Retry-After`` and the reason while the stages start or restart.
     ``WS   /phone/twilio/stream``  the Media Streams WebSocket, one call each (:mod:`.twilio`). A bad
-                                   signature refuses the handshake (403); a full server closes with 1013.
+                                   signature refuses the handshake (403); a full server, or one whose stages
+                                   are starting or restarting, closes with 1013 "try again later" and the
+                                   reason (:mod:`omniduplex.app.readiness`), before any session exists.
 
 Signatures (Twilio docs, "Webhooks Security"): ``X-Twilio-Signature`` = base64(HMAC-SHA1(auth token, URL +
 every POST parameter's name and value, sorted by name)); the URL is the one Twilio requested, query string
@@ -29,6 +32,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from omniduplex.app.phone.config import TwilioConfig
 from omniduplex.app.phone.twilio import TwilioBridge
+from omniduplex.app.readiness import CLOSE_TRY_AGAIN_LATER, RETRY_AFTER_S, close_reason, unready_reason
 from omniduplex.app.slots import CallsFull, admit, new_call_id, release
 
 log = logging.getLogger("omniduplex.phone.routes")
@@ -95,6 +99,10 @@ async def twilio_voice(request: Request) -> Response:
         if not signature_ok(cfg.auth_token, request.headers.get("x-twilio-signature"), urls, params):
             log.warning("twilio webhook from %s: bad or missing X-Twilio-Signature", request.client)
             return PlainTextResponse("invalid X-Twilio-Signature", status_code=403)
+    reason = unready_reason(request.app.state.server)
+    if reason is not None:
+        log.warning("twilio call refused (503): %s", reason)
+        return PlainTextResponse(reason, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
     form = dict(params)
     stream_url = _ws_scheme(bases[0]) + STREAM_PATH
     if not cfg.public_url and not stream_url.startswith("wss://"):
@@ -134,6 +142,12 @@ async def twilio_stream(ws: WebSocket) -> None:
             await ws.close(code=1008)  # before accept: the handshake is refused with 403
             return
     await ws.accept()
+    reason = unready_reason(state)
+    if reason is not None:  # before a Session exists: it would have no pipeline to run on
+        log.warning("twilio stream refused: %s", reason)
+        with contextlib.suppress(Exception):
+            await ws.close(code=CLOSE_TRY_AGAIN_LATER, reason=close_reason(reason))
+        return
     bridge = TwilioBridge(
         new_call_id("tw"),
         state.responder,
@@ -149,7 +163,7 @@ async def twilio_stream(ws: WebSocket) -> None:
     except CallsFull as e:
         log.warning("twilio stream refused: %s", e)
         await bridge.close("server full")
-        await ws.close(code=1013)  # try again later
+        await ws.close(code=CLOSE_TRY_AGAIN_LATER, reason=close_reason(str(e)))
         return
     reason = "stream stopped"
     try:

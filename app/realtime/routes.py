@@ -5,6 +5,13 @@ Shapes follow the OpenAI API reference (``openai`` SDK 3.54 types); the conversa
 
 The REST audio endpoints run the cascade's Whisper and Piper models in the server process (loaded on first
 use, run in a worker thread); the realtime WebSocket runs a full session over the shared pipeline.
+
+Connecting before the server is ready (stages starting, or a crashed stage restarting; ``/readyz`` 503): the
+``/v1/realtime`` WebSocket is accepted, gets one ``error`` event (``type: server_error``, ``code:
+server_not_ready``, ``message``: which stage is starting or restarting) and is closed with code 1013 ("try
+again later"); no session is created. The client is refused rather than held until ready, so it can retry
+with backoff or go to another replica (the LiveKit remote plugin retries). A full or draining server answers
+the same way with ``code: session_limit_reached``. See :mod:`omniduplex.app.readiness`.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from fastapi import APIRouter, File, Form, Request, UploadFile, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
+from omniduplex.app.readiness import CLOSE_TRY_AGAIN_LATER, NOT_READY_CODE, close_reason, unready_reason
 from omniduplex.app.realtime import server_events as ev
 from omniduplex.app.realtime.connection import RealtimeConnection
 from omniduplex.app.slots import CallsFull, admit, new_call_id, release
@@ -61,20 +69,31 @@ async def realtime(ws: WebSocket) -> None:
     state = ws.app.state.server
     offered = ws.scope.get("subprotocols") or []
     await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
+    reason = unready_reason(state)
+    if reason is not None:  # before a Session exists: it would have no pipeline to run on
+        log.info("realtime connection refused: %s", reason)
+        await _refuse(ws, reason, NOT_READY_CODE)
+        return
     sid = new_call_id("rt")
     conn = RealtimeConnection(ws, sid, state.responder, state.cfg.session, lambda: _turn_model(state))
     call = _RealtimeCall(ws, conn)
     try:
         admit(state, call)
     except CallsFull as e:
-        await ws.send_text(ev.error(str(e), code="session_limit_reached", type="server_error").model_dump_json())
-        await ws.close(code=1013, reason="server full")
+        await _refuse(ws, str(e), "session_limit_reached")
         await conn.session.close("server full")
         return
     try:
         await conn.run()
     finally:
         release(state, call)
+
+
+async def _refuse(ws: WebSocket, message: str, code: str) -> None:
+    """One ``error`` event (``server_error``/``code``), then close 1013 "try again later"."""
+    with contextlib.suppress(Exception):  # the client may already be gone
+        await ws.send_text(ev.error(message, code=code, type="server_error").model_dump_json())
+        await ws.close(code=CLOSE_TRY_AGAIN_LATER, reason=close_reason(message))
 
 
 def _turn_model(state):

@@ -9,7 +9,8 @@ The RFC 3261 subset implemented (everything else is answered 405 or ignored):
   last response again; final responses to INVITE over UDP are retransmitted (T1 doubling to T2) until the
   ACK arrives or 64·T1 passes — for a 2xx a missing ACK ends the call (§13.3.1.4).
 * INVITE (new dialog): 100 Trying → admission (:mod:`.auth`: digest 401 / allow-list 403) → limits (503 +
-  Retry-After beyond ``max_calls`` or when the server's session slots are full, or no RTP port free) → SDP
+  Retry-After beyond ``max_calls``, when the server's session slots are full, while its stages start or
+  restart — with the reason in a Warning, :mod:`omniduplex.app.readiness` — or no RTP port free) → SDP
   offer (no body: 488 — delayed offer is not implemented; unparseable: 400; no PCMU/PCMA: 488 with a
   Warning, §20.43) → 180 Ringing when ``ring_s`` > 0 → 200 OK with the SDP answer and a Contact.
 * re-INVITE (To tag present, §14.2): new offer → 200 OK with a new answer (hold ``a=sendonly`` /
@@ -36,6 +37,7 @@ from omniduplex.app.phone.sip.auth import Gate
 from omniduplex.app.phone.sip.call import T1, T2, SipCall
 from omniduplex.app.phone.sip.rtp import PortPool
 from omniduplex.app.phone.sip.transport import Peer, UdpTransport, tcp_connection
+from omniduplex.app.readiness import RETRY_AFTER_S, unready_reason
 from omniduplex.app.slots import CallsFull, admit, new_call_id, release
 
 log = logging.getLogger("omniduplex.phone.sip")
@@ -250,6 +252,12 @@ class SipServer:
             log.info("INVITE %s from %s refused: %s", req.call_id, peer.addr, verdict.reason)
             hdrs = [("WWW-Authenticate", verdict.challenge)] if verdict.challenge else []
             self._respond(peer, req, verdict.status, headers=hdrs)
+            return
+        reason = unready_reason(self.state)
+        if reason is not None:  # before a call (and its Session) exists
+            log.info("INVITE %s from %s refused (503): %s", req.call_id, peer.addr, reason)
+            retry = [("Retry-After", str(RETRY_AFTER_S)), ("Warning", _warning(399, reason))]
+            self._respond(peer, req, 503, headers=retry)
             return
         if len(self.calls) >= self.cfg.max_calls:
             self._respond(
