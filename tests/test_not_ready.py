@@ -12,6 +12,7 @@ import asyncio
 import logging
 import socket
 import threading
+import time
 
 import httpx
 import pytest
@@ -20,6 +21,7 @@ from openai import AsyncOpenAI
 from test_server import BROWSER_LIKE_OFFER, IdleResponder
 from websockets.exceptions import ConnectionClosed
 
+from omniduplex.app.livekit.remote_link import RealtimeLink, RetryPolicy
 from omniduplex.app.phone.config import SipConfig
 from omniduplex.app.phone.sip import message as sipmsg
 from omniduplex.app.server import ServerConfig, ServerState, create_app
@@ -58,8 +60,9 @@ def free_port() -> int:
 
 @pytest.fixture(params=["starting", "restarting"])
 def window(request, monkeypatch, caplog):
-    """``(kind, server, sip_port)``: ``omniduplex serve``'s app on uvicorn (a loopback port) inside one
-    not-ready window, with SIP listening."""
+    """``(kind, server, sip_port, end_window)``: ``omniduplex serve``'s app on uvicorn (a loopback port)
+    inside one not-ready window, with SIP listening; ``end_window()`` brings every stage up. No session may
+    be made while the window is open, and nothing may log a traceback."""
     caplog.set_level(logging.INFO)
     release, port = threading.Event(), free_port()
     sip = SipConfig(host="127.0.0.1", port=port, rtp_ports=(port + 2, port + 10))
@@ -69,6 +72,8 @@ def window(request, monkeypatch, caplog):
             self.orchestrator = FakeOrchestrator(FakeBackend({"asr": True, "llm": False, "tts": False}))
             while not release.is_set():
                 await asyncio.sleep(0.01)
+            self.orchestrator.backend.up = dict.fromkeys(self.orchestrator.backend.up, True)
+            self.responder = IdleResponder()  # the pipeline is built
 
         monkeypatch.setattr(ServerState, "_start", slow_start)
         app = create_app(ServerConfig(start_in_background=True, sip=sip))  # no responder until started
@@ -78,17 +83,23 @@ def window(request, monkeypatch, caplog):
         if request.param == "restarting":  # llm crashed and is being restarted
             backend = FakeBackend({"asr": True, "llm": False, "tts": True}, {"llm": 1})
             app.state.server.orchestrator = FakeOrchestrator(backend)
+
+            def end_window():
+                backend.up["llm"] = True
+        else:
+            end_window = release.set
         try:
-            yield request.param, server, port
+            yield request.param, server, port, end_window
+            ended, made = app.state.server.ready, app.state.server.started_total
         finally:
             release.set()
-    assert app.state.server.sessions == {} and app.state.server.started_total == 0  # no session was made
+    assert ended or made == 0, "a session was made while the server was not ready"
     tracebacks = [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
     assert not tracebacks, [r.getMessage() for r in tracebacks]
 
 
 def test_readyz_says_which_stage_is_starting_or_restarting(window):
-    kind, server, _ = window
+    kind, server, *_ = window
     r = httpx.get(server.url("/readyz"), timeout=10)
     assert r.status_code == 503 and httpx.get(server.url("/healthz"), timeout=10).status_code == 200
     body = r.json()
@@ -110,7 +121,7 @@ def test_readyz_says_which_stage_is_starting_or_restarting(window):
 
 def test_realtime_client_gets_an_error_event_then_close_1013(window):
     """Seen by the official ``openai`` SDK's realtime client."""
-    kind, server, _ = window
+    kind, server, *_ = window
 
     async def main():
         client = AsyncOpenAI(base_url=server.url("/v1"), api_key="sk-local", max_retries=0)
@@ -129,7 +140,7 @@ def test_realtime_client_gets_an_error_event_then_close_1013(window):
 
 
 def test_twilio_webhook_is_503_and_the_media_stream_closes_1013(window):
-    _, server, _ = window
+    _, server, *_ = window
     form = {"content-type": "application/x-www-form-urlencoded"}
     r = httpx.post(
         server.url("/phone/twilio/voice"), content="CallSid=CA1&From=%2B1555", headers=form, timeout=10
@@ -147,7 +158,7 @@ def test_twilio_webhook_is_503_and_the_media_stream_closes_1013(window):
 
 
 def test_webrtc_offer_is_503_with_the_reason(window):
-    kind, server, _ = window
+    kind, server, *_ = window
     r = httpx.post(server.url("/offer"), json={"sdp": BROWSER_LIKE_OFFER, "type": "offer"}, timeout=10)
     assert r.status_code == 503 and r.headers["retry-after"] == "5"
     assert "not up yet" in r.json()["error"] and "llm" in r.json()["error"]
@@ -155,7 +166,7 @@ def test_webrtc_offer_is_503_with_the_reason(window):
 
 
 def test_sip_invite_is_503_with_retry_after(window):
-    _, _, port = window
+    _, _, port, _ = window
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         udp.bind(("127.0.0.1", 0))
         udp.settimeout(10.0)
@@ -178,3 +189,34 @@ def test_sip_invite_is_503_with_retry_after(window):
     final = responses[-1]
     assert [r.status for r in responses] == [100, 503]
     assert final.get("Retry-After") == "5" and "llm" in final.get("Warning")
+
+
+def test_remote_plugin_link_retries_through_the_window_then_connects(window):
+    """The LiveKit remote plugin's link takes the refusal as "down for now", retries with backoff, and
+    connects once every stage is up."""
+    _, server, _, end_window = window
+
+    async def main():
+        downs, connected = [], asyncio.Event()
+
+        async def on_connected(created):
+            connected.set()
+
+        policy = RetryPolicy(initial_s=0.05, max_delay_s=0.2, give_up_after_s=None, connect_timeout_s=5.0)
+        url = server.url("/v1/realtime", "ws")
+        link = RealtimeLink(url, None, policy, lambda e: None, on_connected, downs.append, downs.append)
+        link.start()
+        try:
+            deadline = time.monotonic() + 20
+            while len(downs) < 2:  # refused twice: it keeps trying
+                assert time.monotonic() < deadline, f"the link stopped retrying: {downs}"
+                await asyncio.sleep(0.02)
+            assert not connected.is_set()
+            end_window()
+            await asyncio.wait_for(connected.wait(), 20)
+        finally:
+            await link.aclose()
+        return downs, link
+
+    downs, link = asyncio.run(main())
+    assert all("server_not_ready" in str(e) for e in downs) and link.connections == 1
