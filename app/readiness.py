@@ -68,17 +68,13 @@ def readiness(state) -> dict:
     if not state.started:
         waiting = [s for s, st in stages.items() if st != "up"]
         reason = (
-            f"the pipeline is starting: stage(s) {', '.join(waiting)} not up yet"
+            f"the server is starting: stage(s) {', '.join(waiting)} not up yet"
             if waiting
-            else "the pipeline is starting: loading models"
+            else "the server is starting: loading models"
         )
         return {"status": "starting", "reason": reason, "stages": stages}
     down = [s for s, st in stages.items() if st != "up"]
-    reason = (
-        f"stage(s) {', '.join(down)} restarting after a crash: no new sessions until back up"
-        if down
-        else "the pipeline is not ready"
-    )
+    reason = f"stage(s) {', '.join(down)} restarting after a crash" if down else "the pipeline is not ready"
     return {"status": "degraded", "reason": reason, "stages": stages}
 
 

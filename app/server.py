@@ -196,7 +196,7 @@ class ServerState:
         """
         reason = unready_reason(self)
         if reason is not None:
-            raise NotReady(f"the pipeline is not up yet: {reason}")
+            raise NotReady(f"not ready, try again later: {reason}")
         if self.draining:
             raise SessionFull("the server is shutting down (draining): no new sessions")
         if len(self.sessions) >= self.cfg.max_sessions:

@@ -161,7 +161,7 @@ def test_webrtc_offer_is_503_with_the_reason(window):
     kind, server, *_ = window
     r = httpx.post(server.url("/offer"), json={"sdp": BROWSER_LIKE_OFFER, "type": "offer"}, timeout=10)
     assert r.status_code == 503 and r.headers["retry-after"] == "5"
-    assert "not up yet" in r.json()["error"] and "llm" in r.json()["error"]
+    assert "try again later" in r.json()["error"] and "llm" in r.json()["error"]
     assert r.json()["status"] == ("starting" if kind == "starting" else "degraded")
 
 

@@ -104,6 +104,7 @@ def test_each_app_has_its_own_registry():
 
 def test_readyz_is_503_until_a_background_start_is_done(monkeypatch):
     """``serve`` starts the pipeline in the background: liveness at once, readiness (and sessions) after."""
+
     async def main():
         release = asyncio.Event()
 
@@ -128,8 +129,8 @@ def test_readyz_is_503_until_a_background_start_is_done(monkeypatch):
     (health, ready), offer, after = asyncio.run(main())
     assert health.status_code == 200
     assert ready.status_code == 503 and ready.json()["status"] == "starting"
-    assert ready.json()["reason"] == "the pipeline is starting: loading models"
-    assert offer.status_code == 503 and "not up yet" in offer.json()["error"]
+    assert ready.json()["reason"] == "the server is starting: loading models"
+    assert offer.status_code == 503 and "try again later: the server is starting" in offer.json()["error"]
     assert after.status_code == 200
 
 
