@@ -96,7 +96,7 @@ class Harness:
         for _ in range(n):
             self.t += 0.020
             self.session.push_audio(frame)
-            self.out.append(self.session.pull_audio(OUT_FRAME))
+            self.out.append(self.session.pull_audio(OUT_FRAME)[0])
             await asyncio.sleep(0)  # let the reply task move events into the playout buffer
 
     def of(self, kind):
@@ -260,7 +260,7 @@ def test_speech_while_the_reply_is_pending_cancels_it_with_nothing_kept():
     assert h.responder.cancelled == [c.turn_id]
     (ended,) = h.of(ReplyEnded)
     assert ended.reason == "interrupted" and ended.played_ms == 0 and ended.kept_text == ""
-    assert h.session.history.entries == [["user", "[spoken turn, 0.4 s]"]]
+    assert h.session.history.snapshot() == [["user", "[spoken turn, 0.4 s]"]]
 
 
 def test_pipeline_error_ends_the_reply_and_the_session_goes_on():
@@ -335,14 +335,14 @@ def test_history_is_bounded_trimmed_by_halves_and_snapshots_are_copies():
     for i in range(9):
         h.add("user", f"u{i}")
         assert len(h.entries) <= 4
-        firsts.append(h.entries[0][1])
+        firsts.append(h.entries[0].text)
     h.add("assistant", "")
     # trimmed to the newest 2 when a 5th entry comes, so the prompt's first entry changes every 3rd turn
     assert firsts == ["u0", "u0", "u0", "u0", "u3", "u3", "u3", "u6", "u6"]
     snap = h.snapshot()
     assert snap == [["user", "u6"], ["user", "u7"], ["user", "u8"]]
     snap[0][1] = "x"
-    assert h.entries[0] == ["user", "u6"]
+    assert list(h.entries[0]) == ["user", "u6"]
 
 
 def test_playout_buffer_resamples_reads_exact_frames_and_flushes():
@@ -379,7 +379,7 @@ def test_sessions_sharing_a_responder_are_isolated():
     assert [e.text for e in a.of(ReplyText)] == ["for a"] and [e.text for e in b.of(ReplyText)] == ["for b"]
     assert len(a.of(BargeIn)) == 1 and b.of(BargeIn) == [] and b.of(ReplyEnded) == []
     assert all(np.abs(f).max() > 0 for f in b.out[-10:])
-    assert b.session.history.entries == [["user", "[spoken turn, 0.4 s]"]]
+    assert b.session.history.snapshot() == [["user", "[spoken turn, 0.4 s]"]]
 
 
 # -- end-of-turn detection (turn_detection="smart") ----------------------------------------------------
@@ -499,7 +499,7 @@ def test_smart_turn_drops_a_verdict_that_comes_back_after_speech_resumed():
         h = TurnHarness(SMART, model, settle=False)
         await h.frames(LOUD, 25)
         await h.frames(QUIET, 10)  # the check starts and blocks in its worker thread
-        check = h.session._turn_check
+        check = h.session._turns._check
         await h.frames(LOUD, 5)  # the user goes on before the verdict is back
         gate.set()
         assert await check == pytest.approx(0.99)  # "complete", but about a pause that is over
@@ -537,13 +537,13 @@ def test_smart_turn_does_not_ask_the_model_about_speech_over_a_reply():
         await h.frames(QUIET, 5)
         await h.frames(LOUD, 10)  # 200 ms: not a barge-in (300 ms)
         await h.frames(QUIET, 24)
-        assert h.session.segmenter.in_speech  # plain endpointing: still open at 480 ms
+        assert h.session.in_speech  # plain endpointing: still open at 480 ms
         await h.frames(QUIET, 1)
         return h
 
     h = run(main())
     assert len(model.calls) == 1 and len(h.of(UserTurnCommitted)) == 1 and h.of(BargeIn) == []
-    assert not h.session.segmenter.in_speech
+    assert not h.session.in_speech
 
 
 @pytest.fixture(scope="module")
