@@ -49,7 +49,8 @@ def test_history_entry_can_be_replaced_and_removed():
     h = History(4)
     e = h.add("user", "[spoken turn, 1.0 s]")
     e2 = h.set_text(e.key, "what time is it")
-    assert h.snapshot() == [["user", "what time is it"]] and e2.key == e.key and e.text == "[spoken turn, 1.0 s]"
+    assert h.snapshot() == [["user", "what time is it"]] and e2.key == e.key
+    assert e.text == "[spoken turn, 1.0 s]"  # immutable: the old entry is unchanged
     assert h.remove(e) and not h.remove(e)  # by key: the replaced entry names the same turn
     assert h.snapshot() == [] and h.add("user", "") is None
 
@@ -170,7 +171,8 @@ def test_truncate_keeps_the_words_of_the_played_audio_and_rejects_past_the_end()
         return h, c
 
     h, c = run(main())
-    assert list(h.session.history.entries[-1]) == ["assistant", "Sure thing. The oven goes to two hundred degrees."]
+    full = "Sure thing. The oven goes to two hundred degrees."
+    assert list(h.session.history.entries[-1]) == ["assistant", full]
     # the client says it played only 600 ms (its own buffer was cut): keep clause 1 and a word of clause 2
     assert h.session.truncate(c.turn_id, 600) == "Sure thing. The"
     assert list(h.session.history.entries[-1]) == ["assistant", "Sure thing. The"]
