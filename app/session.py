@@ -159,7 +159,7 @@ class Session:
 
     @property
     def tasks(self) -> set[asyncio.Task]:
-        """Background tasks still running: reply streams and end-of-turn checks (empty after :meth:`close`)."""
+        """Background tasks still running: reply streams and end-of-turn checks (none after :meth:`close`)."""
         return self._conv.tasks | self._turns.tasks
 
     def entry(self, turn_id: str, role: str) -> Entry | None:

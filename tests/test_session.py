@@ -204,6 +204,50 @@ def test_barge_in_flushes_playout_cancels_and_truncates_history():
     assert ended.kept_text == truncate_reply(text, ended.played_ms, ended.generated_ms) == "one two three"
 
 
+STORY = "A brave cat... (laughs)\n\nIn the past, there lived a **brave** cat."
+STORY_CLAUSES = [("A brave cat... (laughs)", 0.5), ("In the past, there lived a brave cat.", 1.0)]
+
+
+@pytest.mark.parametrize(
+    "how, kept",
+    [
+        # barge-in ~0.8 s into the reply: clause 1 and a share of clause 2, cut back to a word end
+        ("barge_in", "A brave cat... (laughs)\n\nIn the"),
+        # the client played 1.5 s (all of it): everything up to the last spoken word, markup kept as written
+        ("truncate_all", "A brave cat... (laughs)\n\nIn the past, there lived a **brave** cat."),
+        ("truncate_clause", "A brave cat... (laughs)"),
+    ],
+)
+def test_truncation_keeps_exactly_a_prefix_of_the_generated_text(how, kept):
+    """The TTS chunks carry their clauses cleaned (whitespace collapsed, markup dropped); what the history
+    keeps is still the generated text's own prefix, blank line and markup included (e2e cascade failure:
+    the history kept 'A brave cat... (laughs) In the' for a reply '...(laughs)\n\nIn the past...')."""
+
+    async def main():
+        h = Harness(TurnConfig(barge_in_ms=200))
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 25)
+        (c,) = h.of(UserTurnCommitted)
+        h.responder.feed(c.turn_id, ReplyTextDelta(STORY[:30]), ReplyTextDelta(STORY[30:]))
+        h.responder.feed(c.turn_id, *(ReplyAudioChunk(tone(d), said) for said, d in STORY_CLAUSES))
+        if how == "barge_in":
+            await h.frames(QUIET, 28)
+            await h.frames(LOUD, 10)
+            return h, c, None
+        h.responder.feed(c.turn_id, ReplyDone())
+        await h.frames(QUIET, 90)
+        return h, c, h.session.truncate(c.turn_id, 1500 if how == "truncate_all" else 500)
+
+    h, c, returned = run(main())
+    entry = h.session.entry(c.turn_id, "assistant")
+    assert entry.text == kept and STORY.startswith(entry.text)
+    if how == "barge_in":
+        (ended,) = h.of(ReplyEnded)
+        assert ended.text == STORY and ended.kept_text == kept
+    else:
+        assert returned == kept and h.session.reply_record(c.turn_id).kept == kept
+
+
 def test_after_barge_in_the_next_turn_carries_the_truncated_reply():
     async def main():
         h = Harness(TurnConfig(barge_in_ms=200))
