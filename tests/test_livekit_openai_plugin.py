@@ -124,7 +124,7 @@ async def _reply(srv: LocalServer, order: str, audio_end_ms: int, wait_for_ms: i
         rt.truncate(message_id=msg.message_id, modalities=["audio"], audio_end_ms=audio_end_ms)
         await asyncio.wait_for(truncated.wait(), 30)
         await asyncio.wait_for(done.wait(), 30)
-        call = next(iter(srv.state.sessions.values()))
+        call = next(c for c in list(srv.state.sessions.values()) if msg.message_id in c.conn.items)
         turn_id = call.conn.items[msg.message_id][0]
         record = call.session.reply_record(turn_id)
         history = call.session.history.snapshot()

@@ -632,3 +632,31 @@ def test_smart_turn_keeps_a_sentence_with_a_pause_as_one_turn(smart_turn_model, 
     # so that turn ends at the check or at the 2 s fallback: either way one turn
     (c,) = by_smart.of(UserTurnCommitted)
     assert c.speech_ms == pytest.approx(sum(t.speech_ms for t in by_silence.of(UserTurnCommitted)))
+
+
+@pytest.mark.parametrize("cancel_first", [False, True])
+def test_truncate_applies_to_the_reply_in_flight_before_it_ends(cancel_first):
+    """A client's truncate for the reply still playing (or stopped by ``cancel_reply`` but not yet ended:
+    its stop frame not pulled) stops it and keeps the words of the played audio, before the reply ends."""
+
+    async def main():
+        h = Harness()
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 25)
+        (c,) = h.of(UserTurnCommitted)
+        chunks = [ReplyAudioChunk(tone(d), said) for said, d in STORY_CLAUSES]
+        h.responder.feed(c.turn_id, ReplyTextDelta(STORY), *chunks)
+        await h.frames(QUIET, 40)  # ~0.78 s played
+        if cancel_first:
+            assert h.session.cancel_reply()
+        kept = h.session.truncate(c.turn_id, 500)
+        ended_before = h.of(ReplyEnded)
+        await h.frames(QUIET, 2)
+        return h, c, kept, ended_before
+
+    h, c, kept, ended_before = run(main())
+    assert kept == "A brave cat... (laughs)" and ended_before == []
+    assert h.responder.cancelled == [c.turn_id] and len(h.of(BargeIn)) == 1
+    (ended,) = h.of(ReplyEnded)
+    assert ended.reason == "interrupted" and ended.kept_text == kept and ended.played_ms == 500
+    assert h.session.history.snapshot()[-1] == ["assistant", kept]
