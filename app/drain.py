@@ -28,7 +28,7 @@ def busy_sessions(state) -> list[str]:
     return [
         sid
         for sid, s in list(state.sessions.items())
-        if getattr(s, "session", None) is not None and (s.session.reply is not None or s.session.pending)
+        if getattr(s, "session", None) is not None and s.session.busy
     ]
 
 

@@ -1,8 +1,16 @@
-"""Conversation history and the truncation rule for interrupted replies (pure functions)."""
+"""Conversation history (immutable entries) and the truncation rules for interrupted replies (pure functions).
+
+Every truncation returns a prefix of the reply's generated text, character for character (whitespace
+included), so the history, the transcript a client saw and the text a later turn is prompted with agree.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+
+from omniduplex.pipeline.clauses import is_unspoken
 
 
 def truncate_reply(text: str, played_ms: float, generated_ms: float) -> str:
@@ -33,61 +41,134 @@ def truncate_reply(text: str, played_ms: float, generated_ms: float) -> str:
     return cut.rstrip()
 
 
-def truncate_aligned(chunks: list[tuple[int, str]], played: int) -> str:
+def truncate_aligned(chunks: list[tuple[int, str]], played: int, text: str) -> str | None:
     """The part of an interrupted reply the user heard, from the audio stage's text↔audio alignment.
 
-    ``chunks``: ``(end, text)`` per reply audio chunk in order, ``end`` the cumulative sample count at the
-    end of that chunk (any fixed rate, the same as ``played``); ``text`` the words the chunk speaks (the
-    cascade's TTS emits one clause per chunk). ``played``: samples of reply audio sent to the client.
-    Chunks played to their end are kept whole; the chunk playing when the reply stopped keeps the share
-    of its characters in proportion to its played samples, cut back to the last whole word (none, if the
-    first word was not finished). The estimate is confined to one clause instead of the whole reply.
+    ``chunks``: ``(end, said)`` per reply audio chunk in order, ``end`` the cumulative sample count at the
+    end of that chunk (any fixed rate, the same as ``played``); ``said`` the words the chunk speaks (the
+    cascade's TTS emits one clause per chunk, :func:`~omniduplex.pipeline.clauses.clean`-ed: whitespace
+    collapsed, markup dropped). ``played``: samples of reply audio sent to the client. ``text``: the reply as
+    generated (its text deltas joined).
+
+    Chunks played to their end are kept whole; the chunk playing when the reply stopped keeps the share of
+    its characters in proportion to its played samples, cut back to the last whole word (none, if the first
+    word was not finished). The words kept are then located in ``text`` (:func:`spoken_prefix`), so the
+    result is a prefix of ``text``. ``None`` when the chunks' words are not ``text``'s (the caller then
+    falls back to :func:`truncate_reply`).
     """
     kept, start = [], 0
-    for end, text in chunks:
-        text = text.strip()
+    for end, said in chunks:
+        said = said.strip()
         if played >= end:
-            kept.append(text)
+            kept.append(said)
         elif played > start:
-            n = round(len(text) * (played - start) / (end - start))
-            cut = text[:n]
-            if n < len(text) and not text[n].isspace():  # mid-word: back to the previous word's end
+            n = round(len(said) * (played - start) / (end - start))
+            cut = said[:n]
+            if n < len(said) and not said[n].isspace():  # mid-word: back to the previous word's end
                 cut = cut[: cut.rfind(" ") + 1] if " " in cut else ""
             kept.append(cut.strip())
             break
         else:
             break
         start = end
-    return " ".join(k for k in kept if k)
+    return spoken_prefix(text, " ".join(k for k in kept if k))
 
 
-@dataclass
+def spoken_prefix(text: str, spoken: str) -> str | None:
+    """The shortest prefix of ``text`` that holds the characters of ``spoken`` in order.
+
+    ``spoken`` is ``text`` as a TTS front end said it (whitespace collapsed, markup and emoji dropped:
+    :func:`~omniduplex.pipeline.clauses.clean`), so between two of its characters ``text`` may only hold
+    whitespace and such unspoken characters. ``None`` when ``spoken`` does not match ``text`` that way.
+    Example: ``spoken_prefix("Hi!\n\n**Yes** sir", "Hi! Yes")`` is ``"Hi!\n\n**Yes"``.
+    """
+    i = 0
+    for c in spoken:
+        if c.isspace():
+            continue
+        while i < len(text) and text[i] != c:
+            if not (text[i].isspace() or is_unspoken(text[i])):
+                return None
+            i += 1
+        if i == len(text):
+            return None
+        i += 1
+    return text[:i]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One turn of the history: ``role`` (``user`` / ``assistant``) and its ``text``. Immutable: a new text
+    (a transcript, a truncation) makes a new entry with the same ``key``, which names the turn for as
+    long as the history holds it. Unpacks as ``(role, text)``, the pipeline's pair."""
+
+    role: str
+    text: str
+    key: int
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((self.role, self.text))
+
+
 class History:
-    """``[role, text]`` turns carried across a session's turns (what the pipeline's ``history`` wants).
+    """The turns carried across a session's turns, oldest first (what the pipeline's ``history`` wants).
 
     ``max_entries`` bounds the prompt. Past it, the oldest entries are dropped down to half of it at once,
     not one per turn: between two trims every prompt starts with the same entries, so the LLM's prefix
     caching reuses the KV of the history on all but one turn in ``max_entries // 2``.
     """
 
-    max_entries: int = 16
-    entries: list[list[str]] = field(default_factory=list)
+    def __init__(self, max_entries: int = 16) -> None:
+        self.max_entries = max_entries
+        self._entries: list[Entry] = []
+        self._keys = itertools.count(1)
 
-    def add(self, role: str, text: str) -> list[str] | None:
-        """Append a turn and return its ``[role, text]`` entry (so a later transcript can replace its
-        text in place); empty text is not recorded (``None``)."""
+    @property
+    def entries(self) -> tuple[Entry, ...]:
+        """The entries held now, oldest first."""
+        return tuple(self._entries)
+
+    def new(self, role: str, text: str) -> Entry:
+        """An entry with a fresh key, not yet held (for :meth:`replace_all`)."""
+        return Entry(role, text, next(self._keys))
+
+    def add(self, role: str, text: str) -> Entry | None:
+        """Append a turn and return its entry; empty text is not recorded (``None``)."""
         if not text:
             return None
-        entry = [role, text]
-        self.entries.append(entry)
-        if len(self.entries) > self.max_entries:
-            del self.entries[: len(self.entries) - max(1, self.max_entries // 2)]
+        entry = self.new(role, text)
+        self._entries.append(entry)
+        if len(self._entries) > self.max_entries:
+            del self._entries[: len(self._entries) - max(1, self.max_entries // 2)]
         return entry
 
-    def remove(self, entry: list[str] | None) -> None:
-        """Drop ``entry`` (an :meth:`add` result) if it is still held."""
-        self.entries[:] = [e for e in self.entries if e is not entry]
+    def get(self, key: int | None) -> Entry | None:
+        """The entry held under ``key`` (``None`` if it was removed or trimmed away)."""
+        return next((e for e in self._entries if e.key == key), None) if key is not None else None
+
+    def set_text(self, key: int | None, text: str) -> Entry | None:
+        """Replace the text of the entry under ``key`` (same key, same place); empty ``text`` removes it.
+        Returns the new entry, ``None`` when it was removed or is not held."""
+        for i, e in enumerate(self._entries):
+            if e.key == key:
+                if not text:
+                    del self._entries[i]
+                    return None
+                self._entries[i] = replace(e, text=text)
+                return self._entries[i]
+        return None
+
+    def remove(self, entry: Entry | int | None) -> bool:
+        """Drop an entry (or the one under a key) if it is still held; ``False`` when it is not."""
+        key = entry.key if isinstance(entry, Entry) else entry
+        n = len(self._entries)
+        self._entries = [e for e in self._entries if e.key != key]
+        return len(self._entries) < n
+
+    def replace_all(self, entries: Iterable[Entry]) -> None:
+        """Hold exactly ``entries`` (the newest ``max_entries`` of them), e.g. a client's edited context."""
+        self._entries = list(entries)[-self.max_entries :] if self.max_entries else []
 
     def snapshot(self) -> list[list[str]]:
-        """A copy to hand to the pipeline (later turns do not mutate it)."""
-        return [list(e) for e in self.entries]
+        """``[role, text]`` pairs to hand to the pipeline (later turns do not change them)."""
+        return [[e.role, e.text] for e in self._entries]

@@ -205,7 +205,7 @@ def speak_greeting(session: Session, greeting: str) -> str | None:
     """Have ``session`` greet a visitor: a typed turn (:data:`VISITOR_OPENER`) answered with
     :func:`greeting_instructions`. Returns the reply's turn id; ``None`` when a reply is already in flight
     (the visitor is being answered) or the session is closed."""
-    if session.closed or session.reply is not None:
+    if session.closed or session.reply_turn_id is not None:
         return None
     session.add_user_text(VISITOR_OPENER)
     return session.respond(instructions=greeting_instructions(greeting), metadata={"kiosk": "greeting"})

@@ -92,7 +92,7 @@ class SessionAudioTrack(MediaStreamTrack):
                 await asyncio.sleep(due - now)
             elif now - due > MAX_LAG_S:
                 self.anchor, self.since_anchor = now, 0
-        pcm = self.session.pull_audio(WIRE_FRAME)
+        pcm, _ = self.session.pull_audio(WIRE_FRAME)
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = WIRE_RATE
         frame.pts = self.pts

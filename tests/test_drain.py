@@ -30,21 +30,21 @@ def _state(**sessions) -> SimpleNamespace:
 
 def test_busy_sessions_are_those_with_a_reply_or_a_committed_turn():
     st = _state(
-        idle=SimpleNamespace(reply=None, pending=None),
-        playing=SimpleNamespace(reply=object(), pending=None),
-        committed=SimpleNamespace(reply=None, pending=("t1", None, None)),
+        idle=SimpleNamespace(busy=False),
+        playing=SimpleNamespace(busy=True),
+        committed=SimpleNamespace(busy=True),
     )
     assert sorted(busy_sessions(st)) == ["committed", "playing"]
 
 
 def test_drain_waits_for_the_reply_in_flight_then_returns_true():
-    s = SimpleNamespace(reply=object(), pending=None)
+    s = SimpleNamespace(busy=True)
     st = _state(a=s)
 
     async def main():
         async def finish():
             await asyncio.sleep(0.3)
-            s.reply = None
+            s.busy = False
 
         t0 = time.monotonic()
         task = asyncio.create_task(finish())
@@ -57,7 +57,7 @@ def test_drain_waits_for_the_reply_in_flight_then_returns_true():
 
 
 def test_drain_gives_up_at_its_deadline():
-    st = _state(stuck=SimpleNamespace(reply=object(), pending=None))
+    st = _state(stuck=SimpleNamespace(busy=True))
     t0 = time.monotonic()
     assert asyncio.run(drain(st, deadline_s=0.2, poll_s=0.02)) is False
     assert time.monotonic() - t0 < 2.0  # it did not wait for the reply

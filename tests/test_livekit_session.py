@@ -147,7 +147,7 @@ def test_spoken_turn_then_barge_in_truncates_the_history_to_the_played_audio():
     # our history keeps exactly the words of the audio that was played (the TTS chunks' alignment)
     chunk = int(CHUNK_S * RATE)
     chunks = [(chunk * (i + 1), w) for i, w in enumerate(WORDS)]
-    kept = truncate_aligned(chunks, round(cut["audio_end_ms"] * RATE / 1000))
+    kept = truncate_aligned(chunks, round(cut["audio_end_ms"] * RATE / 1000), "".join(f"{w} " for w in WORDS))
     assert kept and kept != " ".join(WORDS)
     assert second_turn_history[:2] == [["user", "count to eight"], ["assistant", kept]]
     # the interruption cancelled the pipeline turn, and the user's speech became the next turn
@@ -172,5 +172,5 @@ def test_participant_leaving_mid_reply_cancels_the_turn():
     room = asyncio.run(main())
     (turn_id, _, _) = room.pipeline.started[0]
     assert turn_id in room.pipeline.cancelled
-    assert room.rt.session.closed and room.rt.session.reply is None
+    assert room.rt.session.closed and room.rt.session.reply_turn_id is None
     assert not room.rt._gens  # every stream handed to the framework was ended

@@ -32,7 +32,7 @@ def test_speech_over_a_reply_is_reported_only_when_it_barges_in():
     assert s.dropped() == ["stopped_no_transcript"]  # noise: the user state does not stay "speaking"
 
 
-def test_chat_ctx_round_trip_keeps_entry_identity_and_ids():
+def test_chat_ctx_round_trip_keeps_entry_keys_and_ids():
     h, ids = History(max_entries=4), ItemIds()
     user = h.add("user", "hello")
     reply = h.add("assistant", "hi there")
@@ -48,15 +48,16 @@ def test_chat_ctx_round_trip_keeps_entry_identity_and_ids():
     ctx.add_message(role="system", content="ignored")
     ctx.add_message(role="user", content="  more  ", id="u2")
     apply_chat_ctx(h, ids, ctx)
-    assert h.entries == [["user", "hello"], ["assistant", "hi"], ["user", "more"]]
-    assert h.entries[0] is user and h.entries[1] is reply  # the session's references stay valid
+    assert h.snapshot() == [["user", "hello"], ["assistant", "hi"], ["user", "more"]]
+    assert h.entries[0] == user and h.entries[1].key == reply.key  # the session's references stay valid
+    assert reply.text == "hi there"  # entries are immutable: the edit made a new one under the same key
     assert ids.of(h.entries[2]) == "u2"
     # a removed item leaves the history; the newest max_entries stay
     ctx = llm.ChatContext.empty()
     for i in range(6):
         ctx.add_message(role="user", content=f"m{i}", id=f"i{i}")
     apply_chat_ctx(h, ids, ctx)
-    assert [e[1] for e in h.entries] == ["m2", "m3", "m4", "m5"]
+    assert [e.text for e in h.entries] == ["m2", "m3", "m4", "m5"]
 
 
 def test_retry_schedule_doubles_to_a_cap():

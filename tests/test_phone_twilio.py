@@ -216,7 +216,7 @@ def test_bridge_paces_reply_with_marks_then_clears_on_barge_in_and_truncates_to_
             await asyncio.sleep(0.005)
         await asyncio.sleep(0.1)
         history = [list(e) for e in bridge.session.history.entries]
-        played = bridge.session.done_replies["tw-test-1"][0].played
+        played = round(bridge.session.reply_record("tw-test-1").played_ms * 8)  # samples at 8 kHz
         await bridge.close("test over")
         return sent, ahead, marks, heard, bridge, history, played
 

@@ -96,7 +96,7 @@ class Harness:
         for _ in range(n):
             self.t += 0.020
             self.session.push_audio(frame)
-            self.out.append(self.session.pull_audio(OUT_FRAME))
+            self.out.append(self.session.pull_audio(OUT_FRAME)[0])
             await asyncio.sleep(0)  # let the reply task move events into the playout buffer
 
     def of(self, kind):
@@ -204,6 +204,50 @@ def test_barge_in_flushes_playout_cancels_and_truncates_history():
     assert ended.kept_text == truncate_reply(text, ended.played_ms, ended.generated_ms) == "one two three"
 
 
+STORY = "A brave cat... (laughs)\n\nIn the past, there lived a **brave** cat."
+STORY_CLAUSES = [("A brave cat... (laughs)", 0.5), ("In the past, there lived a brave cat.", 1.0)]
+
+
+@pytest.mark.parametrize(
+    "how, kept",
+    [
+        # barge-in ~0.8 s into the reply: clause 1 and a share of clause 2, cut back to a word end
+        ("barge_in", "A brave cat... (laughs)\n\nIn the"),
+        # the client played 1.5 s (all of it): everything up to the last spoken word, markup kept as written
+        ("truncate_all", "A brave cat... (laughs)\n\nIn the past, there lived a **brave** cat."),
+        ("truncate_clause", "A brave cat... (laughs)"),
+    ],
+)
+def test_truncation_keeps_exactly_a_prefix_of_the_generated_text(how, kept):
+    """The TTS chunks carry their clauses cleaned (whitespace collapsed, markup dropped); what the history
+    keeps is still the generated text's own prefix, blank line and markup included (e2e cascade failure:
+    the history kept 'A brave cat... (laughs) In the' for a reply '...(laughs)\n\nIn the past...')."""
+
+    async def main():
+        h = Harness(TurnConfig(barge_in_ms=200))
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 25)
+        (c,) = h.of(UserTurnCommitted)
+        h.responder.feed(c.turn_id, ReplyTextDelta(STORY[:30]), ReplyTextDelta(STORY[30:]))
+        h.responder.feed(c.turn_id, *(ReplyAudioChunk(tone(d), said) for said, d in STORY_CLAUSES))
+        if how == "barge_in":
+            await h.frames(QUIET, 28)
+            await h.frames(LOUD, 10)
+            return h, c, None
+        h.responder.feed(c.turn_id, ReplyDone())
+        await h.frames(QUIET, 90)
+        return h, c, h.session.truncate(c.turn_id, 1500 if how == "truncate_all" else 500)
+
+    h, c, returned = run(main())
+    entry = h.session.entry(c.turn_id, "assistant")
+    assert entry.text == kept and STORY.startswith(entry.text)
+    if how == "barge_in":
+        (ended,) = h.of(ReplyEnded)
+        assert ended.text == STORY and ended.kept_text == kept
+    else:
+        assert returned == kept and h.session.reply_record(c.turn_id).kept == kept
+
+
 def test_after_barge_in_the_next_turn_carries_the_truncated_reply():
     async def main():
         h = Harness(TurnConfig(barge_in_ms=200))
@@ -260,7 +304,7 @@ def test_speech_while_the_reply_is_pending_cancels_it_with_nothing_kept():
     assert h.responder.cancelled == [c.turn_id]
     (ended,) = h.of(ReplyEnded)
     assert ended.reason == "interrupted" and ended.played_ms == 0 and ended.kept_text == ""
-    assert h.session.history.entries == [["user", "[spoken turn, 0.4 s]"]]
+    assert h.session.history.snapshot() == [["user", "[spoken turn, 0.4 s]"]]
 
 
 def test_pipeline_error_ends_the_reply_and_the_session_goes_on():
@@ -335,14 +379,14 @@ def test_history_is_bounded_trimmed_by_halves_and_snapshots_are_copies():
     for i in range(9):
         h.add("user", f"u{i}")
         assert len(h.entries) <= 4
-        firsts.append(h.entries[0][1])
+        firsts.append(h.entries[0].text)
     h.add("assistant", "")
     # trimmed to the newest 2 when a 5th entry comes, so the prompt's first entry changes every 3rd turn
     assert firsts == ["u0", "u0", "u0", "u0", "u3", "u3", "u3", "u6", "u6"]
     snap = h.snapshot()
     assert snap == [["user", "u6"], ["user", "u7"], ["user", "u8"]]
     snap[0][1] = "x"
-    assert h.entries[0] == ["user", "u6"]
+    assert list(h.entries[0]) == ["user", "u6"]
 
 
 def test_playout_buffer_resamples_reads_exact_frames_and_flushes():
@@ -379,7 +423,7 @@ def test_sessions_sharing_a_responder_are_isolated():
     assert [e.text for e in a.of(ReplyText)] == ["for a"] and [e.text for e in b.of(ReplyText)] == ["for b"]
     assert len(a.of(BargeIn)) == 1 and b.of(BargeIn) == [] and b.of(ReplyEnded) == []
     assert all(np.abs(f).max() > 0 for f in b.out[-10:])
-    assert b.session.history.entries == [["user", "[spoken turn, 0.4 s]"]]
+    assert b.session.history.snapshot() == [["user", "[spoken turn, 0.4 s]"]]
 
 
 # -- end-of-turn detection (turn_detection="smart") ----------------------------------------------------
@@ -499,7 +543,7 @@ def test_smart_turn_drops_a_verdict_that_comes_back_after_speech_resumed():
         h = TurnHarness(SMART, model, settle=False)
         await h.frames(LOUD, 25)
         await h.frames(QUIET, 10)  # the check starts and blocks in its worker thread
-        check = h.session._turn_check
+        check = h.session._turns._check
         await h.frames(LOUD, 5)  # the user goes on before the verdict is back
         gate.set()
         assert await check == pytest.approx(0.99)  # "complete", but about a pause that is over
@@ -537,13 +581,13 @@ def test_smart_turn_does_not_ask_the_model_about_speech_over_a_reply():
         await h.frames(QUIET, 5)
         await h.frames(LOUD, 10)  # 200 ms: not a barge-in (300 ms)
         await h.frames(QUIET, 24)
-        assert h.session.segmenter.in_speech  # plain endpointing: still open at 480 ms
+        assert h.session.in_speech  # plain endpointing: still open at 480 ms
         await h.frames(QUIET, 1)
         return h
 
     h = run(main())
     assert len(model.calls) == 1 and len(h.of(UserTurnCommitted)) == 1 and h.of(BargeIn) == []
-    assert not h.session.segmenter.in_speech
+    assert not h.session.in_speech
 
 
 @pytest.fixture(scope="module")
@@ -588,3 +632,31 @@ def test_smart_turn_keeps_a_sentence_with_a_pause_as_one_turn(smart_turn_model, 
     # so that turn ends at the check or at the 2 s fallback: either way one turn
     (c,) = by_smart.of(UserTurnCommitted)
     assert c.speech_ms == pytest.approx(sum(t.speech_ms for t in by_silence.of(UserTurnCommitted)))
+
+
+@pytest.mark.parametrize("cancel_first", [False, True])
+def test_truncate_applies_to_the_reply_in_flight_before_it_ends(cancel_first):
+    """A client's truncate for the reply still playing (or stopped by ``cancel_reply`` but not yet ended:
+    its stop frame not pulled) stops it and keeps the words of the played audio, before the reply ends."""
+
+    async def main():
+        h = Harness()
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 25)
+        (c,) = h.of(UserTurnCommitted)
+        chunks = [ReplyAudioChunk(tone(d), said) for said, d in STORY_CLAUSES]
+        h.responder.feed(c.turn_id, ReplyTextDelta(STORY), *chunks)
+        await h.frames(QUIET, 40)  # ~0.78 s played
+        if cancel_first:
+            assert h.session.cancel_reply()
+        kept = h.session.truncate(c.turn_id, 500)
+        ended_before = h.of(ReplyEnded)
+        await h.frames(QUIET, 2)
+        return h, c, kept, ended_before
+
+    h, c, kept, ended_before = run(main())
+    assert kept == "A brave cat... (laughs)" and ended_before == []
+    assert h.responder.cancelled == [c.turn_id] and len(h.of(BargeIn)) == 1
+    (ended,) = h.of(ReplyEnded)
+    assert ended.reason == "interrupted" and ended.kept_text == kept and ended.played_ms == 500
+    assert h.session.history.snapshot()[-1] == ["assistant", kept]

@@ -32,7 +32,8 @@ def test_truncate_aligned_keeps_whole_played_chunks_and_a_share_of_the_current_o
         (2000, "It lies on the Seine. "),
         (3000, "Ten million live there."),
     ]
-    assert truncate_aligned(chunks, played) == kept
+    text = "".join(said for _, said in chunks)
+    assert truncate_aligned(chunks, played, text) == kept
 
 
 def test_truncate_aligned_is_confined_to_the_playing_chunk():
@@ -40,16 +41,17 @@ def test_truncate_aligned_is_confined_to_the_playing_chunk():
     # more than was heard; the alignment keeps the first clause and nothing of the second
     chunks = [(1000, "Yes."), (1100, "And here is a long explanation of everything that follows it.")]
     text = "Yes. And here is a long explanation of everything that follows it."
-    assert truncate_aligned(chunks, 1001) == "Yes."
+    assert truncate_aligned(chunks, 1001, text) == "Yes."
     assert len(truncate_reply(text, 1001, 1100)) > 40
 
 
 def test_history_entry_can_be_replaced_and_removed():
     h = History(4)
     e = h.add("user", "[spoken turn, 1.0 s]")
-    e[1] = "what time is it"
-    assert h.snapshot() == [["user", "what time is it"]]
-    h.remove(e)
+    e2 = h.set_text(e.key, "what time is it")
+    assert h.snapshot() == [["user", "what time is it"]] and e2.key == e.key
+    assert e.text == "[spoken turn, 1.0 s]"  # immutable: the old entry is unchanged
+    assert h.remove(e) and not h.remove(e)  # by key: the replaced entry names the same turn
     assert h.snapshot() == [] and h.add("user", "") is None
 
 
@@ -144,7 +146,8 @@ def test_commit_without_response_waits_for_respond():
     async def main():
         h = Harness()
         await h.frames(LOUD, 20)
-        tid = h.session._commit(list(h.session.turn_frames), 400.0, h.t, respond=False)
+        wav = np.concatenate(h.session._turns.frames).astype(np.float32) / 32768.0
+        tid = h.session._conv.commit(wav, 400.0, h.t, respond=False)
         assert h.responder.started == []
         assert h.session.respond() == tid
         return h, tid
@@ -168,10 +171,11 @@ def test_truncate_keeps_the_words_of_the_played_audio_and_rejects_past_the_end()
         return h, c
 
     h, c = run(main())
-    assert h.session.history.entries[-1] == ["assistant", "Sure thing. The oven goes to two hundred degrees."]
+    full = "Sure thing. The oven goes to two hundred degrees."
+    assert list(h.session.history.entries[-1]) == ["assistant", full]
     # the client says it played only 600 ms (its own buffer was cut): keep clause 1 and a word of clause 2
     assert h.session.truncate(c.turn_id, 600) == "Sure thing. The"
-    assert h.session.history.entries[-1] == ["assistant", "Sure thing. The"]
+    assert list(h.session.history.entries[-1]) == ["assistant", "Sure thing. The"]
     with pytest.raises(ValueError, match="past the reply's audio"):
         h.session.truncate(c.turn_id, 5000)
     assert h.session.truncate("unknown-turn", 10) is None

@@ -88,10 +88,8 @@ class PipelineRealtimeSession(llm.RealtimeSession):
     ) -> None:
         super().__init__(model)
         self.lead_s = lead_s
-        self._held: list[SessionEvent] | None = None  # events emitted while a frame is pulled
         self._gens: dict[str, tuple[Generation, Message]] = {}  # turn id → its reply, while in flight
         self._turn_of: dict[str, str] = {}  # message id → turn id (truncate)
-        self._truncations: dict[str, int] = {}  # turn id → audio_end_ms, applied when the reply ends
         self._reply_future: asyncio.Future[llm.GenerationCreatedEvent] | None = None
         self._own_cancel = False  # a BargeIn caused by interrupt()/respond() is not user speech
         self._committed = False
@@ -129,11 +127,11 @@ class PipelineRealtimeSession(llm.RealtimeSession):
         if self._closed:
             return
         for pcm in self._splitter.push(self._resampler.push(frame)):
-            in_speech = self.session.segmenter.in_speech
+            in_speech = self.session.in_speech
             self._committed = False
             self._manual.append(pcm)
             self.session.push_audio(pcm)
-            if in_speech and not self.session.segmenter.in_speech and not self._committed:
+            if in_speech and not self.session.in_speech and not self._committed:
                 self._signal(self._signals.dropped())
         del self._manual[: max(0, len(self._manual) - int(MAX_MANUAL_S / FRAME_S))]
 
@@ -180,15 +178,17 @@ class PipelineRealtimeSession(llm.RealtimeSession):
         audio_transcript: NotGivenOr[str] = NOT_GIVEN,
     ) -> None:
         """The room played only ``audio_end_ms`` ms of assistant message ``message_id``: its history entry
-        keeps the words of that audio (text↔audio alignment). Applied once the reply has ended; unknown ids
-        are ignored."""
+        keeps the words of that audio (text↔audio alignment). A reply still playing is stopped first; the
+        session applies it in any order relative to the reply's end. Unknown ids are ignored."""
         turn_id = self._turn_of.get(message_id)
         if turn_id is None:
             log.debug("truncate: unknown message %s", message_id)
-        elif turn_id in self._gens:
-            self._truncations[turn_id] = audio_end_ms
-        else:
-            self._truncate(turn_id, audio_end_ms)
+            return
+        try:
+            with self._cancelling():
+                self.session.truncate(turn_id, max(0, audio_end_ms))
+        except ValueError as err:
+            log.warning("truncate %s at %d ms: %s", turn_id, audio_end_ms, err)
 
     async def update_instructions(self, instructions: str) -> None:
         """The system prompt of every reply from now on (``""`` → the pipeline's default)."""
@@ -220,8 +220,7 @@ class PipelineRealtimeSession(llm.RealtimeSession):
     def clear_audio(self) -> None:
         """Drop the user audio since the last turn, and the VAD's open speech segment with it."""
         self._manual.clear()
-        if self.session.segmenter.in_speech:
-            self.session.set_turn_config(self.session.cfg.turn, self.session.turn_model)
+        if self.session.drop_speech():
             self._signal(self._signals.dropped())
 
     async def aclose(self) -> None:
@@ -239,9 +238,6 @@ class PipelineRealtimeSession(llm.RealtimeSession):
 
     # -- pipeline → framework -------------------------------------------------------------------------
     def _on_event(self, e: SessionEvent) -> None:
-        if self._held is not None:  # emitted inside a pull: after that frame has been forwarded
-            self._held.append(e)
-            return
         if isinstance(e, UserSpeechStarted):
             self._signal(self._signals.speech_started(self._replying()))
         elif isinstance(e, BargeIn) and not self._own_cancel:
@@ -249,7 +245,7 @@ class PipelineRealtimeSession(llm.RealtimeSession):
         elif isinstance(e, UserTurnCommitted):
             self._committed = True
             self._manual.clear()
-            self._ids.name(self.session.entries.get((e.turn_id, "user")), f"{e.turn_id}-user")
+            self._ids.name(self.session.entry(e.turn_id, "user"), f"{e.turn_id}-user")
             self._signal(self._signals.committed())
         elif isinstance(e, UserTranscriptEvent):
             self._transcript(e)
@@ -275,7 +271,7 @@ class PipelineRealtimeSession(llm.RealtimeSession):
 
     def _transcript(self, e: UserTranscriptEvent) -> None:
         item_id = f"{e.turn_id}-user"
-        self._ids.name(self.session.entries.get((e.turn_id, "user")), item_id)
+        self._ids.name(self.session.entry(e.turn_id, "user"), item_id)
         if e.text:
             self.emit(
                 "input_audio_transcription_completed",
@@ -299,25 +295,11 @@ class PipelineRealtimeSession(llm.RealtimeSession):
         if held is None:
             return
         gen, msg = held
-        rec = self.session.done_replies.get(e.turn_id)
-        if rec is not None:
-            self._ids.name(rec[1], msg.id)
+        self._ids.name(self.session.entry(e.turn_id, "assistant"), msg.id)
         gen.close()
-        if e.turn_id in self._truncations:
-            self._truncate(e.turn_id, self._truncations.pop(e.turn_id))
         if e.reason == "error":
             err = llm.RealtimeError(f"reply {e.turn_id} failed in the pipeline: {e.error}")
             self.emit("error", model_error(self.realtime_model.label, err, True))
-
-    def _truncate(self, turn_id: str, audio_end_ms: int) -> None:
-        try:
-            self.session.truncate(turn_id, max(0, audio_end_ms))
-        except ValueError as err:
-            log.warning("truncate %s at %d ms: %s", turn_id, audio_end_ms, err)
-            return
-        rec = self.session.done_replies.get(turn_id)
-        if rec is not None:
-            self._ids.name(rec[1], f"{turn_id}-reply")
 
     # -- reply audio ---------------------------------------------------------------------------------
     async def _pump_loop(self) -> None:
@@ -339,29 +321,23 @@ class PipelineRealtimeSession(llm.RealtimeSession):
         """Forward queued reply audio until the framework's sink holds ``lead_s`` of it; one pull with
         nothing queued lets the session end a finished or interrupted reply."""
         s = self.session
-        while s.reply is not None:
-            now, queued = time.monotonic(), s.playout.queued
-            if queued and self._sink_end - now >= self.lead_s:
+        while s.reply_turn_id is not None:
+            now = time.monotonic()
+            if s.queued_samples and self._sink_end - now >= self.lead_s:
                 return
-            held = self._gens.get(s.reply.turn_id)
-            self._held = []
-            try:
-                pcm = s.pull_audio(OUT_FRAME)
-                filled = min(OUT_FRAME, queued)
-                if filled and held is not None:
+            held = self._gens.get(s.reply_turn_id)
+
+            def forward(pcm: np.ndarray, filled: int, held=held, now=now) -> None:
+                if filled and held is not None:  # before the events of this pull (the reply's end)
                     held[1].push_audio(pcm_frame(pcm[:filled], OUTPUT_RATE))
                     self._sink_end = max(self._sink_end, now) + filled / OUTPUT_RATE
-            finally:
-                events, self._held = self._held, None
-                for e in events:
-                    self._on_event(e)
-            if not filled:
+
+            if not s.pull_audio(OUT_FRAME, forward)[1]:
                 return
 
     # -- helpers -------------------------------------------------------------------------------------
     def _replying(self) -> bool:
-        r = self.session.reply
-        return r is not None and r.interrupted_at is None
+        return self.session.replying
 
     @contextlib.contextmanager
     def _cancelling(self):

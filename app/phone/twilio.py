@@ -41,7 +41,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from omniduplex.app.events import BargeIn, ReplyEnded, SessionEvent
+from omniduplex.app.events import BargeIn, SessionEvent
 from omniduplex.app.phone.narrowband import (
     FRAME_SAMPLES,
     TELEPHONE_RATE,
@@ -224,7 +224,6 @@ class TwilioBridge:
         self.sent: dict[str, int] = {}  # reply samples sent per turn
         self.marked: dict[str, int] = {}  # ... up to the last mark sent
         self.heard: dict[str, int] = {}  # ... up to the last mark echoed (what the caller heard)
-        self.heard_at_barge_in: dict[str, int] = {}
         self.barge_in_at: float | None = None
         self.clear_ms: list[float] = []  # BargeIn event → clear handed to the socket (ms)
         self.tasks: set[asyncio.Task] = set()
@@ -301,15 +300,13 @@ class TwilioBridge:
     # -- session → Twilio --------------------------------------------------------------------------
     def _on_event(self, ev: SessionEvent) -> None:
         if isinstance(ev, BargeIn):
-            self.heard_at_barge_in[ev.turn_id] = self.heard.get(ev.turn_id, 0)
+            heard = self.heard.get(ev.turn_id, 0)  # what the caller had heard: the session truncates to it
+            asyncio.get_running_loop().call_soon(self._truncate, ev.turn_id, heard)
             self.barge_in_at = self.clock()
             while not self.outbox.empty():  # unsent reply audio and marks: never needed now
                 self.outbox.get_nowait()
             if self.stream_sid is not None:
                 self.outbox.put_nowait(clear_message(self.stream_sid))
-        elif isinstance(ev, ReplyEnded) and ev.reason == "interrupted":
-            heard = self.heard_at_barge_in.pop(ev.turn_id, self.heard.get(ev.turn_id, 0))
-            asyncio.get_running_loop().call_soon(self._truncate, ev.turn_id, heard)
         log.debug("%s: %s", self.id, ev.to_json())
 
     def _truncate(self, turn_id: str, heard: int) -> None:
@@ -333,12 +330,12 @@ class TwilioBridge:
             elif now - due > MAX_LAG_S:
                 anchor, ticks = now, 0
             now = self.clock()
-            if s.playout.queued == 0:
+            if s.queued_samples == 0:
                 s.pull_audio(FRAME_SAMPLES)  # idle, the stop frame after a barge-in, or the reply's end
                 continue
-            while s.playout.queued > 0 and ear - now < self.lead_s and s.reply is not None:
-                turn_id, filled = s.reply.turn_id, min(FRAME_SAMPLES, s.playout.queued)
-                pcm = s.pull_audio(FRAME_SAMPLES)
+            while s.queued_samples > 0 and ear - now < self.lead_s and s.reply_turn_id is not None:
+                turn_id = s.reply_turn_id
+                pcm, filled = s.pull_audio(FRAME_SAMPLES)
                 ear = max(ear, now) + FRAME_S
                 self._send_reply_frame(turn_id, pcm, filled)
 
@@ -346,7 +343,7 @@ class TwilioBridge:
         sid = self.stream_sid
         self.outbox.put_nowait(media_message(sid, ulaw_encode(pcm)))
         sent = self.sent[turn_id] = self.sent.get(turn_id, 0) + filled
-        if sent - self.marked.get(turn_id, 0) >= self.mark_samples or self.session.playout.queued == 0:
+        if sent - self.marked.get(turn_id, 0) >= self.mark_samples or self.session.queued_samples == 0:
             self.marked[turn_id] = sent
             self.outbox.put_nowait(mark_message(sid, _mark_name(turn_id, sent)))
 

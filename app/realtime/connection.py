@@ -47,6 +47,7 @@ from omniduplex.app.events import (
     UserTurnCommitted,
 )
 from omniduplex.app.heap import release_free_memory
+from omniduplex.app.history import Entry
 from omniduplex.app.realtime import server_events as ev
 from omniduplex.app.realtime.audio import InputConverter, OutputConverter
 from omniduplex.app.realtime.client_events import (
@@ -128,7 +129,6 @@ class RealtimeConnection:
         limits: RealtimeLimits | None = None,
     ) -> None:
         self.ws, self.turn_model, self.limits = ws, turn_model, limits or RealtimeLimits()
-        self._held: list[SessionEvent] | None = None  # session events emitted while a frame is pulled
         self.outbox: asyncio.Queue[dict | None] = asyncio.Queue()
         self.cfg = RealtimeConfig(id=session_id)
         self.base_turn = base.turn
@@ -141,7 +141,7 @@ class RealtimeConnection:
         self.buffered = 0
         self.speech_item: str | None = None  # the user item the open speech segment will become
         self.items: dict[str, tuple[str, str]] = {}  # item id → (turn id, role)
-        self.typed: dict[str, list[str]] = {}  # item id → history entry of a typed message
+        self.typed: dict[str, Entry] = {}  # item id → history entry of a typed message
         self.last_item: str | None = None
         self.response: _Response | None = None
 
@@ -178,6 +178,10 @@ class RealtimeConnection:
                 return
 
     def _send(self, event: dict) -> None:
+        if event.get("type") == "error":  # every error a client gets is in the server's log too
+            err = event.get("error") or {}
+            log.warning("%s: error sent to the client: %s (%s)", self.session.id, err.get("message"),
+                        err.get("code"))
         self.outbox.put_nowait(event)
 
     async def _pacer(self) -> None:
@@ -193,21 +197,15 @@ class RealtimeConnection:
             self._pull()
 
     def _pull(self) -> None:
-        queued = self.session.playout.queued
-        self._held = []
-        try:
-            pcm = self.session.pull_audio(OUT_FRAME)
-            filled = min(OUT_FRAME, queued)
-            r = self.response
-            if filled and r is not None and r.modality == "audio":
-                data = self.out.push(pcm[:filled])
-                r.audio_ms += 1000.0 * filled / OUTPUT_RATE
-                if data:
-                    self._send(ev.response_output_audio_delta(r.response_id, r.item_id, data))
-        finally:
-            held, self._held = self._held, None
-            for e in held:
-                self._on_event(e)
+        self.session.pull_audio(OUT_FRAME, self._send_audio)  # the pull's events follow its audio delta
+
+    def _send_audio(self, pcm: np.ndarray, filled: int) -> None:
+        r = self.response
+        if filled and r is not None and r.modality == "audio":
+            data = self.out.push(pcm[:filled])
+            r.audio_ms += 1000.0 * filled / OUTPUT_RATE
+            if data:
+                self._send(ev.response_output_audio_delta(r.response_id, r.item_id, data))
 
     # -- client events ---------------------------------------------------------------------------------
     def handle(self, raw: str | bytes) -> None:
@@ -312,7 +310,7 @@ class RealtimeConnection:
             texts = [c.text for c in item.content if getattr(c, "text", None)]  # else audio transcripts
             texts = texts or [c.transcript for c in item.content if getattr(c, "transcript", None)]
             text = " ".join(texts)
-            entry = self.session.history.add("assistant", text.strip())
+            entry = self.session.add_message("assistant", text)
             if entry is not None:
                 self.typed[item_id] = entry
         elif isinstance(item, UserMessage):
@@ -339,7 +337,7 @@ class RealtimeConnection:
 
     def _item_delete(self, e: ConversationItemDelete) -> None:
         if e.item_id in self.typed:
-            self.session.history.remove(self.typed.pop(e.item_id))
+            self.session.remove_entry(self.typed.pop(e.item_id))
         elif e.item_id in self.items:
             self.session.forget(*self.items.pop(e.item_id))
         else:
@@ -351,8 +349,8 @@ class RealtimeConnection:
         if turn is None or turn[1] != "assistant":
             raise ProtocolError("invalid_value", f"no assistant item {e.item_id!r}", e.event_id, "item_id")
         if self.response is not None and self.response.turn_id == turn[0]:
-            self.session.cancel_reply()  # truncating the playing reply stops it, as the API does
-        try:
+            self.response.cancel_reason = "client_cancelled"  # truncating the playing reply stops it
+        try:  # the session stops the reply if it still plays, then keeps what was played, in any order
             kept = self.session.truncate(turn[0], e.audio_end_ms)
         except ValueError as err:
             raise ProtocolError("invalid_value", str(err), e.event_id, "audio_end_ms") from err
@@ -363,11 +361,11 @@ class RealtimeConnection:
     def _item_retrieve(self, e: ConversationItemRetrieve) -> None:
         entry = self.typed.get(e.item_id)
         if entry is None and e.item_id in self.items:
-            entry = self.session.entries.get(self.items[e.item_id])
+            entry = self.session.entry(*self.items[e.item_id])
         if entry is None:
             raise ProtocolError("invalid_value", f"no item {e.item_id!r}", e.event_id, "item_id")
-        part = ev.input_text(entry[1]) if entry[0] == "user" else ev.output_audio(entry[1])
-        self._send(ev.conversation_item_retrieved(ev.message_item(e.item_id, entry[0], [part])))
+        part = ev.input_text(entry.text) if entry.role == "user" else ev.output_audio(entry.text)
+        self._send(ev.conversation_item_retrieved(ev.message_item(e.item_id, entry.role, [part])))
 
     def _response_create(self, e: ResponseCreate) -> None:
         if self.response is not None:
@@ -414,9 +412,6 @@ class RealtimeConnection:
 
     # -- session events --------------------------------------------------------------------------------
     def _on_event(self, e: SessionEvent) -> None:
-        if self._held is not None:  # emitted inside a pull: after that frame's audio delta
-            self._held.append(e)
-            return
         vad = self.cfg.audio.input.turn_detection is not None
         if isinstance(e, UserSpeechStarted) and vad:
             self.speech_item = ev.new_id("item")

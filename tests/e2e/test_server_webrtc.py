@@ -158,7 +158,7 @@ def test_client_vanishing_mid_turn_cancels_the_turn_and_frees_everything(ckpt, u
     committed, cancelled, peer = run_server(config(model, 2, media_timeout_s=1.0, **extra), body)
     assert committed["audio_ms"] > 3000  # the whole spoken question
     assert cancelled == [committed["turn_id"]]  # the 12 s reply was cut off in the pipeline
-    assert peer.session.closed and peer.session.reply is None and peer.pc.connectionState == "closed"
+    assert peer.session.closed and peer.session.reply_turn_id is None and peer.pc.connectionState == "closed"
 
 
 def test_twenty_sessions_opened_and_dropped_leak_no_tasks_or_kv_blocks(ckpt, speech):

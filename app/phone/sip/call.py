@@ -141,7 +141,7 @@ class SipCall:
             pcm = self.decode(payload) if payload else silence_in
             for frame in self.upsampler.push(pcm):
                 self.session.push_audio(frame)
-            out = self.session.pull_audio(FRAME_SAMPLES)
+            out, _ = self.session.pull_audio(FRAME_SAMPLES)
             if self.neg.we_send:
                 self.rtp.send_frame(self.neg.pt, self.encode(out))
             else:
