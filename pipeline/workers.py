@@ -153,10 +153,10 @@ def _cascade_worker(stage: str, manifest, cfg: StageConfig):
 
 
 def _asr_worker(model_dir: Path, cfg: StageConfig):
-    from omniduplex.models.cascade.asr import WhisperASR
+    from omniduplex.models.cascade.asr import load_asr
     from omniduplex.pipeline.stages.asr import ASRWorker
 
-    return ASRWorker(WhisperASR(model_dir, cpu_threads=cfg.torch_threads), max_batch=cfg.max_num_seqs)
+    return ASRWorker(load_asr(model_dir, cpu_threads=cfg.torch_threads), max_batch=cfg.max_num_seqs)
 
 
 def _side_asr_dir(side_asr: str | None) -> Path:
