@@ -138,9 +138,7 @@ def write_manifest(out: str | Path, asr: Path, llm: Path, tts: Path, tts_config:
     if tts_config is not None:
         doc["tts_config"] = str(tts_config)
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    tmp.write_text(
-        "# omniduplex cascade: ASR -> LLM -> Piper TTS (models/cascade)\n" + yaml.safe_dump(doc)
-    )
+    tmp.write_text("# omniduplex cascade: ASR -> LLM -> Piper TTS (models/cascade)\n" + yaml.safe_dump(doc))
     tmp.replace(out)
     return out
 

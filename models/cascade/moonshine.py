@@ -42,8 +42,8 @@ MIN_TOKENS = 8
 MIN_SAMPLES = 1024
 """Shortest input the encoder's conv stem (kernel 127, strides 64, 3, 2) turns into at least one frame."""
 LONG_S = 20.0
-"""Utterances longer than this (s) are cut at pauses (:func:`~.streaming_asr.split_points`) and each piece
-decoded alone: on a 44 s clip one pass appended a made-up sentence."""
+"""Utterances longer than this (s) are cut at pauses into 6–15 s pieces (:func:`~.streaming_asr.split_points`)
+and each piece decoded alone: on a 44 s clip one pass appended a made-up sentence."""
 QUIET_DB, FLOOR_RMS, MARGIN_S = 30.0, 3e-4, 0.05
 """Leading/trailing audio quieter than ``QUIET_DB`` below the loudest 20 ms frame (or than ``FLOOR_RMS``,
 -70 dBFS) is cut off, keeping ``MARGIN_S`` s, before decoding: Moonshine base sometimes ends at once
@@ -326,9 +326,9 @@ class MoonshineASR:
     def _one(self, wave: np.ndarray) -> Transcript:
         duration = wave.size / SAMPLE_RATE
         if duration > LONG_S:  # trained on short segments: past ~20 s it drifts into made-up text
-            from omniduplex.models.cascade.streaming_asr import split_points
+            from omniduplex.models.cascade.streaming_asr import ChunkPolicy, split_points
 
-            b = split_points(wave)
+            b = split_points(wave, ChunkPolicy(pause_ms=300, min_chunk_s=6.0, max_chunk_s=15.0, search_s=4.0))
             texts = [self._one(wave[s:e]).text for s, e in zip(b, b[1:])]
             return Transcript(" ".join(t for t in texts if t), [], "en", duration)
         speech = trim_quiet(wave)

@@ -44,7 +44,7 @@ class ChunkPolicy:
 
     frame_ms: int = 20
     pause_ms: int = 200
-    min_chunk_s: float = 1.0
+    min_chunk_s: float = 2.0
     max_chunk_s: float = 5.0
     search_s: float = 2.0
     quiet_db: float = 30.0
