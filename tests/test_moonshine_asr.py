@@ -160,7 +160,7 @@ def test_conversion_is_cached_and_atomic(tmp_path, model_dir):
 def test_manifest_names_the_asr(tmp_path, model_dir, monkeypatch):
     monkeypatch.setenv("OMNIDUPLEX_CACHE", str(tmp_path / "cache"))
     default = cm.load_manifest(cm.default_manifest(tmp_path / "cache"))
-    assert default.asr == model_dir.resolve()  # Moonshine base is the default
+    assert default.asr == cm.asr_path(cm.DEFAULT_ASR).resolve()
     for name in ("whisper-tiny.en", "moonshine-base"):
         doc = {"architecture": "cascade", "asr": name, "llm": str(default.llm), "tts": str(default.tts)}
         path = tmp_path / f"{name}.yaml"
