@@ -23,6 +23,8 @@ from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.stages.asr import ASRWorker
 
 SR = SAMPLE_RATE
+SHORT = ChunkPolicy(min_chunk_s=1.0)
+"""Chunks of 1 s and more: the synthetic turns below pause after 1.5 s."""
 
 
 def burst(seconds: float, freq: float = 220.0, amp: float = 0.3) -> np.ndarray:
@@ -40,11 +42,11 @@ def feed(cutter: ChunkCutter, wave: np.ndarray, piece: int) -> list[int]:
 
 def test_cuts_in_pauses_whatever_the_piece_size():
     wave = np.concatenate([burst(1.5), quiet(0.5), burst(2.0, 300), quiet(0.4), burst(1.2, 180)])
-    cuts = feed(ChunkCutter(), wave, 1600)
+    cuts = feed(ChunkCutter(SHORT), wave, 1600)
     assert len(cuts) == 2
     assert 1.5 * SR < cuts[0] < 2.0 * SR and 4.0 * SR < cuts[1] < 4.4 * SR  # inside each pause
     for piece in (1, 333, 320, 16000, wave.size):
-        assert feed(ChunkCutter(), wave, piece) == cuts, piece
+        assert feed(ChunkCutter(SHORT), wave, piece) == cuts, piece
 
 
 def test_no_chunk_shorter_than_min_and_none_without_speech():
@@ -92,9 +94,9 @@ class RecordingASR:
 def test_each_closed_chunk_decoded_once_and_only_the_tail_at_end_of_turn():
     wave = np.concatenate([burst(1.5), quiet(0.5), burst(2.0, 300), quiet(0.4), burst(1.2, 180)])
     wave = wave + np.linspace(1e-6, 2e-5, wave.size, dtype=np.float32)  # unique values, still quiet
-    cuts = ChunkCutter().push(wave)
+    cuts = ChunkCutter(SHORT).push(wave)
     assert len(cuts) == 2
-    turn = IncrementalTranscriber(hypothesis_every_s=None)
+    turn = IncrementalTranscriber(SHORT, hypothesis_every_s=None)
     fake = RecordingASR(wave)
     partials = []
     for i in range(0, wave.size, 1600):
@@ -209,5 +211,5 @@ def test_stage_rejects_a_too_short_streamed_turn_and_aborts(asr):
 
 def test_split_points_cover_the_whole_utterance():
     wave = np.concatenate([burst(1.5), quiet(0.5), burst(2.0, 300)])
-    b = split_points(wave)
+    b = split_points(wave, SHORT)
     assert b[0] == 0 and b[-1] == wave.size and len(b) == 3
