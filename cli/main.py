@@ -78,7 +78,11 @@ def init_model(
 @cli.command("init-cascade")
 def init_cascade(
     out: Path = typer.Option(Path("cascade.yaml"), "--out", help="Manifest file (or folder) to write."),
-    asr: Path | None = typer.Option(None, help="Whisper CTranslate2 directory (default: packaged tiny.en)."),
+    asr: str | None = typer.Option(
+        None,
+        help="ASR: moonshine-base, whisper-tiny.en (packaged), or a Moonshine / Whisper CTranslate2 folder "
+        "(default: whisper-tiny.en).",
+    ),
     llm: Path | None = typer.Option(
         None, help="LLM: HF Llama/Qwen3 checkpoint directory or .gguf (default: packaged SmolLM2-135M)."
     ),
@@ -86,14 +90,14 @@ def init_cascade(
 ) -> None:
     """Write a cascade manifest (asr → llm → tts) to pass as --model; unset parts use the packaged weights."""
     from omniduplex.models import weights
-    from omniduplex.models.cascade.manifest import load_manifest, write_manifest
+    from omniduplex.models.cascade.manifest import DEFAULT_ASR, asr_path, load_manifest, write_manifest
 
     def pick(given: Path | None, packaged) -> Path:
         return given.resolve() if given else weights.locate(packaged)
 
     path = write_manifest(
         out,
-        asr=asr.resolve() if asr else weights.locate(weights.WHISPER_TINY_EN).parent,
+        asr=asr_path(asr or DEFAULT_ASR).resolve(),
         llm=pick(llm, weights.SMOLLM2_135M),
         tts=pick(tts, weights.PIPER_JOE),
         tts_config=None if tts else weights.locate(weights.PIPER_JOE_CONFIG),

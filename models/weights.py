@@ -80,7 +80,37 @@ SMART_TURN_V3 = PackagedWeights(
 )  # fmt: skip
 """Smart Turn v3.2 end-of-turn classifier (ONNX, 16 kHz, 8 s window), shipped inside ``pipecat-ai``."""
 
-ALL = (WHISPER_TINY_EN, SMOLLM2_135M, PIPER_JOE, PIPER_JOE_CONFIG, SMART_TURN_V3)
+MOONSHINE_BASE_ENCODER = PackagedWeights(
+    "moonshine-base-en-encoder", "moonshine-cpp", "0.1.4", "moonshine_cpp",
+    "models/base-en/encoder_model.ort",
+    "9d1a19e044cbf89a207723d1adb667de89a5671a1e3e611b8ebe721b2c31219c", no_deps=True,
+)  # fmt: skip
+"""Moonshine base (English) ASR encoder, ONNX Runtime ``.ort`` with int8 weights (never import the package:
+its native library needs AVX-512; :mod:`.cascade.moonshine` runs the files on stock onnxruntime)."""
+MOONSHINE_BASE_DECODER = PackagedWeights(
+    "moonshine-base-en-decoder", "moonshine-cpp", "0.1.4", "moonshine_cpp",
+    "models/base-en/decoder_model_merged.ort",
+    "370e0c1f161d68dc1c2264c1a82024fb123380da3b73f47f05531d1e8d3308c3", no_deps=True,
+)  # fmt: skip
+"""Moonshine base (English) merged decoder (first step and KV-cached steps in one graph), ``.ort``."""
+MOONSHINE_BASE_TOKENIZER = PackagedWeights(
+    "moonshine-base-en-tokenizer", "moonshine-cpp", "0.1.4", "moonshine_cpp", "models/base-en/tokenizer.bin",
+    "04670d78994d030185c3dd843c60591788fed0a56cc6750747bd326825f13ca9", no_deps=True,
+)  # fmt: skip
+"""Moonshine's SentencePiece vocabulary (32000 length-prefixed pieces)."""
+MOONSHINE_BASE = (MOONSHINE_BASE_ENCODER, MOONSHINE_BASE_DECODER, MOONSHINE_BASE_TOKENIZER)
+
+
+def locate_moonshine_base(verify: bool = True) -> Path:
+    """The folder of the packaged Moonshine base files, each sha256-checked (see :func:`locate`).
+
+    Raises:
+        WeightsError: ``moonshine-cpp`` missing or a file corrupted.
+    """
+    return [locate(w, verify) for w in MOONSHINE_BASE][0].parent
+
+
+ALL = (WHISPER_TINY_EN, SMOLLM2_135M, PIPER_JOE, PIPER_JOE_CONFIG, SMART_TURN_V3, *MOONSHINE_BASE)
 
 _VERIFIED_FILE = "verified-weights.json"
 

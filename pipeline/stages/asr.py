@@ -1,4 +1,4 @@
-"""Stage 0 of the cascade: a turn's speech → its transcript and word timings (Whisper, batched).
+"""Stage 0 of the cascade: a turn's speech → its transcript (and word timings with Whisper), batched.
 
 Input: ``waveform`` float32 ``[samples]`` at 16 kHz, one message per turn; meta is the turn's (system
 prompt, history, options) and is passed through. Output: one message per turn, ``last=True``, no
@@ -6,6 +6,18 @@ tensors, meta = the input meta plus ``transcript`` (str, "" for silence or noise
 (``[[word, start_s, end_s], ...]``, seconds from the start of the turn's audio) and ``asr_ms`` (wall time of
 the batch the turn ran in, ms). Every turn pending at a step goes in one
 :meth:`~omniduplex.models.cascade.asr.WhisperASR.transcribe_batch` call (up to ``max_batch``).
+
+The model is :func:`~omniduplex.models.cascade.asr.load_asr`'s (Moonshine or Whisper); Moonshine gives
+no word timings (``words`` is ``[]``).
+
+Incremental transcription (optional): while the user still speaks, the caller may send the open turn's
+audio in pieces: messages with meta ``asr_piece=True``, ``last=False`` and a ``waveform`` of the new samples
+(any length). They feed a :class:`~omniduplex.models.cascade.streaming_asr.IncrementalTranscriber`: each
+chunk closed at an in-turn pause is transcribed once, and the worker answers with ``last=False`` messages
+whose meta holds ``partial_transcript`` (closed chunks + the open chunk's latest hypothesis) and
+``stable_transcript`` (closed chunks only). The turn's usual message (no ``asr_piece``) then carries only
+the samples not yet sent (possibly none) and is answered as above, decoding only the tail chunk;
+``asr_ms`` is then the end-of-turn work only and ``asr_tail_s`` the audio it decoded (s).
 
 A typed turn (meta ``user_text``, e.g. a Realtime ``conversation.item.create``) needs no transcription:
 its text is the transcript, sent on at once with no ``words``, and its waveform may be empty.
@@ -18,7 +30,8 @@ import time
 import numpy as np
 import torch
 
-from omniduplex.models.cascade.asr import SAMPLE_RATE, WhisperASR
+from omniduplex.models.cascade.asr import SAMPLE_RATE
+from omniduplex.models.cascade.streaming_asr import ChunkPolicy, IncrementalTranscriber
 from omniduplex.pipeline.messages import StageMessage
 
 MIN_SAMPLES = SAMPLE_RATE // 10
@@ -26,16 +39,29 @@ MIN_SAMPLES = SAMPLE_RATE // 10
 
 
 class ASRWorker:
-    """Batches every pending turn of a step through one Whisper call.
+    """Batches every pending turn of a step through one ``transcribe_batch`` call.
 
     Args:
-        asr: the loaded model.
+        asr: the loaded model (``WhisperASR`` or ``MoonshineASR``: ``transcribe_batch(waves)`` → transcripts).
         max_batch: most turns per step; the rest wait for the next step in arrival order.
+        policy: where open turns sent in pieces are cut (:class:`ChunkPolicy`).
+        hypothesis_every_s: re-decode an open chunk after this much new audio for the partial transcript
+            (``None``: partials carry closed chunks only).
     """
 
-    def __init__(self, asr: WhisperASR, max_batch: int = 8) -> None:
+    def __init__(
+        self,
+        asr,
+        max_batch: int = 8,
+        policy: ChunkPolicy | None = None,
+        hypothesis_every_s: float | None = 0.4,
+    ) -> None:
         self.asr, self.max_batch = asr, max_batch
         self.pending: list[StageMessage] = []
+        self.policy, self.hypothesis_every_s = policy or ChunkPolicy(), hypothesis_every_s
+        self.streams: dict[str, IncrementalTranscriber] = {}  # open turns sent in pieces
+        self.stream_meta: dict[str, dict] = {}
+        self.dirty: list[str] = []  # streams with new audio since their last step
 
     def submit(self, msg: StageMessage) -> None:
         """Queue a turn.
@@ -49,6 +75,28 @@ class ASRWorker:
         wav = msg.tensors.get("waveform")
         if isinstance(wav, np.ndarray):
             wav = msg.tensors["waveform"] = torch.from_numpy(wav)
+        rid = msg.request_id
+        if msg.meta.get("asr_piece") or rid in self.streams:
+            if wav is not None and (wav.ndim != 1 or not wav.is_floating_point()):
+                raise ValueError(
+                    f"turn {rid}: audio piece must be a 1-D float 16 kHz waveform, got {wav.shape}"
+                )
+            stream = self.streams.get(rid)
+            if stream is None:
+                stream = self.streams[rid] = IncrementalTranscriber(self.policy, self.hypothesis_every_s)
+            if wav is not None and wav.numel():
+                stream.push(_numpy(wav))
+            if not msg.meta.get("asr_piece"):  # the turn's end: its last samples came with it
+                if stream.samples < MIN_SAMPLES:
+                    self._drop(rid)
+                    raise ValueError(
+                        f"turn {rid}: need at least {MIN_SAMPLES} samples (0.1 s), got {stream.samples}"
+                    )
+                stream.finish()
+                self.stream_meta[rid] = msg.meta
+            if rid not in self.dirty:
+                self.dirty.append(rid)
+            return
         if wav is None or wav.ndim != 1 or not wav.is_floating_point() or wav.numel() < MIN_SAMPLES:
             shape = None if wav is None else f"{list(wav.shape)} {wav.dtype}"
             raise ValueError(
@@ -59,9 +107,15 @@ class ASRWorker:
 
     def abort(self, request_id: str) -> None:
         self.pending = [m for m in self.pending if m.request_id != request_id]
+        self._drop(request_id)
+
+    def _drop(self, rid: str) -> None:
+        self.streams.pop(rid, None)
+        self.stream_meta.pop(rid, None)
+        self.dirty = [r for r in self.dirty if r != rid]
 
     def has_work(self) -> bool:
-        return bool(self.pending)
+        return bool(self.pending or self.dirty)
 
     def step(self) -> list[StageMessage]:
         """Transcribe up to ``max_batch`` pending turns together; one ``last`` message per turn."""
@@ -75,13 +129,19 @@ class ASRWorker:
                 for m in typed
             ]
         batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch :]
-        if not batch:
+        streamed, self.dirty = self.dirty[: self.max_batch], self.dirty[self.max_batch :]
+        if not batch and not streamed:
             return []
         waves = [_numpy(m.tensors["waveform"]) for m in batch]
+        jobs = [self.streams[rid].jobs() for rid in streamed]
         t0 = time.perf_counter()
-        transcripts = self.asr.transcribe_batch(waves)
+        results = (
+            self.asr.transcribe_batch(waves + [w for j in jobs for w in j]) if waves or any(jobs) else []
+        )
         asr_ms = 1000 * (time.perf_counter() - t0)
-        return [
+        transcripts, at = results[: len(waves)], len(waves)
+        out = self._stream_out(streamed, jobs, results, at, asr_ms)
+        return out + [
             StageMessage(
                 m.request_id,
                 {},
@@ -95,6 +155,37 @@ class ASRWorker:
             )
             for m, t in zip(batch, transcripts)
         ]
+
+    def _stream_out(self, streamed, jobs, results, at, asr_ms) -> list[StageMessage]:
+        """Messages of the streamed turns of a step: a partial per open turn whose text changed, the
+        transcript of each finished one."""
+        out = []
+        for rid, job in zip(streamed, jobs):
+            stream = self.streams[rid]
+            before = stream.partial().text
+            partial = stream.take([t.text for t in results[at : at + len(job)]])
+            at += len(job)
+            if stream.done:
+                meta = self.stream_meta[rid]
+                self._drop(rid)
+                out.append(
+                    StageMessage(
+                        rid,
+                        {},
+                        {
+                            **meta,
+                            "transcript": stream.text,
+                            "words": [],
+                            "asr_ms": asr_ms,
+                            "asr_tail_s": stream.final_samples / SAMPLE_RATE,
+                        },
+                        last=True,
+                    )
+                )
+            elif partial.text != before:
+                meta = {"partial_transcript": partial.text, "stable_transcript": partial.stable}
+                out.append(StageMessage(rid, {}, meta, last=False))
+        return out
 
 
 def _numpy(wav: torch.Tensor) -> np.ndarray:
