@@ -191,14 +191,16 @@ def summarize(answers: list[Answer]) -> dict:
     return out
 
 
-def run_manifest(model: str, questions: list[Question], wavs: list[np.ndarray], meta: dict) -> list[Answer]:
-    """Every question through the stage processes of ``model`` (one orchestrator, started and stopped here),
-    after one warm-up turn (not counted)."""
+def run_manifest(
+    model: str, questions: list[Question], wavs: list[np.ndarray], meta: dict, processes: bool = True
+) -> list[Answer]:
+    """Every question through the stages of ``model`` (stage processes, or all in this process; one
+    orchestrator, started and stopped here), after one warm-up turn (not counted)."""
     from omniduplex.app.respond import new_orchestrator
     from omniduplex.pipeline.config import load_graph
 
     pcfg = load_graph(None, model=model)
-    orch = new_orchestrator(pcfg, processes=True)
+    orch = new_orchestrator(pcfg, processes=processes)
 
     async def main():
         await orch.start()
@@ -219,9 +221,11 @@ def run(
     json_out: Path | None = None,
     questions_file: Path = QUESTIONS,
     verbose: bool = True,
+    processes: bool = True,
 ) -> dict[str, dict]:
     """Ask the first ``limit`` questions (all by default) of each cascade manifest in ``models`` (resolved
-    paths), print a table per manifest and a summary; returns ``{model: {"summary", "answers"}}``.
+    paths), through stage processes (``processes``) or in this process, print a table per manifest and a
+    summary; returns ``{model: {"summary", "answers"}}``.
 
     Raises:
         ValueError: a model that is not a cascade manifest; ``RuntimeError``: espeak-ng or sox missing.
@@ -239,11 +243,11 @@ def run(
     meta = TurnOptions(greedy=greedy, max_tokens=max_tokens).meta("cascade")
     results = {}
     for m in models:
-        answers = run_manifest(m, questions, wavs, meta)
+        answers = run_manifest(m, questions, wavs, meta, processes)
         results[m] = {"summary": summarize(answers), "answers": [asdict(a) for a in answers]}
         if verbose:
             _print_answers(m, questions, answers)
-    _print_summary(results, max_tokens, greedy)
+    _print_summary(results, max_tokens, greedy, processes)
     if json_out:
         json_out.write_text(json.dumps(results, indent=2))
     return results
@@ -262,8 +266,8 @@ def _print_answers(model: str, questions: list[Question], answers: list[Answer])
         )
 
 
-def _print_summary(results: dict[str, dict], max_tokens: int, greedy: bool) -> None:
-    how = "greedy" if greedy else "sampled"
+def _print_summary(results: dict[str, dict], max_tokens: int, greedy: bool, processes: bool) -> None:
+    how = ("greedy" if greedy else "sampled") + (", stage processes" if processes else ", in-process")
     print(f"\nbench qa summary: c=1, {how}, ≤{max_tokens} reply tokens; ms are p50 / p90")
     head = "| manifest | right | accuracy | ASR WER | TTFP | ASR | LLM first clause | TTS first chunk |"
     print(head + " errors |")
