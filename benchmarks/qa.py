@@ -192,10 +192,16 @@ def summarize(answers: list[Answer]) -> dict:
 
 
 def run_manifest(
-    model: str, questions: list[Question], wavs: list[np.ndarray], meta: dict, processes: bool = True
+    model: str,
+    questions: list[Question],
+    wavs: list[np.ndarray],
+    meta: dict,
+    processes: bool = True,
+    verbose: bool = True,
 ) -> list[Answer]:
     """Every question through the stages of ``model`` (stage processes, or all in this process; one
-    orchestrator, started and stopped here), after one warm-up turn (not counted)."""
+    orchestrator, started and stopped here), after one warm-up turn (not counted); with ``verbose``, a
+    table row is printed as each answer arrives."""
     from omniduplex.app.respond import new_orchestrator
     from omniduplex.pipeline.config import load_graph
 
@@ -206,7 +212,16 @@ def run_manifest(
         await orch.start()
         try:
             await ask(orch, questions[0], wavs[0], meta)  # warm-up: first-use allocations, lazy imports
-            return [await ask(orch, q, w, meta) for q, w in zip(questions, wavs)]
+            if verbose:
+                print(f"\nbench qa: {model}")
+                print("| # | voice | wpm | heard | reply | right | TTFP ms |")
+                print("|---|---|---|---|---|---|---|", flush=True)
+            answers = []
+            for i, (q, w) in enumerate(zip(questions, wavs), 1):
+                answers.append(await ask(orch, q, w, meta))
+                if verbose:
+                    _print_row(i, q, answers[-1])
+            return answers
         finally:
             await orch.stop()
 
@@ -243,27 +258,22 @@ def run(
     meta = TurnOptions(greedy=greedy, max_tokens=max_tokens).meta("cascade")
     results = {}
     for m in models:
-        answers = run_manifest(m, questions, wavs, meta, processes)
+        answers = run_manifest(m, questions, wavs, meta, processes, verbose)
         results[m] = {"summary": summarize(answers), "answers": [asdict(a) for a in answers]}
-        if verbose:
-            _print_answers(m, questions, answers)
     _print_summary(results, max_tokens, greedy, processes)
     if json_out:
         json_out.write_text(json.dumps(results, indent=2))
     return results
 
 
-def _print_answers(model: str, questions: list[Question], answers: list[Answer]) -> None:
-    print(f"\nbench qa: {model}")
-    print("| # | voice | wpm | heard | reply | right | TTFP ms |")
-    print("|---|---|---|---|---|---|---|")
-    for i, (q, a) in enumerate(zip(questions, answers), 1):
-        reply = (a.error and f"error: {a.error}") or " ".join(a.reply.split())
-        ttfp = f"{a.metrics['ttfp_ms']:.0f}" if a.metrics else "-"
-        print(
-            f"| {i} | {q.voice} | {q.speed} | {a.transcript.strip()} | {reply[:90]} | "
-            f"{'yes' if a.right else 'no'} | {ttfp} |"
-        )
+def _print_row(i: int, q: Question, a: Answer) -> None:
+    reply = (a.error and f"error: {a.error}") or " ".join(a.reply.split())
+    ttfp = f"{a.metrics['ttfp_ms']:.0f}" if a.metrics else "-"
+    print(
+        f"| {i} | {q.voice} | {q.speed} | {a.transcript.strip()} | {reply[:90]} | "
+        f"{'yes' if a.right else 'no'} | {ttfp} |",
+        flush=True,
+    )
 
 
 def _print_summary(results: dict[str, dict], max_tokens: int, greedy: bool, processes: bool) -> None:

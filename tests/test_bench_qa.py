@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from typer.testing import CliRunner
 
-from omniduplex.benchmarks.qa import Answer, Question, is_right, load_questions, summarize, words
+from omniduplex.benchmarks.qa import Answer, Question, ask, is_right, load_questions, summarize, words
+from omniduplex.pipeline.messages import TurnEvent
 
 
 @pytest.mark.parametrize(
@@ -85,6 +87,40 @@ def test_summary_counts_failed_turns_as_wrong():
     assert s["accuracy"] == pytest.approx(1 / 3)
     assert s["asr_wer"] == pytest.approx(0.4)
     assert s["ttfp_ms_p50"] == pytest.approx(200.0) and s["asr_ms_p50"] == pytest.approx(50.0)
+
+
+class ScriptedOrchestrator:
+    """Answers every turn with the same events (an orchestrator's ``submit`` / ``events`` surface)."""
+
+    def __init__(self, events):
+        self.script, self.submitted = events, []
+
+    def submit(self, wav, meta):
+        self.submitted.append((wav, meta))
+        return "turn-1"
+
+    async def events(self, rid):
+        for ev in self.script:
+            yield ev
+
+
+def test_ask_scores_the_whole_reply_text_and_keeps_the_metrics():
+    q = Question("What is two plus three?", ("5", "five"))
+    orch = ScriptedOrchestrator(
+        [
+            TurnEvent("transcript", "turn-1", text=" What is two plus three?"),
+            TurnEvent("text", "turn-1", text="Two plus three is fi"),
+            TurnEvent("text", "turn-1", text="ve."),  # the answer spans two deltas
+            TurnEvent("done", "turn-1", metrics={"ttfp_ms": 420.0, "e2el_ms": 900.0}),
+        ]
+    )
+    a = asyncio.run(ask(orch, q, "wav", {"sampling": {}}))
+    assert orch.submitted == [("wav", {"sampling": {}})]
+    assert (a.reply, a.right, a.wer, a.error) == ("Two plus three is five.", True, 0.0, None)
+    assert a.metrics == {"ttfp_ms": 420.0, "e2el_ms": 900.0}
+    failed = ScriptedOrchestrator([TurnEvent("error", "turn-1", error="stage failure")])
+    a = asyncio.run(ask(failed, q, "wav", {}))
+    assert (a.right, a.metrics, a.error, a.wer) == (False, None, "stage failure", 1.0)
 
 
 @pytest.mark.slow
