@@ -175,7 +175,8 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def summarize(answers: list[Answer]) -> dict:
-    """Accuracy (right ÷ asked; a failed turn counts wrong), mean transcript WER, and p50/p90 (ms) of TTFP
+    """Accuracy (right ÷ asked; a failed turn counts wrong), mean transcript WER, the accuracy on the
+    questions the ASR heard (WER ≤ 0.1: separates LLM errors from ASR errors), and p50/p90 (ms) of TTFP
     and of each cascade split over the turns that finished."""
     done = [a.metrics for a in answers if a.metrics is not None]
     out = {
@@ -184,6 +185,8 @@ def summarize(answers: list[Answer]) -> dict:
         "accuracy": sum(a.right for a in answers) / len(answers) if answers else float("nan"),
         "errors": sum(a.error is not None for a in answers),
         "asr_wer": float(np.mean([a.wer for a in answers])) if answers else float("nan"),
+        "heard": sum(a.wer <= 0.1 for a in answers),
+        "right_when_heard": sum(a.right for a in answers if a.wer <= 0.1),
     }
     for key in ("ttfp_ms", *SPLIT):
         xs = [m[key] for m in done if key in m]
@@ -279,13 +282,14 @@ def _print_row(i: int, q: Question, a: Answer) -> None:
 def _print_summary(results: dict[str, dict], max_tokens: int, greedy: bool, processes: bool) -> None:
     how = ("greedy" if greedy else "sampled") + (", stage processes" if processes else ", in-process")
     print(f"\nbench qa summary: c=1, {how}, ≤{max_tokens} reply tokens; ms are p50 / p90")
-    head = "| manifest | right | accuracy | ASR WER | TTFP | ASR | LLM first clause | TTS first chunk |"
-    print(head + " errors |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    head = "| manifest | right | accuracy | ASR WER | right when heard | TTFP | ASR | LLM first clause |"
+    print(head + " TTS first chunk | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for m, r in results.items():
         s = r["summary"]
         cells = [f"{s[f'{k}_p50']:.0f} / {s[f'{k}_p90']:.0f}" for k in ("ttfp_ms", *SPLIT)]
         print(
             f"| {m} | {s['right']}/{s['asked']} | {100 * s['accuracy']:.0f}% | {100 * s['asr_wer']:.0f}% | "
+            f"{s['right_when_heard']}/{s['heard']} | "
             f"{' | '.join(cells)} | {s['errors']} |"
         )

@@ -86,6 +86,7 @@ def test_summary_counts_failed_turns_as_wrong():
     assert (s["asked"], s["right"], s["errors"]) == (3, 1, 1)
     assert s["accuracy"] == pytest.approx(1 / 3)
     assert s["asr_wer"] == pytest.approx(0.4)
+    assert (s["heard"], s["right_when_heard"]) == (1, 1)  # only the first turn was heard word for word
     assert s["ttfp_ms_p50"] == pytest.approx(200.0) and s["asr_ms_p50"] == pytest.approx(50.0)
 
 
