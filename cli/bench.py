@@ -219,3 +219,29 @@ def bench_relay(ctx: typer.Context) -> None:
     from omniduplex.benchmarks.relay import main as relay_main
 
     relay_main(list(ctx.args))
+
+
+@bench.command("qa")
+def bench_qa(
+    model: list[Path] | None = typer.Option(
+        None, "--model", help="Cascade manifest (repeatable, one table each; default: the default cascade)."
+    ),
+    limit: int | None = typer.Option(None, help="Ask only the first N questions."),
+    max_tokens: int = typer.Option(48, help="Reply tokens per turn."),
+    greedy: bool = typer.Option(True, "--greedy/--sampled", help="Greedy replies (a rerun scores the same)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+    processes: bool = typer.Option(True, "--processes/--in-process", help="Stage processes or one process."),
+) -> None:
+    """Spoken factual questions (espeak-ng voices) through the stage processes: accuracy, TTFP p50/p90 and
+    its split (ASR, LLM first clause, TTS first chunk), per manifest."""
+    from omniduplex.app.respond import resolve_model
+    from omniduplex.benchmarks.qa import run
+
+    if limit is not None and limit < 1:
+        raise typer.BadParameter(f"--limit {limit}: ask at least one question")
+    models = [resolve_model(str(m)) for m in model] if model else [resolve_model(None)]
+    try:
+        run(models, limit, max_tokens, greedy, json_out, processes=processes)
+    except (ValueError, RuntimeError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e

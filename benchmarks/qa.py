@@ -1,0 +1,295 @@
+"""``omniduplex bench qa``: are the answers right, and how soon are they spoken?
+
+A set of spoken factual questions with known short answers (:file:`qa_questions.yaml`, ≥ 20, written for
+this project) is spoken by espeak-ng in varied voices, speeds and pitches (generated at run time into the
+cache), and each question is sent as one spoken turn through the stage processes of a cascade manifest,
+one turn at a time (c = 1), after a warm-up turn. Per turn we keep the ASR transcript, the reply text,
+whether the reply is right (:func:`is_right`), and the pipeline's TTFP (turn submitted at end of speech →
+first PCM chunk) with its cascade split (ASR compute, LLM prefill + first clause, TTS first chunk; see
+:meth:`Orchestrator._split_ttfp`). Printed per manifest: accuracy, the transcripts' word error rate, TTFP
+p50/p90 and the split's p50/p90. Replies are greedy by default, so a rerun scores the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+QUESTIONS = Path(__file__).with_name("qa_questions.yaml")
+SPLIT = ("asr_ms", "llm_first_clause_ms", "tts_first_chunk_ms")
+
+
+@dataclass(frozen=True)
+class Question:
+    """One spoken question: ``text``, the accepted forms of its answer (``answers``, any one right), and
+    espeak-ng's ``voice`` (``-v``), ``speed`` (words per minute, ``-s``) and ``pitch`` (0–99, ``-p``)."""
+
+    text: str
+    answers: tuple[str, ...]
+    voice: str = "en-us"
+    speed: int = 160
+    pitch: int = 50
+
+
+@dataclass
+class Answer:
+    """What one turn gave: the ASR ``transcript``, the ``reply`` text, ``right`` (:func:`is_right`), the
+    transcript's word error rate against the question (``wer``), and the pipeline ``metrics`` (ms: TTFP,
+    E2EL and the cascade split; ``None`` when the turn failed, with ``error`` set)."""
+
+    question: str
+    transcript: str
+    reply: str
+    right: bool
+    wer: float
+    metrics: dict | None
+    error: str | None = None
+
+
+# -- scoring --------------------------------------------------------------------------------------------
+def words(text: str) -> list[str]:
+    """Lower-case words and numbers of ``text``: punctuation and hyphens split words ("twenty-four" →
+    ``["twenty", "four"]``), thousands separators vanish ("1,000" → ``["1000"]``), a decimal point stays
+    ("3.5")."""
+    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text.lower())
+    return re.findall(r"\d+(?:\.\d+)?|[a-z]+", text)
+
+
+def is_right(reply: str, answers: tuple[str, ...] | list[str]) -> bool:
+    """``True`` when one of the accepted ``answers`` occurs in ``reply`` as whole words, in order, case and
+    punctuation ignored (``"5"`` matches "It is 5." but not "56"; ``"carbon dioxide"`` matches
+    "Carbon-dioxide!"). A reply that names a wrong answer beside the right one still scores right: the
+    questions are short factual ones, where models rarely hedge.
+
+    Raises:
+        ValueError: no accepted answer, or one with no words.
+    """
+    if not answers:
+        raise ValueError("a question needs at least one accepted answer")
+    got = words(reply)
+    for form in answers:
+        want = words(form)
+        if not want:
+            raise ValueError(f"accepted answer {form!r} has no words")
+        n = len(want)
+        if any(got[i : i + n] == want for i in range(len(got) - n + 1)):
+            return True
+    return False
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    """Word error rate: word-level Levenshtein distance ÷ reference length (case and punctuation ignored)."""
+    ref, hyp = words(reference), words(hypothesis)
+    d = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, d[0] = d[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
+    return d[len(hyp)] / max(1, len(ref))
+
+
+def load_questions(path: Path = QUESTIONS) -> list[Question]:
+    """The questions of ``path`` (YAML: ``questions: [{text, answers, voice, speed, pitch}, ...]``).
+
+    Raises:
+        ValueError: a question with no text or no answers, or one whose accepted answer occurs in its own
+            text (an echo of the question would score right), naming the question.
+    """
+    out = []
+    for i, q in enumerate(yaml.safe_load(Path(path).read_text())["questions"]):
+        text, answers = str(q.get("text", "")).strip(), tuple(str(a) for a in q.get("answers") or ())
+        if not text or not answers:
+            raise ValueError(f"{path}: question {i + 1} needs a text and at least one answer")
+        if is_right(text, answers):
+            raise ValueError(f"{path}: question {i + 1} ({text!r}) contains its own answer")
+        keys = {k: q[k] for k in ("voice", "speed", "pitch") if k in q}
+        out.append(Question(text, answers, **keys))
+    return out
+
+
+# -- speech ----------------------------------------------------------------------------------------------
+def speak(q: Question, cache: Path) -> Path:
+    """``q`` spoken by espeak-ng, converted by sox to 16 kHz mono 16-bit without dither (the same samples
+    every run), 0.3 s of silence before and after; cached under ``cache`` by a hash of its settings.
+
+    Raises:
+        RuntimeError: espeak-ng or sox is missing (scripts/install.sh installs both), or either failed.
+    """
+    for tool in ("espeak-ng", "sox"):
+        if shutil.which(tool) is None:
+            raise RuntimeError(f"bench qa needs {tool} (scripts/install.sh installs it)")
+    key = hashlib.sha256(f"{q.voice}|{q.speed}|{q.pitch}|{q.text}".encode()).hexdigest()[:16]
+    out = cache / f"{key}.wav"
+    if out.is_file():
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        raw, wav = Path(tmp) / "raw.wav", Path(tmp) / "q.wav"
+        try:
+            subprocess.run(
+                ["espeak-ng", "-v", q.voice, "-s", str(q.speed), "-p", str(q.pitch), "-w", str(raw), q.text],
+                check=True,
+                capture_output=True,
+            )
+            subprocess.run(
+                ["sox", "-D", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(wav), "pad", "0.3", "0.3"],
+                check=True,
+                capture_output=True,
+            )
+        except subprocess.CalledProcessError as e:
+            raise RuntimeError(f"speaking {q.text!r} ({q.voice}): {e.stderr.decode().strip()}") from e
+        wav.replace(out)  # atomic: a concurrent run never reads half a file
+    return out
+
+
+# -- running ---------------------------------------------------------------------------------------------
+async def ask(orch, q: Question, wav: np.ndarray, meta: dict) -> Answer:
+    """One spoken turn through ``orch`` (started); returns what it gave and whether it is right."""
+    rid = orch.submit(wav, meta)
+    transcript, reply, metrics, error = "", "", None, None
+    async for ev in orch.events(rid):
+        if ev.kind == "transcript":
+            transcript = ev.text or ""
+        elif ev.kind == "text":
+            reply += ev.text
+        elif ev.kind == "done":
+            metrics = dict(ev.metrics)
+        elif ev.kind == "error":
+            error = str(ev.error)
+    right = is_right(reply, q.answers)
+    return Answer(q.text, transcript, reply, right, wer(q.text, transcript), metrics, error)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else float("nan")
+
+
+def summarize(answers: list[Answer]) -> dict:
+    """Accuracy (right ÷ asked; a failed turn counts wrong), mean transcript WER, the accuracy on the
+    questions the ASR heard (WER ≤ 0.1: separates LLM errors from ASR errors), and p50/p90 (ms) of TTFP
+    and of each cascade split over the turns that finished."""
+    done = [a.metrics for a in answers if a.metrics is not None]
+    out = {
+        "asked": len(answers),
+        "right": sum(a.right for a in answers),
+        "accuracy": sum(a.right for a in answers) / len(answers) if answers else float("nan"),
+        "errors": sum(a.error is not None for a in answers),
+        "asr_wer": float(np.mean([a.wer for a in answers])) if answers else float("nan"),
+        "heard": sum(a.wer <= 0.1 for a in answers),
+        "right_when_heard": sum(a.right for a in answers if a.wer <= 0.1),
+    }
+    for key in ("ttfp_ms", *SPLIT):
+        xs = [m[key] for m in done if key in m]
+        out[f"{key}_p50"], out[f"{key}_p90"] = _pct(xs, 50), _pct(xs, 90)
+    return out
+
+
+def run_manifest(
+    model: str,
+    questions: list[Question],
+    wavs: list[np.ndarray],
+    meta: dict,
+    processes: bool = True,
+    verbose: bool = True,
+) -> list[Answer]:
+    """Every question through the stages of ``model`` (stage processes, or all in this process; one
+    orchestrator, started and stopped here), after one warm-up turn (not counted); with ``verbose``, a
+    table row is printed as each answer arrives."""
+    from omniduplex.app.respond import new_orchestrator
+    from omniduplex.pipeline.config import load_graph
+
+    pcfg = load_graph(None, model=model)
+    orch = new_orchestrator(pcfg, processes=processes)
+
+    async def main():
+        await orch.start()
+        try:
+            await ask(orch, questions[0], wavs[0], meta)  # warm-up: first-use allocations, lazy imports
+            if verbose:
+                print(f"\nbench qa: {model}")
+                print("| # | voice | wpm | heard | reply | right | TTFP ms |")
+                print("|---|---|---|---|---|---|---|", flush=True)
+            answers = []
+            for i, (q, w) in enumerate(zip(questions, wavs), 1):
+                answers.append(await ask(orch, q, w, meta))
+                if verbose:
+                    _print_row(i, q, answers[-1])
+            return answers
+        finally:
+            await orch.stop()
+
+    return asyncio.run(main())
+
+
+def run(
+    models: list[str],
+    limit: int | None = None,
+    max_tokens: int = 48,
+    greedy: bool = True,
+    json_out: Path | None = None,
+    questions_file: Path = QUESTIONS,
+    verbose: bool = True,
+    processes: bool = True,
+) -> dict[str, dict]:
+    """Ask the first ``limit`` questions (all by default) of each cascade manifest in ``models`` (resolved
+    paths), through stage processes (``processes``) or in this process, print a table per manifest and a
+    summary; returns ``{model: {"summary", "answers"}}``.
+
+    Raises:
+        ValueError: a model that is not a cascade manifest; ``RuntimeError``: espeak-ng or sox missing.
+    """
+    from omniduplex.app.respond import TurnOptions
+    from omniduplex.models.cascade.manifest import is_cascade
+    from omniduplex.models.weights import cache_dir
+    from omniduplex.pipeline.audio_io import load_audio
+
+    for m in models:
+        if not is_cascade(m):
+            raise ValueError(f"bench qa: {m} is not a cascade manifest (a cascade.yaml or its folder)")
+    questions = load_questions(questions_file)[:limit]
+    wavs = [load_audio(speak(q, cache_dir() / "bench-qa"), 16000) for q in questions]
+    meta = TurnOptions(greedy=greedy, max_tokens=max_tokens).meta("cascade")
+    results = {}
+    for m in models:
+        answers = run_manifest(m, questions, wavs, meta, processes, verbose)
+        results[m] = {"summary": summarize(answers), "answers": [asdict(a) for a in answers]}
+    _print_summary(results, max_tokens, greedy, processes)
+    if json_out:
+        json_out.write_text(json.dumps(results, indent=2))
+    return results
+
+
+def _print_row(i: int, q: Question, a: Answer) -> None:
+    reply = (a.error and f"error: {a.error}") or " ".join(a.reply.split())
+    ttfp = f"{a.metrics['ttfp_ms']:.0f}" if a.metrics else "-"
+    print(
+        f"| {i} | {q.voice} | {q.speed} | {a.transcript.strip()} | {reply[:90]} | "
+        f"{'yes' if a.right else 'no'} | {ttfp} |",
+        flush=True,
+    )
+
+
+def _print_summary(results: dict[str, dict], max_tokens: int, greedy: bool, processes: bool) -> None:
+    how = ("greedy" if greedy else "sampled") + (", stage processes" if processes else ", in-process")
+    print(f"\nbench qa summary: c=1, {how}, ≤{max_tokens} reply tokens; ms are p50 / p90")
+    head = "| manifest | right | accuracy | ASR WER | right when heard | TTFP | ASR | LLM first clause |"
+    print(head + " TTS first chunk | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for m, r in results.items():
+        s = r["summary"]
+        cells = [f"{s[f'{k}_p50']:.0f} / {s[f'{k}_p90']:.0f}" for k in ("ttfp_ms", *SPLIT)]
+        print(
+            f"| {m} | {s['right']}/{s['asked']} | {100 * s['accuracy']:.0f}% | {100 * s['asr_wer']:.0f}% | "
+            f"{s['right_when_heard']}/{s['heard']} | "
+            f"{' | '.join(cells)} | {s['errors']} |"
+        )
