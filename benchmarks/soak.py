@@ -8,10 +8,11 @@ mid-reply (drops off without a goodbye; a fresh client takes its place). Every `
 stage process is SIGKILLed (round robin); the backend fails the turns in flight on it and restarts it.
 
 Report: turns completed / failed (and how many failures fall inside a kill window: the turns in flight
-when a stage died; each failure with its reason); leaks once the clients are gone and the pipeline is
-idle: KV blocks in use, relay slots in use, ``/dev/shm`` segments of this server's processes (and of the
-stages it killed) beyond the baseline, asyncio tasks beyond the baseline, file descriptors beyond the
-baseline (server process and stage processes); RSS growth of every process after the warm-up; TTFP p99
+when a stage died; each failure with its reason); leaks once the clients are gone, the pipeline is idle
+and every stage is up again (a stage killed near the end has restarted and made its relay segments): KV
+blocks in use, relay slots in use, ``/dev/shm`` segments of this server's processes (and of the stages it
+killed) beyond the baseline, asyncio tasks beyond the baseline, file descriptors beyond the baseline
+(server process and stage processes); RSS growth of every process after the warm-up; TTFP p99
 (commit → first reply audio, from the session events).
 """
 
@@ -234,12 +235,20 @@ def _serve(model: str | None) -> LocalServer:
     return LocalServer(app).start()
 
 
-def _wait_idle(state, timeout: float = 60.0) -> None:
+def _wait_idle(state, killed: frozenset[int] = frozenset(), timeout: float = 300.0) -> bool:
+    """Wait until no session is open, no turn is in flight, no stage process is one of the ``killed`` pids and
+    every stage is up. The last kill comes with the last turn: until the backend notices the death (it checks
+    about once a second) it still counts the dead stage as up, and the restarted stage's relay segments, KV
+    blocks and descriptors exist only once it has loaded its weights and reported ready. Returns whether
+    that happened within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not state.sessions and not state.orchestrator.turns:
-            return
+        replaced = not set(_pids(state).values()) & killed
+        idle = not state.sessions and not state.orchestrator.turns
+        if replaced and idle and state.orchestrator.backend.ready:
+            return True
         time.sleep(0.2)
+    return False
 
 
 def run(
@@ -258,8 +267,8 @@ def run(
         t0 = time.monotonic()
         asyncio.run(_run_clients(soak, sessions))
         wall = time.monotonic() - t0
-        _wait_idle(state)
-        time.sleep(2.0)  # restarted stages settle; vanished clients' media timeouts expire
+        settled = _wait_idle(state, frozenset(soak.killed_pids))
+        time.sleep(2.0)  # the closed sessions' tasks and sockets wind down
         end = _snapshot(state, loop, frozenset(soak.killed_pids))
     finally:
         srv.stop()
@@ -272,6 +281,7 @@ def run(
         "failed_outside_kill_windows": soak.failed - soak.failed_in_kill,
         "failures": soak.failures,
         "stage_kills": len(soak.kills),
+        "idle_and_ready_at_end": settled,
         "wall_s": wall,
         "ttfp_p99_ms": float(np.percentile(soak.ttfp, 99)) if soak.ttfp else float("nan"),
         "leaks": {

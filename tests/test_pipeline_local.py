@@ -4,6 +4,7 @@ cancellation frees every stage, bad input fails only its own turn."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import numpy as np
@@ -99,8 +100,12 @@ def test_cancel_frees_every_stage_and_other_turns_continue(ckpt):
                 if ev.kind == "audio":
                     orch.cancel(victim)
             events, _ = await other
-            await asyncio.sleep(0.2)  # let the backend thread apply the abort
             w = orch.backend.workers
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and any(  # the backend thread applies the abort
+                w[s].engine.has_unfinished() for s in ("thinker", "talker")
+            ):
+                await asyncio.sleep(0.02)
             return kinds, events, w
         finally:
             await orch.stop()

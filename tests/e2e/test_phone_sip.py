@@ -39,6 +39,21 @@ def sip_state(srv: ServedApp):
     return calls
 
 
+def wait_until(cond, timeout_s: float, what: str) -> None:
+    """Poll ``cond()`` until true; fail after ``timeout_s`` seconds (a bound for a loaded machine, not a
+    latency figure)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
+        time.sleep(0.02)
+
+
+def released(srv: ServedApp) -> bool:
+    """No session and no SIP call left (BYE handled, media loop ended)."""
+    return srv.state.sessions == {} and srv.app.state.sip.calls == {}
+
+
 def best_correlation(x: np.ndarray, ref: np.ndarray) -> float:
     """Max normalized cross-correlation of ``ref`` against windows of ``x`` (both float)."""
     n = len(x) + len(ref)
@@ -63,9 +78,8 @@ def test_call_gets_a_spoken_reply_and_bye_frees_everything(tmp_path, transport):
     with srv, LoopbackCapture(range(sip.rtp_ports[0], sip.rtp_ports[1] + 1)) as cap:
         r = sipp("uac_speech.xml", sip.port, tmp_path, "-m", "1", "-d", "11000", transport=transport)
         assert r.returncode == 0, r.stdout[-2000:] + sipp_errors(tmp_path)
-        time.sleep(0.3)
+        wait_until(lambda: released(srv), 10, "the call released after its BYE")
         sipserver = srv.app.state.sip
-        assert srv.state.sessions == {} and sipserver.calls == {}
         assert len(sipserver.ports.free) == len(range(sip.rtp_ports[0], sip.rtp_ports[1] + 1, 2))
         stats = srv.state.metrics()
     assert stats["turns"] == 1 and len(responder.started) == 1
@@ -104,7 +118,9 @@ def test_barge_in_silences_the_reply_and_history_keeps_the_played_part(tmp_path)
         stop_ms = list(call.session.stats.stop_ms)
         out, _ = proc.communicate(timeout=40)
         assert proc.returncode == 0, out[-2000:] + sipp_errors(tmp_path)
-    assert call.session.stats.barge_ins == 1 and stop_ms and stop_ms[0] <= 40, stop_ms
+    # playout stops at the first frame pulled after the detection (Session.pull_audio): one stop recorded.
+    # How many ms that took is a latency figure (printed below; `omniduplex bench realtime` measures it).
+    assert call.session.stats.barge_ins == 1 and len(stop_ms) == 1, stop_ms
     kept = [t for role, t in history if role == "assistant"]
     assert kept and kept[0].split() and len(kept[0].split()) < 6
     if cap.available:
@@ -129,8 +145,7 @@ def test_ten_concurrent_calls(tmp_path):
         r = sipp("uac_speech.xml", sip.port, tmp_path, "-m", "10", "-l", "10", "-r", "10", "-d", "8500")
         cpu, wall = thread_cpu_s(srv.thread) - cpu0, time.monotonic() - t0
         assert r.returncode == 0, r.stdout[-2000:] + sipp_errors(tmp_path)
-        time.sleep(0.3)
-        assert srv.state.sessions == {} and srv.app.state.sip.calls == {}
+        wait_until(lambda: released(srv), 10, "every call released after its BYE")
         stats = srv.state.metrics()
     assert stats["turns"] == 10 and stats["sessions_started"] == 10
     lat = stats["speech_end_to_first_audio_ms"]

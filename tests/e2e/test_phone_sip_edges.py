@@ -22,7 +22,7 @@ from _sip import (
     status_of,
     write_caller,
 )
-from test_phone_sip import sip_server, sip_state
+from test_phone_sip import released, sip_server, sip_state, wait_until
 
 from omniduplex.app.phone.sip.auth import digest_response, parse_digest
 
@@ -78,8 +78,7 @@ def test_cancel_while_ringing_gets_487(tmp_path):
     with srv:
         r = sipp("uac_cancel.xml", sip.port, tmp_path, "-m", "1")
         assert r.returncode == 0, r.stdout[-2000:] + sipp_errors(tmp_path)
-        time.sleep(0.2)
-        assert srv.app.state.sip.calls == {} and srv.state.sessions == {}
+        wait_until(lambda: released(srv), 10, "the cancelled call released")
 
 
 def test_hold_and_resume_by_reinvite(tmp_path):
@@ -93,7 +92,11 @@ def test_hold_and_resume_by_reinvite(tmp_path):
     if cap.available:
         (packets,) = cap.streams().values()
         gaps = np.diff([p.t for p in packets])
-        assert 1.2 < gaps.max() < 2.0  # nothing sent while held (~1.5 s), then the stream resumes
+        held = int(np.argmax(gaps))
+        # nothing sent while held: the hold is applied before its 200 OK, and SIPp resumes 1.5 s after that
+        # answer, so the gap is at least ~1.5 s however loaded the machine (a slow resume only lengthens it)
+        assert gaps[held] > 1.2, gaps[held]
+        assert len(packets) - held - 1 >= 10  # then the stream resumes (SIPp stays 1 s after resuming)
 
 
 @pytest.mark.parametrize(
@@ -107,10 +110,9 @@ def test_server_hangs_up_on_rtp_timeout_and_call_timeout(tmp_path, audio_s, limi
     with srv:
         t0 = time.monotonic()
         r = sipp("uac_vanish.xml", sip.port, tmp_path, "-m", "1")
-        assert r.returncode == 0, r.stdout[-2000:] + sipp_errors(tmp_path)
-        assert 1.9 < time.monotonic() - t0 < 10
-        time.sleep(0.2)
-        assert srv.app.state.sip.calls == {} and srv.state.sessions == {}
+        assert r.returncode == 0, r.stdout[-2000:] + sipp_errors(tmp_path)  # SIPp got our BYE
+        assert time.monotonic() - t0 > 1.9  # not before the limit (a late BYE only fails SIPp's own timeout)
+        wait_until(lambda: released(srv), 10, "the call released after our BYE")
 
 
 def test_malformed_requests_and_stray_rtp_leave_a_call_in_progress_alone(tmp_path):
@@ -160,7 +162,7 @@ def test_malformed_requests_and_stray_rtp_leave_a_call_in_progress_alone(tmp_pat
         # RTP to the call's port from a stranger: counted, dropped (wrong payload types: test_phone_sip_units)
         rtp = struct.pack("!BBHII", 0x80, 0, 1, 160, 1234) + bytes(160)
         s.sendto(rtp, ("127.0.0.1", call.port))
-        time.sleep(0.1)
+        wait_until(lambda: call.rtp.ignored_source > 0, 5, "the stray RTP packet counted")
         stray = call.rtp.ignored_source
         out, _ = call_proc.communicate(timeout=30)
         assert call_proc.returncode == 0, out[-2000:] + sipp_errors(tmp_path)
@@ -207,7 +209,7 @@ def test_raw_call_silence_packets_dtmf_events_and_wrong_payload_types():
             )
         rtp(8, 15, 1760, b"\xd5" * 160)  # PCMA was not negotiated
         got = [media.recv(2000) for _ in range(25)]
-        time.sleep(0.1)
+        wait_until(lambda: call.digits and call.rtp.ignored_pt, 5, "the digit and the PCMA packet seen")
         digits, ignored_pt = list(call.digits), call.rtp.ignored_pt
         stranger = raw_request("BYE", sip.port, here, "dtmf-1", cseq="2 BYE", to=to_tag)
         s.sendto(stranger, ("127.0.0.1", sip.port))  # right Call-ID, another From tag: not this dialog
@@ -215,7 +217,6 @@ def test_raw_call_silence_packets_dtmf_events_and_wrong_payload_types():
         bye = raw_request("BYE", sip.port, here, "dtmf-1", cseq="3 BYE", from_tag="caller1", to=to_tag)
         s.sendto(bye, ("127.0.0.1", sip.port))
         assert status_of(final_response(s, "BYE")) == 200
-        time.sleep(0.2)
-        assert srv.state.sessions == {}
+        wait_until(lambda: srv.state.sessions == {}, 10, "the call released after its BYE")
     assert digits == ["5"] and ignored_pt == 1
     assert all(p[1] & 0x7F == 0 and p[12:] == b"\xff" * 160 for p in got)  # PCMU silence, one per 20 ms

@@ -45,9 +45,11 @@ def test_a_phone_call_through_the_default_pipeline():
             assert tw.first_reply_audio_at is not None, "no reply audio within 90 s"
             latency_ms = 1000 * (tw.first_reply_audio_at - tw.speech_ends[0])
             call = next(iter(srv.state.sessions.values()))
-            while call.session.busy and time.monotonic() < deadline:  # let the reply finish
-                await asyncio.sleep(0.1)
-            await asyncio.sleep(0.5)
+            def finished() -> bool:  # the reply has ended and both turns are in the history
+                return not call.session.busy and len(call.session.history.entries) >= 2
+
+            while not finished() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
             history = [list(e) for e in call.session.history.entries]
             await tw.send({"event": "stop", "streamSid": tw.sid, "stop": {}})
             await asyncio.wait_for(runner, 10)

@@ -57,6 +57,12 @@ async def until(conn, kind: str, timeout: float = 90.0, events: list | None = No
     raise AssertionError(f"connection closed before {kind}")
 
 
+def audio_s(events: list) -> float:
+    """Seconds of PCM16 24 kHz audio in the ``response.output_audio.delta`` events of ``events``."""
+    deltas = [e.delta for e in events if e.type == "response.output_audio.delta"]
+    return sum(len(base64.b64decode(d)) for d in deltas) / (2 * 24000)
+
+
 def client(base_url: str) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=base_url, api_key="sk-local", max_retries=0)
 
@@ -220,7 +226,8 @@ def test_barge_in_cancels_the_response_then_truncate(server):
             await conn.response.create()
             events = await until(conn, "response.output_audio.delta")
             item_id = next(e for e in events if e.type == "response.output_item.added").item.id
-            await asyncio.sleep(0.6)  # some reply audio plays
+            while audio_s(events) < 0.5:  # some reply audio plays (deltas come as the server plays them)
+                await until(conn, "response.output_audio.delta", events=events)
             sender = asyncio.create_task(stream(conn, pcm24(EXAMPLES / "green_tea.wav")))
             barge = await until(conn, "response.done")
             await sender

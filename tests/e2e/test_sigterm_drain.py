@@ -57,9 +57,9 @@ async def _scenario(port: int, proc: subprocess.Popen) -> dict:
         await ws.send(json.dumps({"type": "response.create"}))
         await _events_until(ws, "response.output_audio.delta")
         proc.send_signal(signal.SIGTERM)
-        await asyncio.sleep(0.3)
-        async with httpx.AsyncClient() as http:
-            ready = await http.get(f"http://127.0.0.1:{port}/readyz")
+        async with httpx.AsyncClient() as http, asyncio.timeout(30):
+            while (ready := await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
+                await asyncio.sleep(0.02)  # until the signal is handled; /readyz then says why not ready
         refused = None
         try:
             async with websockets.connect(url) as late:

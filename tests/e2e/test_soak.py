@@ -14,6 +14,8 @@ pytestmark = pytest.mark.slow
 def test_short_soak_leaks_nothing_and_loses_no_turn_outside_kill_windows():
     r = run(turns=16, sessions=4, kill_every=8, model=None, seed=1, json_out=None)
     assert r["turns"] == 16 and r["stage_kills"] == 2
+    # the second kill comes with the last turn: leaks are counted once that stage is back, not while it loads
+    assert r["idle_and_ready_at_end"], r
     assert r["failed_outside_kill_windows"] == 0, r
     leaks = r["leaks"]
     assert leaks["shm_segments"] == 0 and leaks["asyncio_tasks"] <= 0 and leaks["turns_in_flight"] == 0
