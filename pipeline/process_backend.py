@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import multiprocessing as mp
 import os
 import queue
@@ -35,6 +36,8 @@ from omniduplex.pipeline.stage_stats import producer_stats
 from omniduplex.pipeline.topology import ORCHESTRATOR
 from omniduplex.pipeline.workers import prepare
 from omniduplex.relay import ConsumerDied, EdgeConsumer, EdgeProducer, RelayError, sweep_orphans
+
+log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 180.0
 CHECK_EVERY_S = 1.0
@@ -261,7 +264,13 @@ class ProcessBackend:
                 raise RuntimeError(f"stage {s} died")
             self.restarts[s] += 1
             self._spawn(s)
-            self._wait_ready({s})
+            try:
+                self._wait_ready({s})
+            except StageStartError as e:
+                # the restart failed (a fatal report, or not ready in time): end that process, so the next
+                # check sees it dead and tries again; the backend thread and the other stages keep running
+                log.error("restart %d of stage %s failed: %s; trying again", self.restarts[s], s, e)
+                self.procs[s].kill()
 
     # -- backend thread ------------------------------------------------------------------------------
     def _fail(self, rid: int, error: str) -> None:
