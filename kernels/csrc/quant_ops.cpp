@@ -35,8 +35,10 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
 #define OD_AVX2 1
 #endif
 #if defined(OD_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
@@ -67,7 +69,11 @@ Format format_of(int64_t type) {
 inline float f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
+#ifdef __F16C__
+  return _cvtsh_ss(h);
+#else
   return c10::detail::fp16_ieee_to_fp32_value(h);
+#endif
 }
 
 // One decoded row: K int8 codes, K/4 lane scales, K/32 offsets.
@@ -82,8 +88,12 @@ struct Decoded {
 };
 
 inline void fill8(float* dst, float a, float b) {
+#ifdef OD_AVX2
+  _mm256_storeu_ps(dst, _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a)));
+#else
   for (int i = 0; i < 4; ++i) dst[i] = a;
   for (int i = 4; i < 8; ++i) dst[i] = b;
+#endif
 }
 
 // ---------------------------------------------------------------- decoding (one block → chunks of 32)
@@ -285,12 +295,13 @@ inline __m256i idot256(__m256i aw, __m256i sx) {  // aw unsigned bytes, sx signe
 // out[t] = dot(decoded row, activation row t) for TB activation rows starting at xq (stride K)
 template <int TB>
 inline void dot_rows(const Decoded& w, int64_t K, const int8_t* xq, const float* xd, const float* xs,
-                     float* out, int64_t out_stride) {
+                     float* out, int64_t out_stride, bool has_min) {
   const int64_t nc = K / 32;
   float offs[TB];
   for (int t = 0; t < TB; ++t) {
     float o = 0.f;
-    for (int64_t c = 0; c < nc; ++c) o += w.m[c] * xs[t * nc + c];
+    if (has_min)
+      for (int64_t c = 0; c < nc; ++c) o += w.m[c] * xs[t * nc + c];
     offs[t] = o;
   }
 #if defined(OD_AVX512)
@@ -386,18 +397,21 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
   });
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
+  const bool has_min = type == kQ4_1 || type == kQ4_K;
   at::parallel_for(0, N, 8, [&](int64_t a, int64_t b) {
     Decoded dec;
     dec.resize(K);
     for (int64_t n = a; n < b; ++n) {
       decode_row(wp + n * row_bytes, K, type, dec);
       int64_t t = 0;
+      for (; t + 8 <= T; t += 8)
+        dot_rows<8>(dec, K, xq.data() + t * K, xd.data() + t * nc, xs.data() + t * nc, yp + t * N + n, N, has_min);
       for (; t + 4 <= T; t += 4)
-        dot_rows<4>(dec, K, xq.data() + t * K, xd.data() + t * nc, xs.data() + t * nc, yp + t * N + n, N);
+        dot_rows<4>(dec, K, xq.data() + t * K, xd.data() + t * nc, xs.data() + t * nc, yp + t * N + n, N, has_min);
       switch (T - t) {
-        case 3: dot_rows<3>(dec, K, xq.data() + t * K, xd.data() + t * nc, xs.data() + t * nc, yp + t * N + n, N); break;
-        case 2: dot_rows<2>(dec, K, xq.data() + t * K, xd.data() + t * nc, xs.data() + t * nc, yp + t * N + n, N); break;
-        case 1: dot_rows<1>(dec, K, xq.data() + t * K, xd.data() + t * nc, xs.data() + t * nc, yp + t * N + n, N); break;
+        case 3: dot_rows<3>(dec, K, xq.data() + t * K, xd.data() + t * nc, xs.data() + t * nc, yp + t * N + n, N, has_min); break;
+        case 2: dot_rows<2>(dec, K, xq.data() + t * K, xd.data() + t * nc, xs.data() + t * nc, yp + t * N + n, N, has_min); break;
+        case 1: dot_rows<1>(dec, K, xq.data() + t * K, xd.data() + t * nc, xs.data() + t * nc, yp + t * N + n, N, has_min); break;
         default: break;
       }
     }
