@@ -55,6 +55,11 @@ struct Format {
   int64_t block_values, block_bytes;
 };
 
+constexpr Format format_of_known(int64_t type) {
+  return type == kQ4_1 ? Format{32, 20} : type == kQ5_0 ? Format{32, 22} : type == kQ8_0 ? Format{32, 34}
+       : type == kQ4_K ? Format{256, 144} : Format{256, 210};
+}
+
 Format format_of(int64_t type) {
   switch (type) {
     case kQ4_1: return {32, 20};
@@ -114,7 +119,7 @@ inline __m256i bits32(uint32_t bits) {  // bit i of ``bits`` → byte i = 0xFF o
 }
 #endif
 
-void decode_q4_1(const uint8_t* b, int8_t* q, float* dv, float* m) {
+inline void decode_q4_1(const uint8_t* b, int8_t* q, float* dv, float* m) {
   const float d = f16(b), mm = f16(b + 2);
   const uint8_t* qs = b + 4;
 #ifdef OD_AVX2
@@ -129,7 +134,7 @@ void decode_q4_1(const uint8_t* b, int8_t* q, float* dv, float* m) {
   *m = mm;
 }
 
-void decode_q5_0(const uint8_t* b, int8_t* q, float* dv, float* m) {
+inline void decode_q5_0(const uint8_t* b, int8_t* q, float* dv, float* m) {
   const float d = f16(b);
   uint32_t qh;
   std::memcpy(&qh, b + 2, 4);
@@ -148,7 +153,7 @@ void decode_q5_0(const uint8_t* b, int8_t* q, float* dv, float* m) {
   *m = 0.f;
 }
 
-void decode_q8_0(const uint8_t* b, int8_t* q, float* dv, float* m) {
+inline void decode_q8_0(const uint8_t* b, int8_t* q, float* dv, float* m) {
   const float d = f16(b);
   std::memcpy(q, b + 2, 32);
   fill8(dv, d, d);
@@ -156,7 +161,7 @@ void decode_q8_0(const uint8_t* b, int8_t* q, float* dv, float* m) {
 }
 
 // 8 chunks of 32 from one 256-value block
-void decode_q4_k(const uint8_t* b, int8_t* q, float* dv, float* m) {
+inline void decode_q4_k(const uint8_t* b, int8_t* q, float* dv, float* m) {
   const float d = f16(b), dmin = f16(b + 2);
   const uint8_t* s = b + 4;
   const uint8_t* qs = b + 16;
@@ -191,7 +196,7 @@ void decode_q4_k(const uint8_t* b, int8_t* q, float* dv, float* m) {
   }
 }
 
-void decode_q6_k(const uint8_t* b, int8_t* q, float* dv, float* m) {
+inline void decode_q6_k(const uint8_t* b, int8_t* q, float* dv, float* m) {
   const uint8_t* ql = b;
   const uint8_t* qh = b + 128;
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
@@ -229,27 +234,34 @@ void decode_q6_k(const uint8_t* b, int8_t* q, float* dv, float* m) {
   }
 }
 
-using DecodeFn = void (*)(const uint8_t*, int8_t*, float*, float*);
-
-DecodeFn decoder_of(int64_t type) {
-  switch (type) {
-    case kQ4_1: return decode_q4_1;
-    case kQ5_0: return decode_q5_0;
-    case kQ8_0: return decode_q8_0;
-    case kQ4_K: return decode_q4_k;
-    case kQ6_K: return decode_q6_k;
-    default: format_of(type); return nullptr;  // raises
+// Decode one row of ``K`` values (``K / block_values`` blocks at ``row``) into ``out``; the block decoder is
+// a template argument so that it is inlined into the row loop.
+template <int64_t kType>
+void decode_row_t(const uint8_t* row, int64_t K, Decoded& out) {
+  constexpr Format f = format_of_known(kType);
+  constexpr int64_t chunks_per_block = f.block_values / 32;
+  int8_t* q = out.q.data();
+  float* dv = out.dv.data();
+  float* m = out.m.data();
+  for (int64_t blk = 0; blk < K / f.block_values; ++blk) {
+    const int64_t c = blk * chunks_per_block;
+    const uint8_t* b = row + blk * f.block_bytes;
+    if constexpr (kType == kQ4_1) decode_q4_1(b, q + 32 * c, dv + 8 * c, m + c);
+    if constexpr (kType == kQ5_0) decode_q5_0(b, q + 32 * c, dv + 8 * c, m + c);
+    if constexpr (kType == kQ8_0) decode_q8_0(b, q + 32 * c, dv + 8 * c, m + c);
+    if constexpr (kType == kQ4_K) decode_q4_k(b, q + 32 * c, dv + 8 * c, m + c);
+    if constexpr (kType == kQ6_K) decode_q6_k(b, q + 32 * c, dv + 8 * c, m + c);
   }
 }
 
-// Decode one row of ``K`` values (``K / block_values`` blocks at ``row``) into ``out``.
 void decode_row(const uint8_t* row, int64_t K, int64_t type, Decoded& out) {
-  const Format f = format_of(type);
-  const DecodeFn fn = decoder_of(type);
-  const int64_t chunks_per_block = f.block_values / 32;
-  for (int64_t blk = 0; blk < K / f.block_values; ++blk) {
-    const int64_t c = blk * chunks_per_block;
-    fn(row + blk * f.block_bytes, out.q.data() + 32 * c, out.dv.data() + 8 * c, out.m.data() + c);
+  switch (type) {
+    case kQ4_1: decode_row_t<kQ4_1>(row, K, out); break;
+    case kQ5_0: decode_row_t<kQ5_0>(row, K, out); break;
+    case kQ8_0: decode_row_t<kQ8_0>(row, K, out); break;
+    case kQ4_K: decode_row_t<kQ4_K>(row, K, out); break;
+    case kQ6_K: decode_row_t<kQ6_K>(row, K, out); break;
+    default: format_of(type);  // raises
   }
 }
 
