@@ -155,3 +155,35 @@ def test_unknown_gguf_architecture_is_one_line(tmp_path):
     with pytest.raises(CheckpointError, match=r"phi\.gguf: GGUF architecture 'phi3' is not supported") as e:
         import_gguf(tmp_path / "phi.gguf", tmp_path / "out")
     assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+
+
+# -- slow: the real Qwen2.5-Coder-0.5B-Instruct GGUF against transformers' own GGUF loading ----------------
+@pytest.mark.slow
+def test_real_qwen_05b_tokens_and_greedy_match_transformers(tmp_path_factory):
+    from tokenizers import Tokenizer
+
+    from omniduplex.models.cascade.chat_template import render_chat
+    from omniduplex.models.cascade.gguf_import import cached_import
+    from omniduplex.models.weights import QWEN25_CODER_05B, WeightsError, assemble, cache_dir
+
+    try:
+        src = assemble(QWEN25_CODER_05B)
+    except WeightsError as e:
+        pytest.skip(str(e))
+    d = cached_import(src, cache_dir() / "gguf")
+    ours_tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    with pytest.MonkeyPatch.context() as mp:
+        # transformers only checks for accelerate before a GGUF load; the fp32 CPU path does not use it
+        mp.setattr(transformers.modeling_utils, "is_accelerate_available", lambda: True)
+        ref = transformers.AutoModelForCausalLM.from_pretrained(
+            str(src.parent), gguf_file=src.name, dtype=torch.float32
+        ).eval()
+    ref_tok = transformers.AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    chat = [{"role": "system", "content": "You are a helpful voice assistant. Answer in one short sentence."},
+            {"role": "user", "content": "How many days are in 2 weeks? Café, naïve, 12345!"}]  # fmt: skip
+    text = render_chat(d, chat)
+    assert text == ref_tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    ids = ours_tok.encode(text).ids
+    assert ids == ref_tok(text)["input_ids"]
+    ours = load_model(d, parts=("thinker",))
+    assert engine_greedy(ours.thinker, [ids], 16) == [hf_greedy(ref, ids, 16)]
