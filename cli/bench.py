@@ -89,12 +89,26 @@ def bench_llm(
     dtype: str = typer.Option("float32", help="float32, bfloat16 or auto (both backends)."),
     threads: int = typer.Option(1, help="torch intra-op threads of our engine (vLLM binds its own)."),
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+    gguf: Path | None = typer.Option(
+        None,
+        "--gguf",
+        help="A GGUF file: our engine on its quantized blocks and dequantised (fp32), and llama.cpp when "
+        "llama-cpp-python is installed, instead of --backend.",
+    ),
 ) -> None:
     """The cascade's LLM stage worker on each backend: tokens/s and TTFT over chat turns."""
     from omniduplex.benchmarks.llm_backends import run
     from omniduplex.models.cascade.manifest import load_manifest, resolve_llm
     from omniduplex.models.weights import cache_dir
 
+    if gguf is not None:
+        from omniduplex.benchmarks import gguf_llm
+
+        if not gguf.is_file():
+            raise typer.BadParameter(f"--gguf {gguf}: no such file")
+        levels = [int(c) for c in concurrency.split(",")]
+        gguf_llm.run(gguf, levels, json_out, new_tokens, rounds, threads)
+        return
     if model is None:
         from omniduplex.app.respond import default_model
 

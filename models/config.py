@@ -58,6 +58,9 @@ class DecoderConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     attention_bias: bool = False
+    qkv_bias: bool | None = None
+    """q/k/v projection biases; ``None``: as ``attention_bias`` (Llama's flag covers o_proj too). Qwen2 has
+    q/k/v biases and none on o_proj; the registry sets it from the architecture."""
     hidden_act: str = "silu"
     num_experts: int = 0
     num_experts_per_tok: int = 0

@@ -82,8 +82,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class Attention(nn.Module):
     """GQA self-attention reading/writing a paged KV cache.
 
-    With ``cfg.qk_norm`` (Qwen3) q and k get a per-head RMSNorm (``q_norm``/``k_norm``, ``[head_dim]``)
-    before RoPE; without it (Llama) those parameters do not exist, so strict loading sees no extras.
+    Biases: ``cfg.qkv_bias`` on q/k/v (Qwen2), ``cfg.attention_bias`` on o_proj (and on q/k/v
+    unless ``qkv_bias`` says otherwise). With ``cfg.qk_norm`` (Qwen3) q and k get a per-head RMSNorm
+    (``q_norm``/``k_norm``, ``[head_dim]``) before RoPE; without it (Llama) those parameters do not
+    exist, so strict loading sees no extras.
     """
 
     def __init__(self, cfg: DecoderConfig) -> None:
@@ -94,9 +96,10 @@ class Attention(nn.Module):
             cfg.head_dim,
         )
         bias = cfg.attention_bias
+        qkv_bias = bias if cfg.qkv_bias is None else cfg.qkv_bias
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = MergedLinear(
-            cfg.hidden_size, {"q_proj": self.q_size, "k_proj": self.kv_size, "v_proj": self.kv_size}, bias
+            cfg.hidden_size, {"q_proj": self.q_size, "k_proj": self.kv_size, "v_proj": self.kv_size}, qkv_bias
         )
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
         if cfg.qk_norm:

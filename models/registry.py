@@ -1,8 +1,9 @@
 """Model registry: ``config.json`` ``architectures`` → our modules, loaded from the published tensor names.
 
 Supported: ``Qwen3OmniMoeForConditionalGeneration`` (Thinker + audio tower, Talker + code predictor,
-Code2Wav), the text LMs ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM`` / ``LlamaForCausalLM`` (a Thinker
-without audio; Llama has no per-head q/k norm), and
+Code2Wav), the text LMs ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM`` / ``LlamaForCausalLM`` /
+``Qwen2ForCausalLM`` (a Thinker without audio; Llama and Qwen2 have no per-head q/k norm, Qwen2 has
+q/k/v biases), and
 ``OmniduplexUnifiedLM`` (:mod:`.unified`: one delay-pattern speech LM + a DAC codec decoder under ``codec.``).
 """
 
@@ -27,8 +28,8 @@ from omniduplex.models.unified.model import ARCHITECTURE as UNIFIED
 from omniduplex.models.unified.model import UnifiedConfig, UnifiedLM
 
 OMNI = "Qwen3OmniMoeForConditionalGeneration"
-TEXT_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "LlamaForCausalLM")
-NO_QK_NORM = frozenset({"LlamaForCausalLM"})
+TEXT_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM")
+NO_QK_NORM = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM"})
 """Text architectures whose attention has no per-head q/k RMSNorm."""
 PARTS = ("audio_tower", "thinker", "talker", "code2wav")
 
@@ -95,7 +96,8 @@ def text_config(raw: dict, arch: str) -> DecoderConfig:
     Raises:
         ConfigError: see :meth:`DecoderConfig.from_dict`.
     """
-    return DecoderConfig.from_dict(raw, qk_norm=arch not in NO_QK_NORM)
+    extra = {"qkv_bias": True, "attention_bias": False} if arch == "Qwen2ForCausalLM" else {}
+    return DecoderConfig.from_dict(raw, qk_norm=arch not in NO_QK_NORM, **extra)
 
 
 def build_modules(raw: dict) -> dict[str, nn.Module]:

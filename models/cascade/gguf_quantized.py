@@ -1,0 +1,177 @@
+"""Serve a GGUF LLM on its quantized blocks: the linear layers and the token embedding of a loaded
+Thinker replaced by modules that keep the GGUF tensors' GGML blocks and run our C++ kernels
+(:mod:`omniduplex.kernels.quant`: Q4_1, Q5_0, Q8_0, Q4_K, Q6_K).
+
+The model is first loaded from the dequantised import (:func:`.gguf_import.cached_import`: it supplies
+the norms, the q/k/v biases, the config and the tokenizer); :func:`quantize_from_gguf` then swaps every
+``qkv_proj``, ``o_proj``, ``gate_up_proj``, ``down_proj``, ``lm_head`` and ``embed_tokens`` for its
+quantized counterpart read from the same GGUF and frees the fp32 copy. Rows keep their order except the
+q/k rows of a ``llama`` GGUF, which are un-permuted (whole rows of blocks) as the import does.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from omniduplex.kernels import quant
+from omniduplex.models.cascade.gguf_import import _PERMUTED_ROPE, _open, unpermute_rope_rows
+from omniduplex.models.checkpoint import CheckpointError
+
+log = logging.getLogger(__name__)
+
+_FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
+
+
+class QuantLinear(nn.Module):
+    """``y = x @ W.T + b`` with ``W`` kept in GGML blocks, as one or more row groups (a merged projection
+    whose parts differ in type, e.g. Qwen2's Q5_0 q/k and Q8_0 v, is one group per type run).
+
+    Args:
+        groups: ``[(blocks uint8 [rows, row_bytes], GGML type id)]`` in output-row order.
+        in_features: ``K``.
+        bias: fp32 ``[sum(rows)]`` or ``None``.
+        dtype: the dtype of the output (the model's activation dtype); ``weight`` is an empty tensor of it
+            (callers read ``lm_head.weight.dtype``/``.device``).
+    """
+
+    def __init__(
+        self, groups: list[tuple[torch.Tensor, int]], in_features: int, bias: torch.Tensor | None, dtype
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = sum(int(w.shape[0]) for w, _ in groups)
+        self.types = tuple(t for _, t in groups)
+        for i, (w, t) in enumerate(groups):
+            if w.dtype != torch.uint8 or w.shape[1] != quant.row_bytes(t, in_features):
+                raise ValueError(
+                    f"group {i}: {tuple(w.shape)} {w.dtype} is not GGML type {t} rows of {in_features}"
+                )
+            self.register_buffer(f"qweight{i}", w.contiguous(), persistent=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        self.register_buffer("weight", torch.empty(0, dtype=dtype), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[..., K]`` → ``[..., out_features]`` in ``x.dtype``."""
+        x2 = x.reshape(-1, self.in_features)
+        ys = [
+            quant.qmatmul(x2, getattr(self, f"qweight{i}"), t, self.in_features)
+            for i, t in enumerate(self.types)
+        ]
+        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+class QuantEmbedding(nn.Module):
+    """Token embedding whose table stays in GGML blocks; looked-up rows are dequantised exactly."""
+
+    def __init__(self, blocks: torch.Tensor, qtype: int, dim: int, dtype) -> None:
+        super().__init__()
+        self.qtype, self.embedding_dim = qtype, dim
+        self.num_embeddings = int(blocks.shape[0])
+        self.register_buffer("qweight", blocks.contiguous(), persistent=False)
+        self.register_buffer("weight", torch.empty(0, dtype=dtype), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` int64 ``[...]`` → ``[..., dim]`` in the model dtype."""
+        rows = quant.dequantize_rows(self.qweight, self.qtype, self.embedding_dim, ids.reshape(-1))
+        return rows.to(self.weight.dtype).reshape(*ids.shape, self.embedding_dim)
+
+
+def _blocks(t, src: Path) -> tuple[torch.Tensor, int] | None:
+    """A GGUF tensor's rows as ``(uint8 [rows, row_bytes], type id)``; ``None`` for a float tensor.
+
+    Raises:
+        CheckpointError: a quant type our kernels do not take.
+    """
+    name = t.tensor_type.name
+    if name in _FLOAT_TYPES:
+        return None
+    if name not in quant.TYPES:
+        raise CheckpointError(
+            f"{src.name}: tensor {t.name} has quant type {name}, which the quantized kernels do not take "
+            f"({', '.join(quant.TYPES)}); serve it dequantised (llm_quantized: false)"
+        )
+    data = np.ascontiguousarray(t.data).view(np.uint8)
+    rows = int(t.shape[-1]) if len(t.shape) > 1 else 1
+    return torch.from_numpy(data.reshape(rows, -1).copy()), quant.TYPES[name]
+
+
+@torch.no_grad()
+def quantize_from_gguf(thinker: nn.Module, gguf_path: str | Path) -> dict[str, int]:
+    """Swap ``thinker``'s linear layers and embedding for quantized ones read from ``gguf_path``.
+
+    ``thinker`` must have been loaded from this GGUF's import (same shapes). A projection any of whose parts
+    is a float tensor in the GGUF keeps its float module. Returns the count of swapped modules per GGML type.
+
+    Raises:
+        CheckpointError: unreadable GGUF, a quant type the kernels do not take, or shapes that do not match
+            the loaded model (one line naming the file).
+        QuantBuildError: the C++ kernels cannot be built here.
+    """
+    src = Path(gguf_path)
+    quant.load()
+    reader = _open(src)
+    arch = str(reader.fields["general.architecture"].contents())
+    tensors = {t.name: t for t in reader.tensors}
+    cfg = thinker.cfg
+    dtype = thinker.model.norm.weight.dtype
+    counts: dict[str, int] = {}
+
+    def grab(name: str, heads: int | None = None):
+        t = tensors.get(name)
+        if t is None:
+            raise CheckpointError(f"{src.name}: GGUF has no tensor {name}")
+        got = _blocks(t, src)
+        if got is not None and heads is not None and arch in _PERMUTED_ROPE:
+            got = (unpermute_rope_rows(got[0], heads), got[1])
+        return got
+
+    def swap(parent: nn.Module, attr: str, names: list[tuple[str, int | None]]) -> None:
+        old = getattr(parent, attr)
+        parts = [grab(n, h) for n, h in names]
+        if any(p is None for p in parts):
+            return
+        if sum(p[0].shape[0] for p in parts) != old.out_features:
+            raise CheckpointError(f"{src.name}: {names[0][0]} rows do not match the loaded model")
+        groups: list[tuple[torch.Tensor, int]] = []
+        for w, t in parts:  # consecutive parts of one type: one kernel call
+            if groups and groups[-1][1] == t:
+                groups[-1] = (torch.cat([groups[-1][0], w]), t)
+            else:
+                groups.append((w, t))
+        bias = None if getattr(old, "bias", None) is None else old.bias.float()
+        setattr(parent, attr, QuantLinear(groups, old.in_features, bias, dtype))
+        for _, t in groups:
+            name = next(k for k, v in quant.TYPES.items() if v == t)
+            counts[name] = counts.get(name, 0) + 1
+
+    for i, layer in enumerate(thinker.model.layers):
+        b = f"blk.{i}."
+        attn = layer.self_attn
+        qkv = [
+            (b + "attn_q.weight", cfg.num_attention_heads),
+            (b + "attn_k.weight", cfg.num_key_value_heads),
+            (b + "attn_v.weight", None),
+        ]
+        swap(attn, "qkv_proj", qkv)
+        swap(attn, "o_proj", [(b + "attn_output.weight", None)])
+        if hasattr(layer.mlp, "gate_up_proj") and isinstance(layer.mlp.gate_up_proj, nn.Linear):
+            swap(layer.mlp, "gate_up_proj", [(b + "ffn_gate.weight", None), (b + "ffn_up.weight", None)])
+            swap(layer.mlp, "down_proj", [(b + "ffn_down.weight", None)])
+    out_name = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+    if cfg.tie_word_embeddings:
+        thinker.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)  # untie, then swap
+        thinker.lm_head.weight = thinker.model.embed_tokens.weight
+    swap(thinker, "lm_head", [(out_name, None)])
+    emb = grab("token_embd.weight")
+    if emb is not None:
+        thinker.model.embed_tokens = QuantEmbedding(emb[0], emb[1], cfg.hidden_size, dtype)
+    log.info("%s: quantized modules %s (kernels: %s)", src.name, counts, quant.isa())
+    return counts
