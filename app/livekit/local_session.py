@@ -35,7 +35,7 @@ from livekit.agents import llm
 from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.utils import is_given
 
-from omniduplex.app.audio import FRAME_MS, AudioPort
+from omniduplex.app.audio import FRAME_MS, AudioPort, to_float32
 from omniduplex.app.events import (
     BargeIn,
     ReplyEnded,
@@ -211,7 +211,7 @@ class PipelineRealtimeSession(llm.RealtimeSession):
         ``generate_reply`` then answers it. Under 100 ms of audio: nothing happens."""
         if len(self._manual) * FRAME_MS < 100:
             return
-        wav = np.concatenate(self._manual).astype(np.float32) / 32768.0
+        wav = to_float32(np.concatenate(self._manual))
         self.clear_audio()
         self.session.commit_audio(wav, respond=False)
 

@@ -34,8 +34,6 @@ PCM_RATE = 24000
 """``audio/pcm`` sample rate (Hz); the API allows no other."""
 G711_RATE = 8000
 """``audio/pcmu`` / ``audio/pcma`` sample rate (Hz)."""
-SESSION_INPUT_RATE = 16000
-"""Rate the conversation ``Session`` takes user audio at (Hz; ``app.vad.SAMPLE_RATE``)."""
 SESSION_OUTPUT_RATE = 24000
 """Rate the bridge pulls assistant audio at (Hz; ``SessionConfig.output_rate``); ``audio/pcm`` as is."""
 

@@ -74,8 +74,8 @@ class SipCall:
         turn_model = getattr(server.state, "turn_model", None)  # shared end-of-turn model ("smart")
         self.session = Session(sid, server.responder, self._on_event, cfg, clock=clock, turn_model=turn_model)
         self.jitter = JitterBuffer()
-        self.port = AudioPort(self.session, TELEPHONE_RATE, clock=clock)
-        self.silence_in = np.zeros(self.port.out_frame, np.int16)  # a frame the jitter buffer lacks
+        self.audio = AudioPort(self.session, TELEPHONE_RATE, clock=clock)
+        self.silence_in = np.zeros(self.audio.out_frame, np.int16)  # a frame the jitter buffer lacks
         self.port = server.ports.take()
         self.rtp = RtpEndpoint(self._on_rtp)
         self.digits: list[str] = []
@@ -109,7 +109,7 @@ class SipCall:
             self.last_rtp = self.clock()
 
     def start_media(self) -> None:
-        self._spawn(self.port.run(self._tick), "media")
+        self._spawn(self.audio.run(self._tick), "media")
 
     # -- RTP → session -------------------------------------------------------------------------------
     def _on_rtp(self, pkt: RtpPacket) -> None:
@@ -131,8 +131,8 @@ class SipCall:
         if self.closing:
             return
         payload = self.jitter.pop()
-        self.port.push(self.decode(payload) if payload else self.silence_in)
-        out, _ = self.port.pull()
+        self.audio.push(self.decode(payload) if payload else self.silence_in)
+        out, _ = self.audio.pull()
         if self.neg.we_send:
             self.rtp.send_frame(self.neg.pt, self.encode(out))
         else:
