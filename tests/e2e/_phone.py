@@ -105,7 +105,7 @@ def free_port(kind=socket.SOCK_STREAM) -> int:
 
 def ServedApp(app) -> LocalServer:  # noqa: N802 (kept the tests' name)
     """The FastAPI app under uvicorn in a thread (its own event loop), like ``omniduplex serve``."""
-    return LocalServer(app, start_timeout_s=60)
+    return LocalServer(app, start_timeout_s=300)  # the real cascade loads its stages first (slow when busy)
 
 
 class FakeTwilio:
