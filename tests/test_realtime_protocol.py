@@ -538,9 +538,7 @@ def test_g711_round_trips():
 
 
 def test_pcm16_round_trip_and_errors():
-    assert (
-        audio.decode(audio.encode(ALL_INT16, "audio/pcm"), "audio/pcm").tolist() == ALL_INT16.tolist()
-    )
+    assert audio.decode(audio.encode(ALL_INT16, "audio/pcm"), "audio/pcm").tolist() == ALL_INT16.tolist()
     assert (
         audio.encode(np.array([1.5, -1.5, 0.5], np.float32), {"type": "audio/pcm"})
         == np.array([32767, -32768, 16384], "<i2").tobytes()
@@ -576,3 +574,40 @@ def test_runtime_does_not_import_openai():
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
         == "False\n"
     )
+
+
+def test_server_vad_keeps_hearing_past_the_buffer_limit_and_manual_mode_is_told_to_commit():
+    """With server VAD a long silence between turns must not make the session deaf: the buffer drops its
+    oldest audio and every append still reaches the VAD; without VAD the client is told to commit."""
+    from omniduplex.app.realtime.connection import RealtimeConnection, RealtimeLimits
+    from omniduplex.app.session import SessionConfig
+
+    class Silent:
+        output_rate = 24000
+
+    conn = RealtimeConnection(
+        None, "rt", Silent(), SessionConfig(), lambda: None, RealtimeLimits(max_buffer_s=1)
+    )
+    half_s = base64.b64encode(np.zeros(12000, "<i2").tobytes()).decode()  # 0.5 s of audio/pcm (24 kHz)
+    append = json.dumps({"type": "input_audio_buffer.append", "audio": half_s})
+    pushed: list[np.ndarray] = []
+    conn.session.push_audio = pushed.append  # what reaches the session's VAD
+    for _ in range(6):
+        conn.handle(append)
+    sent = [conn.outbox.get_nowait()["type"] for _ in range(conn.outbox.qsize())]
+    assert "error" not in sent and conn.buffered <= 16000
+    assert 148 <= len(pushed) <= 150  # all 3 s went to the VAD in 20 ms frames (less the resampler delay)
+    conn.handle(
+        json.dumps(
+            {
+                "type": "session.update",
+                "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}},
+            }
+        )
+    )
+    for _ in range(3):
+        conn.handle(append)
+    errors = [
+        e for e in (conn.outbox.get_nowait() for _ in range(conn.outbox.qsize())) if e["type"] == "error"
+    ]
+    assert [e["error"]["code"] for e in errors] == ["input_audio_buffer_too_large"] * 3  # the buffer is full

@@ -255,15 +255,19 @@ class RealtimeConnection:
                 e.event_id,
                 "audio",
             )
-        if self.buffered + pcm.size > self.limits.max_buffer_s * SAMPLE_RATE:
+        vad = self.cfg.audio.input.turn_detection is not None
+        limit = self.limits.max_buffer_s * SAMPLE_RATE
+        if self.buffered + pcm.size > limit and not vad:
             raise ProtocolError(
                 "input_audio_buffer_too_large",
                 f"the input audio buffer holds over {self.limits.max_buffer_s:.0f} s; commit or clear it",
                 e.event_id,
             )
+        while self.buffer and self.buffered + pcm.size > limit:  # server VAD: a long silence between
+            self.buffered -= self.buffer.pop(0).size  # turns drops the oldest audio, never the new
         self.buffer.append(pcm)
         self.buffered += pcm.size
-        if self.cfg.audio.input.turn_detection is not None:
+        if vad:
             self.port.feed(pcm)
 
     def _commit(self, e: InputAudioBufferCommit) -> None:
