@@ -15,19 +15,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-SAMPLE_RATE = 16000
-"""Session input rate (Hz)."""
-FRAME_MS = 20
-"""Session input frame length (ms)."""
-FRAME_SAMPLES = SAMPLE_RATE * FRAME_MS // 1000
-"""Samples in one input frame (320)."""
-
-
-def to_int16(frame: np.ndarray) -> np.ndarray:
-    """``frame`` as int16 PCM: int16 passes through, float in [-1, 1] is scaled and clipped."""
-    if frame.dtype == np.int16:
-        return frame
-    return (np.clip(np.asarray(frame, np.float32), -1.0, 1.0) * 32767.0).astype(np.int16)
+from omniduplex.app.audio.pcm import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, to_int16
 
 
 class FrameVad(Protocol):

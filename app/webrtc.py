@@ -1,9 +1,9 @@
 """The WebRTC transport: one aiortc peer connection adapted to one :class:`~omniduplex.app.session.Session`.
 
-* Inbound: the browser's Opus track (decoded by aiortc to 48 kHz) → mono 16 kHz → 20 ms frames →
-  :meth:`Session.push_audio`.
-* Outbound: :class:`SessionAudioTrack` pulls one 20 ms, 48 kHz frame from the session when it is
-  due on the wire (real-time pacing, nothing buffered ahead), aiortc encodes it as Opus.
+* Inbound: the browser's Opus track (decoded by aiortc to 48 kHz) → the session's
+  :class:`~omniduplex.app.audio.AudioPort` (mono, 16 kHz, 20 ms frames).
+* Outbound: :class:`SessionAudioTrack` pulls one 20 ms, 48 kHz frame from the port when its pacer says
+  it is due on the wire (real-time pacing, nothing buffered ahead), aiortc encodes it as Opus.
 * A data channel (opened by the client) carries the session's events as JSON, one per message.
   The client may send ``{"type": "bye"}`` (hang up) and ``{"type": "greet"}`` (the kiosk: have the
   assistant welcome a visitor, :func:`~omniduplex.app.kiosk.speak_greeting`).
@@ -21,26 +21,19 @@ import time
 from collections.abc import Awaitable, Callable
 
 import av
-import numpy as np
 from aiortc import MediaStreamTrack, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
+from omniduplex.app.audio import AudioPort
 from omniduplex.app.events import SessionEvent
 from omniduplex.app.kiosk import speak_greeting
 from omniduplex.app.replies import Responder
 from omniduplex.app.session import Session, SessionConfig
-from omniduplex.app.vad import FRAME_SAMPLES, SAMPLE_RATE
 
 log = logging.getLogger("omniduplex.webrtc")
 
 WIRE_RATE = 48000
-"""Opus clock rate both ways (Hz)."""
-PTIME_S = 0.020
-"""Outbound frame period (s)."""
-WIRE_FRAME = int(WIRE_RATE * PTIME_S)
-"""Samples per outbound frame (960)."""
-MAX_LAG_S = 0.060
-"""If the pacer falls this far behind (a stalled event loop), it re-anchors instead of bursting."""
+"""Opus clock rate both ways (Hz; RFC 7587 §4.1)."""
 
 
 class OfferError(ValueError):
@@ -68,52 +61,26 @@ def check_offer(sdp: object, kind: object) -> str:
 
 
 class SessionAudioTrack(MediaStreamTrack):
-    """Outbound audio: 20 ms, 48 kHz mono s16 frames pulled from the session at real-time pace."""
+    """Outbound audio: 20 ms, 48 kHz mono s16 frames pulled from the port when its pacer says they are due."""
 
     kind = "audio"
 
-    def __init__(self, session: Session, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, port: AudioPort) -> None:
         super().__init__()
-        self.session, self.clock = session, clock
-        self.anchor: float | None = None  # clock time of frame `sent_since_anchor == 0`
-        self.since_anchor = 0
+        self.port = port
         self.pts = 0
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        now = self.clock()
-        if self.anchor is None:
-            self.anchor = now
-        else:
-            self.since_anchor += 1
-            due = self.anchor + self.since_anchor * PTIME_S
-            if due > now:
-                await asyncio.sleep(due - now)
-            elif now - due > MAX_LAG_S:
-                self.anchor, self.since_anchor = now, 0
-        pcm, _ = self.session.pull_audio(WIRE_FRAME)
+        await self.port.pacer.wait()
+        pcm, _ = self.port.pull()
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = WIRE_RATE
         frame.pts = self.pts
         frame.time_base = fractions.Fraction(1, WIRE_RATE)
-        self.pts += WIRE_FRAME
+        self.pts += pcm.size
         return frame
-
-
-class FrameChunker:
-    """Regroups arbitrary-length int16 chunks into exact ``size``-sample frames (bounded buffer)."""
-
-    def __init__(self, size: int = FRAME_SAMPLES) -> None:
-        self.size = size
-        self.buf = np.zeros(0, np.int16)
-
-    def push(self, pcm: np.ndarray) -> list[np.ndarray]:
-        x = np.concatenate([self.buf, pcm]) if self.buf.size else pcm
-        n = x.size // self.size
-        frames = [x[i * self.size : (i + 1) * self.size] for i in range(n)]
-        self.buf = x[n * self.size :].copy()
-        return frames
 
 
 class PeerSession:
@@ -146,7 +113,8 @@ class PeerSession:
         self.channel = None
         self.pending: list[str] = []  # events emitted before the data channel opened
         self.session = Session(session_id, responder, self._send_event, cfg, turn_model=turn_model)
-        self.out_track = SessionAudioTrack(self.session)
+        self.port = AudioPort(self.session, WIRE_RATE)
+        self.out_track = SessionAudioTrack(self.port)
         self.tasks: set[asyncio.Task] = set()
         self.last_media = time.monotonic()
         self.got_media = False
@@ -236,17 +204,15 @@ class PeerSession:
 
     # -- loops -------------------------------------------------------------------------------------
     async def _inbound(self, track: MediaStreamTrack) -> None:
-        """Decoded 48 kHz Opus → 16 kHz mono int16 → 20 ms frames into the session."""
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
-        chunker = FrameChunker()
+        """Decoded Opus frames (aiortc: packed s16, 48 kHz, 1 or 2 channels) into the port."""
         try:
             while True:
                 frame = await track.recv()
                 self.last_media, self.got_media = time.monotonic(), True
                 self.inbound_frames += 1
-                for out in resampler.resample(frame):
-                    for f in chunker.push(out.to_ndarray().reshape(-1)):
-                        self.session.push_audio(f)
+                pcm = frame.to_ndarray()  # packed: (1, samples × channels); planar: (channels, samples)
+                pcm = pcm.T.reshape(-1) if frame.format.is_planar else pcm.reshape(-1)
+                self.port.push(pcm, frame.sample_rate, len(frame.layout.channels))
         except MediaStreamError:
             if not self.closing:
                 self._spawn(self.close("client audio ended"), "close")

@@ -85,6 +85,11 @@ class SpeakerOutput(io.AudioOutput):
         self.pushed += frame.duration
         self.frames.append((start, frame))
 
+    def position(self) -> float:
+        """Seconds of the current segment played by now (0 between segments), on the speaker's clock."""
+        now = time.monotonic()
+        return sum(min(max(0.0, now - start), f.duration) for start, f in self.frames)
+
     def flush(self) -> None:
         super().flush()
         if self.frames:
@@ -99,9 +104,7 @@ class SpeakerOutput(io.AudioOutput):
             return
         if self.wait is not None:
             self.wait.cancel()
-        now = time.monotonic()
-        played = sum(min(max(0.0, now - start), f.duration) for start, f in self.frames)
-        self._report(played, True)
+        self._report(self.position(), True)
 
     def _report(self, position: float, interrupted: bool) -> None:
         now = time.monotonic()

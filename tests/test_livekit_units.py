@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 
@@ -10,8 +12,9 @@ pytest.importorskip("livekit.agents")
 from livekit import rtc  # noqa: E402
 from livekit.agents import llm  # noqa: E402
 
+from omniduplex.app.audio import AudioPort  # noqa: E402
 from omniduplex.app.history import History  # noqa: E402
-from omniduplex.app.livekit.audio import FrameSplitter, MonoResampler, pcm_frame  # noqa: E402
+from omniduplex.app.livekit.audio import frame_pcm, pcm_frame  # noqa: E402
 from omniduplex.app.livekit.chat_sync import ItemIds, apply_chat_ctx, history_chat_ctx  # noqa: E402
 from omniduplex.app.livekit.remote_link import RetryPolicy  # noqa: E402
 from omniduplex.app.livekit.turn_signals import SpeechSignals  # noqa: E402
@@ -66,14 +69,14 @@ def test_retry_schedule_doubles_to_a_cap():
 
 
 def test_room_audio_becomes_20_ms_frames_at_16_khz():
-    resampler, splitter = MonoResampler(16000), FrameSplitter(320)
+    port = AudioPort(types.SimpleNamespace(cfg=types.SimpleNamespace(output_rate=24000)))  # no session needed
     t = np.arange(48000 * 2) / 48000
     tone = (0.3 * np.sin(2 * np.pi * 440 * t) * 32767).astype(np.int16)
     stereo = np.repeat(tone, 2)
     frames = []
     for i in range(0, tone.size, 480):  # 10 ms stereo frames at 48 kHz
         f = rtc.AudioFrame(stereo[2 * i : 2 * i + 960].tobytes(), 48000, 2, 480)
-        frames += splitter.push(resampler.push(f))
+        frames += port.frames(port.resample(*frame_pcm(f)))
     assert all(f.shape == (320,) and f.dtype == np.int16 for f in frames)
     assert abs(len(frames) - 100) <= 1  # 2 s → 100 frames of 20 ms
     x = np.concatenate(frames).astype(np.float32) / 32768

@@ -1,5 +1,5 @@
-"""G.711 against CPython's ``audioop`` (deprecated, still in 3.11/3.12: a test oracle only), the streaming
-resamplers, and turn detection on telephone-band (8 kHz μ-law) audio."""
+"""G.711 against CPython's ``audioop`` (deprecated, still in 3.11/3.12: a test oracle only)
+and turn detection on telephone-band (8 kHz μ-law) audio."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import soxr
 
+from omniduplex.app.audio import AudioPort
 from omniduplex.app.events import UserTurnCommitted
 from omniduplex.app.phone import narrowband as nb
 from omniduplex.app.replies import ReplyDone
@@ -49,24 +50,6 @@ def test_silence_codes_and_round_trip_error():
         assert snr > 30  # G.711 gives ~38 dB on a loud tone
 
 
-def test_reframer_regroups_exactly():
-    r = nb.Reframer(160)
-    frames = r.push(np.arange(100, dtype=np.int16)) + r.push(np.arange(100, 500, dtype=np.int16))
-    assert [f.size for f in frames] == [160, 160, 160] and r.buf.size == 20
-    assert np.array_equal(np.concatenate(frames), np.arange(480, dtype=np.int16))
-
-
-def test_streamed_upsampling_equals_one_shot_and_gives_20ms_frames():
-    x = (10000 * np.sin(np.arange(16000) / 8000 * 2 * np.pi * 300)).astype(np.int16)
-    up = nb.upsampler_8k_to_16k()
-    frames = [f for i in range(0, x.size, 160) for f in up.push(x[i : i + 160])]
-    assert all(f.shape == (320,) and f.dtype == np.int16 for f in frames)
-    got = np.concatenate(frames).astype(np.float32) / 32768
-    ref = soxr.ResampleStream(8000, 16000, 1, dtype="float32", quality="HQ")
-    want = ref.resample_chunk(x.astype(np.float32) / 32768)[: got.size]
-    assert got.size >= 31 * 320 and np.max(np.abs(got - want)) < 2 / 32768
-
-
 class OneReply:
     output_rate = 24000
 
@@ -95,11 +78,10 @@ def test_turn_detection_works_on_telephone_audio():
     async def main():
         events, responder = [], OneReply()
         session = Session("tel", responder, events.append, SessionConfig(output_rate=8000))
-        up = nb.upsampler_8k_to_16k()
+        port = AudioPort(session, 8000)  # 8 → 16 kHz, 20 ms frames
         for i in range(0, line.size, 160):
-            for frame in up.push(line[i : i + 160]):
-                session.push_audio(frame)
-            session.pull_audio(160)
+            port.push(line[i : i + 160])
+            port.pull()
             await asyncio.sleep(0)
         await session.close()
         return events, responder

@@ -10,7 +10,7 @@ import pytest
 
 from omniduplex.app.events import UserTurnCommitted
 from omniduplex.app.session import Session, SessionConfig
-from omniduplex.app.vad import FRAME_SAMPLES, SpeechSegmenter, TurnConfig, WebRtcVad, to_int16
+from omniduplex.app.vad import FRAME_SAMPLES, SpeechSegmenter, TurnConfig, WebRtcVad
 from omniduplex.pipeline.audio_io import load_audio
 
 QUESTION = Path(__file__).parents[1] / "examples" / "question.wav"
@@ -28,11 +28,6 @@ def test_webrtcvad_hears_speech_not_silence():
     assert not any(vad.is_speech(np.zeros(FRAME_SAMPLES, np.float32)) for _ in range(10))
     with pytest.raises(ValueError, match="320 samples"):
         vad.is_speech(np.zeros(160, np.int16))
-
-
-def test_to_int16_scales_and_clips_floats():
-    x = to_int16(np.array([0.0, 0.5, -1.0, 2.0], np.float32))
-    assert x.dtype == np.int16 and x.tolist() == [0, 16383, -32767, 32767]
 
 
 def test_segmenter_start_end_and_speech_ms():

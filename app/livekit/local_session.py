@@ -14,7 +14,8 @@ Session → framework: ``UserSpeechStarted`` / ``BargeIn`` / ``UserTurnCommitted
 message's text stream; reply audio → its audio stream; ``ReplyEnded`` → the streams end; a failed reply or
 ``SessionError`` → ``error`` (recoverable).
 
-Reply audio is pulled from the session's playout buffer by a 20 ms pump and forwarded at most
+Room audio goes through the session's :class:`~omniduplex.app.audio.AudioPort` (16 kHz, 20 ms frames). Reply
+audio is pulled from it on every tick of its 20 ms clock and forwarded at most
 ``lead_s`` ahead of real time: the framework's audio output plays in real time, so the session's idea of
 "played" stays within ``lead_s`` of the truth (its barge-in and history rules keep working), and the
 framework's ``truncate(audio_end_ms)`` then corrects the history to what the room really heard.
@@ -25,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from dataclasses import replace
 from typing import Literal
 
@@ -35,6 +35,7 @@ from livekit.agents import llm
 from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.utils import is_given
 
+from omniduplex.app.audio import FRAME_MS, AudioPort, to_float32
 from omniduplex.app.events import (
     BargeIn,
     ReplyEnded,
@@ -46,21 +47,17 @@ from omniduplex.app.events import (
     UserTranscriptEvent,
     UserTurnCommitted,
 )
-from omniduplex.app.livekit.audio import FrameSplitter, MonoResampler, pcm_frame
+from omniduplex.app.livekit.audio import frame_pcm, pcm_frame
 from omniduplex.app.livekit.chat_sync import ItemIds, apply_chat_ctx, history_chat_ctx
 from omniduplex.app.livekit.generation import Generation, Message, model_error
 from omniduplex.app.livekit.turn_signals import SpeechSignals
 from omniduplex.app.replies import Responder
 from omniduplex.app.session import Session, SessionConfig
-from omniduplex.app.vad import FRAME_SAMPLES, SAMPLE_RATE
 
 log = logging.getLogger("omniduplex.livekit")
 
 OUTPUT_RATE = 24_000
 """Rate of the reply audio frames handed to the framework (Hz)."""
-FRAME_S = 0.020
-"""Pump period and frame length of the forwarded reply audio (s)."""
-OUT_FRAME = int(OUTPUT_RATE * FRAME_S)
 MAX_MANUAL_S = 60.0
 """Audio kept for a manual ``commit_audio`` (s); older audio is dropped."""
 
@@ -95,8 +92,6 @@ class PipelineRealtimeSession(llm.RealtimeSession):
         self._committed = False
         self._closed = False
         self._sink_end = 0.0  # monotonic time at which the forwarded reply audio has all played
-        self._resampler = MonoResampler(SAMPLE_RATE)
-        self._splitter = FrameSplitter(FRAME_SAMPLES)
         self._manual: list[np.ndarray] = []  # 16 kHz frames since the last turn (commit_audio)
         self._signals = SpeechSignals()
         self._ids = ItemIds()
@@ -108,7 +103,10 @@ class PipelineRealtimeSession(llm.RealtimeSession):
             replace(cfg, output_rate=OUTPUT_RATE),
             turn_model=turn_model,
         )
-        self._pump = asyncio.get_running_loop().create_task(self._pump_loop(), name=f"lk-pump-{session_id}")
+        self.port = AudioPort(self.session, OUTPUT_RATE)
+        self._pump = asyncio.get_running_loop().create_task(
+            self.port.run(self._tick), name=f"lk-pump-{session_id}"
+        )
 
     # -- the framework's view -------------------------------------------------------------------------
     @property
@@ -126,14 +124,14 @@ class PipelineRealtimeSession(llm.RealtimeSession):
         """User audio from the room, any rate / channel count; the session runs VAD and turn-taking on it."""
         if self._closed:
             return
-        for pcm in self._splitter.push(self._resampler.push(frame)):
+        for pcm in self.port.frames(self.port.resample(*frame_pcm(frame))):
             in_speech = self.session.in_speech
             self._committed = False
             self._manual.append(pcm)
             self.session.push_audio(pcm)
             if in_speech and not self.session.in_speech and not self._committed:
                 self._signal(self._signals.dropped())
-        del self._manual[: max(0, len(self._manual) - int(MAX_MANUAL_S / FRAME_S))]
+        del self._manual[: max(0, len(self._manual) - int(1000 * MAX_MANUAL_S / FRAME_MS))]
 
     def push_video(self, frame: rtc.VideoFrame) -> None:
         """Ignored: the pipeline takes no video."""
@@ -211,9 +209,9 @@ class PipelineRealtimeSession(llm.RealtimeSession):
     def commit_audio(self) -> None:
         """Commit the user audio since the last turn as a turn now (whatever the VAD says); the framework's
         ``generate_reply`` then answers it. Under 100 ms of audio: nothing happens."""
-        if len(self._manual) * FRAME_S < 0.1:
+        if len(self._manual) * FRAME_MS < 100:
             return
-        wav = np.concatenate(self._manual).astype(np.float32) / 32768.0
+        wav = to_float32(np.concatenate(self._manual))
         self.clear_audio()
         self.session.commit_audio(wav, respond=False)
 
@@ -302,27 +300,18 @@ class PipelineRealtimeSession(llm.RealtimeSession):
             self.emit("error", model_error(self.realtime_model.label, err, True))
 
     # -- reply audio ---------------------------------------------------------------------------------
-    async def _pump_loop(self) -> None:
-        """Every 20 ms (re-anchored after a stall): forward the reply audio that is due."""
-        t0, n = time.monotonic(), 0
-        while True:
-            n += 1
-            delay = t0 + n * FRAME_S - time.monotonic()
-            if delay < -3 * FRAME_S:
-                t0, n = time.monotonic(), 0
-            else:
-                await asyncio.sleep(max(0.0, delay))
-            try:
-                self._pull()
-            except Exception:  # keep pumping: one bad frame must not silence the room
-                log.exception("%s: reply audio pump failed", self.session.id)
+    def _tick(self, now: float) -> None:
+        """One tick of the port's 20 ms clock (``now``: its due time, monotonic s): forward what is due."""
+        try:
+            self._pull(now)
+        except Exception:  # keep pumping: one bad frame must not silence the room
+            log.exception("%s: reply audio pump failed", self.session.id)
 
-    def _pull(self) -> None:
+    def _pull(self, now: float) -> None:
         """Forward queued reply audio until the framework's sink holds ``lead_s`` of it; one pull with
         nothing queued lets the session end a finished or interrupted reply."""
         s = self.session
         while s.reply_turn_id is not None:
-            now = time.monotonic()
             if s.queued_samples and self._sink_end - now >= self.lead_s:
                 return
             held = self._gens.get(s.reply_turn_id)
@@ -332,7 +321,7 @@ class PipelineRealtimeSession(llm.RealtimeSession):
                     held[1].push_audio(pcm_frame(pcm[:filled], OUTPUT_RATE))
                     self._sink_end = max(self._sink_end, now) + filled / OUTPUT_RATE
 
-            if not s.pull_audio(OUT_FRAME, forward)[1]:
+            if not self.port.pull(None, forward)[1]:
                 return
 
     # -- helpers -------------------------------------------------------------------------------------

@@ -39,7 +39,9 @@ from livekit.agents import APIConnectionError, llm
 from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.utils import is_given
 
-from omniduplex.app.livekit.audio import MonoResampler, pcm_frame, to_int16
+from omniduplex.app.audio import StreamResampler, to_int16
+from omniduplex.app.audio.pcm import mono
+from omniduplex.app.livekit.audio import frame_pcm, pcm_frame
 from omniduplex.app.livekit.generation import Generation, model_error, pipeline_capabilities
 from omniduplex.app.livekit.remote_items import RemoteConversation
 from omniduplex.app.livekit.remote_link import RealtimeLink, RetryPolicy
@@ -117,7 +119,7 @@ class RemoteRealtimeSession(llm.RealtimeSession):
         self._after_response: list[ConversationItemTruncate] = []  # to send when the response in flight ends
         self._pending: dict[str, asyncio.Future[llm.GenerationCreatedEvent]] = {}  # client event id → future
         self._abandoned: set[str] = set()  # generate_reply requests cancelled or timed out before created
-        self._resampler = MonoResampler(RATE)
+        self._resampler = StreamResampler(RATE, RATE)  # room rate → 24 kHz, restarted when the rate changes
         self._speaking = False  # speech_started reported, speech_stopped not yet
         self._outage = False
         self._was_connected = False
@@ -144,9 +146,10 @@ class RemoteRealtimeSession(llm.RealtimeSession):
         the server is unreachable)."""
         if not self.link.connected:
             return
-        x = self._resampler.push(frame)
+        pcm, rate, channels = frame_pcm(frame)
+        x = to_int16(self._resampler.process(mono(pcm, channels), rate))
         if x.size:
-            data = base64.b64encode(to_int16(x).astype("<i2").tobytes()).decode("ascii")
+            data = base64.b64encode(x.astype("<i2").tobytes()).decode("ascii")
             self.link.send(InputAudioBufferAppend(type="input_audio_buffer.append", audio=data))
 
     def push_video(self, frame: rtc.VideoFrame) -> None:

@@ -1,4 +1,4 @@
-"""Narrowband telephone audio: the G.711 codec and the 8 kHz ↔ session-rate resamplers.
+"""Narrowband telephone audio: the G.711 codec (resampling and framing are :mod:`omniduplex.app.audio`'s).
 
 G.711 (ITU-T Rec. G.711, 1988) codes one 8 kHz sample in one byte:
 
@@ -10,23 +10,14 @@ G.711 (ITU-T Rec. G.711, 1988) codes one 8 kHz sample in one byte:
 Both directions are table lookups built once with numpy from the segment formulas (the Sun Microsystems
 reference formulation that CPython's ``audioop`` also implements; tests check every code against it):
 decoding indexes a 256-entry int16 table, encoding a 65536-entry uint8 table by the int16 sample's bits.
-
-Resampling uses soxr streaming resamplers (state carried across chunks, so 20 ms frames join without
-clicks); their output length per chunk varies by a sample or two, so :class:`Reframer` regroups the
-stream into exact frames.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import soxr
 
 TELEPHONE_RATE = 8000
 """G.711 sample rate (Hz)."""
-FRAME_MS = 20
-"""Telephone frame period: Twilio media messages and RTP packets (ptime) (ms)."""
-FRAME_SAMPLES = TELEPHONE_RATE * FRAME_MS // 1000
-"""Samples (= G.711 bytes) in one 20 ms telephone frame (160)."""
 ULAW_SILENCE = 0xFF
 """μ-law code of 0."""
 ALAW_SILENCE = 0xD5
@@ -102,53 +93,3 @@ def alaw_encode(pcm: np.ndarray) -> bytes:
 
 CODECS = {"PCMU": (ulaw_encode, ulaw_decode, ULAW_SILENCE), "PCMA": (alaw_encode, alaw_decode, ALAW_SILENCE)}
 """G.711 codec name (SDP encoding name, RFC 3551) → ``(encode, decode, silence byte)``."""
-
-
-class Reframer:
-    """Regroups a stream of int16 chunks of any length into exact ``size``-sample frames.
-
-    Holds at most ``size - 1`` samples between calls.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.buf = np.zeros(0, np.int16)
-
-    def push(self, pcm: np.ndarray) -> list[np.ndarray]:
-        """Append ``pcm``; returns every complete frame now available, oldest first."""
-        x = np.concatenate([self.buf, pcm]) if self.buf.size else np.asarray(pcm, np.int16)
-        n = x.size // self.size
-        frames = [x[i * self.size : (i + 1) * self.size] for i in range(n)]
-        self.buf = x[n * self.size :].copy()
-        return frames
-
-
-class StreamResampler:
-    """A streaming int16 resampler from ``in_rate`` to ``out_rate`` (Hz) with exact output frames.
-
-    ``push(pcm)`` returns the complete ``frame_samples``-long frames (at ``out_rate``) now available.
-    soxr ``HQ`` quality: its filter delay is ~1 ms at these rates, paid once at the start of the stream.
-    Equal rates pass through unchanged (only reframed).
-    """
-
-    def __init__(self, in_rate: int, out_rate: int, frame_samples: int) -> None:
-        if in_rate <= 0 or out_rate <= 0 or frame_samples <= 0:
-            raise ValueError("rates (Hz) and frame size (samples) must be positive")
-        self.in_rate, self.out_rate = in_rate, out_rate
-        self.reframer = Reframer(frame_samples)
-        self._rs = None
-        if in_rate != out_rate:
-            self._rs = soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
-
-    def push(self, pcm: np.ndarray) -> list[np.ndarray]:
-        """Resample one chunk of int16 PCM at ``in_rate``; returns the frames completed by it."""
-        x = np.asarray(pcm, np.int16).reshape(-1)
-        if self._rs is not None:
-            y = self._rs.resample_chunk(x.astype(np.float32) / 32768.0)
-            x = (np.clip(y, -1.0, 32767.0 / 32768.0) * 32768.0).astype(np.int16)
-        return self.reframer.push(x)
-
-
-def upsampler_8k_to_16k() -> StreamResampler:
-    """8 kHz telephone audio → the session's 16 kHz input, in 20 ms (320-sample) frames."""
-    return StreamResampler(TELEPHONE_RATE, 16000, 320)

@@ -16,17 +16,17 @@ Twilio → us, in this order:
 Us → Twilio: ``media`` ``{streamSid, media: {payload}}`` (μ-law 8 kHz, buffered and played in order),
 ``mark`` ``{streamSid, mark: {name}}``, ``clear`` ``{streamSid}`` (drop everything buffered).
 
-Translation (:class:`TwilioBridge`): inbound μ-law → PCM → 16 kHz 20 ms frames → ``Session.push_audio``.
-Outbound pacing: the session's playout is pulled in 20 ms frames on a 20 ms clock, like the WebRTC track,
-but Twilio buffers what it receives, so reply frames may run up to ``lead_ms`` ahead of the caller's ear
-(a little jitter tolerance; Twilio's buffer never holds more than that) and idle (silent) frames are not
-sent at all. A mark named ``<turn_id>@<samples>`` follows every ``mark_ms`` of reply audio and the end of
-what was queued; the echoed marks are the playback position. On the session's ``BargeIn`` the unsent
-frames are dropped and ``clear`` goes out at once; when the interrupted reply ends, the session is told what
-the caller actually heard (the last mark echoed before the ``clear``) through ``Session.truncate``, so the
-history keeps the played part only. Once the session has handed out a reply's last frame the reply is over
-for it, so speech in the last ``lead_ms`` of playback starts a new turn rather than a barge-in.
-"""
+Translation (:class:`TwilioBridge`): inbound μ-law → PCM → the session's
+:class:`~omniduplex.app.audio.AudioPort` (8 → 16 kHz, 20 ms frames). Outbound pacing: the port's 20 ms clock
+pulls the session's playout, like every surface, but Twilio buffers what it receives, so reply frames may run
+up to ``lead_ms`` ahead of the caller's ear (a little jitter tolerance; Twilio's buffer never holds more than
+that) and idle (silent) frames are not sent at all. A mark named ``<turn_id>@<samples>`` follows every
+``mark_ms`` of reply audio and the end of what was queued; the echoed marks are the playback position. On the
+session's ``BargeIn`` the unsent frames are dropped and ``clear`` goes out at once; when the interrupted reply
+ends, the session is told what the caller actually heard (the last mark echoed before the ``clear``) through
+``Session.truncate``, so the history keeps the played part only. Once the session has handed out a reply's
+last frame the reply is over for it, so speech in the last ``lead_ms`` of playback starts a new turn rather
+than a barge-in. """
 
 from __future__ import annotations
 
@@ -41,14 +41,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
+from omniduplex.app.audio import AudioPort
 from omniduplex.app.events import BargeIn, SessionEvent
-from omniduplex.app.phone.narrowband import (
-    FRAME_SAMPLES,
-    TELEPHONE_RATE,
-    ulaw_decode,
-    ulaw_encode,
-    upsampler_8k_to_16k,
-)
+from omniduplex.app.phone.narrowband import TELEPHONE_RATE, ulaw_decode, ulaw_encode
 from omniduplex.app.replies import Responder
 from omniduplex.app.session import Session, SessionConfig
 
@@ -56,10 +51,6 @@ log = logging.getLogger("omniduplex.phone.twilio")
 
 MEDIA_ENCODING = "audio/x-mulaw"
 """The only ``start.mediaFormat.encoding`` of bidirectional streams."""
-FRAME_S = 0.020
-"""Media message period both ways (s)."""
-MAX_LAG_S = 0.060
-"""A pacer this late (stalled event loop) re-anchors instead of bursting."""
 
 
 class ProtocolError(ValueError):
@@ -211,10 +202,11 @@ class TwilioBridge:
     ) -> None:
         self.id, self.send, self.clock = call_id, send, clock
         self.lead_s = lead_ms / 1000.0
-        self.mark_samples = max(FRAME_SAMPLES, TELEPHONE_RATE * mark_ms // 1000)
         cfg.output_rate = TELEPHONE_RATE
         self.session = Session(call_id, responder, self._on_event, cfg, clock=clock, turn_model=turn_model)
-        self.upsampler = upsampler_8k_to_16k()
+        self.port = AudioPort(self.session, TELEPHONE_RATE, clock=clock)
+        self.mark_samples = max(self.port.out_frame, TELEPHONE_RATE * mark_ms // 1000)
+        self.ear = float("-inf")  # when the caller will have heard everything sent so far (clock s)
         self.stream_sid: str | None = None
         self.call_sid = ""
         self.parameters: dict[str, str] = {}
@@ -267,7 +259,7 @@ class TwilioBridge:
         log.info(
             "%s: stream %s of call %s started %s", self.id, self.stream_sid, self.call_sid, self.parameters
         )
-        self._spawn(self._pace(), "pace")
+        self._spawn(self.port.run(self._tick), "pace")
         self._spawn(self._write(), "write")
         return True
 
@@ -280,8 +272,7 @@ class TwilioBridge:
             ulaw = base64.b64decode(ev.media.payload, validate=True)
         except (binascii.Error, ValueError):
             return self._error("'media' payload is not base64")
-        for frame in self.upsampler.push(ulaw_decode(ulaw)):
-            self.session.push_audio(frame)
+        self.port.push(ulaw_decode(ulaw))
         return True
 
     def _mark(self, name: str) -> None:
@@ -317,33 +308,23 @@ class TwilioBridge:
             return
         log.info("%s: %s heard %.0f ms of the reply; history keeps %r", self.id, turn_id, heard / 8, kept)
 
-    async def _pace(self) -> None:
-        """Pull the session's playout on a 20 ms clock; send reply frames up to ``lead_s`` ahead."""
-        s, anchor, ticks = self.session, self.clock(), 0
-        ear = anchor  # when the caller will have heard everything sent so far
-        while not self.closed:
-            ticks += 1
-            due = anchor + ticks * FRAME_S
-            now = self.clock()
-            if due > now:
-                await asyncio.sleep(due - now)
-            elif now - due > MAX_LAG_S:
-                anchor, ticks = now, 0
-            now = self.clock()
-            if s.queued_samples == 0:
-                s.pull_audio(FRAME_SAMPLES)  # idle, the stop frame after a barge-in, or the reply's end
-                continue
-            while s.queued_samples > 0 and ear - now < self.lead_s and s.reply_turn_id is not None:
-                turn_id = s.reply_turn_id
-                pcm, filled = s.pull_audio(FRAME_SAMPLES)
-                ear = max(ear, now) + FRAME_S
-                self._send_reply_frame(turn_id, pcm, filled)
+    def _tick(self, now: float) -> None:
+        """One tick of the port's 20 ms clock: send reply frames until ``lead_s`` is buffered at Twilio."""
+        s, port = self.session, self.port
+        if port.queued == 0:
+            port.pull()  # idle, the stop frame after a barge-in, or the reply's end
+            return
+        while port.queued > 0 and self.ear - now < self.lead_s and s.reply_turn_id is not None:
+            turn_id = s.reply_turn_id
+            pcm, filled = port.pull()
+            self.ear = max(self.ear, now) + port.pacer.period_s
+            self._send_reply_frame(turn_id, pcm, filled)
 
     def _send_reply_frame(self, turn_id: str, pcm, filled: int) -> None:
         sid = self.stream_sid
         self.outbox.put_nowait(media_message(sid, ulaw_encode(pcm)))
         sent = self.sent[turn_id] = self.sent.get(turn_id, 0) + filled
-        if sent - self.marked.get(turn_id, 0) >= self.mark_samples or self.session.queued_samples == 0:
+        if sent - self.marked.get(turn_id, 0) >= self.mark_samples or self.port.queued == 0:
             self.marked[turn_id] = sent
             self.outbox.put_nowait(mark_message(sid, _mark_name(turn_id, sent)))
 

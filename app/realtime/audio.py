@@ -10,11 +10,10 @@ formats"), all mono, base64 on the wire:
 G.711 (ITU-T Rec. G.711) is the phone bridge's numpy table codec (:mod:`omniduplex.app.phone.narrowband`,
 checked code-for-code against CPython's ``audioop``); one copy serves both transports.
 
-A connection owns one :class:`InputConverter` (client format → :data:`SESSION_INPUT_RATE`, 16 kHz) and
-one :class:`OutputConverter` (:data:`SESSION_OUTPUT_RATE`, 24 kHz → client format), rebuilt when
-``session.update`` changes a format. Both resample with ``soxr.ResampleStream``, which keeps filter
-state across chunks: the concatenated output does not depend on how the input was split (tested), so
-20 ms appends join without clicks. Floats are in [-1, 1); int16 ↔ float scales by 32768.
+A connection decodes each payload to int16 at its format's rate (:func:`decode_payload`) and hands it
+to its :class:`~omniduplex.app.audio.AudioPort` (16 kHz session frames); reply audio (24 kHz int16 from the
+port) goes out through one :class:`OutputConverter` per response (the core's streaming resampler to the
+client's rate, then the format's encoder). PCM conventions are :mod:`omniduplex.app.audio.pcm`'s.
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ import binascii
 from typing import Any, Literal
 
 import numpy as np
-import soxr
 
+from omniduplex.app.audio import StreamResampler, to_int16
 from omniduplex.app.phone.narrowband import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from omniduplex.app.realtime.protocol import INVALID_AUDIO, ProtocolError
 
@@ -35,8 +34,6 @@ PCM_RATE = 24000
 """``audio/pcm`` sample rate (Hz); the API allows no other."""
 G711_RATE = 8000
 """``audio/pcmu`` / ``audio/pcma`` sample rate (Hz)."""
-SESSION_INPUT_RATE = 16000
-"""Rate the conversation ``Session`` takes user audio at (Hz; ``app.vad.SAMPLE_RATE``)."""
 SESSION_OUTPUT_RATE = 24000
 """Rate the bridge pulls assistant audio at (Hz; ``SessionConfig.output_rate``); ``audio/pcm`` as is."""
 
@@ -72,22 +69,8 @@ def b64encode(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def to_float32(pcm: np.ndarray) -> np.ndarray:
-    """int16 → float32 / 32768; float passes through as float32."""
-    pcm = np.asarray(pcm).reshape(-1)
-    return pcm.astype(np.float32) / 32768.0 if pcm.dtype == np.int16 else pcm.astype(np.float32, copy=False)
-
-
-def to_int16(x: np.ndarray) -> np.ndarray:
-    """float in [-1, 1] → int16 (rounded, clipped); int16 passes through."""
-    x = np.asarray(x).reshape(-1)
-    if x.dtype == np.int16:
-        return x
-    return np.clip(np.rint(x * 32768.0), -32768, 32767).astype(np.int16)
-
-
 def decode(data: bytes, fmt: Any, event_id: str | None = None) -> np.ndarray:
-    """Audio bytes in ``fmt`` → float32 samples at the format's rate (:data:`FORMAT_RATE`).
+    """Audio bytes in ``fmt`` → int16 samples at the format's rate (:data:`FORMAT_RATE`).
 
     ``ProtocolError(invalid_audio)`` for PCM16 with an odd byte count (not whole samples).
     """
@@ -96,9 +79,14 @@ def decode(data: bytes, fmt: Any, event_id: str | None = None) -> np.ndarray:
         if len(data) % 2:
             msg = f"audio/pcm is 16-bit: {len(data)} bytes is not a whole number of samples"
             raise ProtocolError(INVALID_AUDIO, msg, event_id, "audio")
-        return np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
-    codes = ulaw_decode(data) if t == "audio/pcmu" else alaw_decode(data)
-    return codes.astype(np.float32) / 32768.0
+        return np.frombuffer(data, "<i2").astype(np.int16)
+    return ulaw_decode(data) if t == "audio/pcmu" else alaw_decode(data)
+
+
+def decode_payload(audio: str | bytes, fmt: Any, event_id: str | None = None) -> np.ndarray:
+    """One ``input_audio_buffer.append`` / ``input_audio`` payload (base64 ``str`` or raw ``bytes``) in
+    ``fmt`` → int16 samples at the format's rate; ``ProtocolError(invalid_audio)`` when malformed."""
+    return decode(b64decode(audio, event_id) if isinstance(audio, str) else audio, fmt, event_id)
 
 
 def encode(samples: np.ndarray, fmt: Any) -> bytes:
@@ -107,52 +95,6 @@ def encode(samples: np.ndarray, fmt: Any) -> bytes:
     if t == "audio/pcm":
         return pcm.astype("<i2", copy=False).tobytes()
     return ulaw_encode(pcm) if t == "audio/pcmu" else alaw_encode(pcm)
-
-
-class StreamResampler:
-    """Streaming mono float32 resampler ``in_rate`` → ``out_rate`` (Hz); identity when equal.
-
-    ``process`` returns whatever output the chunk completes (its length varies by a sample or so per
-    call; soxr ``HQ`` delays the stream by under ~1 ms at these rates); ``flush`` returns the tail held
-    back by the filter and resets the stream, so the next ``process`` starts a new stream (e.g. the next
-    response). Concatenated, the output is independent of the chunking.
-    """
-
-    def __init__(self, in_rate: int, out_rate: int, quality: str = "HQ") -> None:
-        if in_rate <= 0 or out_rate <= 0:
-            raise ValueError("sample rates (Hz) must be positive")
-        self.in_rate, self.out_rate = in_rate, out_rate
-        self._rs = (
-            None if in_rate == out_rate else soxr.ResampleStream(in_rate, out_rate, 1, "float32", quality)
-        )
-
-    def process(self, x: np.ndarray) -> np.ndarray:
-        """Samples (float32 or int16) at ``in_rate`` → float32 at ``out_rate``."""
-        x = to_float32(x)
-        return x if self._rs is None else self._rs.resample_chunk(x)
-
-    def flush(self) -> np.ndarray:
-        if self._rs is None:
-            return np.zeros(0, np.float32)
-        tail = self._rs.resample_chunk(np.zeros(0, np.float32), last=True)
-        self._rs.clear()
-        return tail
-
-
-class InputConverter:
-    """Client input audio (``input_audio_buffer.append`` payloads in ``fmt``) → float32 at ``out_rate`` Hz."""
-
-    def __init__(self, fmt: Any, out_rate: int = SESSION_INPUT_RATE) -> None:
-        self.format = format_type(fmt)
-        self.resampler = StreamResampler(FORMAT_RATE[self.format], out_rate)
-
-    def push(self, audio: str | bytes, event_id: str | None = None) -> np.ndarray:
-        """One payload (base64 ``str`` or raw ``bytes``) → the float32 samples it completes."""
-        data = b64decode(audio, event_id) if isinstance(audio, str) else audio
-        return self.resampler.process(decode(data, self.format, event_id))
-
-    def flush(self) -> np.ndarray:
-        return self.resampler.flush()
 
 
 class OutputConverter:

@@ -18,8 +18,9 @@ item); ``UserTranscriptEvent`` → ``conversation.item.input_audio_transcription
 ``response.output_audio.delta``; ``ReplyEnded`` → the ``*.done`` events and ``response.done`` with
 ``completed``, ``cancelled`` (``turn_detected`` on barge-in, ``client_cancelled``) or ``failed``.
 
-Reply audio leaves at real-time pace (one 20 ms frame per frame period, like the WebRTC track): what was
-sent is what the client can have played, so a barge-in stops the deltas at once and the history keeps
+Audio goes through the connection's :class:`~omniduplex.app.audio.AudioPort`: appends are decoded and handed
+to it (16 kHz session frames); reply audio leaves at real-time pace, one 20 ms frame per tick of its clock:
+what was sent is what the client can have played, so a barge-in stops the deltas at once and the history keeps
 what was heard; the client's ``conversation.item.truncate`` corrects it to what it really played.
 """
 
@@ -28,13 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 from fastapi import WebSocket, WebSocketDisconnect
 
+from omniduplex.app.audio import AudioPort, StreamResampler, to_float32
 from omniduplex.app.events import (
     BargeIn,
     ReplyEnded,
@@ -49,7 +50,7 @@ from omniduplex.app.events import (
 from omniduplex.app.heap import release_free_memory
 from omniduplex.app.history import Entry
 from omniduplex.app.realtime import server_events as ev
-from omniduplex.app.realtime.audio import InputConverter, OutputConverter
+from omniduplex.app.realtime.audio import FORMAT_RATE, OutputConverter, decode_payload, format_type
 from omniduplex.app.realtime.client_events import (
     AssistantMessage,
     ConversationItemCreate,
@@ -73,15 +74,12 @@ from omniduplex.app.realtime.client_events import SessionConfig as RealtimeConfi
 from omniduplex.app.realtime.protocol import ProtocolError, parse_client_event
 from omniduplex.app.replies import Responder
 from omniduplex.app.session import Session, SessionConfig
-from omniduplex.app.vad import FRAME_SAMPLES, SAMPLE_RATE, TurnConfig
+from omniduplex.app.vad import SAMPLE_RATE, TurnConfig
 
 log = logging.getLogger("omniduplex.realtime")
 
 OUTPUT_RATE = 24_000
 """The session's output rate for realtime clients (Hz): ``audio/pcm`` is 24 kHz (GA reference)."""
-FRAME_S = 0.020
-"""Reply audio cadence (s): one delta per 20 ms frame while the reply plays."""
-OUT_FRAME = int(OUTPUT_RATE * FRAME_S)
 
 
 @dataclass
@@ -134,10 +132,9 @@ class RealtimeConnection:
         self.base_turn = base.turn
         scfg = replace(base, output_rate=OUTPUT_RATE, turn=self._turn_config(self.cfg))
         self.session = Session(session_id, responder, self._on_event, scfg)
-        self.inp = InputConverter(self.cfg.audio.input.format)
+        self.port = AudioPort(self.session, self._input_rate)
         self.out = OutputConverter(self.cfg.audio.output.format)
-        self.carry = np.zeros(0, np.float32)  # 16 kHz samples short of a whole 20 ms frame
-        self.buffer: list[np.ndarray] = []  # audio since the last commit (16 kHz)
+        self.buffer: list[np.ndarray] = []  # audio since the last commit (16 kHz int16)
         self.buffered = 0
         self.speech_item: str | None = None  # the user item the open speech segment will become
         self.items: dict[str, tuple[str, str]] = {}  # item id → (turn id, role)
@@ -149,7 +146,7 @@ class RealtimeConnection:
     async def run(self) -> None:
         """Send ``session.created``, then serve until the client goes; the reply in flight is cancelled."""
         writer = asyncio.create_task(self._writer(), name=f"rt-writer-{self.session.id}")
-        pacer = asyncio.create_task(self._pacer(), name=f"rt-pacer-{self.session.id}")
+        pacer = asyncio.create_task(self.port.run(self._pull), name=f"rt-pacer-{self.session.id}")
         self._send(ev.session_created(self.cfg))
         try:
             while True:
@@ -177,27 +174,25 @@ class RealtimeConnection:
             except Exception:  # the client is gone; run() notices on its next receive
                 return
 
-    def _send(self, event: dict) -> None:
-        if event.get("type") == "error":  # every error a client gets is in the server's log too
-            err = event.get("error") or {}
-            log.warning("%s: error sent to the client: %s (%s)", self.session.id, err.get("message"),
-                        err.get("code"))
+    def _send(self, event: ev.WireModel) -> None:
+        if isinstance(event, ev.Error):  # every error a client gets is in the server's log too
+            log.warning(
+                "%s: error sent to the client: %s (%s)",
+                self.session.id,
+                event.error.message,
+                event.error.code,
+            )
         self.outbox.put_nowait(event)
 
-    async def _pacer(self) -> None:
-        """Pull one 20 ms frame of reply audio per frame period (re-anchoring after a stall)."""
-        t0, n = time.monotonic(), 0
-        while True:
-            n += 1
-            delay = t0 + n * FRAME_S - time.monotonic()
-            if delay < -3 * FRAME_S:
-                t0, n = time.monotonic(), 0
-            else:
-                await asyncio.sleep(max(0.0, delay))
-            self._pull()
+    @property
+    def _input_rate(self) -> int:
+        """Sample rate of the client's input audio format (Hz)."""
+        return FORMAT_RATE[format_type(self.cfg.audio.input.format)]
 
-    def _pull(self) -> None:
-        self.session.pull_audio(OUT_FRAME, self._send_audio)  # the pull's events follow its audio delta
+    def _pull(self, due: float) -> None:
+        """One tick of the port's clock: one 20 ms frame of reply audio as one delta (the pull's events,
+        held back by the session, follow it)."""
+        self.port.pull(None, self._send_audio)
 
     def _send_audio(self, pcm: np.ndarray, filled: int) -> None:
         r = self.response
@@ -230,8 +225,6 @@ class RealtimeConnection:
         self.session.cfg.vad_commit = td is not None
         self.session.cfg.auto_respond = td is None or td.create_response
         self.session.cfg.instructions = cfg.instructions or None
-        if cfg.audio.input.format != self.cfg.audio.input.format:
-            self.inp = InputConverter(cfg.audio.input.format)
         if cfg.audio.output.format != self.cfg.audio.output.format:
             self.out = OutputConverter(cfg.audio.output.format)
         self.cfg = cfg
@@ -256,7 +249,8 @@ class RealtimeConnection:
         return replace(b, turn_detection="silence", barge_in_ms=10**9)
 
     def _append(self, e: InputAudioBufferAppend) -> None:
-        pcm = self.inp.push(e.audio, e.event_id)
+        wire = decode_payload(e.audio, self.cfg.audio.input.format, e.event_id)
+        pcm = self.port.resample(wire, self._input_rate)  # 16 kHz int16
         if pcm.size * 2 > self.limits.max_append_bytes:
             raise ProtocolError(
                 "invalid_value",
@@ -265,24 +259,23 @@ class RealtimeConnection:
                 e.event_id,
                 "audio",
             )
-        if self.buffered + pcm.size > self.limits.max_buffer_s * SAMPLE_RATE:
+        vad = self.cfg.audio.input.turn_detection is not None
+        limit = self.limits.max_buffer_s * SAMPLE_RATE
+        if self.buffered + pcm.size > limit and not vad:
             raise ProtocolError(
                 "input_audio_buffer_too_large",
                 f"the input audio buffer holds over {self.limits.max_buffer_s:.0f} s; commit or clear it",
                 e.event_id,
             )
+        while self.buffer and self.buffered + pcm.size > limit:  # server VAD: a long silence between
+            self.buffered -= self.buffer.pop(0).size  # turns drops the oldest audio, never the new
         self.buffer.append(pcm)
         self.buffered += pcm.size
-        if self.cfg.audio.input.turn_detection is None:
-            return
-        x = np.concatenate([self.carry, pcm])
-        whole = x.size // FRAME_SAMPLES * FRAME_SAMPLES
-        for i in range(0, whole, FRAME_SAMPLES):
-            self.session.push_audio(x[i : i + FRAME_SAMPLES])
-        self.carry = x[whole:]
+        if vad:
+            self.port.feed(pcm)
 
     def _commit(self, e: InputAudioBufferCommit) -> None:
-        wav = np.concatenate(self.buffer) if self.buffer else np.zeros(0, np.float32)
+        wav = to_float32(np.concatenate(self.buffer)) if self.buffer else np.zeros(0, np.float32)
         if wav.size < SAMPLE_RATE // 10:
             raise ProtocolError(
                 "input_audio_buffer_commit_empty",
@@ -316,8 +309,9 @@ class RealtimeConnection:
         elif isinstance(item, UserMessage):
             audio = [c for c in item.content if c.type == "input_audio" and c.audio]
             if audio:
+                fmt, rate = self.cfg.audio.input.format, self._input_rate
                 wav = np.concatenate(
-                    [InputConverter(self.cfg.audio.input.format).push(c.audio) for c in audio]
+                    [StreamResampler(rate, SAMPLE_RATE).process(decode_payload(c.audio, fmt)) for c in audio]
                 )
                 turn_id = self._commit_audio_item(wav, item_id)
                 self.items[item_id] = (turn_id, "user")

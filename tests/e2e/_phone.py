@@ -17,10 +17,13 @@ import numpy as np
 import soundfile
 import soxr
 
-from omniduplex.app.phone.narrowband import FRAME_SAMPLES, ULAW_SILENCE, ulaw_decode, ulaw_encode
+from omniduplex.app.audio import frame_samples
+from omniduplex.app.phone.narrowband import TELEPHONE_RATE, ULAW_SILENCE, ulaw_decode, ulaw_encode
 from omniduplex.app.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
 from omniduplex.benchmarks.local_server import LocalServer
 from omniduplex.pipeline.audio_io import load_audio
+
+FRAME_SAMPLES = frame_samples(TELEPHONE_RATE)  # one 20 ms G.711 frame (160 samples)
 
 QUESTION = Path(__file__).parents[2] / "examples" / "question.wav"
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"]
@@ -102,7 +105,7 @@ def free_port(kind=socket.SOCK_STREAM) -> int:
 
 def ServedApp(app) -> LocalServer:  # noqa: N802 (kept the tests' name)
     """The FastAPI app under uvicorn in a thread (its own event loop), like ``omniduplex serve``."""
-    return LocalServer(app, start_timeout_s=60)
+    return LocalServer(app, start_timeout_s=300)  # the real cascade loads its stages first (slow when busy)
 
 
 class FakeTwilio:

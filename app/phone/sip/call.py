@@ -1,11 +1,12 @@
 """One SIP call: its dialog (RFC 3261 §12), its RTP stream and the :class:`~omniduplex.app.session.Session`.
 
-Media runs on one 20 ms clock per call (:meth:`SipCall._media`): each tick takes one frame from the jitter
-buffer (silence when none is due: the session keeps counting frames, so endpointing works when a caller
-stops sending), decodes G.711, resamples 8 → 16 kHz into ``Session.push_audio``, then pulls one 20 ms frame
-at 8 kHz from the session (the reply, or silence while not speaking: a phone expects a steady stream) and
-sends it as one RTP packet. On a barge-in the session's playout is flushed, so the very next packet is
-silence. On hold (our direction ``recvonly``/``inactive``) nothing is sent, but the session's clock runs.
+Media runs on the call's :class:`~omniduplex.app.audio.AudioPort` clock (:meth:`SipCall._tick`, every 20 ms):
+each tick takes one frame from the jitter buffer (silence when none is due: the session keeps counting frames,
+so endpointing works when a caller stops sending), decodes G.711 into the port (8 → 16 kHz session frames),
+then pulls one 20 ms frame at 8 kHz from the port (the reply, or silence while not speaking: a phone expects a
+steady stream) and sends it as one RTP packet. On a barge-in the session's playout is flushed, so the very
+next packet is silence. On hold (our direction ``recvonly``/``inactive``) nothing is sent, but the session's
+clock runs.
 
 The call ends (BYE sent unless the caller sent one) on: the caller's BYE or CANCEL, no RTP for
 ``rtp_timeout_s`` while ``sendrecv``, ``call_timeout_s``, no ACK for our 200 (64·T1 = 32 s), or shutdown.
@@ -21,8 +22,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from omniduplex.app.audio import AudioPort
 from omniduplex.app.events import SessionEvent
-from omniduplex.app.phone.narrowband import CODECS, FRAME_SAMPLES, TELEPHONE_RATE, upsampler_8k_to_16k
+from omniduplex.app.phone.narrowband import CODECS, TELEPHONE_RATE
 from omniduplex.app.phone.sip import message as sipmsg
 from omniduplex.app.phone.sip.rtp import JitterBuffer, RtpEndpoint, RtpPacket, parse_dtmf
 from omniduplex.app.phone.sip.sdp import Negotiated
@@ -33,9 +35,6 @@ if TYPE_CHECKING:
     from omniduplex.app.phone.sip.uas import SipServer
 
 log = logging.getLogger("omniduplex.phone.sip.call")
-FRAME_S = 0.020
-MAX_LAG_S = 0.060
-"""A media clock this late (stalled loop) re-anchors instead of bursting."""
 T1 = 0.5
 """RFC 3261 §17.1.1.1 round-trip estimate (s); UDP retransmissions start at T1 and double up to T2."""
 T2 = 4.0
@@ -75,7 +74,8 @@ class SipCall:
         turn_model = getattr(server.state, "turn_model", None)  # shared end-of-turn model ("smart")
         self.session = Session(sid, server.responder, self._on_event, cfg, clock=clock, turn_model=turn_model)
         self.jitter = JitterBuffer()
-        self.upsampler = upsampler_8k_to_16k()
+        self.audio = AudioPort(self.session, TELEPHONE_RATE, clock=clock)
+        self.silence_in = np.zeros(self.audio.out_frame, np.int16)  # a frame the jitter buffer lacks
         self.port = server.ports.take()
         self.rtp = RtpEndpoint(self._on_rtp)
         self.digits: list[str] = []
@@ -109,7 +109,7 @@ class SipCall:
             self.last_rtp = self.clock()
 
     def start_media(self) -> None:
-        self._spawn(self._media(), "media")
+        self._spawn(self.audio.run(self._tick), "media")
 
     # -- RTP → session -------------------------------------------------------------------------------
     def _on_rtp(self, pkt: RtpPacket) -> None:
@@ -126,27 +126,18 @@ class SipCall:
         self._ssrc = pkt.ssrc
         self.jitter.push(pkt.seq, pkt.payload)
 
-    async def _media(self) -> None:
-        """The per-call 20 ms clock: one frame in, one frame out (module docstring)."""
-        anchor, n = self.clock(), 0
-        silence_in = np.zeros(FRAME_SAMPLES, np.int16)
-        while not self.closing:
-            n += 1
-            due, now = anchor + n * FRAME_S, self.clock()
-            if due > now:
-                await asyncio.sleep(due - now)
-            elif now - due > MAX_LAG_S:
-                anchor, n = now, 0
-            payload = self.jitter.pop()
-            pcm = self.decode(payload) if payload else silence_in
-            for frame in self.upsampler.push(pcm):
-                self.session.push_audio(frame)
-            out, _ = self.session.pull_audio(FRAME_SAMPLES)
-            if self.neg.we_send:
-                self.rtp.send_frame(self.neg.pt, self.encode(out))
-            else:
-                self.rtp.skip(FRAME_SAMPLES)
-            self._check_timeouts()
+    def _tick(self, due: float) -> None:
+        """One 20 ms tick of the call's clock: one frame in, one frame out (module docstring)."""
+        if self.closing:
+            return
+        payload = self.jitter.pop()
+        self.audio.push(self.decode(payload) if payload else self.silence_in)
+        out, _ = self.audio.pull()
+        if self.neg.we_send:
+            self.rtp.send_frame(self.neg.pt, self.encode(out))
+        else:
+            self.rtp.skip(out.size)
+        self._check_timeouts()
 
     def _check_timeouts(self) -> None:
         now = self.clock()
