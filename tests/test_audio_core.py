@@ -193,7 +193,10 @@ class FakeSession:
         self.cfg = types.SimpleNamespace(output_rate=output_rate)
         self.frames: list[np.ndarray] = []
         self.reply = np.zeros(0, np.int16)
-        self.playout = types.SimpleNamespace(queued=0)
+
+    @property
+    def queued_samples(self) -> int:
+        return self.reply.size
 
     def push_audio(self, frame: np.ndarray) -> None:
         assert frame.shape == (320,) and frame.dtype == np.int16
@@ -201,14 +204,14 @@ class FakeSession:
 
     def queue(self, pcm: np.ndarray) -> None:
         self.reply = np.concatenate([self.reply, pcm])
-        self.playout.queued = self.reply.size
 
-    def pull_audio(self, n: int) -> np.ndarray:
+    def pull_audio(self, n: int, deliver=None) -> tuple[np.ndarray, int]:
         out = np.zeros(n, np.int16)
         take = min(n, self.reply.size)
         out[:take], self.reply = self.reply[:take], self.reply[take:]
-        self.playout.queued = self.reply.size
-        return out
+        if deliver is not None:
+            deliver(out, take)
+        return out, take
 
 
 def test_port_feeds_the_session_continuous_16_khz_frames_from_any_chunking():

@@ -683,7 +683,7 @@ def test_server_vad_keeps_hearing_past_the_buffer_limit_and_manual_mode_is_told_
     conn.session.push_audio = pushed.append  # what reaches the session's VAD
     for _ in range(6):
         conn.handle(append)
-    sent = [conn.outbox.get_nowait()["type"] for _ in range(conn.outbox.qsize())]
+    sent = [conn.outbox.get_nowait().type for _ in range(conn.outbox.qsize())]
     assert "error" not in sent and conn.buffered <= 16000
     assert 148 <= len(pushed) <= 150  # all 3 s went to the VAD in 20 ms frames (less the resampler delay)
     conn.handle(
@@ -697,6 +697,6 @@ def test_server_vad_keeps_hearing_past_the_buffer_limit_and_manual_mode_is_told_
     for _ in range(3):
         conn.handle(append)
     errors = [
-        e for e in (conn.outbox.get_nowait() for _ in range(conn.outbox.qsize())) if e["type"] == "error"
+        e for e in (conn.outbox.get_nowait() for _ in range(conn.outbox.qsize())) if e.type == "error"
     ]
-    assert [e["error"]["code"] for e in errors] == ["input_audio_buffer_too_large"] * 3  # the buffer is full
+    assert [e.error.code for e in errors] == ["input_audio_buffer_too_large"] * 3  # the buffer is full
