@@ -40,18 +40,28 @@ def init_model(
         False, "--text-only", help="Write a Qwen3MoeForCausalLM text checkpoint (the Thinker decoder)."
     ),
     arch: str = typer.Option(
-        "qwen3-omni", "--arch", help="qwen3-omni (Thinker-Talker) or unified (delay-pattern speech LM + DAC)."
+        "qwen3-omni",
+        "--arch",
+        help="qwen3-omni (Thinker-Talker), unified (delay-pattern speech LM + DAC) or qwen3-tts.",
+    ),
+    variant: str = typer.Option(
+        "custom_voice",
+        help="qwen3-tts only: base (voice cloning), custom_voice (named speakers) or voice_design.",
     ),
 ) -> None:
-    """Write a deterministic random-weight checkpoint (Qwen3-Omni layout, or the unified delay-pattern LM)."""
+    """Write a deterministic random-weight checkpoint (Qwen3-Omni layout, the unified delay-pattern LM, or
+    Qwen3-TTS)."""
     from omniduplex.models.qwen3_omni.presets import write_checkpoint
     from omniduplex.models.registry import load_model
     from omniduplex.models.unified.presets import write_unified_checkpoint
 
-    if arch not in ("qwen3-omni", "unified"):
-        raise typer.BadParameter(f"unknown --arch {arch!r}; choose qwen3-omni or unified")
-    if arch == "unified" and text_only:
+    if arch not in ("qwen3-omni", "unified", "qwen3-tts"):
+        raise typer.BadParameter(f"unknown --arch {arch!r}; choose qwen3-omni, unified or qwen3-tts")
+    if arch != "qwen3-omni" and text_only:
         raise typer.BadParameter("--text-only applies to --arch qwen3-omni only")
+    if arch == "qwen3-tts":
+        _init_qwen3_tts(out, preset, seed, variant)
+        return
     t0 = time.perf_counter()
     if arch == "unified":
         write_unified_checkpoint(out, preset, seed)
@@ -66,6 +76,36 @@ def init_model(
                 "out": str(out),
                 "preset": preset,
                 "architecture": loaded.architecture,
+                "parameters": counts,
+                "total_parameters": sum(counts.values()),
+                "write_seconds": round(written, 3),
+                "load_seconds": round(loaded.load_seconds, 3),
+            }
+        )
+    )
+
+
+def _init_qwen3_tts(out: Path, preset: str, seed: int, variant: str) -> None:
+    from omniduplex.models.qwen3_tts.model import load_qwen3_tts
+    from omniduplex.models.qwen3_tts.presets import PRESETS, write_tts_checkpoint
+
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"unknown --preset {preset!r} for qwen3-tts; choose from {list(PRESETS)}")
+    t0 = time.perf_counter()
+    try:
+        write_tts_checkpoint(out, preset, seed, variant)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    written = time.perf_counter() - t0
+    loaded = load_qwen3_tts(out)
+    counts = loaded.num_parameters()
+    typer.echo(
+        json.dumps(
+            {
+                "out": str(out),
+                "preset": preset,
+                "architecture": "Qwen3TTSForConditionalGeneration",
+                "variant": variant,
                 "parameters": counts,
                 "total_parameters": sum(counts.values()),
                 "write_seconds": round(written, 3),

@@ -203,9 +203,9 @@ def write_tts_checkpoint(
 ) -> Path:
     """Write ``config.json``, ``model.safetensors``, the tokenizer and ``speech_tokenizer/`` (config + decoder
     weights). Deterministic: the same arguments give the same bytes. Returns ``out``."""
+    cfg, ccfg = tts_config(preset, variant), codec_config(preset)  # raises before anything is written
     out = Path(out)
     (out / CODEC_DIR).mkdir(parents=True, exist_ok=True)
-    cfg, ccfg = tts_config(preset, variant), codec_config(preset)
     std = 0.02 if preset == "small" else 0.05
     main, codec = {}, {}
     for prefix, module in build_modules(cfg, ccfg).items():
