@@ -143,6 +143,82 @@ def init_cascade(
 
 
 @cli.command()
+def speak(
+    model: Path = typer.Option(..., "--model", help="Qwen3-TTS checkpoint directory (12 Hz, any variant)."),
+    text: str = typer.Option(..., "--text", help="What to say."),
+    output: Path = typer.Option(Path("speech.wav"), "--output", "-o", help="24 kHz 16-bit WAV to write."),
+    voice: str | None = typer.Option(
+        None, "--voice", help="CustomVoice: speaker name (talker_config.spk_id)."
+    ),
+    instruct: str | None = typer.Option(
+        None, "--instruct", help="VoiceDesign / CustomVoice: voice instruction."
+    ),
+    ref_audio: Path | None = typer.Option(
+        None, "--ref-audio", help="Base: reference clip to clone (x-vector)."
+    ),
+    language: str = typer.Option("auto", help="auto or a codec_language_id key (english, chinese, ...)."),
+    greedy: bool = typer.Option(
+        False, "--greedy", help="Greedy decoding (default: the reference's sampling)."
+    ),
+    seed: int = typer.Option(0, help="Sampling seed."),
+    max_frames: int = typer.Option(2048, help="Max codec frames incl. EOS (12.5 frames = 1 s)."),
+) -> None:
+    """Say one utterance with a Qwen3-TTS checkpoint: the talker on our engine, the codec streamed
+    (1-frame first chunk, then 25-frame chunks); prints TTFP, audio seconds and RTF."""
+    import numpy as np
+    import torch
+
+    from omniduplex.models.checkpoint import CheckpointError
+    from omniduplex.models.qwen3_tts import text as tts_text
+    from omniduplex.models.qwen3_tts.model import SAMPLE_RATE, load_qwen3_tts
+    from omniduplex.models.qwen3_tts.prompt import PromptError, build_prompt
+    from omniduplex.models.tokenizer import load_tokenizer
+    from omniduplex.pipeline.audio_io import AudioInputError, load_audio, write_wav
+    from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine, stream_speech
+
+    try:
+        loaded = load_qwen3_tts(model)
+        tok = load_tokenizer(model)
+        xvector = None
+        if ref_audio is not None:
+            if loaded.speaker_encoder is None:
+                raise PromptError(f"--ref-audio needs a Base checkpoint; {model} is {loaded.config.variant}")
+            xvector = loaded.speaker_encoder.embed(torch.from_numpy(load_audio(ref_audio, SAMPLE_RATE)))
+        prompt = build_prompt(
+            loaded.talker,
+            tts_text.text_ids(tok, text),
+            language=language,
+            speaker=voice,
+            instruct_ids=tts_text.instruct_ids(tok, instruct) if instruct else None,
+            xvector=xvector,
+        )
+    except (CheckpointError, PromptError, AudioInputError) as e:
+        raise typer.BadParameter(str(e)) from e
+    sampling = {"max_tokens": max_frames, "seed": seed}
+    if greedy:
+        sampling["temperature"] = 0.0
+    t0 = time.perf_counter()
+    ttfp, pieces = None, []
+    for piece in stream_speech(Qwen3TTSEngine(loaded, max_num_seqs=1), prompt, sampling):
+        ttfp = ttfp if ttfp is not None else time.perf_counter() - t0
+        pieces.append(piece.numpy())
+    wall = time.perf_counter() - t0
+    wav = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+    write_wav(output, wav, SAMPLE_RATE)
+    seconds = wav.shape[0] / SAMPLE_RATE
+    typer.echo(
+        json.dumps(
+            {
+                "output": str(output),
+                "audio_seconds": round(seconds, 3),
+                "ttfp_ms": round(1000 * ttfp, 1) if ttfp is not None else None,
+                "rtf": round(wall / seconds, 3) if seconds else None,
+            }
+        )
+    )
+
+
+@cli.command()
 def respond(
     input: Path | None = typer.Option(
         None, "--input", "-i", help="Spoken question: WAV/FLAC, any rate or channel count."

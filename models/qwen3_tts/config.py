@@ -86,6 +86,11 @@ class TTSConfig:
     """``tts_bos``, ``tts_eos``, ``tts_pad``, ``im_start``, ``im_end`` text-token ids."""
     speaker_encoder: SpeakerEncoderConfig | None
 
+    @property
+    def text(self) -> DecoderConfig:
+        """The talker decoder (the name the engine's ``TalkerAdapter`` reads, as for Qwen3-Omni)."""
+        return self.talker
+
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TTSConfig:
         """Parse ``config.json``.

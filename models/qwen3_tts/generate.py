@@ -46,7 +46,7 @@ def generate_codes(
     for step in range(max_new_tokens):
         if step > 0:
             prev = torch.tensor([seen[-1]], device=x.device)
-            frame = talker.code_predictor.predict(last_hidden[None], talker.codec_embed(prev), prev)
+            frame = talker.code_predictor.predict(last_hidden[None], prev, talker.codec_embed(prev))
             frames.append(frame[0])
             x = talker.frame_embedding(frame) + prompt.step_text(step)
         hidden = talker(x, cache.batch(x.shape[0]), cache.kv)

@@ -79,16 +79,17 @@ class CodePredictor(nn.Module):
     def predict(
         self,
         talker_hidden: torch.Tensor,
-        code0_embed: torch.Tensor,
         code0: torch.Tensor,
+        code0_embed: torch.Tensor,
         sample: SampleFn = greedy,
     ) -> torch.Tensor:
-        """Residual codes of ``B`` frames at once, each frame on its own scratch KV cache.
+        """Residual codes of ``B`` frames at once, each frame on its own scratch KV cache (the signature of
+        Qwen3-Omni's code predictor, so the engine's ``TalkerAdapter`` drives either).
 
         Args:
             talker_hidden: ``[B, H]`` talker final hidden state that produced ``code0``.
-            code0_embed: ``[B, H]`` talker ``codec_embedding(code0)``.
             code0: int64 ``[B]``.
+            code0_embed: ``[B, H]`` talker ``codec_embedding(code0)``.
             sample: picks one code per frame from fp32 logits ``[B, vocab]``.
 
         Returns:
