@@ -156,6 +156,9 @@ def speak(
     ref_audio: Path | None = typer.Option(
         None, "--ref-audio", help="Base: reference clip to clone (x-vector)."
     ),
+    ref_text: str | None = typer.Option(
+        None, "--ref-text", help="Base: transcript of --ref-audio (in-context cloning with its codes)."
+    ),
     language: str = typer.Option("auto", help="auto or a codec_language_id key (english, chinese, ...)."),
     greedy: bool = typer.Option(
         False, "--greedy", help="Greedy decoding (default: the reference's sampling)."
@@ -183,7 +186,15 @@ def speak(
         if ref_audio is not None:
             if loaded.speaker_encoder is None:
                 raise PromptError(f"--ref-audio needs a Base checkpoint; {model} is {loaded.config.variant}")
-            xvector = loaded.speaker_encoder.embed(torch.from_numpy(load_audio(ref_audio, SAMPLE_RATE)))
+            ref_wav = torch.from_numpy(load_audio(ref_audio, SAMPLE_RATE))
+            xvector = loaded.speaker_encoder.embed(ref_wav)
+        ref_ids = ref_codes = None
+        if ref_text is not None:
+            if ref_audio is None:
+                raise PromptError("--ref-text needs --ref-audio")
+            if loaded.codec_encoder is None:
+                raise PromptError(f"{model}/speech_tokenizer has no codec encoder: in-context cloning is off")
+            ref_ids, ref_codes = tts_text.ref_text_ids(tok, ref_text), loaded.codec_encoder.encode(ref_wav)
         prompt = build_prompt(
             loaded.talker,
             tts_text.text_ids(tok, text),
@@ -191,6 +202,8 @@ def speak(
             speaker=voice,
             instruct_ids=tts_text.instruct_ids(tok, instruct) if instruct else None,
             xvector=xvector,
+            ref_ids=ref_ids,
+            ref_codes=ref_codes,
         )
     except (CheckpointError, PromptError, AudioInputError) as e:
         raise typer.BadParameter(str(e)) from e

@@ -8,6 +8,7 @@ writes ``tests/golden/qwen3_tts/<set>.npz`` with:
   reference transcript / codes, streaming mode) and, per case ``i``, ``codes_<i>`` int16 ``[F, 16]``: the
   reference's greedy frames (``do_sample=False``, ``subtalker_dosample=False``, repetition penalty 1.05);
 - ``xvector`` fp32: the Base speaker encoder's x-vector of :func:`clip` (the reference clip);
+- ``encoder_codes`` int16 ``[17, 16]``: the speech tokenizer's codes of a 1.3 s clip;
 - ``codec_codes`` int16 ``[16, F]``: random codes; ``full_*`` / ``stream_*``: the reference decoder's
   waveform of them, whole and with the streaming schedule (1-frame first chunk, 25-frame chunks, 72 frames
   of left context), as int16 (``round(x · 32767)``): ``*_sub`` every 16th sample from sample 7,
@@ -45,14 +46,19 @@ _stub_torchaudio()
 from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSConfig  # noqa: E402
 from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSForConditionalGeneration  # noqa: E402
 from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import (  # noqa: E402
+    Qwen3TTSTokenizerV2Config,
     Qwen3TTSTokenizerV2DecoderConfig,
 )
-from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Decoder  # noqa: E402
+from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (  # noqa: E402
+    Qwen3TTSTokenizerV2Decoder,
+    Qwen3TTSTokenizerV2Model,
+)
 from safetensors.torch import load_file  # noqa: E402
 
 IM_START, IM_END, USER, ASSISTANT, NL = 257, 258, 269, 270, 10  # the preset byte tokenizer's ids
 MAX_NEW = {"tiny": 24, "heldout": 16}
 CODEC_FRAMES, SUB_STRIDE, SUB_OFFSET = 80, 16, 7
+ENCODE_SECONDS = 1.3  # 31200 samples: 16.25 frames, so the last frame is partial
 
 
 def clip(seconds: float = 0.5, sr: int = 24000) -> np.ndarray:
@@ -109,12 +115,21 @@ def load_tts(path: Path) -> Qwen3TTSForConditionalGeneration:
 def load_decoder(path: Path) -> Qwen3TTSTokenizerV2Decoder:
     raw = json.loads((path / "speech_tokenizer" / "config.json").read_text())
     dec = Qwen3TTSTokenizerV2Decoder(Qwen3TTSTokenizerV2DecoderConfig(**raw["decoder_config"]))
-    state = {
-        k[len("decoder.") :]: v
-        for k, v in load_file(str(path / "speech_tokenizer" / "model.safetensors")).items()
-    }
+    full = load_file(str(path / "speech_tokenizer" / "model.safetensors"))
+    state = {k[len("decoder.") :]: v for k, v in full.items() if k.startswith("decoder.")}
     dec.load_state_dict(state, strict=True)
     return dec.float().eval()
+
+
+@torch.no_grad()
+def encode_clip(path: Path, seconds: float) -> np.ndarray:
+    """The reference speech tokenizer's codes of :func:`clip` ``[frames, 16]`` (its ``encode``)."""
+    raw = json.loads((path / "speech_tokenizer" / "config.json").read_text())
+    model = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(**raw))
+    model.load_state_dict(load_file(str(path / "speech_tokenizer" / "model.safetensors")), strict=True)
+    wav = torch.from_numpy(clip(seconds))[None]
+    out = model.float().eval().encode(wav, torch.ones_like(wav, dtype=torch.long), return_dict=True)
+    return out.audio_codes[0].numpy().astype(np.int16)
 
 
 def pcm16(w: torch.Tensor) -> np.ndarray:
@@ -177,6 +192,7 @@ def main(root: Path, out: Path) -> None:
         for i, case in enumerate(todo):
             arrays[f"codes_{i}"] = generate(models, case, xvec, MAX_NEW[name])
             print(name, i, case["variant"], arrays[f"codes_{i}"].shape, flush=True)
+        arrays["encoder_codes"] = encode_clip(root / f"{name}_base", ENCODE_SECONDS)
         dec = load_decoder(root / f"{name}_base")
         codes = torch.from_numpy(np.random.default_rng(7).integers(0, 2048, (1, 16, CODEC_FRAMES)))
         with torch.no_grad():

@@ -62,7 +62,7 @@ def test_init_model_cli(tmp_path):
     assert res.exit_code == 0, res.output
     info = json.loads(res.output.strip().splitlines()[-1])
     assert info["architecture"] == "Qwen3TTSForConditionalGeneration" and info["variant"] == "base"
-    assert set(info["parameters"]) == {"talker", "speaker_encoder", "codec"}
+    assert set(info["parameters"]) == {"talker", "speaker_encoder", "codec", "codec_encoder"}
     bad = CliRunner().invoke(
         cli, ["init-model", "--arch", "qwen3-tts", "--variant", "x", "--out", str(tmp_path / "x")]
     )

@@ -88,3 +88,27 @@ def test_speak_cli_writes_wav(setup, tmp_path):
     assert np.abs(wav).max() > 0.01  # not silence
     bad = CliRunner().invoke(cli, ["speak", "--model", str(path), "--text", "Hi", "--ref-audio", str(out)])
     assert bad.exit_code != 0 and "needs a Base checkpoint" in bad.output
+
+
+def test_speak_clones_a_voice_in_context(tmp_path):
+    base = write_tts_checkpoint(tmp_path / "base", "tiny", 0, "base")
+    ref = tmp_path / "ref.wav"
+    t = np.arange(24000) / 24000
+    sf.write(str(ref), 0.3 * np.sin(2 * np.pi * 220 * t), 24000)
+    out = tmp_path / "clone.wav"
+    args = [
+        "speak",
+        "--model",
+        str(base),
+        "--text",
+        "Hi there",
+        "--ref-audio",
+        str(ref),
+        "--ref-text",
+        "Hello",
+    ]
+    res = CliRunner().invoke(cli, [*args, "--max-frames", "6", "--greedy", "--output", str(out)])
+    assert res.exit_code == 0, res.output
+    assert sf.read(str(out))[0].shape[0] == 5 * 1920
+    no_audio = CliRunner().invoke(cli, ["speak", "--model", str(base), "--text", "Hi", "--ref-text", "Hello"])
+    assert no_audio.exit_code != 0 and "--ref-text needs --ref-audio" in no_audio.output

@@ -6,7 +6,7 @@ scripts/qwen3_tts_reference.py for what each array holds. Here our modules run o
 checkpoints (byte-identical to the ones the goldens were made from) and must give:
 
 - greedy frames identical to the reference for every variant and prompt mode (fp32);
-- the Base x-vector of the reference clip to fp32 rounding;
+- the Base x-vector of the reference clip to fp32 rounding, and the speech tokenizer's codes of a clip;
 - the codec waveform within 1 LSB (int16) of the reference decoder's, whole and streamed (1-frame first
   chunk, 25-frame chunks, 72 frames of left context), the stream pushed one frame at a time.
 """
@@ -52,7 +52,8 @@ def loaded(request, tmp_path_factory):
     for v in VARIANTS:
         write_tts_checkpoint(root / v, name, 0, v)
         models[v] = load_qwen3_tts(
-            root / v, parts=("talker", "speaker_encoder", "codec") if v == "base" else ("talker",)
+            root / v,
+            parts=("talker", "speaker_encoder", "codec") if v == "base" else ("talker",),
         )
     golden = dict(np.load(GOLDEN / f"{name}.npz"))
     return name, models, golden
@@ -88,6 +89,17 @@ def test_greedy_codes_match_reference(loaded, case_idx):
     assert codes.shape == ref.shape, (codes.shape, ref.shape)
     mismatch = (codes != ref).nonzero()
     assert mismatch.numel() == 0, f"first mismatch at frame/codebook {mismatch[0].tolist()}"
+
+
+def test_codec_encoder_matches_reference(tmp_path):
+    """Tiny preset only: the heldout golden predates the encoder (re-create it with the goldens script)."""
+    golden = dict(np.load(GOLDEN / "tiny.npz"))
+    path = write_tts_checkpoint(tmp_path / "base", "tiny", 0, "base")
+    enc = load_qwen3_tts(path, parts=("codec_encoder",)).codec_encoder
+    codes = enc.encode(clip(1.3))  # 31200 samples: 16.25 frames
+    ref = torch.from_numpy(golden["encoder_codes"].astype(np.int64))
+    assert codes.shape == ref.shape == (17, 16)
+    assert torch.equal(codes, ref)
 
 
 def _check_pcm(ours: torch.Tensor, golden: dict, key: str) -> None:

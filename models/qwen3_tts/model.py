@@ -3,8 +3,8 @@
 Layout (Qwen/Qwen3-TTS-12Hz-{0.6B,1.7B}-{Base,CustomVoice,VoiceDesign}): ``config.json``
 (``Qwen3TTSForConditionalGeneration``) + ``model.safetensors`` with ``talker.*`` and, for Base,
 ``speaker_encoder.*``; ``speech_tokenizer/config.json`` (``Qwen3TTSTokenizerV2Model``) +
-``speech_tokenizer/model.safetensors`` with ``decoder.*`` (and ``encoder.*``, the Mimi-based codec
-encoder, which we do not load yet).
+``speech_tokenizer/model.safetensors`` with ``decoder.*`` and ``encoder.*`` (the Mimi-based codec encoder,
+for in-context cloning; loaded when the config has an ``encoder_config``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 from omniduplex.models.checkpoint import CheckpointError, load_state_dict_into, read_config, weight_files
 from omniduplex.models.config import ConfigError
 from omniduplex.models.qwen3_tts.codec import CodecDecoder
+from omniduplex.models.qwen3_tts.codec_encoder import CodecEncoder, CodecEncoderConfig
 from omniduplex.models.qwen3_tts.config import (
     ARCHITECTURE,
     CODEC_ARCHITECTURE,
@@ -28,7 +29,7 @@ from omniduplex.models.qwen3_tts.speaker_encoder import SpeakerEncoder
 from omniduplex.models.qwen3_tts.talker import Talker
 
 CODEC_DIR = "speech_tokenizer"
-PARTS = ("talker", "speaker_encoder", "codec")
+PARTS = ("talker", "speaker_encoder", "codec", "codec_encoder")
 SAMPLE_RATE = 24000
 """Output and speaker-encoder input rate (Hz) of the 12 Hz family."""
 
@@ -45,6 +46,7 @@ class Qwen3TTS:
     talker: Talker | None = None
     speaker_encoder: SpeakerEncoder | None = None
     codec: CodecDecoder | None = None
+    codec_encoder: CodecEncoder | None = None
     load_seconds: float = 0.0
     parts: tuple[str, ...] = field(default_factory=tuple)
 
@@ -77,7 +79,15 @@ def build_modules(raw: dict, codec_raw: dict | None) -> dict[str, torch.nn.Modul
         mods[f"{CODEC_DIR}/decoder."] = CodecDecoder(
             CodecDecoderConfig.from_dict(codec_raw["decoder_config"])
         )
+        if codec_raw.get("encoder_config"):
+            mods[f"{CODEC_DIR}/encoder."] = CodecEncoder(_encoder_config(codec_raw))
     return mods
+
+
+def _encoder_config(codec_raw: dict) -> CodecEncoderConfig:
+    return CodecEncoderConfig.from_dict(
+        codec_raw["encoder_config"], int(codec_raw.get("encoder_valid_num_quantizers", 16))
+    )
 
 
 def load_qwen3_tts(
@@ -101,8 +111,8 @@ def load_qwen3_tts(
     codec_raw = None
     try:
         cfg = TTSConfig.from_dict(raw)
-        codec_cfg = None
-        if "codec" in parts:
+        codec_cfg = enc_cfg = None
+        if "codec" in parts or "codec_encoder" in parts:
             codec_raw = read_config(model_dir / CODEC_DIR)
             codec_arch = (codec_raw.get("architectures") or [None])[0]
             if codec_arch != CODEC_ARCHITECTURE:
@@ -110,7 +120,10 @@ def load_qwen3_tts(
                     f"{model_dir / CODEC_DIR}/config.json: architecture {codec_arch!r} is not "
                     f"{CODEC_ARCHITECTURE}"
                 )
-            codec_cfg = CodecDecoderConfig.from_dict(codec_raw.get("decoder_config") or {})
+            if "codec" in parts:
+                codec_cfg = CodecDecoderConfig.from_dict(codec_raw.get("decoder_config") or {})
+            if "codec_encoder" in parts and codec_raw.get("encoder_config"):
+                enc_cfg = _encoder_config(codec_raw)
     except ConfigError as e:
         raise CheckpointError(f"{model_dir}: {e}") from e
     out = Qwen3TTS(model_dir, cfg, raw, codec_cfg, parts=parts)
@@ -125,6 +138,11 @@ def load_qwen3_tts(
         out.codec = CodecDecoder(codec_cfg)
         load_state_dict_into(
             out.codec, weight_files(model_dir / CODEC_DIR), prefix="decoder.", ignore=("encoder.",)
+        )
+    if enc_cfg is not None:
+        out.codec_encoder = CodecEncoder(enc_cfg)
+        load_state_dict_into(
+            out.codec_encoder, weight_files(model_dir / CODEC_DIR), prefix="encoder.", ignore=("decoder.",)
         )
     for name in PARTS:
         m = getattr(out, name)

@@ -144,7 +144,7 @@ def tts_config(preset: str, variant: str = "custom_voice") -> dict:
 
 
 def codec_config(preset: str) -> dict:
-    """``speech_tokenizer/config.json`` of a preset (decoder only; no encoder weights are written)."""
+    """``speech_tokenizer/config.json`` of a preset (Mimi-style encoder + the 12 Hz decoder)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {list(PRESETS)}")
     hidden, latent, cdim, layers, inter, ddim = {
@@ -174,8 +174,48 @@ def codec_config(preset: str) -> dict:
         decoder_dim=ddim,
         attention_dropout=0.0,
     )
+    hidden, filters, layers, quantizers = {
+        "tiny": (32, 4, 2, 16),
+        "small": (128, 16, 4, 32),
+        "heldout": (64, 8, 2, 32),
+    }[preset]
+    encoder = dict(
+        sampling_rate=24000,
+        frame_rate=12.5,
+        audio_channels=1,
+        hidden_size=hidden,
+        num_filters=filters,
+        num_residual_layers=1,
+        upsampling_ratios=[8, 6, 5, 4],
+        kernel_size=7,
+        last_kernel_size=3,
+        residual_kernel_size=3,
+        dilation_growth_rate=2,
+        use_causal_conv=True,
+        pad_mode="constant",
+        compress=2,
+        codebook_size=2048,
+        codebook_dim=16,
+        num_quantizers=quantizers,
+        use_conv_shortcut=False,
+        vector_quantization_hidden_dimension=16,
+        num_semantic_quantizers=1,
+        upsample_groups=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=2 * hidden,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        hidden_act="gelu",
+        max_position_embeddings=8000,
+        norm_eps=1e-5,
+        rope_theta=10000.0,
+        sliding_window=250,
+        layer_scale_initial_scale=0.01,
+        attention_bias=False,
+    )
     return dict(
         architectures=[CODEC_ARCHITECTURE],
+        encoder_config=encoder,
         model_type="qwen3_tts_tokenizer_12hz",
         decoder_config=decoder,
         encoder_valid_num_quantizers=16,
