@@ -1,0 +1,137 @@
+"""Qwen3-TTS on our engine: talker + code predictor with continuous batching over a paged KV cache (voice
+prompts shared through the prefix cache), codec frames streamed to the 12 Hz decoder.
+
+The engine's :class:`~.engine.adapters.TalkerAdapter` drives the talker as it drives Qwen3-Omni's: codebook
+0 is sampled by the engine, the code predictor fills the frame's residual codebooks for all sampled rows of a
+step at once, and the next input row (frame embedding + the next text row, ``tts_pad`` once the text is
+used up) is appended. The whole text is known up front, so it is queued at admission.
+
+Differences from the reference's ``generate`` (qwen-tts 0.1.1): EOS is not banned for the first two
+steps (``min_new_tokens=2``: the engine has no per-step ban), and when sampling, the code predictor uses
+top-p 0.8 (the adapter's Qwen3-Omni setting; the reference's is 1.0). Greedy frames are identical to
+:func:`omniduplex.models.qwen3_tts.generate.generate_codes` unless EOS wins one of the first two steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from omniduplex.models.qwen3_tts.codec import StreamingDecoder
+from omniduplex.models.qwen3_tts.model import Qwen3TTS
+from omniduplex.models.qwen3_tts.prompt import PromptError, TalkerPrompt
+from omniduplex.pipeline.engine.adapters import TalkerAdapter
+from omniduplex.pipeline.engine.engine import Engine
+from omniduplex.pipeline.engine.request import Request, SamplingParams
+
+DEFAULT_SAMPLING = dict(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, max_tokens=2048)
+"""``Qwen3TTSForConditionalGeneration.generate`` defaults (qwen-tts 0.1.1; max_new_tokens 4096 there)."""
+
+
+@dataclass
+class FrameEvent:
+    """One engine output of a request: ``codes`` int64 ``[G]`` (``None`` on the closing step)."""
+
+    request_id: str
+    codes: torch.Tensor | None
+    finished: bool
+    finish_reason: str | None = None
+
+
+class Qwen3TTSEngine:
+    """Continuous-batching talker of one loaded checkpoint.
+
+    Args:
+        model: a checkpoint loaded with at least the talker.
+        num_blocks, max_num_seqs, max_num_batched_tokens, enable_prefix_caching: see :class:`Engine`.
+    """
+
+    def __init__(
+        self,
+        model: Qwen3TTS,
+        num_blocks: int = 1024,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 1024,
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        if model.talker is None:
+            raise ValueError("Qwen3TTSEngine needs the talker loaded")
+        self.model, self.talker = model, model.talker
+        with torch.no_grad():
+            pad = self.talker.text_embed(torch.tensor([model.config.text_ids["tts_pad"]]))[0]
+        self.adapter = TalkerAdapter(self.talker, pad)
+        self.engine = Engine(
+            self.adapter,
+            num_blocks,
+            max_num_seqs,
+            max_num_batched_tokens,
+            dtype=self.talker.codec_head.weight.dtype,
+            enable_prefix_caching=enable_prefix_caching,
+        )
+
+    def add(self, request_id: str, prompt: TalkerPrompt, sampling: dict | None = None) -> None:
+        """Queue one utterance. ``sampling``: :class:`SamplingParams` fields over :data:`DEFAULT_SAMPLING`
+        (``temperature=0`` is greedy).
+
+        Raises ValueError: bad sampling parameters, a duplicate id, or a prompt larger than the KV cache.
+        """
+        sp = {**DEFAULT_SAMPLING, **(sampling or {})}
+        sp.update(
+            stop_token_ids=(self.model.config.codec_ids["eos"],), suppress_token_ids=self.adapter.suppress_ids
+        )
+        dtype = self.talker.codec_head.weight.dtype
+        req = Request(
+            request_id,
+            [self.model.config.text_ids["tts_pad"]] * prompt.prefill.shape[0],
+            SamplingParams(**sp),
+            prompt_embeds=prompt.prefill.to(dtype),
+            embed_inputs=True,
+        )
+        self.engine.add_request(req)
+        if prompt.trailing.shape[0]:
+            self.adapter.feed_text(req, prompt.trailing.to(dtype))
+        self.adapter.end_text(req)
+
+    def abort(self, request_id: str) -> bool:
+        return self.engine.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished()
+
+    @torch.no_grad()
+    def step(self) -> list[FrameEvent]:
+        """One engine iteration: a frame for every request that sampled a non-final codebook-0 id."""
+        out = []
+        for o in self.engine.step():
+            codes = torch.tensor(o.extras["codes"], dtype=torch.int64) if "codes" in o.extras else None
+            out.append(FrameEvent(o.request_id, codes, o.finished, o.finish_reason))
+        return out
+
+
+@torch.no_grad()
+def stream_speech(
+    engine: Qwen3TTSEngine, prompt: TalkerPrompt, sampling: dict | None = None
+) -> Iterator[torch.Tensor]:
+    """Speak one utterance alone on ``engine``: yields 24 kHz waveform pieces fp32 ``[n]`` as the streaming
+    decoder completes them (first after one frame, then every 25 frames, the rest at the end).
+
+    Raises PromptError when the model has no codec decoder loaded.
+    """
+    codec = engine.model.codec
+    if codec is None:
+        raise PromptError("speaking needs the codec decoder (load the 'codec' part)")
+    stream = StreamingDecoder(codec)
+    engine.add("speak", prompt, sampling)
+    done = False
+    while not done:
+        for ev in engine.step():
+            pieces = stream.push(ev.codes.view(1, -1, 1)) if ev.codes is not None else []
+            if ev.finished:
+                done = True
+                pieces += stream.push(
+                    torch.zeros((1, codec.cfg.num_quantizers, 0), dtype=torch.long), final=True
+                )
+            for p in pieces:
+                yield p.reshape(-1).float()
