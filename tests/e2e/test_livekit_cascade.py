@@ -49,6 +49,8 @@ def test_cascade_in_process_spoken_turn_text_turn_and_barge_in():
         # 1. a spoken question: our VAD ends the turn, Whisper transcribes it, the reply is heard
         mic.say(speech(EXAMPLES / "green_tea.wav"))
         await until(lambda: speaker.reports)
+        # the agent goes back to listening once it has handled the playback report (its own task): wait for it
+        await until(lambda: len(states) >= 4, timeout=10)
         spoken = (list(transcripts), speaker.audio().size / RATE, list(states))
 
         # 2. a text turn from generate_reply(instructions=...)
