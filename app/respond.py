@@ -64,11 +64,21 @@ def tiny_model() -> Path:
 
 
 def resolve_model(model: str | Path | None) -> str:
-    """``None`` → :func:`default_model`; ``"tiny"`` → :func:`tiny_model`; anything else as given."""
+    """``None`` → :func:`default_model`; ``"tiny"`` → :func:`tiny_model`; ``"quality"`` → the cascade with
+    Qwen2.5-Coder-0.5B quantized (:func:`~omniduplex.models.cascade.manifest.quality_manifest`); anything
+    else as given.
+
+    Raises:
+        WeightsError: the weights a name needs are missing or corrupted (one line naming the fix).
+    """
     if model is None:
         return str(default_model())
     if str(model) == "tiny":
         return str(tiny_model())
+    if str(model) == "quality":
+        from omniduplex.models.cascade.manifest import quality_manifest
+
+        return str(quality_manifest(cache_dir()))
     return str(model)
 
 

