@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import re
 import subprocess
 import tempfile
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from omniduplex.benchmarks.wer import edit_distance, words_of
 from omniduplex.models.cascade.asr import SAMPLE_RATE, load_asr
 from omniduplex.models.cascade.manifest import asr_path
 from omniduplex.pipeline.audio_io import load_audio
@@ -57,20 +57,10 @@ ESPEAK = [
 """espeak-ng voice, speed (words per minute) and sentence."""
 
 
-def words_of(text: str) -> list[str]:
-    """Lower-case words, punctuation dropped (hyphens split words)."""
-    return re.findall(r"[a-z0-9']+", text.lower())
-
-
 def wer_counts(reference: str, hypothesis: str) -> tuple[int, int]:
-    """(word edits, reference words): word-level Levenshtein distance and the reference length."""
-    ref, hyp = words_of(reference), words_of(hypothesis)
-    d = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, d[0] = d[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
-    return d[len(hyp)], len(ref)
+    """(word edits, reference words) of a transcript (:mod:`.wer`)."""
+    ref = words_of(reference)
+    return edit_distance(ref, words_of(hypothesis)), len(ref)
 
 
 def clips(tmp: Path) -> list[tuple[str, np.ndarray, str]]:

@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from omniduplex.benchmarks.wer import edit_distance
+
 QUESTIONS = Path(__file__).with_name("qa_questions.yaml")
 SPLIT = ("asr_ms", "llm_first_clause_ms", "tts_first_chunk_ms")
 
@@ -88,14 +90,9 @@ def is_right(reply: str, answers: tuple[str, ...] | list[str]) -> bool:
 
 
 def wer(reference: str, hypothesis: str) -> float:
-    """Word error rate: word-level Levenshtein distance ÷ reference length (case and punctuation ignored)."""
-    ref, hyp = words(reference), words(hypothesis)
-    d = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, d[0] = d[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
-    return d[len(hyp)] / max(1, len(ref))
+    """Word error rate over :func:`words` (numbers normalised as for answer matching)."""
+    ref = words(reference)
+    return edit_distance(ref, words(hypothesis)) / max(1, len(ref))
 
 
 def load_questions(path: Path = QUESTIONS) -> list[Question]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from speech import words_of
+from speech import edit_distance, words_of
 
 from omniduplex.models.cascade.asr import SAMPLE_RATE, Transcript
 from omniduplex.models.cascade.moonshine import MoonshineASR
@@ -146,13 +146,7 @@ def speech() -> np.ndarray:
 
 
 def within_one_word(a: str, b: str) -> bool:
-    wa, wb = words_of(a), words_of(b)
-    d = list(range(len(wb) + 1))
-    for i, x in enumerate(wa, 1):
-        prev, d[0] = d[0], i
-        for j, y in enumerate(wb, 1):
-            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (x != y))
-    return d[len(wb)] <= 1
+    return edit_distance(words_of(a), words_of(b)) <= 1
 
 
 def test_chunked_transcript_matches_one_shot_and_leaves_only_the_tail(asr, speech):
