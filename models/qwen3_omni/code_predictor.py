@@ -26,25 +26,36 @@ def greedy(logits: torch.Tensor, _g: int) -> torch.Tensor:
 
 
 class CodePredictorModel(DecoderStack):
-    """Dense decoder with one input embedding per residual codebook (``codec_embedding.{0..G-2}``)."""
+    """Dense decoder with one input embedding per residual codebook (``codec_embedding.{0..G-2}``,
+    ``[vocab, embed_dim]``; ``embed_dim`` is the predictor's width unless given)."""
 
-    def __init__(self, cfg: DecoderConfig, num_code_groups: int) -> None:
+    def __init__(self, cfg: DecoderConfig, num_code_groups: int, embed_dim: int | None = None) -> None:
         super().__init__(cfg)
         self.codec_embedding = nn.ModuleList(
-            nn.Embedding(cfg.vocab_size, cfg.hidden_size) for _ in range(num_code_groups - 1)
+            nn.Embedding(cfg.vocab_size, embed_dim or cfg.hidden_size) for _ in range(num_code_groups - 1)
         )
 
 
 class CodePredictor(nn.Module):
-    """Fills codebooks ``1..G-1`` of a frame from the Talker's hidden state and codebook-0 id."""
+    """Fills codebooks ``1..G-1`` of a frame from the Talker's hidden state and codebook-0 id.
 
-    def __init__(self, cfg: DecoderConfig, num_code_groups: int) -> None:
+    ``talker_hidden`` (Qwen3-TTS): the talker's width, when it differs from the predictor's; every input
+    then goes through ``small_to_mtp_projection`` (``[talker_hidden] → [hidden]``, biased) first, and the
+    codebook embeddings are at the talker's width (qwen-tts 0.1.1 ``Qwen3TTSTalkerCodePredictor``).
+    """
+
+    def __init__(self, cfg: DecoderConfig, num_code_groups: int, talker_hidden: int | None = None) -> None:
         super().__init__()
         self.cfg, self.num_code_groups = cfg, num_code_groups
-        self.model = CodePredictorModel(cfg, num_code_groups)
+        self.model = CodePredictorModel(cfg, num_code_groups, talker_hidden)
         self.lm_head = nn.ModuleList(
             nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(num_code_groups - 1)
         )
+        narrower = talker_hidden is not None and talker_hidden != cfg.hidden_size
+        self.small_to_mtp_projection = nn.Linear(talker_hidden, cfg.hidden_size) if narrower else None
+
+    def _project(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.small_to_mtp_projection is None else self.small_to_mtp_projection(x)
 
     @torch.no_grad()
     def predict(
@@ -78,7 +89,7 @@ class CodePredictor(nn.Module):
             device=talker_hidden.device,
         )
         codes = [code0]
-        x = torch.stack((talker_hidden, code0_embed), dim=1).reshape(2 * b, -1)
+        x = self._project(torch.stack((talker_hidden, code0_embed), dim=1).reshape(2 * b, -1))
         for g in range(1, g_total):
             q_len, ctx = (2, 0) if g == 1 else (1, g)
             batch = ForwardBatch.contiguous([q_len] * b, [ctx] * b, device=x.device)
@@ -91,5 +102,5 @@ class CodePredictor(nn.Module):
             logits = self.lm_head[g - 1](last).float()
             code = sample(logits, g)
             codes.append(code)
-            x = self.model.codec_embedding[g - 1](code)
+            x = self._project(self.model.codec_embedding[g - 1](code))
         return torch.stack(codes, dim=1)

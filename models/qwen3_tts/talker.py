@@ -13,24 +13,15 @@ rows are equal, where M-RoPE is exactly 1-D RoPE (:class:`~omniduplex.models.lay
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
 from omniduplex.models.config import DecoderConfig
-from omniduplex.models.forward_batch import BLOCK_SIZE, ForwardBatch, allocate_kv_cache
+from omniduplex.models.forward_batch import ForwardBatch
 from omniduplex.models.layers import DecoderStack
+from omniduplex.models.qwen3_omni.code_predictor import CodePredictor
 from omniduplex.models.qwen3_omni.talker import ResizeMLP
 from omniduplex.models.qwen3_tts.config import TTSConfig
-
-SampleFn = Callable[[torch.Tensor, int], torch.Tensor]
-"""``(logits [B, vocab] fp32, codebook index g) -> codes [B] int64``."""
-
-
-def greedy(logits: torch.Tensor, _g: int) -> torch.Tensor:
-    """Argmax (the reference with ``subtalker_dosample=False``)."""
-    return logits.argmax(dim=-1)
 
 
 class TalkerModel(DecoderStack):
@@ -41,86 +32,6 @@ class TalkerModel(DecoderStack):
         super().__init__(cfg)
         self.codec_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.text_embedding = nn.Embedding(text_vocab, text_hidden)
-
-
-class CodePredictorModel(DecoderStack):
-    """Dense decoder with one input embedding (at the talker's width) per residual codebook."""
-
-    def __init__(self, cfg: DecoderConfig, num_code_groups: int, embed_dim: int) -> None:
-        super().__init__(cfg)
-        self.codec_embedding = nn.ModuleList(
-            nn.Embedding(cfg.vocab_size, embed_dim) for _ in range(num_code_groups - 1)
-        )
-
-
-class CodePredictor(nn.Module):
-    """Fills codebooks ``1..G−1`` of a frame from the talker's last hidden state and the codebook-0 id.
-
-    Per frame, the input sequence is ``[talker hidden, talker codec_embedding(code 0)]``; step ``g`` reads
-    ``lm_head[g−1]`` and feeds ``codec_embedding[g−1](code g)`` next; every input goes through
-    ``small_to_mtp_projection`` first (identity when the widths match).
-    """
-
-    def __init__(self, cfg: DecoderConfig, num_code_groups: int, talker_hidden: int) -> None:
-        super().__init__()
-        self.cfg, self.num_code_groups = cfg, num_code_groups
-        self.model = CodePredictorModel(cfg, num_code_groups, talker_hidden)
-        self.lm_head = nn.ModuleList(
-            nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(num_code_groups - 1)
-        )
-        self.small_to_mtp_projection = (
-            nn.Linear(talker_hidden, cfg.hidden_size, bias=True) if talker_hidden != cfg.hidden_size else None
-        )
-
-    def _project(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.small_to_mtp_projection is None else self.small_to_mtp_projection(x)
-
-    @torch.no_grad()
-    def predict(
-        self,
-        talker_hidden: torch.Tensor,
-        code0: torch.Tensor,
-        code0_embed: torch.Tensor,
-        sample: SampleFn = greedy,
-    ) -> torch.Tensor:
-        """Residual codes of ``B`` frames at once, each frame on its own scratch KV cache (the signature of
-        Qwen3-Omni's code predictor, so the engine's ``TalkerAdapter`` drives either).
-
-        Args:
-            talker_hidden: ``[B, H]`` talker final hidden state that produced ``code0``.
-            code0: int64 ``[B]``.
-            code0_embed: ``[B, H]`` talker ``codec_embedding(code0)``.
-            sample: picks one code per frame from fp32 logits ``[B, vocab]``.
-
-        Returns:
-            int64 ``[B, G]``: the full frame, ``code0`` first.
-        """
-        b, groups = code0.shape[0], self.num_code_groups
-        if b == 0:
-            return code0.new_zeros((0, groups))
-        nblk = -(-(groups + 1) // BLOCK_SIZE)
-        kv = allocate_kv_cache(
-            self.cfg.num_hidden_layers,
-            b * nblk,
-            self.cfg.num_key_value_heads,
-            self.cfg.head_dim,
-            dtype=talker_hidden.dtype,
-            device=talker_hidden.device,
-        )
-        tables = torch.arange(b * nblk, dtype=torch.int32, device=code0.device).view(b, nblk)
-        codes = [code0]
-        x = self._project(torch.stack((talker_hidden, code0_embed), dim=1).reshape(2 * b, -1))
-        for g in range(1, groups):
-            q_len, ctx = (2, 0) if g == 1 else (1, g)
-            batch = ForwardBatch.contiguous([q_len] * b, [ctx] * b, device=x.device)
-            batch.block_tables = tables
-            pos = batch.positions.view(b, q_len)
-            batch.slot_mapping = (tables[:, :1].long() * BLOCK_SIZE + pos).reshape(-1)
-            hidden, _ = self.model(x, batch, kv)
-            code = sample(self.lm_head[g - 1](hidden.view(b, q_len, -1)[:, -1]).float(), g)
-            codes.append(code)
-            x = self._project(self.model.codec_embedding[g - 1](code))
-        return torch.stack(codes, dim=1)
 
 
 class Talker(nn.Module):
