@@ -1,9 +1,10 @@
 """``omniduplex bench tts``: Qwen3-TTS serving speed over a concurrency sweep, per stage.
 
-For each concurrency ``c``, ``c`` utterances (the sentences below in turn, CustomVoice speakers in turn on a
-CustomVoice checkpoint) arrive together at ``t0`` on one :class:`~omniduplex.pipeline.qwen3_tts.Qwen3TTSEngine`
-(continuous batching, paged KV); each has its own :class:`~omniduplex.models.qwen3_tts.codec.StreamingDecoder`
-(1-frame first chunk, then 25-frame chunks, 72 frames of left context). Each utterance runs to exactly
+For each concurrency ``c``, ``c`` utterances (the sentences below in turn, CustomVoice speakers in turn on
+a CustomVoice checkpoint) arrive together at ``t0`` on one
+:class:`~omniduplex.pipeline.qwen3_tts.Qwen3TTSEngine` (continuous batching, paged KV); each has its
+own :class:`~omniduplex.models.qwen3_tts.codec.StreamingDecoder` (1-frame first chunk, then 25-frame
+chunks, 72 frames of left context). Each utterance runs to exactly
 ``frames`` codec frames (``ignore_eos``: random-weight presets have no natural end), sampling with the
 reference's defaults. Both stages run in this one process, in turn: every engine step is charged to
 "talker" (talker + code predictor), every codec call to "codec".
@@ -142,7 +143,8 @@ def run(
         r = measure(engine, prompts(model, tok, c), frames)
         rows.append(r)
         print(
-            f"| {c} | {r['ttfp_ms_p50']:.0f} ({r['first_frame_ms_p50']:.0f} + {r['first_decode_ms_p50']:.0f}) "
+            f"| {c} | {r['ttfp_ms_p50']:.0f} "
+            f"({r['first_frame_ms_p50']:.0f} + {r['first_decode_ms_p50']:.0f}) "
             f"| {r['ttfp_ms_max']:.0f} | {r['rtf_p50']:.2f} | {r['audio_s_per_s']:.2f} "
             f"| {r['talker_ms_per_frame']:.1f} | {r['codec_ms_per_frame']:.1f} "
             f"| {r['talker_s']:.1f} | {r['codec_s']:.1f} |",

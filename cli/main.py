@@ -339,6 +339,9 @@ def serve(
     talker_max_tokens: int = typer.Option(125, help="Talker max codec frames per reply (12.5 frames = 1 s)."),
     speaker: str = typer.Option("ethan", help="Voice (talker_config.speaker_id key)."),
     media_timeout: float = typer.Option(5.0, help="End a session after this long without client audio (s)."),
+    tts: Path | None = typer.Option(
+        None, "--tts", help="Qwen3-TTS checkpoint serving POST /v1/audio/speech (default: the Piper voice)."
+    ),
     drain_timeout: float = typer.Option(
         30.0, "--drain-timeout", min=0, help="SIGTERM: wait for replies in flight this long (s)."
     ),
@@ -368,6 +371,11 @@ def serve(
 
     if turn_detection not in ("silence", "smart"):
         raise typer.BadParameter(f"--turn-detection {turn_detection!r}: choose silence or smart")
+    if tts is not None:
+        from omniduplex.models.qwen3_tts.model import is_qwen3_tts
+
+        if not is_qwen3_tts(tts):
+            raise typer.BadParameter(f"--tts {tts}: not a Qwen3-TTS checkpoint (config.json architectures)")
     turn = TurnConfig(
         endpoint_ms=endpoint_ms,
         barge_in_ms=barge_in_ms,
@@ -384,6 +392,7 @@ def serve(
         talker_max_tokens=talker_max_tokens,
         speaker=speaker,
         system_prompt=system_prompt,
+        tts=str(tts) if tts else None,
         media_timeout_s=media_timeout,
         drain_timeout_s=drain_timeout,
     )
