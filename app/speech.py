@@ -8,7 +8,7 @@ Request fields (``app/realtime/routes.py``; names as vLLM-Omni's speech API for 
 - ``instructions``: the voice description of VoiceDesign (required there), a style instruction for
   CustomVoice; Base takes none.
 - ``ref_audio`` + ``ref_text`` (extension, Base only): the clip to clone, a base64 WAV (or a
-  ``data:audio/wav;base64,`` URL) of 24 kHz audio, at least :data:`MIN_REF_SECONDS` long; ``ref_text`` its
+  ``data:audio/wav;base64,`` URL) of 24 kHz audio, at least 1 s long; ``ref_text`` its
   transcript, which turns on in-context cloning with the clip's codes (without it: x-vector only).
 - ``language``: ``auto`` or a ``codec_language_id`` key.
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import io
 import itertools
 import logging
 import threading
@@ -30,53 +29,35 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 import torch
 
 from omniduplex.models.forward_batch import BLOCK_SIZE
-from omniduplex.models.qwen3_tts import text as tts_text
 from omniduplex.models.qwen3_tts.codec import StreamingDecoder
 from omniduplex.models.qwen3_tts.model import SAMPLE_RATE, load_qwen3_tts
-from omniduplex.models.qwen3_tts.prompt import PromptError, TalkerPrompt, build_prompt
+from omniduplex.models.qwen3_tts.prompt import TalkerPrompt
+from omniduplex.models.qwen3_tts.voice import VoiceError, VoicePrompter, read_ref_audio
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
 
 log = logging.getLogger("omniduplex.speech")
 
-MIN_REF_SECONDS = 1.0
-"""Shortest reference clip accepted for cloning (s); our bound: the speaker encoder's x-vector pools
-over the clip's mel frames, and under a second of speech says little about a voice."""
-
-
-class SpeechError(ValueError):
-    """A request this checkpoint cannot serve: ``message`` for the client, ``param`` the field at fault."""
-
-    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value") -> None:
-        super().__init__(message)
-        self.param, self.code = param, code
+SpeechError = VoiceError
+"""A bad request: ``str(e)`` for the client, ``e.param`` the field at fault, ``e.code`` the error code."""
 
 
 def decode_ref_audio(data: str) -> np.ndarray:
     """A base64 WAV (or ``data:…;base64,`` URL) → float32 mono ``[n]`` at 24 kHz.
 
-    Raises SpeechError: not base64, not audio, a rate other than 24 kHz, or shorter than
-    :data:`MIN_REF_SECONDS`.
+    Raises SpeechError: not base64, not audio, a rate other than 24 kHz, or too short
+    (:func:`~omniduplex.models.qwen3_tts.voice.read_ref_audio`).
     """
     if data.startswith("data:"):
         data = data.partition(",")[2]
     try:
         raw = base64.b64decode(data, validate=True)
-        wav, rate = sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)
-    except (binascii.Error, ValueError, RuntimeError, sf.LibsndfileError) as e:
-        raise SpeechError(f"ref_audio is not a base64 WAV file: {e}", "ref_audio") from e
-    if rate != SAMPLE_RATE:
-        raise SpeechError(f"ref_audio is {rate} Hz; send {SAMPLE_RATE} Hz audio", "ref_audio")
-    if wav.shape[0] < MIN_REF_SECONDS * SAMPLE_RATE:
-        raise SpeechError(
-            f"ref_audio is {wav.shape[0] / SAMPLE_RATE:.2f} s; send at least {MIN_REF_SECONDS:g} s",
-            "ref_audio",
-        )
-    return wav.mean(axis=1)
+    except (binascii.Error, ValueError) as e:
+        raise SpeechError(f"ref_audio is not base64: {e}", "ref_audio") from e
+    return read_ref_audio(raw)
 
 
 class _Job:
@@ -118,6 +99,7 @@ class Qwen3Speech:
         self.engine = Qwen3TTSEngine(self.model, max_num_seqs=max_num_seqs)
         kv_positions = self.engine.engine.kv[0][0].shape[0] * BLOCK_SIZE  # blocks × 16 of one layer
         self.context = min(context or self.model.config.talker.max_position_embeddings, kv_positions)
+        self.prompter = VoicePrompter(self.model, self.tok, self.context)
         self.max_frames, self.sampling = max_frames, dict(sampling or {})
         self._cv = threading.Condition()
         self._incoming: list[tuple[str, TalkerPrompt, dict, _Job]] = []
@@ -130,7 +112,7 @@ class Qwen3Speech:
     @property
     def voices(self) -> list[str]:
         """CustomVoice speaker names (empty for the other variants)."""
-        return sorted(self.model.config.speakers)
+        return self.prompter.voices
 
     def prompt(
         self,
@@ -141,64 +123,11 @@ class Qwen3Speech:
         ref_audio: str | None = None,
         ref_text: str | None = None,
     ) -> TalkerPrompt:
-        """Check one request and build its talker prompt. Raises SpeechError (see the module docstring)."""
-        cloning = ref_audio is not None or ref_text is not None
-        if cloning and self.variant != "base":
-            raise SpeechError(
-                f"voice cloning (ref_audio / ref_text) needs a Base checkpoint; this one is {self.variant}",
-                "ref_audio",
-            )
-        if self.variant == "base" and ref_audio is None:
-            raise SpeechError(
-                "this Base checkpoint clones a voice: send ref_audio (and ref_text)", "ref_audio"
-            )
-        if ref_text is not None and ref_audio is None:
-            raise SpeechError("ref_text needs ref_audio", "ref_text")
-        if self.variant == "voice_design" and not instructions:
-            raise SpeechError(
-                "this VoiceDesign checkpoint needs instructions describing the voice", "instructions"
-            )
-        if self.variant == "base" and instructions:
-            raise SpeechError("a Base checkpoint takes no instructions", "instructions")
-        speaker = None
-        if self.variant == "custom_voice":
-            if voice is None or voice.lower() not in self.model.config.speakers:
-                said = "no voice" if voice is None else f"unknown voice {voice!r}"
-                raise SpeechError(f"{said}; this model has {self.voices}", "voice")
-            speaker = voice
-        xvector = ref_ids = ref_codes = None
-        try:
-            if ref_audio is not None:
-                wav = torch.from_numpy(decode_ref_audio(ref_audio))
-                xvector = self.model.speaker_encoder.embed(wav)
-                if ref_text is not None:
-                    if self.model.codec_encoder is None:
-                        raise SpeechError(
-                            "this checkpoint has no codec encoder: send ref_audio alone", "ref_text"
-                        )
-                    ref_ids = tts_text.ref_text_ids(self.tok, ref_text)
-                    ref_codes = self.model.codec_encoder.encode(wav)
-            p = build_prompt(
-                self.model.talker,
-                tts_text.text_ids(self.tok, text),
-                language=language,
-                speaker=speaker,
-                instruct_ids=tts_text.instruct_ids(self.tok, instructions) if instructions else None,
-                xvector=xvector,
-                ref_ids=ref_ids,
-                ref_codes=ref_codes,
-            )
-        except PromptError as e:
-            param = "language" if "language" in str(e) else "input"
-            raise SpeechError(str(e), param) from e
-        used = p.prefill.shape[0] + p.trailing.shape[0]
-        if used >= self.context:
-            raise SpeechError(
-                f"input is past the context: the prompt takes {used} positions of {self.context}",
-                "input",
-                "context_length_exceeded",
-            )
-        return p
+        """Check one request and build its talker prompt (``ref_audio``: base64 WAV). Raises SpeechError
+        (see the module docstring)."""
+        wav = decode_ref_audio(ref_audio) if ref_audio is not None else None
+        v = self.prompter.voice(voice, instructions, language, wav, ref_text)
+        return self.prompter.prompt(text, v)
 
     async def stream(self, prompt: TalkerPrompt) -> AsyncIterator[np.ndarray]:
         """Speak ``prompt``: float32 24 kHz pieces ``[n]`` as the decoder completes them. Leaving the
