@@ -54,10 +54,13 @@ def manifest(tmp_path_factory):
     return path
 
 
-def feed_and_drain(w: Qwen3TTSStageWorker, rid: str, text: str) -> list[StageMessage]:
+def feed_and_drain(
+    w: Qwen3TTSStageWorker, rid: str, text: str, first: dict | None = None
+) -> list[StageMessage]:
     outs = []
     for i, tok in enumerate(tokens(text)):  # one token at a time, stepping like the stage loop
-        w.submit(StageMessage(rid, meta={"text": tok, **({"skipped": False} if i == 0 else {})}))
+        meta = {"text": tok, **((first or {"skipped": False}) if i == 0 else {})}
+        w.submit(StageMessage(rid, meta=meta))
         outs += w.step()
     w.submit(StageMessage(rid, meta={"text": ""}, last=True))
     while w.has_work():
@@ -118,3 +121,36 @@ def test_a_spoken_question_gets_a_qwen3_tts_reply(manifest, tmp_path):
     assert rate == CASCADE_OUTPUT_RATE == 24000
     assert wav.shape[0] >= 1920 and wav.shape[0] % 1920 == 0  # whole codec frames only
     assert np.abs(wav).max() > 0.01
+
+
+def test_turn_voice_picks_the_speaker(manifest):
+    """A turn's ``voice`` (the Realtime session's) speaks in that CustomVoice speaker; an unknown name keeps
+    the manifest's (Serena)."""
+    w = build_worker("tts", manifest, StageConfig(num_kv_blocks=256), ChunkingConfig())
+    w.sampling = {"temperature": 0.0}
+
+    def speak(rid: str, voice: str) -> tuple[torch.Tensor, list[str]]:
+        outs = feed_and_drain(w, rid, REPLY, {"voice": voice})
+        return torch.cat([m.tensors["pcm"] for m in outs]), [m.meta["text"] for m in outs if m.meta["text"]]
+
+    def oracle(speaker: str, clauses: list[str]) -> torch.Tensor:
+        out = []
+        for clause in clauses:
+            prompt = w.prompter.prompt(clause, w.prompter.voice(speaker))
+            codes = generate_codes(w.tts.model.talker, prompt, max_new_tokens=MAX_FRAMES)
+            out.append(chunked_decode(w.tts.model.codec, codes.T[None]).reshape(-1))
+        return torch.cat(out)
+
+    (aiden, clauses), (alloy, same) = speak("1", "Aiden"), speak("2", "alloy")
+    assert clauses == same and len(clauses) >= 2
+    assert torch.equal(aiden, oracle("aiden", clauses)) and torch.equal(alloy, oracle("serena", clauses))
+    assert not torch.equal(aiden, alloy)
+
+
+def test_speech_endpoint_uses_the_cascade_tts(manifest):
+    from omniduplex.app.realtime.routes import _tts_dir
+    from omniduplex.app.server import ServerConfig
+
+    assert _tts_dir(ServerConfig(model=str(manifest))) == str(load_manifest(manifest).tts)
+    assert _tts_dir(ServerConfig(model=str(manifest), tts="/x")) == "/x"
+    assert _tts_dir(ServerConfig()) is None

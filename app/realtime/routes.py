@@ -197,7 +197,8 @@ class SpeechRequest(BaseModel):
     """``POST /v1/audio/speech``: ``input`` text (≤ 4096 characters, the API's limit), ``response_format``
     ``wav`` or ``pcm`` (24 kHz 16-bit mono) — the compressed formats are not produced here.
 
-    With a Qwen3-TTS checkpoint (``serve --tts DIR``; :mod:`omniduplex.app.speech`): ``voice`` is a
+    With a Qwen3-TTS checkpoint (``serve --tts DIR``, or a cascade ``--model`` whose TTS is one;
+    :mod:`omniduplex.app.speech`): ``voice`` is a
     CustomVoice speaker, ``instructions`` the VoiceDesign voice description (or a CustomVoice style),
     ``language`` ``auto`` or a language the checkpoint knows, and the extension fields ``ref_audio`` (base64
     24 kHz WAV, ≥ 1 s) + ``ref_text`` (its transcript) clone a voice on a Base checkpoint. Piper ignores
@@ -218,16 +219,31 @@ class SpeechRequest(BaseModel):
 _speech_lock = threading.Lock()
 
 
+def _tts_dir(cfg) -> str | None:
+    """The Qwen3-TTS checkpoint of the speech endpoint: ``cfg.tts``, else the TTS of a cascade manifest
+    ``cfg.model`` when that is a Qwen3-TTS checkpoint (the assistant's voice), else ``None`` (Piper)."""
+    if getattr(cfg, "tts", None):
+        return cfg.tts
+    from omniduplex.models.cascade.manifest import is_cascade, load_manifest
+
+    if cfg.model and is_cascade(cfg.model):
+        m = load_manifest(cfg.model)
+        return str(m.tts) if m.tts_is_qwen3 else None
+    return None
+
+
 def _qwen3_speech(state):
-    """The server's Qwen3-TTS speech service (``cfg.tts``), loaded on first use (blocking: call it in a worker
-    thread); ``None`` without one."""
-    if not getattr(state.cfg, "tts", None):
-        return None
+    """The server's Qwen3-TTS speech service (:func:`_tts_dir`), loaded on first use (blocking: call it in a
+    worker thread); ``None`` without one."""
     with _speech_lock:
+        if not hasattr(state, "speech_dir"):
+            state.speech_dir = _tts_dir(state.cfg)
+        if state.speech_dir is None:
+            return None
         if getattr(state, "speech", None) is None:
             from omniduplex.app.speech import Qwen3Speech
 
-            state.speech = Qwen3Speech(state.cfg.tts)
+            state.speech = Qwen3Speech(state.speech_dir)
     return state.speech
 
 

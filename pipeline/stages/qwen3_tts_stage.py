@@ -2,9 +2,14 @@
 text → 24 kHz speech in the manifest's voice, every turn's clauses on one continuous-batching engine.
 
 Contract: the same as the Piper stage (:mod:`.tts`). Input: one message per LLM token, meta ``text`` = its
-text delta, ``last`` when the reply's text is complete (``skipped`` on the first message is passed
-through). Output: ``pcm`` float32 ``[n]`` at 24 kHz, meta ``text``, ``chunk`` (0, 1, ... per turn) and
-``tts_ms``, ``last=False``; then one ``last=True`` message (empty ``pcm``, meta ``text`` "").
+text delta, ``last`` when the reply's text is complete; ``skipped`` on the first message is passed through.
+Output: ``pcm`` float32 ``[n]`` at 24 kHz, meta ``text``, ``chunk`` (0, 1, ... per turn) and ``tts_ms``,
+``last=False``; then one ``last=True`` message (empty ``pcm``, meta ``text`` "").
+
+Voice: the manifest's, except that ``voice`` on a turn's first message (the Realtime API's session
+``voice``, passed on by the LLM stage) naming a CustomVoice speaker of the checkpoint speaks that turn in
+that speaker; any other name (``alloy``, or any name on a Base / VoiceDesign checkpoint) keeps the
+manifest's voice, so a client's default voice never fails a turn.
 
 Each clause (:class:`~omniduplex.pipeline.clauses.ClauseSplitter`) is one utterance on
 :class:`~omniduplex.pipeline.qwen3_tts.Qwen3TTSEngine`, its frames streamed through its own
@@ -20,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -41,6 +46,7 @@ _ABORTED_MEMORY = 1024
 class _Turn:
     splitter: ClauseSplitter
     options: dict
+    voice: Voice
     clauses: deque[str] = field(default_factory=deque)
     finished: bool = False  # the reply's text is complete
     chunk: int = 0  # messages emitted
@@ -102,11 +108,23 @@ class Qwen3TTSStageWorker:
         t = self.turns.get(rid)
         if t is None:
             opts = {k: msg.meta[k] for k in PASSED_OPTIONS if k in msg.meta}
-            t = self.turns[rid] = _Turn(ClauseSplitter(self.first_max_words, self.min_words), opts)
+            splitter = ClauseSplitter(self.first_max_words, self.min_words)
+            t = self.turns[rid] = _Turn(splitter, opts, self.voice_for(msg.meta.get("voice")))
         t.clauses.extend(t.splitter.push(delta))
         if msg.last and not t.finished:
             t.clauses.extend(t.splitter.flush())
             t.finished = True
+
+    def voice_for(self, name: str | None) -> Voice:
+        """The voice of a turn that asks for ``name`` (see the module docstring)."""
+        speakers = self.prompter.model.config.speakers
+        if (
+            self.prompter.variant != "custom_voice"
+            or not isinstance(name, str)
+            or name.lower() not in speakers
+        ):
+            return self.voice
+        return replace(self.voice, speaker=name.lower())
 
     def abort(self, request_id: str) -> None:
         """Drop the turn at once (its clause leaves the engine); later text for it is ignored."""
@@ -160,7 +178,7 @@ class Qwen3TTSStageWorker:
         text = t.clauses.popleft()
         t.text, t.started_at = text, time.perf_counter()
         try:
-            prompt = self.prompter.prompt(text, self.voice)
+            prompt = self.prompter.prompt(text, t.voice)
         except VoiceError as e:
             log.warning("turn %s: clause not spoken (%s)", rid, e)
             outs.append(self._message(rid, t, torch.zeros(0)))
