@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import itertools
 import logging
 import threading
@@ -67,7 +68,8 @@ class _Job:
         self.loop, self.stream, self.queue = loop, stream, asyncio.Queue()
 
     def put(self, item) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        with contextlib.suppress(RuntimeError):  # the request's event loop is closed: nobody listens
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
 class Qwen3Speech:

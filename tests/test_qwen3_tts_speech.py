@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import time
 
 import httpx
 import numpy as np
@@ -164,3 +165,24 @@ def test_piper_stays_the_default():
 
     state = create_app(ServerConfig(max_sessions=1), responder=IdleResponder()).state.server
     assert _qwen3_speech(state) is None and getattr(state, "speech", None) is None
+
+
+def test_leaving_a_stream_early_aborts_its_request(services):
+    path = services["custom_voice"].model.path
+    # a request that would run for minutes: it ends soon only if leaving the stream aborts it
+    svc = Qwen3Speech(path, max_frames=16000, sampling={"temperature": 0.0, "ignore_eos": True})
+
+    async def first_piece():
+        gen = svc.stream(svc.prompt("Hello there.", "aiden"))
+        piece = await gen.__anext__()
+        await gen.aclose()  # the client went away
+        return piece
+
+    try:
+        assert asyncio.run(first_piece()).shape == (1920,)
+        deadline = time.monotonic() + 30
+        while svc.engine.has_unfinished() and time.monotonic() < deadline:  # the worker drops it
+            time.sleep(0.05)
+        assert not svc.engine.has_unfinished()
+    finally:
+        svc.close()
