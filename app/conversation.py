@@ -192,6 +192,8 @@ class Conversation:
             options["system_prompt"] = self.cfg.instructions
         if instructions:
             options["instructions"] = instructions
+        if self.cfg.voice:
+            options["voice"] = self.cfg.voice
         history = self.history.snapshot()
         if self.pending is not None:
             (turn_id, wav), self.pending = self.pending, None

@@ -79,7 +79,8 @@ class Responder(Protocol):
         """Start a reply. ``waveform``: the user's turn, 16 kHz mono float32 (may be empty for a typed turn).
         ``options``: ``user_text`` (a typed turn: the user's words; "" = answer the conversation as it
         stands), ``system_prompt`` (the session's, replacing the server default), ``instructions`` (added
-        to the system prompt for this reply only), ``metadata`` (travels with the turn)."""
+        to the system prompt for this reply only), ``metadata`` (travels with the turn), ``voice`` (the
+        session's TTS voice)."""
 
     def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]: ...
 
@@ -108,6 +109,8 @@ class OrchestratorResponder:
         if opts.get("instructions"):
             prompt = f"{prompt}\n\n{opts['instructions']}"
         meta["system_prompt"] = prompt
+        if opts.get("voice"):
+            meta["voice"] = opts["voice"]  # the cascade's LLM stage passes it on to the TTS stage
         self.orch.submit(waveform, meta, request_id=turn_id)
 
     async def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]:

@@ -80,6 +80,7 @@ class ServerConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)  # API keys and limits (app/auth.py)
     ws_max_bytes: int = 4 << 20  # largest WebSocket message (uvicorn ws_max_size)
     kiosk: KioskConfig = field(default_factory=KioskConfig)  # /kiosk page settings (app/kiosk.py)
+    tts: str | None = None  # Qwen3-TTS checkpoint serving /v1/audio/speech (app/speech.py); None: Piper
     drain_timeout_s: float = 30.0  # SIGTERM: longest wait for replies in flight before closing (app/drain.py)
 
 

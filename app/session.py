@@ -47,7 +47,9 @@ class SessionConfig:
 
     ``user_text``: what the history records for a spoken user turn until (or unless) the pipeline sends
     its transcript; ``{seconds}`` is replaced by the turn's speech length. ``instructions``: this
-    session's system prompt (``None`` = the server's). ``auto_respond``: a turn committed by the VAD
+    session's system prompt (``None`` = the server's). ``voice``: the voice its replies ask the TTS for
+    (Realtime ``session.audio.output.voice``; a Qwen3-TTS stage speaks a speaker of that name, any other
+    TTS ignores it; ``None`` = the server's). ``auto_respond``: a turn committed by the VAD
     starts its reply at once (else it waits for :meth:`Session.respond`). ``vad_commit``: the VAD
     commits turns (``False``: only :meth:`Session.commit_audio` does, as with the Realtime API's
     ``turn_detection: null``; speech events and barge-in still follow the VAD).
@@ -59,6 +61,7 @@ class SessionConfig:
     history_entries: int = 16
     user_text: str = "[spoken turn, {seconds:.1f} s]"
     instructions: str | None = None
+    voice: str | None = None
     auto_respond: bool = True
     vad_commit: bool = True
 

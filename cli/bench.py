@@ -159,6 +159,31 @@ def bench_serve(
     )
 
 
+@bench.command("tts")
+def bench_tts(
+    model: Path | None = typer.Option(
+        None, help="Qwen3-TTS checkpoint (default: small CustomVoice preset in the cache)."
+    ),
+    concurrency: str = typer.Option("1,16,64", help="Comma-separated concurrent utterance counts."),
+    frames: int = typer.Option(50, help="Codec frames per utterance (12.5 frames = 1 s of audio)."),
+    threads: int = typer.Option(2, help="torch intra-op threads."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+) -> None:
+    """Qwen3-TTS: TTFP, RTF and audio-seconds per second per concurrency, talker vs codec split."""
+    from omniduplex.app.respond import cache_dir
+    from omniduplex.benchmarks.tts import run
+    from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
+
+    if model is None:
+        model = cache_dir() / "small-qwen3-tts"
+        if not (model / "model.safetensors").is_file():
+            write_tts_checkpoint(model, "small", 0, "custom_voice")
+    levels = [int(c) for c in concurrency.split(",")]
+    if frames < 1 or min(levels) < 1:
+        raise typer.BadParameter("--frames and every --concurrency level must be >= 1")
+    run(model, levels, frames, threads, json_out)
+
+
 @bench.command("realtime")
 def bench_realtime(
     concurrency: str = typer.Option("1,4,16", help="Comma-separated concurrent client counts."),

@@ -126,23 +126,60 @@ def init_cascade(
     llm: Path | None = typer.Option(
         None, help="LLM: HF Llama/Qwen3 checkpoint directory or .gguf (default: packaged SmolLM2-135M)."
     ),
-    tts: Path | None = typer.Option(None, help="Piper voice .onnx (default: packaged en_US joe medium)."),
+    tts: Path | None = typer.Option(
+        None,
+        help="Piper voice .onnx or a Qwen3-TTS checkpoint directory (default: packaged Piper en_US joe).",
+    ),
+    tts_voice: str | None = typer.Option(
+        None, "--tts-voice", help="Qwen3-TTS CustomVoice speaker (default: the checkpoint's first)."
+    ),
+    tts_instructions: str | None = typer.Option(
+        None, "--tts-instructions", help="Qwen3-TTS VoiceDesign voice description (or CustomVoice style)."
+    ),
+    tts_ref_audio: Path | None = typer.Option(
+        None, "--tts-ref-audio", help="Qwen3-TTS Base: 24 kHz reference clip to clone (>= 1 s)."
+    ),
+    tts_ref_text: str | None = typer.Option(
+        None, "--tts-ref-text", help="Qwen3-TTS Base: transcript of --tts-ref-audio (in-context cloning)."
+    ),
 ) -> None:
-    """Write a cascade manifest (asr → llm → tts) to pass as --model; unset parts use the packaged weights."""
+    """Write a cascade manifest (asr → llm → tts) to pass as --model; unset parts use the packaged weights.
+    With a Qwen3-TTS checkpoint as --tts the assistant speaks in its voice (--tts-voice / --tts-instructions /
+    --tts-ref-audio + --tts-ref-text, as the checkpoint's variant takes)."""
     from omniduplex.models import weights
     from omniduplex.models.cascade.manifest import DEFAULT_ASR, asr_path, load_manifest, write_manifest
+    from omniduplex.models.checkpoint import CheckpointError, read_config
+    from omniduplex.models.qwen3_tts.config import TTSConfig
+    from omniduplex.models.qwen3_tts.model import is_qwen3_tts
 
     def pick(given: Path | None, packaged) -> Path:
         return given.resolve() if given else weights.locate(packaged)
 
-    path = write_manifest(
-        out,
-        asr=asr_path(asr or DEFAULT_ASR).resolve(),
-        llm=pick(llm, weights.SMOLLM2_135M),
-        tts=pick(tts, weights.PIPER_JOE),
-        tts_config=None if tts else weights.locate(weights.PIPER_JOE_CONFIG),
-    )
-    m = load_manifest(path)  # checks that every part exists
+    voice = {
+        "tts_voice": tts_voice,
+        "tts_instructions": tts_instructions,
+        "tts_ref_audio": tts_ref_audio.resolve() if tts_ref_audio else None,
+        "tts_ref_text": tts_ref_text,
+    }
+    qwen3 = tts is not None and is_qwen3_tts(tts)
+    if not qwen3 and any(v is not None for v in voice.values()):
+        raise typer.BadParameter("--tts-voice / --tts-instructions / --tts-ref-* need a Qwen3-TTS --tts")
+    if qwen3 and tts_voice is not None:
+        speakers = TTSConfig.from_dict(read_config(tts)).speakers
+        if tts_voice.lower() not in speakers:
+            raise typer.BadParameter(f"--tts-voice {tts_voice!r}: this checkpoint has {sorted(speakers)}")
+    try:
+        path = write_manifest(
+            out,
+            asr=asr_path(asr or DEFAULT_ASR).resolve(),
+            llm=pick(llm, weights.SMOLLM2_135M),
+            tts=pick(tts, weights.PIPER_JOE),
+            tts_config=None if tts else weights.locate(weights.PIPER_JOE_CONFIG),
+            tts_voice=voice if qwen3 else None,
+        )
+        m = load_manifest(path)  # checks that every part exists
+    except CheckpointError as e:
+        raise typer.BadParameter(str(e)) from e
     typer.echo(json.dumps({"manifest": str(path), "asr": str(m.asr), "llm": str(m.llm), "tts": str(m.tts)}))
 
 
@@ -339,6 +376,9 @@ def serve(
     talker_max_tokens: int = typer.Option(125, help="Talker max codec frames per reply (12.5 frames = 1 s)."),
     speaker: str = typer.Option("ethan", help="Voice (talker_config.speaker_id key)."),
     media_timeout: float = typer.Option(5.0, help="End a session after this long without client audio (s)."),
+    tts: Path | None = typer.Option(
+        None, "--tts", help="Qwen3-TTS checkpoint serving POST /v1/audio/speech (default: the Piper voice)."
+    ),
     drain_timeout: float = typer.Option(
         30.0, "--drain-timeout", min=0, help="SIGTERM: wait for replies in flight this long (s)."
     ),
@@ -368,6 +408,11 @@ def serve(
 
     if turn_detection not in ("silence", "smart"):
         raise typer.BadParameter(f"--turn-detection {turn_detection!r}: choose silence or smart")
+    if tts is not None:
+        from omniduplex.models.qwen3_tts.model import is_qwen3_tts
+
+        if not is_qwen3_tts(tts):
+            raise typer.BadParameter(f"--tts {tts}: not a Qwen3-TTS checkpoint (config.json architectures)")
     turn = TurnConfig(
         endpoint_ms=endpoint_ms,
         barge_in_ms=barge_in_ms,
@@ -384,6 +429,7 @@ def serve(
         talker_max_tokens=talker_max_tokens,
         speaker=speaker,
         system_prompt=system_prompt,
+        tts=str(tts) if tts else None,
         media_timeout_s=media_timeout,
         drain_timeout_s=drain_timeout,
     )

@@ -13,6 +13,7 @@ from omniduplex.kernels.cpu_linear import prepack_linears, warm_up
 from omniduplex.models.cascade.manifest import is_cascade, load_manifest, resolve_llm
 from omniduplex.models.checkpoint import iter_tensors, weight_files
 from omniduplex.models.codecs.dac_stream import DacDecodeStream
+from omniduplex.models.forward_batch import BLOCK_SIZE
 from omniduplex.models.qwen3_omni.code2wav_stream import Code2WavStream
 from omniduplex.models.qwen3_omni.talker_prompt import TalkerTextEmbeds
 from omniduplex.models.registry import load_model
@@ -121,12 +122,41 @@ def build_worker(
     return VocoderWorker(lambda: Code2WavStream(model.code2wav), chunking)
 
 
+def _qwen3_tts_worker(manifest, cfg: StageConfig):
+    """The cascade's TTS stage on a Qwen3-TTS checkpoint, speaking in the manifest's voice (checked here: a
+    bad voice fails the stage's start with the reason)."""
+    from omniduplex.models.qwen3_tts.model import load_qwen3_tts
+    from omniduplex.models.qwen3_tts.voice import VoicePrompter, read_ref_audio
+    from omniduplex.models.tokenizer import load_tokenizer
+    from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
+    from omniduplex.pipeline.stages.qwen3_tts_stage import Qwen3TTSStageWorker
+
+    model = load_qwen3_tts(manifest.tts, device=cfg.device)
+    tts = Qwen3TTSEngine(
+        model,
+        num_blocks=cfg.num_kv_blocks,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+    )
+    context = min(model.config.talker.max_position_embeddings, cfg.num_kv_blocks * BLOCK_SIZE)
+    prompter = VoicePrompter(model, load_tokenizer(manifest.tts), context)
+    name = manifest.tts_voice
+    if name is None and model.config.variant == "custom_voice":
+        name = prompter.voices[0]
+    ref = read_ref_audio(manifest.tts_ref_audio.read_bytes()) if manifest.tts_ref_audio else None
+    voice = prompter.voice(name, manifest.tts_instructions, "auto", ref, manifest.tts_ref_text)
+    return Qwen3TTSStageWorker(tts, prompter, voice, CASCADE_OUTPUT_RATE, max_frames=manifest.tts_max_frames)
+
+
 def _cascade_worker(stage: str, manifest, cfg: StageConfig):
     """The ASR (faster-whisper), LLM (our engine, or vLLM with ``backend: vllm``) or TTS (Piper) worker of a
     cascade; each runs its library on ``cfg.torch_threads`` threads (one per stage process holds up under
     contention; vLLM's CPU backend binds its own OpenMP threads)."""
     if stage == "asr":
         return _asr_worker(manifest.asr, cfg)
+    if stage == "tts" and manifest.tts_is_qwen3:
+        return _qwen3_tts_worker(manifest, cfg)
     if stage == "tts":
         from omniduplex.models.cascade.tts import PiperTTS
         from omniduplex.pipeline.stages.tts import TTSWorker

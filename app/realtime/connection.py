@@ -225,6 +225,7 @@ class RealtimeConnection:
         self.session.cfg.vad_commit = td is not None
         self.session.cfg.auto_respond = td is None or td.create_response
         self.session.cfg.instructions = cfg.instructions or None
+        self.session.cfg.voice = cfg.audio.output.voice
         if cfg.audio.output.format != self.cfg.audio.output.format:
             self.out = OutputConverter(cfg.audio.output.format)
         self.cfg = cfg

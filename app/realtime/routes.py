@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import io
 import logging
+import threading
 from functools import lru_cache
 
 import numpy as np
@@ -194,44 +195,125 @@ async def transcriptions(
 
 class SpeechRequest(BaseModel):
     """``POST /v1/audio/speech``: ``input`` text (≤ 4096 characters, the API's limit), ``response_format``
-    ``wav`` or ``pcm`` (24 kHz 16-bit mono) — the compressed formats are not produced here."""
+    ``wav`` or ``pcm`` (24 kHz 16-bit mono) — the compressed formats are not produced here.
+
+    With a Qwen3-TTS checkpoint (``serve --tts DIR``, or a cascade ``--model`` whose TTS is one;
+    :mod:`omniduplex.app.speech`): ``voice`` is a
+    CustomVoice speaker, ``instructions`` the VoiceDesign voice description (or a CustomVoice style),
+    ``language`` ``auto`` or a language the checkpoint knows, and the extension fields ``ref_audio`` (base64
+    24 kHz WAV, ≥ 1 s) + ``ref_text`` (its transcript) clone a voice on a Base checkpoint. Piper ignores
+    them. ``speed`` is accepted and not applied.
+    """
 
     model: str = MODEL_ID
     input: str = Field(min_length=1, max_length=4096)
-    voice: str = "alloy"
+    voice: str | None = None
     response_format: str = "wav"
     speed: float = Field(1.0, ge=0.25, le=4.0)
+    instructions: str | None = Field(None, max_length=4096)
+    language: str = "auto"
+    ref_audio: str | None = None
+    ref_text: str | None = Field(None, max_length=4096)
+
+
+_speech_lock = threading.Lock()
+
+
+def _tts_dir(cfg) -> str | None:
+    """The Qwen3-TTS checkpoint of the speech endpoint: ``cfg.tts``, else the TTS of a cascade manifest
+    ``cfg.model`` when that is a Qwen3-TTS checkpoint (the assistant's voice), else ``None`` (Piper)."""
+    if getattr(cfg, "tts", None):
+        return cfg.tts
+    from omniduplex.models.cascade.manifest import is_cascade, load_manifest
+
+    if cfg.model and is_cascade(cfg.model):
+        m = load_manifest(cfg.model)
+        return str(m.tts) if m.tts_is_qwen3 else None
+    return None
+
+
+def _qwen3_speech(state):
+    """The server's Qwen3-TTS speech service (:func:`_tts_dir`), loaded on first use (blocking: call it in a
+    worker thread); ``None`` without one."""
+    with _speech_lock:
+        if not hasattr(state, "speech_dir"):
+            state.speech_dir = _tts_dir(state.cfg)
+        if state.speech_dir is None:
+            return None
+        if getattr(state, "speech", None) is None:
+            from omniduplex.app.speech import Qwen3Speech
+
+            state.speech = Qwen3Speech(state.speech_dir)
+    return state.speech
+
+
+def _wav_header() -> bytes:
+    """A 24 kHz 16-bit mono WAV header whose lengths say "unknown" (streamed)."""
+    head = io.BytesIO()
+    with sf.SoundFile(head, "w", 24000, 1, "PCM_16", format="WAV") as f:
+        f.write(np.zeros(0, np.int16))
+    header = bytearray(head.getvalue()[:44])
+    header[4:8] = header[40:44] = (0xFFFFFFFF).to_bytes(4, "little")
+    return bytes(header)
+
+
+def _int16(y: np.ndarray) -> bytes:
+    return (np.clip(y, -1, 1) * 32767).astype("<i2").tobytes()
 
 
 @router.post("/v1/audio/speech")
-async def speech(req: SpeechRequest):
-    """Speak ``input`` with the Piper voice, streamed clause by clause (the cascade's clause splitter)."""
+async def speech(req: SpeechRequest, request: Request):
+    """Speak ``input``: with Qwen3-TTS when the server has one (streamed as its decoder yields pieces: the
+    first after one codec frame), else with the Piper voice, streamed clause by clause."""
     if req.response_format not in ("wav", "pcm"):
         return _error(400, f"response_format {req.response_format!r}: use wav or pcm", "invalid_value")
+    qwen3 = await asyncio.to_thread(_qwen3_speech, request.app.state.server)
+    if qwen3 is not None:
+        from omniduplex.app.speech import SpeechError
+
+        try:
+            prompt = await asyncio.to_thread(
+                qwen3.prompt,
+                req.input,
+                req.voice,
+                req.instructions,
+                req.language,
+                req.ref_audio,
+                req.ref_text,
+            )
+        except SpeechError as e:
+            return _error(400, str(e), e.code, e.param)
+
+        async def pcm_chunks():
+            async for piece in qwen3.stream(prompt):
+                yield _int16(piece)
+
+    else:
+        pcm_chunks = _piper_chunks(req.input)
+
+    if req.response_format == "pcm":
+        return StreamingResponse(pcm_chunks(), media_type="audio/pcm")
+
+    async def wav_stream():
+        yield _wav_header()
+        async for chunk in pcm_chunks():
+            yield chunk
+
+    return StreamingResponse(wav_stream(), media_type="audio/wav")
+
+
+def _piper_chunks(text: str):
+    """An async generator function of 24 kHz int16 chunks: Piper, clause by clause."""
     from omniduplex.pipeline.clauses import ClauseSplitter
 
     splitter = ClauseSplitter()
-    clauses = splitter.push(req.input) + splitter.flush()
+    clauses = splitter.push(text) + splitter.flush()
     tts = _tts()
 
     async def pcm_chunks():
         stream = soxr.ResampleStream(tts.sample_rate, 24000, 1, dtype="float32")
         for i, clause in enumerate(clauses):
             audio = await asyncio.to_thread(tts.synthesize, clause)
-            y = stream.resample_chunk(audio, last=i == len(clauses) - 1)
-            yield (np.clip(y, -1, 1) * 32767).astype("<i2").tobytes()
+            yield _int16(stream.resample_chunk(audio, last=i == len(clauses) - 1))
 
-    if req.response_format == "pcm":
-        return StreamingResponse(pcm_chunks(), media_type="audio/pcm")
-
-    async def wav_stream():
-        head = io.BytesIO()
-        with sf.SoundFile(head, "w", 24000, 1, "PCM_16", format="WAV") as f:
-            f.write(np.zeros(0, np.int16))
-        header = bytearray(head.getvalue()[:44])
-        header[4:8] = header[40:44] = (0xFFFFFFFF).to_bytes(4, "little")  # streamed: length unknown
-        yield bytes(header)
-        async for chunk in pcm_chunks():
-            yield chunk
-
-    return StreamingResponse(wav_stream(), media_type="audio/wav")
+    return pcm_chunks

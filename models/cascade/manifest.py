@@ -8,8 +8,14 @@ A manifest is a small YAML file (``omniduplex init-cascade`` writes one)::
                                            # (encoder_model/decoder_model_merged .ort|.onnx, tokenizer.bin)
                                            # or a faster-whisper / CTranslate2 model directory
     llm: /path/to/hf-dir-or-model.gguf     # LlamaForCausalLM / Qwen3ForCausalLM, HF layout or GGUF
-    tts: /path/to/voice.onnx               # Piper VITS voice; its .onnx.json sits beside it
-    tts_config: /path/to/voice.onnx.json   # optional (default: <tts>.json)
+    tts: /path/to/voice.onnx               # Piper VITS voice; its .onnx.json sits beside it,
+                                           # or a Qwen3-TTS checkpoint directory (12 Hz, any variant)
+    tts_config: /path/to/voice.onnx.json   # optional (default: <tts>.json); Piper only
+    tts_voice: ryan                        # Qwen3-TTS only: CustomVoice speaker (default: the first)
+    tts_instructions: A calm, warm voice.  # Qwen3-TTS only: VoiceDesign description / CustomVoice style
+    tts_ref_audio: /path/to/ref.wav        # Qwen3-TTS Base only: 24 kHz clip to clone (>= 1 s)
+    tts_ref_text: Transcript of the clip.  # Qwen3-TTS Base only: in-context cloning with the clip's codes
+    tts_max_frames: 1024                   # Qwen3-TTS only: codec frames per clause at most (12.5 / s)
     llm_quantized: true                    # optional, GGUF only: serve its quantized blocks (default false)
 
 Relative paths are resolved against the manifest's folder. ``--model`` accepts the file, or a folder that
@@ -30,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from omniduplex.models.checkpoint import CheckpointError
+from omniduplex.models.qwen3_tts.model import is_qwen3_tts
 from omniduplex.models.weights import (
     PIPER_JOE,
     PIPER_JOE_CONFIG,
@@ -73,7 +80,9 @@ class CascadeManifest:
         path: the manifest file.
         asr: Moonshine folder or CTranslate2 Whisper directory (:func:`~.asr.load_asr` tells them apart).
         llm: HF-layout checkpoint directory or a ``.gguf`` file.
-        tts: Piper voice ``.onnx``; ``tts_config`` its ``.onnx.json``.
+        tts: Piper voice ``.onnx`` (``tts_config`` its ``.onnx.json``) or a Qwen3-TTS checkpoint directory
+            (``tts_config`` ``None``; the voice in ``tts_voice`` / ``tts_instructions`` / ``tts_ref_audio`` +
+            ``tts_ref_text``, checked when the stage loads the model).
         llm_quantized: serve a GGUF LLM on its quantized blocks (Q4_1/Q5_0/Q8_0/Q4_K/Q6_K kernels)
             instead of the dequantised fp32/bf16 weights.
     """
@@ -82,8 +91,18 @@ class CascadeManifest:
     asr: Path
     llm: Path
     tts: Path
-    tts_config: Path
+    tts_config: Path | None
     llm_quantized: bool = False
+    tts_voice: str | None = None
+    tts_instructions: str | None = None
+    tts_ref_audio: Path | None = None
+    tts_ref_text: str | None = None
+    tts_max_frames: int = 1024
+
+    @property
+    def tts_is_qwen3(self) -> bool:
+        """Whether the TTS is a Qwen3-TTS checkpoint (else a Piper voice)."""
+        return self.tts.is_dir() and is_qwen3_tts(self.tts)
 
 
 def manifest_file(model: str | Path) -> Path | None:
@@ -133,14 +152,36 @@ def load_manifest(model: str | Path) -> CascadeManifest:
         return p.resolve()
 
     tts = part("tts", raw["tts"])
-    tts_config = part("tts_config", raw.get("tts_config") or f"{tts}.json")
+    qwen3 = tts.is_dir() and is_qwen3_tts(tts)
+    if tts.is_dir() and not qwen3:
+        raise CheckpointError(f"{path}: tts {tts} is a folder but not a Qwen3-TTS checkpoint")
+    tts_config = None if qwen3 else part("tts_config", raw.get("tts_config") or f"{tts}.json")
+    voice = {k: raw.get(k) for k in ("tts_voice", "tts_instructions", "tts_ref_text")}
+    ref_audio = part("tts_ref_audio", raw["tts_ref_audio"]) if raw.get("tts_ref_audio") else None
+    if not qwen3 and (ref_audio or any(voice.values()) or "tts_max_frames" in raw):
+        raise CheckpointError(
+            f"{path}: tts_voice / tts_instructions / tts_ref_* / tts_max_frames need a Qwen3-TTS tts"
+        )
+    max_frames = raw.get("tts_max_frames", 1024)
+    if not isinstance(max_frames, int) or isinstance(max_frames, bool) or max_frames < 1:
+        raise CheckpointError(f"{path}: tts_max_frames must be a positive integer, not {max_frames!r}")
     llm = part("llm", raw["llm"])
     quantized = raw.get("llm_quantized", False)
     if not isinstance(quantized, bool):
         raise CheckpointError(f"{path}: llm_quantized must be true or false, not {quantized!r}")
     if quantized and llm.suffix != ".gguf":
         raise CheckpointError(f"{path}: llm_quantized needs a .gguf llm, not {llm}")
-    return CascadeManifest(path.resolve(), part("asr", asr_path(raw["asr"])), llm, tts, tts_config, quantized)
+    return CascadeManifest(
+        path.resolve(),
+        part("asr", asr_path(raw["asr"])),
+        llm,
+        tts,
+        tts_config,
+        quantized,
+        **{k: str(v) if v is not None else None for k, v in voice.items()},
+        tts_ref_audio=ref_audio,
+        tts_max_frames=max_frames,
+    )
 
 
 def write_manifest(
@@ -150,8 +191,11 @@ def write_manifest(
     tts: Path,
     tts_config: Path | None = None,
     llm_quantized: bool = False,
+    tts_voice: dict[str, str] | None = None,
 ) -> Path:
-    """Write a manifest file (absolute paths) and return its path; ``out`` may be a folder."""
+    """Write a manifest file (absolute paths) and return its path; ``out`` may be a folder. ``tts_voice``:
+    the Qwen3-TTS keys (``tts_voice``, ``tts_instructions``, ``tts_ref_audio``, ``tts_ref_text``,
+    ``tts_max_frames``)."""
     out = Path(out)
     if out.suffix not in (".yaml", ".yml"):
         out = out / MANIFEST_NAME
@@ -161,8 +205,12 @@ def write_manifest(
         doc["tts_config"] = str(tts_config)
     if llm_quantized:
         doc["llm_quantized"] = True
+    doc.update(
+        {k: v if isinstance(v, int) else str(v) for k, v in (tts_voice or {}).items() if v is not None}
+    )
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    tmp.write_text("# omniduplex cascade: ASR -> LLM -> Piper TTS (models/cascade)\n" + yaml.safe_dump(doc))
+    kind = "Qwen3-TTS" if is_qwen3_tts(tts) else "Piper TTS"
+    tmp.write_text(f"# omniduplex cascade: ASR -> LLM -> {kind} (models/cascade)\n" + yaml.safe_dump(doc))
     tmp.replace(out)
     return out
 
