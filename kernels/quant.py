@@ -9,8 +9,10 @@ Ops (namespace ``torch.ops.omniduplex_quant``):
   those rows (embedding lookup).
 
 The build is like :mod:`.cpu_ops` (``torch.utils.cpp_extension``, ``-O3 -march=native``, under an flock,
-one build per CPU kind and source); the code path (AVX-512, AVX2+FMA or scalar) follows the build's
-``-march=native``, and :func:`isa` names it. ``OMNIDUPLEX_QUANT_ISA=scalar`` builds the portable path
+one build per CPU kind and source); the code path (fused AVX2+FMA kernels, with AVX512-VNNI's dpbusd where
+the CPU has it, or portable scalar code) follows the build's ``-march=native``, and :func:`isa` names it.
+Results do not depend on the batch: row ``t`` of a ``[T, K]`` input gives exactly the ``[1, K]`` result.
+``OMNIDUPLEX_QUANT_ISA=scalar`` builds the portable path
 (for tests of the fallback).
 """
 
@@ -90,7 +92,7 @@ def load() -> None:
 
 
 def isa() -> str:
-    """The code path the extension was built with: ``avx512-vnni``, ``avx512``, ``avx2`` or ``scalar``."""
+    """The code path the extension was built with: ``avx2-vnni``, ``avx2`` or ``scalar``."""
     load()
     return bytes(torch.ops.omniduplex_quant.isa(torch.empty(0)).tolist()).decode()
 

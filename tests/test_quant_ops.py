@@ -68,7 +68,7 @@ def test_dequantize_rows_equals_gguf(name, k):
 
 
 @pytest.mark.parametrize("name,k", FORMATS)
-@pytest.mark.parametrize("t", [1, 3, 8, 21])
+@pytest.mark.parametrize("t", [1, 3, 8, 11, 21])
 def test_qmatmul_matches_dequantized_product(name, k, t):
     blocks = random_blocks(name, 45, k, seed=2)
     w = gguf_dequant(name, blocks, k)
@@ -86,6 +86,32 @@ def test_qmatmul_matches_dequantized_product(name, k, t):
         [quant.qmatmul(x[i : i + 1], torch.from_numpy(blocks), quant.TYPES[name], k) for i in range(t)]
     )
     assert torch.equal(y, rows)
+
+
+# K with chunk counts on either side of the kernel's 8-chunk lanes, and N past one 16-row tile and
+# two threads' split (the AVX2 path batches 8 activation rows per pass; a last group of 4..7 is padded,
+# 1..3 go one by one)
+TAILS = [("Q5_0", 320), ("Q8_0", 288), ("Q4_1", 544), ("Q4_K", 768), ("Q6_K", 1280), ("Q5_0", 896)]
+
+
+@pytest.mark.parametrize("name,k", TAILS)
+def test_batched_path_equals_single_rows_on_tails(name, k):
+    torch.set_num_threads(2)
+    n = 301
+    blocks = torch.from_numpy(random_blocks(name, n, k, seed=4))
+    w = gguf_dequant(name, blocks.numpy(), k)
+    torch.manual_seed(k)
+    x = torch.randn(19, k) * torch.logspace(-3, 2, 19).unsqueeze(1)  # rows of very different magnitude
+    qt = quant.TYPES[name]
+    singles = torch.cat([quant.qmatmul(x[i : i + 1], blocks, qt, k) for i in range(19)])
+    ref = emulated(x, w)
+    rel = ((singles.double() - ref).norm(dim=1) / ref.norm(dim=1)).max().item()
+    assert rel <= 1e-5
+    for t in (2, 4, 7, 8, 9, 12, 16, 19):  # padded groups, whole groups, and 1..3 rows left over
+        y = quant.qmatmul(x[:t], blocks, qt, k)
+        assert torch.equal(y, singles[:t]), t
+    # a sub-range of the weight rows (a different split over tiles and threads) gives the same numbers
+    assert torch.equal(quant.qmatmul(x[:9], blocks[5:250].contiguous(), qt, k), singles[:9, 5:250])
 
 
 def test_bf16_input_and_empty_batch():

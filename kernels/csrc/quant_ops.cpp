@@ -13,16 +13,16 @@
 //   Q6_K  256 values in 210 B: 128 B low nibbles, 64 B high 2-bit pairs, 16 int8 scales (one per 16
 //         values), fp16 d; w = (d*sc)*(q - 32).
 //
-// Scheme (ours; the same idea as llama.cpp's CPU path): every weight row is decoded, 32 values at a time,
-// into int8 codes q, eight fp32 lane scales (one per 4 values: the sub-block scale; Q6_K's two 16-value
-// sub-blocks give two) and one fp32 offset m per 32 (Q4_1's m, Q4_K's -dmin*min). Activation rows are
-// quantised on the fly to int8 per 32 values (scale amax/127, round to nearest). A 32-value dot is then
-// an integer dot (AVX2 maddubs/madd, AVX-512 VNNI dpbusd) scaled by the weight lane scales times the
-// activation scale, plus m * (activation scale * sum of activation codes). Each weight row is decoded once
-// per call and used for every activation row: a batch of T rows reads the weights once.
+// Scheme (ours; the same idea as llama.cpp's CPU path): activation rows are quantised on the fly to int8
+// per 32 values (scale amax/127, round to nearest even; ggml's block_q8_1 layout kept as planar arrays), once
+// per call for all N weight rows. A 32-value dot is then an integer dot (AVX2 maddubs/madd, VNNI dpbusd where
+// the CPU has AVX512-VNNI) times the weight scale times the activation scale, plus the weight offset m times
+// (activation scale × sum of activation codes) for Q4_1 / Q4_K.
 //
-// Paths by the build's -march=native: __AVX512F__+BW+DQ+VL (512-bit, two 32-value chunks per vector, VNNI
-// when __AVX512VNNI__), __AVX2__+__FMA__ (256-bit), else portable scalar code. Compiled with
+// Paths by the build's -march=native: __AVX2__+__FMA__: fused kernels that unpack each weight block in
+// registers and dot it with 1 activation row (decode) or 8 at once (batched decode, prefill): see "fused AVX2
+// dot products" below; AVX-512 CPUs run the same 256-bit code (with VNNI's dpbusd when present). Otherwise
+// portable scalar code that decodes a row to int8 codes and per-4 lane scales, then dots it. Compiled with
 // -ffp-contract=off so that the dequantiser's mul-then-add is rounded as the reference rounds it.
 
 #include <ATen/ATen.h>
@@ -30,6 +30,7 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -40,10 +41,6 @@
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
 #define OD_AVX2 1
-#endif
-#if defined(OD_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
-    defined(__AVX512VL__)
-#define OD_AVX512 1
 #endif
 
 namespace {
@@ -267,10 +264,44 @@ void decode_row(const uint8_t* row, int64_t K, int64_t type, Decoded& out) {
 
 // ---------------------------------------------------------------- activation quantisation
 
-// x [K] fp32 → codes [K] int8, per-32 scale xd and xs = xd * sum(codes)
+// x [K] fp32 → codes [K] int8, per-32 scale xd and xs = xd * sum(codes). The activation format is
+// ggml's block_q8_1 (ggml-common.h: d, s = d * sum(qs), 32 int8) kept as three planar arrays; the rounding
+// is round-half-to-even of v * 127 / amax (llama.cpp's quantize_row_q8_1 rounds the same way on AVX2).
 void quantize_row(const float* x, int64_t K, int8_t* codes, float* xd, float* xs) {
   for (int64_t c = 0; c < K / 32; ++c) {
     const float* v = x + 32 * c;
+#ifdef OD_AVX2
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 vv[4];
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      vv[i] = _mm256_loadu_ps(v + 8 * i);
+      mx = _mm256_max_ps(mx, _mm256_and_ps(vv[i], absmask));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i iq[4];
+    __m256i sum = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+      const __m256 r = _mm256_round_ps(_mm256_mul_ps(vv[i], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      iq[i] = _mm256_cvtps_epi32(r);
+      sum = _mm256_add_epi32(sum, iq[i]);
+    }
+    // packs work within 128-bit lanes: the permute restores value order
+    const __m256i p16a = _mm256_packs_epi32(iq[0], iq[1]), p16b = _mm256_packs_epi32(iq[2], iq[3]);
+    const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
+                                                   _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 32 * c), p8);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    xd[c] = d;
+    xs[c] = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+#else
     float amax = 0.f;
     for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
     const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
@@ -282,18 +313,35 @@ void quantize_row(const float* x, int64_t K, int8_t* codes, float* xd, float* xs
     }
     xd[c] = d;
     xs[c] = d * static_cast<float>(sum);
+#endif
   }
 }
 
-// ---------------------------------------------------------------- dot products of one decoded row
+// The quantised activation rows of one call: T rows of K int8 codes, per-32 scales and scaled sums.
+struct QX {
+  const int8_t* q;
+  const float* d;
+  const float* s;
+  int64_t K, nc;  // nc = K / 32
+};
 
 #ifdef OD_AVX2
-inline float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+// ---------------------------------------------------------------- fused AVX2 dot products
+//
+// The weight blocks are unpacked in registers (nothing is written back) into 32-value chunks of int8
+// codes, each with a float scale dw (and an offset m for Q4_1 / Q4_K). The integer dot of a weight chunk
+// and an activation chunk is llama.cpp's AVX2 technique (ggml-cpu's mul_sum_i8_pairs / mul_sum_us8_pairs):
+// maddubs (unsigned × signed bytes → int16 pairs), then madd (→ eight int32 sums of 4); signed weights are
+// made unsigned with sign_epi8 (|w| and x·sign(w)); Q6_K's madd multiplies by its two 16-value sub-block
+// scales instead of 1 (as ggml-cpu's Q6_K dot does).
+//
+// Every result y[t, n] is the same sequence of fp32 operations whatever the batch, so a batch of T
+// activation rows gives exactly the per-row results (greedy decoding at c = 8 equals c = 1):
+//     acc = fma(float(isum_c), dw_c * xd_c, acc);  off = fma(m_c, xs_c, off)   for chunks c in order,
+//     y = acc + off.
+// Only the vector lanes differ: a decode step (T = 1) puts 8 chunks of one row in the lanes and runs the
+// fma chain over them; a batch puts 8 activation rows in the lanes, so that each weight chunk is unpacked
+// once for all 8 rows (the c = 8 decode step and prefill) and the 8 integer dots are reduced together.
 
 inline __m256i idot256(__m256i aw, __m256i sx) {  // aw unsigned bytes, sx signed → 8 int32 of 4-byte sums
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -302,84 +350,210 @@ inline __m256i idot256(__m256i aw, __m256i sx) {  // aw unsigned bytes, sx signe
   return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
 #endif
 }
-#endif
 
-// out[t] = dot(decoded row, activation row t) for TB activation rows starting at xq (stride K)
-template <int TB>
-inline void dot_rows(const Decoded& w, int64_t K, const int8_t* xq, const float* xd, const float* xs,
-                     float* out, int64_t out_stride, bool has_min) {
-  const int64_t nc = K / 32;
-  float offs[TB];
-  for (int t = 0; t < TB; ++t) {
-    float o = 0.f;
-    if (has_min)
-      for (int64_t c = 0; c < nc; ++c) o += w.m[c] * xs[t * nc + c];
-    offs[t] = o;
-  }
-#if defined(OD_AVX512)
-  __m512 acc[TB];
-  for (int t = 0; t < TB; ++t) acc[t] = _mm512_setzero_ps();
-  int64_t c = 0;
-  for (; c + 2 <= nc; c += 2) {
-    const __m512i wv = _mm512_loadu_si512(w.q.data() + 32 * c);
-    const __m512i aw = _mm512_abs_epi8(wv);
-    const __mmask64 neg = _mm512_movepi8_mask(wv);
-    const __m512 dv = _mm512_loadu_ps(w.dv.data() + 8 * c);
-    for (int t = 0; t < TB; ++t) {
-      const __m512i xv = _mm512_loadu_si512(xq + t * K + 32 * c);
-      const __m512i sx = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);  // x * sign(w)
-#ifdef __AVX512VNNI__
-      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, sx);
-#else
-      const __m512i p = _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sx), _mm512_set1_epi16(1));
-#endif
-      const __m512 sc = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(xd[t * nc + c])),
-                                           _mm256_set1_ps(xd[t * nc + c + 1]), 1);
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dv, sc), acc[t]);
-    }
-  }
-  for (int t = 0; t < TB; ++t) {
-    float r = _mm512_reduce_add_ps(acc[t]);
-    for (int64_t cc = c; cc < nc; ++cc) {  // an odd last chunk
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.q.data() + 32 * cc));
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * K + 32 * cc));
-      const __m256i p = idot256(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
-      r += hsum256(_mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_loadu_ps(w.dv.data() + 8 * cc)),
-                                 _mm256_set1_ps(xd[t * nc + cc])));
-    }
-    out[t * out_stride] = r + offs[t];
-  }
-#elif defined(OD_AVX2)
-  __m256 acc[TB];
-  for (int t = 0; t < TB; ++t) acc[t] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < nc; ++c) {
-    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.q.data() + 32 * c));
-    const __m256i aw = _mm256_sign_epi8(wv, wv);
-    const __m256 dv = _mm256_loadu_ps(w.dv.data() + 8 * c);
-    for (int t = 0; t < TB; ++t) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * K + 32 * c));
-      const __m256i p = idot256(aw, _mm256_sign_epi8(xv, wv));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dv, _mm256_set1_ps(xd[t * nc + c])), acc[t]);
-    }
-  }
-  for (int t = 0; t < TB; ++t) out[t * out_stride] = hsum256(acc[t]) + offs[t];
-#else
-  for (int t = 0; t < TB; ++t) {
-    float r = 0.f;
-    const int8_t* x = xq + t * K;
-    for (int64_t c = 0; c < nc; ++c) {
-      float rc = 0.f;
-      for (int g = 0; g < 8; ++g) {
-        int32_t s = 0;
-        for (int i = 0; i < 4; ++i) s += int32_t(w.q[32 * c + 4 * g + i]) * int32_t(x[32 * c + 4 * g + i]);
-        rc += static_cast<float>(s) * w.dv[8 * c + g];
-      }
-      r += rc * xd[t * nc + c];
-    }
-    out[t * out_stride] = r + offs[t];
-  }
-#endif
+// 8 vectors of 8 int32 → one vector whose lane i is the sum of p[i]'s lanes
+inline __m256i reduce8(const __m256i* p) {
+  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+  // a = [p0..p3 sums of lanes 0-3 | p0..p3 sums of lanes 4-7], b likewise for p4..p7
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
+
+// One block unpacked: CPB chunks of 32 codes (signed types: with |w| precomputed), scales, offsets.
+template <int64_t kType>
+struct Blk {
+  static constexpr int CPB = static_cast<int>(format_of_known(kType).block_values / 32);
+  static constexpr bool kSigned = kType == kQ5_0 || kType == kQ8_0 || kType == kQ6_K;
+  static constexpr bool kMin = kType == kQ4_1 || kType == kQ4_K;
+  __m256i w[CPB], aw[CPB], sc16[CPB];
+  float dw[CPB], m[CPB];
+};
+
+template <int64_t kType>
+inline void unpack(const uint8_t* b, Blk<kType>& o) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  if constexpr (kType == kQ8_0) {  // block_q8_0: d, qs[32]
+    o.w[0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    o.dw[0] = f16(b);
+  } else if constexpr (kType == kQ5_0) {  // block_q5_0: d, qh (5th bits), qs[16] nibbles; w = d*(q-16)
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    // (q & 15) | (5th bit clear ? 0xF0 : 0) is q - 16 as int8 (ggml-cpu's q5_0 AVX2 trick)
+    const __m256i hi = _mm256_andnot_si256(bits32(qh), _mm256_set1_epi8(static_cast<char>(0xF0)));
+    o.w[0] = _mm256_or_si256(nibbles32(b + 6), hi);
+    o.dw[0] = f16(b);
+  } else if constexpr (kType == kQ4_1) {  // block_q4_1: d, m, qs[16]; w = d*q + m
+    o.w[0] = nibbles32(b + 4);
+    o.dw[0] = f16(b);
+    o.m[0] = f16(b + 2);
+  } else if constexpr (kType == kQ4_K) {  // block_q4_K: d, dmin, scales[12] (6-bit pairs), qs[128]
+    const float d = f16(b), dmin = f16(b + 2);
+    const uint8_t* s = b + 4;
+    for (int g = 0; g < 4; ++g) {  // 32 bytes of qs: chunk 2g in the low nibbles, 2g+1 in the high ones
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * g));
+      o.w[2 * g] = _mm256_and_si256(q, m4);
+      o.w[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    }
+    for (int j = 0; j < 8; ++j) {  // get_scale_min_k4 (ggml-quants.c)
+      const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+      const int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+      o.dw[j] = d * static_cast<float>(sc);
+      o.m[j] = -(dmin * static_cast<float>(mn));
+    }
+  } else {  // block_q6_K: ql[128] low nibbles, qh[64] high 2-bit pairs, scales[16] int8, d; w = d*sc*(q-32)
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = f16(b + 208);
+    const __m256i m2 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+    for (int n = 0; n < 2; ++n) {  // two halves of 128 values: 64 B of ql, 32 B of qh each
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * n));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * n + 32));
+      const __m256i hh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * n));
+      __m256i* w = o.w + 4 * n;
+      w[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 4), m2));
+      w[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 2), m2));
+      w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hh, m2));
+      w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                             _mm256_and_si256(_mm256_srli_epi16(hh, 2), m2));
+      for (int i = 0; i < 4; ++i) w[i] = _mm256_sub_epi8(w[i], k32);
+    }
+    for (int j = 0; j < 8; ++j) {  // chunk j: sub-block scales sc[2j] (first 16 values), sc[2j+1]
+      o.sc16[j] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+      o.dw[j] = d;
+    }
+  }
+  if constexpr (Blk<kType>::kSigned)
+    for (int j = 0; j < Blk<kType>::CPB; ++j) o.aw[j] = _mm256_sign_epi8(o.w[j], o.w[j]);
+}
+
+// integer dot of chunk j of ``o`` with 32 activation codes at xq: eight int32 partial sums
+template <int64_t kType>
+inline __m256i chunk_dot(const Blk<kType>& o, int j, const int8_t* xq) {
+  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  if constexpr (kType == kQ6_K)  // |w| ≤ 32: the int16 pair sums do not saturate
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(o.aw[j], _mm256_sign_epi8(xv, o.w[j])), o.sc16[j]);
+  else if constexpr (Blk<kType>::kSigned)
+    return idot256(o.aw[j], _mm256_sign_epi8(xv, o.w[j]));
+  else
+    return idot256(o.w[j], xv);
+}
+
+// y = dot(weight row, activation row): 8 chunks in the lanes, then the fma chain over them in order
+template <int64_t kType>
+inline float row_dot1(const uint8_t* row, const int8_t* xq, const float* xd, const float* xs, int64_t nc) {
+  constexpr Format f = format_of_known(kType);
+  Blk<kType> o;
+  __m256i p[8];
+  for (int i = 0; i < 8; ++i) p[i] = _mm256_setzero_si256();
+  alignas(32) float fs[8];
+  float sc[8];
+  float acc = 0.f, off = 0.f;
+  int pend = 0;
+  auto flush = [&]() {
+    _mm256_store_ps(fs, _mm256_cvtepi32_ps(reduce8(p)));
+    for (int i = 0; i < pend; ++i) acc = std::fma(fs[i], sc[i], acc);
+    pend = 0;
+  };
+  for (int64_t blk = 0, c = 0; blk < nc * 32 / f.block_values; ++blk) {
+    unpack<kType>(row + blk * f.block_bytes, o);
+    for (int j = 0; j < Blk<kType>::CPB; ++j, ++c) {
+      p[pend] = chunk_dot<kType>(o, j, xq + 32 * c);
+      sc[pend] = o.dw[j] * xd[c];
+      if constexpr (Blk<kType>::kMin) off = std::fma(o.m[j], xs[c], off);
+      if (++pend == 8) flush();
+    }
+  }
+  if (pend) flush();
+  return acc + off;
+}
+
+// The same for 8 activation rows at once (lanes = rows): xq[i] row i's codes, xdT / xsT their scales
+// transposed [nc][8]; y[i] = result of row i.
+template <int64_t kType>
+inline void row_dot8(const uint8_t* row, const int8_t* const* xq, const float* xdT, const float* xsT, int64_t nc,
+                     float* y) {
+  constexpr Format f = format_of_known(kType);
+  Blk<kType> o;
+  __m256i p[8];
+  __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps();
+  for (int64_t blk = 0, c = 0; blk < nc * 32 / f.block_values; ++blk) {
+    unpack<kType>(row + blk * f.block_bytes, o);
+    for (int j = 0; j < Blk<kType>::CPB; ++j, ++c) {
+      for (int i = 0; i < 8; ++i) p[i] = chunk_dot<kType>(o, j, xq[i] + 32 * c);
+      const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(o.dw[j]), _mm256_loadu_ps(xdT + 8 * c));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(p)), sc, acc);
+      if constexpr (Blk<kType>::kMin) off = _mm256_fmadd_ps(_mm256_set1_ps(o.m[j]), _mm256_loadu_ps(xsT + 8 * c), off);
+    }
+  }
+  _mm256_storeu_ps(y, _mm256_add_ps(acc, off));
+}
+
+// Rows [n0, n1) of y [T, N], in tiles of kTile weight rows so that a tile stays in L1/L2 while the
+// activation rows pass over it: groups of 8 activation rows through row_dot8 (a last group of 4..7 rows
+// is padded by repeating its last row), fewer than 4 left over one by one through row_dot1.
+constexpr int64_t kTile = 16;
+
+template <int64_t kType>
+void matmul_rows(const uint8_t* wp, int64_t row_bytes, const QX& x, const float* xdT, const float* xsT, int64_t T,
+                 int64_t N, int64_t n0, int64_t n1, float* yp) {
+  const int64_t nc = x.nc;
+  for (int64_t a = n0; a < n1; a += kTile) {
+    const int64_t b = std::min(n1, a + kTile);
+    int64_t t = 0;
+    for (; T - t >= 4; t += 8) {
+      const int64_t g = t / 8, rows = std::min<int64_t>(8, T - t);
+      const int8_t* xq[8];
+      for (int i = 0; i < 8; ++i) xq[i] = x.q + (t + std::min<int64_t>(i, rows - 1)) * x.K;
+      alignas(32) float y8[8];
+      for (int64_t n = a; n < b; ++n) {
+        row_dot8<kType>(wp + n * row_bytes, xq, xdT + g * nc * 8, xsT + g * nc * 8, nc, y8);
+        for (int64_t i = 0; i < rows; ++i) yp[(t + i) * N + n] = y8[i];
+      }
+    }
+    for (; t < T; ++t)
+      for (int64_t n = a; n < b; ++n)
+        yp[t * N + n] = row_dot1<kType>(wp + n * row_bytes, x.q + t * x.K, x.d + t * nc, x.s + t * nc, nc);
+  }
+}
+
+void matmul_range(int64_t type, const uint8_t* wp, int64_t row_bytes, const QX& x, const float* xdT,
+                  const float* xsT, int64_t T, int64_t N, int64_t n0, int64_t n1, float* yp) {
+  switch (type) {
+    case kQ4_1: matmul_rows<kQ4_1>(wp, row_bytes, x, xdT, xsT, T, N, n0, n1, yp); break;
+    case kQ5_0: matmul_rows<kQ5_0>(wp, row_bytes, x, xdT, xsT, T, N, n0, n1, yp); break;
+    case kQ8_0: matmul_rows<kQ8_0>(wp, row_bytes, x, xdT, xsT, T, N, n0, n1, yp); break;
+    case kQ4_K: matmul_rows<kQ4_K>(wp, row_bytes, x, xdT, xsT, T, N, n0, n1, yp); break;
+    default: matmul_rows<kQ6_K>(wp, row_bytes, x, xdT, xsT, T, N, n0, n1, yp); break;
+  }
+}
+
+#else
+// ---------------------------------------------------------------- portable path: decode a row, then dot
+
+void matmul_range(int64_t type, const uint8_t* wp, int64_t row_bytes, const QX& x, const float*, const float*,
+                  int64_t T, int64_t N, int64_t n0, int64_t n1, float* yp) {
+  const bool has_min = type == kQ4_1 || type == kQ4_K;
+  Decoded w;
+  w.resize(x.K);
+  for (int64_t n = n0; n < n1; ++n) {
+    decode_row(wp + n * row_bytes, x.K, type, w);
+    for (int64_t t = 0; t < T; ++t) {
+      const int8_t* xq = x.q + t * x.K;
+      float r = 0.f, o = 0.f;
+      for (int64_t c = 0; c < x.nc; ++c) {
+        float rc = 0.f;
+        for (int g = 0; g < 8; ++g) {
+          int32_t s = 0;
+          for (int i = 0; i < 4; ++i) s += int32_t(w.q[32 * c + 4 * g + i]) * int32_t(xq[32 * c + 4 * g + i]);
+          rc += static_cast<float>(s) * w.dv[8 * c + g];
+        }
+        r += rc * x.d[t * x.nc + c];
+        if (has_min) o += w.m[c] * x.s[t * x.nc + c];
+      }
+      yp[t * N + n] = r + o;
+    }
+  }
+}
+#endif
 
 void check_weight(const at::Tensor& w, int64_t type, int64_t K) {
   const Format f = format_of(type);
@@ -409,24 +583,22 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
   });
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  const bool has_min = type == kQ4_1 || type == kQ4_K;
-  at::parallel_for(0, N, 8, [&](int64_t a, int64_t b) {
-    Decoded dec;
-    dec.resize(K);
-    for (int64_t n = a; n < b; ++n) {
-      decode_row(wp + n * row_bytes, K, type, dec);
-      int64_t t = 0;
-      for (; t + 8 <= T; t += 8)
-        dot_rows<8>(dec, K, xq.data() + t * K, xd.data() + t * nc, xs.data() + t * nc, yp + t * N + n, N, has_min);
-      for (; t + 4 <= T; t += 4)
-        dot_rows<4>(dec, K, xq.data() + t * K, xd.data() + t * nc, xs.data() + t * nc, yp + t * N + n, N, has_min);
-      switch (T - t) {
-        case 3: dot_rows<3>(dec, K, xq.data() + t * K, xd.data() + t * nc, xs.data() + t * nc, yp + t * N + n, N, has_min); break;
-        case 2: dot_rows<2>(dec, K, xq.data() + t * K, xd.data() + t * nc, xs.data() + t * nc, yp + t * N + n, N, has_min); break;
-        case 1: dot_rows<1>(dec, K, xq.data() + t * K, xd.data() + t * nc, xs.data() + t * nc, yp + t * N + n, N, has_min); break;
-        default: break;
+  const QX qx{xq.data(), xd.data(), xs.data(), K, nc};
+  // activation scales of each group of 8 rows transposed to [nc][8] (a short last group repeats its last
+  // row) for the batched kernel's lanes
+  const int64_t groups = (T + 7) / 8;
+  std::vector<float> xdT(groups * nc * 8), xsT(groups * nc * 8);
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t c = 0; c < nc; ++c)
+      for (int64_t i = 0; i < 8; ++i) {
+        const int64_t t = std::min(8 * g + i, T - 1);
+        xdT[(g * nc + c) * 8 + i] = xd[t * nc + c];
+        xsT[(g * nc + c) * 8 + i] = xs[t * nc + c];
       }
-    }
+  // one range of rows per thread (at::parallel_for splits [0, N) evenly); the grain keeps a small N on
+  // one thread where a second would cost more to wake than it saves
+  const int64_t grain = std::max<int64_t>(16, 2048 / std::max<int64_t>(1, nc * T));
+  at::parallel_for(0, N, grain, [&](int64_t a, int64_t b) { matmul_range(type, wp, row_bytes, qx, xdT.data(), xsT.data(), T, N, a, b, yp);
   });
   return y;
 }
@@ -457,10 +629,8 @@ at::Tensor dequantize_rows(const at::Tensor& w, int64_t type, int64_t K, const a
 }
 
 std::string isa() {
-#if defined(OD_AVX512) && defined(__AVX512VNNI__)
-  return "avx512-vnni";
-#elif defined(OD_AVX512)
-  return "avx512";
+#if defined(OD_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return "avx2-vnni";
 #elif defined(OD_AVX2)
   return "avx2";
 #else
