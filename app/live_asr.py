@@ -25,6 +25,11 @@ FEED_MS = 400
 stage's hypothesis period (0.4 s) is made for; shorter only adds relay messages."""
 
 
+PAUSE_FRAMES = 5
+"""Unvoiced 20 ms frames (100 ms) after which the open turn is fed at once: the ASR stage's
+:data:`~omniduplex.models.cascade.streaming_asr.PAUSE_HYPOTHESIS_MS`."""
+
+
 class AgreedPrefix:
     """Append-only deltas from revisable partial transcripts.
 
@@ -80,15 +85,20 @@ class LiveTranscriber:
         self.turn_id: str | None = None
         self.fed = 0  # frames of the open segment fed so far
 
-    def update(self, frames: list[np.ndarray], in_speech: bool, wanted: bool = True) -> None:
+    def update(
+        self, frames: list[np.ndarray], in_speech: bool, wanted: bool = True, pause: bool = False
+    ) -> None:
         """After each input frame: ``frames`` the open segment's 20 ms int16 frames so far, ``in_speech``
         whether it is open, ``wanted`` whether its turn will be sent at once when it ends (else nothing is
-        fed). Feeds the new frames once ``feed_ms`` of them piled up; a segment gone without becoming a turn
-        (:meth:`take` not called) is cancelled."""
+        fed), ``pause`` whether a pause just began (:data:`PAUSE_FRAMES` unvoiced frames: maybe the end of
+        turn). Feeds the new frames once ``feed_ms`` of them piled up, or at once when a pause begins (the
+        ASR then decodes all the sound before it, and if the turn ends there, nothing is left to decode); a
+        segment gone without becoming a turn (:meth:`take` not called) is cancelled."""
         if not in_speech or not wanted or not self.supported:
             self.drop()
             return
-        if len(frames) - self.fed < self.every:
+        new = len(frames) - self.fed
+        if new < self.every and not (pause and new > 0):
             return
         if self.turn_id is None:
             self.turn_id, self.fed, self.agreed = self.new_turn_id(), 0, AgreedPrefix()

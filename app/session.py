@@ -32,7 +32,7 @@ import numpy as np
 from omniduplex.app.conversation import Conversation, ReplyRecord
 from omniduplex.app.events import SessionClosed, SessionEvent, SessionStarted, UserSpeechStarted
 from omniduplex.app.history import Entry, History
-from omniduplex.app.live_asr import LiveTranscriber
+from omniduplex.app.live_asr import PAUSE_FRAMES, LiveTranscriber
 from omniduplex.app.replies import Responder
 from omniduplex.app.turn_detection import TurnModel
 from omniduplex.app.turns import TurnTaker
@@ -189,7 +189,8 @@ class Session:
         self._turns.push(pcm)
         if not self.closed:
             wanted = self.cfg.vad_commit and self.cfg.auto_respond
-            self._live.update(self._turns.frames, self._turns.in_speech, wanted)
+            pause = self._turns.unvoiced_tail == PAUSE_FRAMES
+            self._live.update(self._turns.frames, self._turns.in_speech, wanted, pause)
 
     # -- session → transport -----------------------------------------------------------------------
     def pull_audio(

@@ -239,6 +239,8 @@ class Orchestrator:
             turn.transcript_pending = False
             if "asr_ms" in msg.meta:
                 turn.stage_ms["asr_ms"] = float(msg.meta["asr_ms"])
+            if "asr_tail_s" in msg.meta:  # fed while spoken: the audio left to decode at end of turn
+                turn.stage_ms["asr_tail_s"] = float(msg.meta["asr_tail_s"])
             put(
                 TurnEvent(
                     "transcript",

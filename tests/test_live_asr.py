@@ -88,6 +88,18 @@ def test_live_transcriber_feeds_every_feed_ms_and_cancels_a_segment_that_is_no_t
     assert live.take() == "s-2" and r.cancelled == ["s-1"]  # a turn: committed under its fed id
 
 
+def test_live_transcriber_feeds_at_once_when_a_pause_begins():
+    r = FakeFeeder()
+    live = LiveTranscriber("s", r, lambda e: None, lambda: "s-1", feed_ms=400)
+    frames = [np.ones(320, np.int16)] * 7
+    live.update(frames, in_speech=True)
+    assert r.fed == {}  # 140 ms: not yet
+    live.update(frames, in_speech=True, pause=True)
+    assert [len(x) for x in r.fed["s-1"]] == [7 * 320]
+    live.update(frames, in_speech=True, pause=True)  # nothing new: nothing fed
+    assert len(r.fed["s-1"]) == 1
+
+
 def test_live_transcriber_does_nothing_for_a_responder_that_cannot():
     r = FakeFeeder(supported=False)
     live = LiveTranscriber("s", r, lambda e: None, lambda: "s-1", feed_ms=20)

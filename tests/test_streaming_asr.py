@@ -134,6 +134,46 @@ def test_hypothesis_of_the_open_chunk_every_400_ms():
     assert turn.final_samples == turn.samples
 
 
+def test_a_hypothesis_that_covers_all_the_sound_is_the_tail_and_nothing_is_left_to_decode():
+    turn = IncrementalTranscriber(hypothesis_every_s=0.4, min_hypothesis_s=0.5)
+    for _ in range(12):  # 1.2 s of sound, then 0.6 s of silence (the end of turn being detected)
+        turn.push(burst(0.1))
+        turn.take(["said"] * len(turn.jobs()))
+    for _ in range(6):
+        turn.push(quiet(0.1))
+        turn.take(["said it"] * len(turn.jobs()))
+    assert turn.bounds == [0] and turn.partial().hypothesis == "said it"  # decoded over the silence
+    turn.finish()
+    assert turn.done and turn.final_samples == 0 and turn.jobs() == [] and turn.text == "said it"
+
+    loud_end = IncrementalTranscriber(hypothesis_every_s=0.4, min_hypothesis_s=0.5)
+    for _ in range(12):  # the last hypothesis (at 1.2 s) misses the last 0.1 s of sound: decoded again
+        loud_end.push(burst(0.1))
+        loud_end.take(["said"] * len(loud_end.jobs()))
+    loud_end.push(burst(0.1))
+    loud_end.finish()
+    assert not loud_end.done and loud_end.final_samples == loud_end.samples
+
+
+def test_a_pause_asks_for_a_hypothesis_at_once_and_only_once():
+    turn = IncrementalTranscriber(hypothesis_every_s=10.0, min_hypothesis_s=0.5)  # no periodic one
+    turn.push(burst(1.0))
+    assert turn.jobs() == []  # sound to the end: no pause yet
+    turn.take([])
+    turn.push(quiet(0.06))
+    assert turn.jobs() == []  # 60 ms of quiet: not a pause yet
+    turn.take([])
+    turn.push(quiet(0.06))
+    (wave,) = turn.jobs()  # 120 ms of quiet: decode all the sound before the pause now
+    assert wave.size == turn.samples
+    turn.take(["said"])
+    turn.push(quiet(0.2))
+    assert turn.jobs() == []  # no new sound since: the hypothesis stands
+    turn.take([])
+    turn.finish()
+    assert turn.done and turn.text == "said"
+
+
 @pytest.fixture(scope="module")
 def asr() -> MoonshineASR:
     return MoonshineASR(locate_moonshine_base(), cpu_threads=1)
