@@ -32,7 +32,7 @@ import numpy as np
 import yaml
 
 QUESTIONS = Path(__file__).with_name("qa_questions.yaml")
-SPLIT = ("asr_ms", "llm_first_clause_ms", "tts_first_chunk_ms")
+SPLIT = ("asr_ms", "asr_wall_ms", "llm_first_clause_ms", "tts_first_chunk_ms")
 
 
 @dataclass(frozen=True)
@@ -324,9 +324,9 @@ def _print_summary(
     how = ("greedy" if greedy else "sampled") + (", stage processes" if processes else ", in-process")
     how += ", ASR fed while spoken" if live else ", whole turns"
     print(f"\nbench qa summary: c=1, {how}, ≤{max_tokens} reply tokens; ms are p50 / p90")
-    head = "| manifest | right | accuracy | ASR WER | right when heard | TTFP | ASR | LLM first clause |"
-    print(head + " TTS first chunk | errors |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    head = "| manifest | right | accuracy | ASR WER | right when heard | TTFP | ASR | ASR wall |"
+    print(head + " LLM first clause | TTS first chunk | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for m, r in results.items():
         s = r["summary"]
         cells = [f"{s[f'{k}_p50']:.0f} / {s[f'{k}_p90']:.0f}" for k in ("ttfp_ms", *SPLIT)]

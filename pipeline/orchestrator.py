@@ -237,6 +237,7 @@ class Orchestrator:
         if source == "transcript":
             turn.t_transcript = time.perf_counter()
             turn.transcript_pending = False
+            turn.stage_ms["asr_wall_ms"] = 1000 * (turn.t_transcript - turn.t_submit)
             if "asr_ms" in msg.meta:
                 turn.stage_ms["asr_ms"] = float(msg.meta["asr_ms"])
             if "asr_tail_s" in msg.meta:  # fed while spoken: the audio left to decode at end of turn
@@ -294,7 +295,8 @@ class Orchestrator:
 
     @staticmethod
     def _split_ttfp(turn: _Turn, meta: dict) -> None:
-        """Cascade TTFP split (ms): ``asr_ms`` (the ASR stage's compute), ``tts_first_chunk_ms`` (synthesis of
+        """Cascade TTFP split (ms): ``asr_ms`` (the ASR stage's compute; ``asr_wall_ms``: submit → transcript,
+        waits and relay hops included), ``tts_first_chunk_ms`` (synthesis of
         the first clause) and ``llm_first_clause_ms`` (transcript out → first clause audio, less that
         synthesis: the LLM's prefill and the tokens of its first clause, plus relay hops)."""
         if "tts_ms" not in meta or turn.t_transcript is None:

@@ -19,6 +19,12 @@ whose meta holds ``partial_transcript`` (closed chunks + the open chunk's latest
 the samples not yet sent (possibly none) and is answered as above, decoding only the tail chunk;
 ``asr_ms`` is then the end-of-turn work only and ``asr_tail_s`` the audio it decoded (s).
 
+The periodic hypotheses cost a decode each: they run only while the model keeps up, i.e. while a step's
+decode takes at most :data:`HYPOTHESIS_BUDGET` of the period (running mean), so that an open turn never
+leaves a stale decode in the way of its end (Whisper pads every decode to 30 s and is the slow case on two
+cores; Moonshine's cost follows the audio length). The hypothesis asked when a pause begins always runs: if
+the pause is the end of turn, it covers all the sound and nothing is left to decode then.
+
 A typed turn (meta ``user_text``, e.g. a Realtime ``conversation.item.create``) needs no transcription:
 its text is the transcript, sent on at once with no ``words``, and its waveform may be empty.
 """
@@ -33,6 +39,10 @@ import torch
 from omniduplex.models.cascade.asr import SAMPLE_RATE
 from omniduplex.models.cascade.streaming_asr import ChunkPolicy, IncrementalTranscriber
 from omniduplex.pipeline.messages import StageMessage
+
+HYPOTHESIS_BUDGET = 0.5
+"""Largest share of ``hypothesis_every_s`` a step's decode may take (running mean) for periodic hypotheses
+to run: half the period leaves the other half to the rest of the pipeline and to the end of the turn."""
 
 MIN_SAMPLES = SAMPLE_RATE // 10
 """Shortest turn accepted: 0.1 s at 16 kHz (1600 samples)."""
@@ -62,6 +72,7 @@ class ASRWorker:
         self.streams: dict[str, IncrementalTranscriber] = {}  # open turns sent in pieces
         self.stream_meta: dict[str, dict] = {}
         self.dirty: list[str] = []  # streams with new audio since their last step
+        self.stream_decode_ms = 0.0  # running mean of the steps that decoded open turns' audio (ms)
 
     def submit(self, msg: StageMessage) -> None:
         """Queue a turn.
@@ -133,12 +144,17 @@ class ASRWorker:
         if not batch and not streamed:
             return []
         waves = [_numpy(m.tensors["waveform"]) for m in batch]
-        jobs = [self.streams[rid].jobs() for rid in streamed]
+        periodic = self.hypothesis_every_s is not None and (
+            self.stream_decode_ms <= HYPOTHESIS_BUDGET * 1000 * self.hypothesis_every_s
+        )
+        jobs = [self.streams[rid].jobs(periodic) for rid in streamed]
         t0 = time.perf_counter()
         results = (
             self.asr.transcribe_batch(waves + [w for j in jobs for w in j]) if waves or any(jobs) else []
         )
         asr_ms = 1000 * (time.perf_counter() - t0)
+        if any(jobs):
+            self.stream_decode_ms = 0.7 * self.stream_decode_ms + 0.3 * asr_ms
         transcripts, at = results[: len(waves)], len(waves)
         out = self._stream_out(streamed, jobs, results, at, asr_ms)
         return out + [
