@@ -4,6 +4,8 @@ stage fed the turn in pieces."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -172,6 +174,32 @@ def test_a_pause_asks_for_a_hypothesis_at_once_and_only_once():
     turn.take([])
     turn.finish()
     assert turn.done and turn.text == "said"
+
+
+class CountingASR:
+    """Any text; counts the waveforms it was asked to decode."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def transcribe_batch(self, waves):
+        self.calls.append(len(waves))
+        return [SimpleNamespace(text="said", words=[]) for _ in waves]
+
+
+@pytest.mark.parametrize("decode_ms, hypotheses", [(0.0, True), (300.0, False), (5000.0, False)])
+def test_stage_asks_hypotheses_only_while_the_model_keeps_up(decode_ms, hypotheses):
+    worker = ASRWorker(CountingASR(), hypothesis_every_s=0.4)
+    piece = StageMessage("t", {"waveform": torch.from_numpy(burst(1.0))}, {"asr_piece": True})
+    worker.submit(piece)
+    worker.stream_decode_ms = decode_ms  # as if that model's decodes took this long (running mean)
+    out = worker.step()
+    assert bool(out) == hypotheses and bool(worker.asr.calls) == hypotheses  # the periodic one (≤ 200 ms)
+    worker.stream_decode_ms = decode_ms
+    worker.submit(StageMessage("t", {"waveform": torch.from_numpy(quiet(0.2))}, {"asr_piece": True}))
+    worker.step()
+    paused = decode_ms <= 1000.0  # the pause hypothesis (≤ 1 s), unless the periodic one covered the sound
+    assert len(worker.asr.calls) == (1 if hypotheses else int(paused))
 
 
 @pytest.fixture(scope="module")

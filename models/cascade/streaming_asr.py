@@ -233,10 +233,10 @@ class IncrementalTranscriber:
         whole = self._audio[0] if self._audio else np.zeros(0, np.float32)
         return whole[start:end]
 
-    def jobs(self, periodic: bool = True) -> list[np.ndarray]:
+    def jobs(self, periodic: bool = True, pause: bool = True) -> list[np.ndarray]:
         """Waveforms to decode now, in order: each closed, undecoded chunk, then (before :meth:`finish`)
-        the open chunk when a hypothesis is due (a pause began; or, with ``periodic``, ``hypothesis_every_s``
-        of new audio came). Pass their texts to :meth:`take` in the same order."""
+        the open chunk when a hypothesis is due (with ``pause``, a pause began; with ``periodic``,
+        ``hypothesis_every_s`` of new audio came). Pass their texts to :meth:`take` in the same order."""
         self._jobs = [
             _Job("chunk", self.bounds[i], self.bounds[i + 1]) for i, t in enumerate(self.texts) if t is None
         ]
@@ -247,7 +247,7 @@ class IncrementalTranscriber:
             and open_len >= self.min_hypothesis_s * SAMPLE_RATE
             and (
                 periodic and self.samples - self._hyp_at >= self.hypothesis_every_s * SAMPLE_RATE
-                or self._pause_begun()
+                or pause and self._pause_begun()
             )
         ):
             self._jobs.append(_Job("hypothesis", self.bounds[-1], self.samples))
