@@ -148,6 +148,13 @@ def test_a_hypothesis_that_covers_all_the_sound_is_the_tail_and_nothing_is_left_
     turn.finish()
     assert turn.done and turn.final_samples == 0 and turn.jobs() == [] and turn.text == "said it"
 
+    silent_tail = IncrementalTranscriber(SHORT, hypothesis_every_s=None)
+    silent_tail.push(np.concatenate([burst(1.5), quiet(0.6)]))  # the pause closed the chunk: a quiet tail
+    assert len(silent_tail.bounds) == 2
+    silent_tail.take(["said"] * len(silent_tail.jobs()))
+    silent_tail.finish()
+    assert silent_tail.done and silent_tail.final_samples == 0 and silent_tail.text == "said"
+
     loud_end = IncrementalTranscriber(hypothesis_every_s=0.4, min_hypothesis_s=0.5)
     for _ in range(12):  # the last hypothesis (at 1.2 s) misses the last 0.1 s of sound: decoded again
         loud_end.push(burst(0.1))

@@ -13,7 +13,8 @@ Two pieces, one job each:
   :meth:`~IncrementalTranscriber.take` stores the texts, so a stage can batch the jobs of many turns in
   one ``transcribe_batch`` call; :meth:`~IncrementalTranscriber.step` does both for one turn.
 
-At end of turn the open chunk is decoded as the tail, unless its latest hypothesis already covers all of
+At end of turn the open chunk is decoded as the tail, unless it is all quiet (the end of turn was found
+in a pause that had already closed the chunk before it), or its latest hypothesis already covers all of
 its sound (only quiet frames came after it: the user's silence while the end of turn was being detected);
 that hypothesis is then the chunk's text, and nothing is left to decode.
 
@@ -206,15 +207,17 @@ class IncrementalTranscriber:
             self._close(cut)
 
     def finish(self) -> None:
-        """End of turn: the open chunk (the tail) closes; its decode is the only work left, unless its
-        latest hypothesis covers all its sound (only quiet frames after it): that is then its text."""
+        """End of turn: the open chunk (the tail) closes; its decode is the only work left, unless it is all
+        quiet (its text is then "") or its latest hypothesis covers all its sound (only quiet frames after
+        it: that is then its text)."""
         if not self.finished:
             self.finished = True
             if self.samples > self.bounds[-1]:
+                silent = self.cutter.quiet_since(self.bounds[-1])
                 covered = self._hyp_end is not None and self.cutter.quiet_since(self._hyp_end)
-                hypothesis = self.hypothesis
+                hypothesis = "" if silent else self.hypothesis
                 self._close(self.samples)
-                if covered:
+                if silent or covered:
                     self.texts[-1] = hypothesis
             self.final_samples = sum(
                 self.bounds[i + 1] - self.bounds[i] for i, t in enumerate(self.texts) if t is None
