@@ -149,12 +149,19 @@ class Conversation:
         return ReplyRecord(turn_id, r.full_text, kept, self._ms(r.played), self._ms(r.generated), r.ended)
 
     # -- turns and replies ---------------------------------------------------------------------------
-    def commit(self, wav: np.ndarray, speech_ms: float, speech_end: float, respond: bool) -> str:
+    def new_turn_id(self) -> str:
+        """A fresh turn id (``{name}-{n}``), e.g. for a turn fed to the ASR while it is spoken."""
+        return f"{self.name}-{next(self._turn_numbers)}"
+
+    def commit(
+        self, wav: np.ndarray, speech_ms: float, speech_end: float, respond: bool, turn_id: str | None = None
+    ) -> str:
         """Close a spoken user turn (``wav``: 16 kHz mono float32; ``speech_end``: clock time its speech
         ended): record it (a placeholder until its transcript comes) and, with ``respond``, start the reply
-        to it at once; otherwise it waits for :meth:`respond`. Returns the turn id."""
+        to it at once; otherwise it waits for :meth:`respond`. ``turn_id``: the id reserved for it
+        (:meth:`new_turn_id`; default a new one). Returns the turn id."""
         self._end_stopped_reply()
-        turn_id = f"{self.name}-{next(self._turn_numbers)}"
+        turn_id = turn_id or self.new_turn_id()
         user_text = self.cfg.user_text.format(seconds=speech_ms / 1000.0)
         self._set_key(turn_id, "user", self.history.add("user", user_text))
         self.pending = (turn_id, wav)

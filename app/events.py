@@ -16,6 +16,7 @@ EventType = Literal[
     "user_speech_started",
     "user_turn_committed",
     "user_transcript",
+    "user_transcript_partial",
     "reply_started",
     "reply_text",
     "reply_audio_started",
@@ -82,6 +83,25 @@ class UserTranscriptEvent(SessionEvent):
     turn_id: str = ""
     text: str = ""
     words: list = field(default_factory=list)
+
+
+@dataclass
+class UserTranscriptPartial(SessionEvent):
+    """What the ASR has heard so far of turn ``turn_id`` while the user still speaks (live captions); the
+    turn's :class:`UserTranscriptEvent` follows and is the final word.
+
+    ``text``: the whole partial transcript (replaces the previous one; its last words may still change);
+    ``stable``: its prefix that will not change; ``delta``: the words added to the agreed prefix since the
+    last partial (the prefix two successive partials agree on, or ``stable``): the deltas of a turn joined
+    are a growing, never revised prefix, as Realtime ``input_audio_transcription.delta`` events carry it
+    ("" when nothing was added).
+    """
+
+    type: ClassVar[EventType] = "user_transcript_partial"
+    turn_id: str = ""
+    text: str = ""
+    stable: str = ""
+    delta: str = ""
 
 
 @dataclass

@@ -3,11 +3,14 @@
 A :class:`Responder` turns one committed user turn (16 kHz mono float32 audio + history) into a
 stream of typed :data:`ReplyEvent` s. :class:`OrchestratorResponder` is the real one, over
 :class:`~omniduplex.pipeline.orchestrator.Orchestrator`; tests script their own.
+
+A responder may also transcribe a turn while it is spoken (:class:`LiveTranscription`): the session feeds
+it the open turn's audio and gets partial transcripts back; ``start`` then finishes that turn.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -87,6 +90,22 @@ class Responder(Protocol):
     def cancel(self, turn_id: str) -> None: ...
 
 
+class LiveTranscription(Protocol):
+    """Optional half of a :class:`Responder`: transcribe a turn while the user speaks it.
+
+    ``feed_audio(turn_id, samples, on_partial)`` sends the next samples (16 kHz mono float32) of a turn not
+    started yet and returns ``True``, or returns ``False`` when it cannot (the graph has no ASR entry; the
+    caller then just calls :meth:`Responder.start` with the whole turn). ``on_partial(text, stable)`` gets
+    the partial transcripts (``stable``: the prefix that will not change). ``start(turn_id, waveform, ...)``
+    gets the whole turn's audio (the fed samples its prefix) and sends only the rest; ``cancel(turn_id)``
+    drops a fed turn that will not be started.
+    """
+
+    def feed_audio(
+        self, turn_id: str, samples: np.ndarray, on_partial: Callable[[str, str], None]
+    ) -> bool: ...
+
+
 class OrchestratorResponder:
     """A :class:`Responder` over the pipeline orchestrator, shared by every session of a server.
 
@@ -125,6 +144,13 @@ class OrchestratorResponder:
                 yield ReplyDone(dict(ev.metrics))
             else:
                 yield ReplyFailed(ev.error or "pipeline error")
+
+    def feed_audio(self, turn_id: str, samples: np.ndarray, on_partial: Callable[[str, str], None]) -> bool:
+        """:class:`LiveTranscription` over :meth:`Orchestrator.feed` (cascade graphs only)."""
+        if not self.orch.live_asr:
+            return False
+        self.orch.feed(turn_id, samples, on_partial)
+        return True
 
     def cancel(self, turn_id: str) -> None:
         self.orch.cancel(turn_id)

@@ -7,7 +7,9 @@ pulls the assistant's audio one frame per frame period at real-time pace (:meth:
 * :class:`~omniduplex.app.turns.TurnTaker`: VAD, end of turn (silence or Smart Turn), preroll, barge-in
   detection;
 * :class:`~omniduplex.app.conversation.Conversation`: the reply lifecycle, the history (immutable
-  entries), and truncation of a stopped reply to what was played (a prefix of its generated text).
+  entries), and truncation of a stopped reply to what was played (a prefix of its generated text);
+* :class:`~omniduplex.app.live_asr.LiveTranscriber`: the open turn fed to the ASR while it is spoken (when
+  the responder can, and turns are committed and answered at once), partial transcripts as live captions.
 
 This class wires them together and is the one surface transports use: they read its public properties
 (``in_speech``, ``replying``, ``reply_turn_id``, ``queued_samples``...) and call its methods, never its
@@ -30,6 +32,7 @@ import numpy as np
 from omniduplex.app.conversation import Conversation, ReplyRecord
 from omniduplex.app.events import SessionClosed, SessionEvent, SessionStarted, UserSpeechStarted
 from omniduplex.app.history import Entry, History
+from omniduplex.app.live_asr import PAUSE_FRAMES, LiveTranscriber
 from omniduplex.app.replies import Responder
 from omniduplex.app.turn_detection import TurnModel
 from omniduplex.app.turns import TurnTaker
@@ -121,6 +124,7 @@ class Session:
             on_barge_in=self._conv.barge_in,
             on_turn=self._turn_ended,
         )
+        self._live = LiveTranscriber(session_id, responder, self.emit, self._conv.new_turn_id)
         self.emit(SessionStarted(self.id, config=asdict(self.cfg.turn)))
 
     # -- what surfaces read --------------------------------------------------------------------------
@@ -186,6 +190,10 @@ class Session:
         if pcm.size != FRAME_SAMPLES:
             raise ValueError(f"input frame must be {FRAME_SAMPLES} samples (20 ms at {SAMPLE_RATE} Hz)")
         self._turns.push(pcm)
+        if not self.closed:
+            wanted = self.cfg.vad_commit and self.cfg.auto_respond
+            pause = self._turns.unvoiced_tail == PAUSE_FRAMES
+            self._live.update(self._turns.frames, self._turns.in_speech, wanted, pause)
 
     # -- session → transport -----------------------------------------------------------------------
     def pull_audio(
@@ -218,6 +226,7 @@ class Session:
         if self.closed:
             return
         self.closed = self._turns.closed = True
+        self._live.drop()
         await self._conv.close()
         if self._turns.tasks:
             _, pending = await asyncio.wait(self._turns.tasks, timeout=5.0)
@@ -239,10 +248,12 @@ class Session:
             ValueError: ``turn_detection="smart"`` without a ``turn_model``.
         """
         self._turns.configure(turn, turn_model)
+        self._live.drop()
         self.cfg.turn = turn
 
     def drop_speech(self) -> bool:
         """Forget the open speech segment (it will not become a turn); ``False`` when none is open."""
+        self._live.drop()
         return self._turns.drop_speech()
 
     # -- typed input, explicit responses, truncation (Realtime API, LiveKit) ----------------------
@@ -325,4 +336,7 @@ class Session:
         if not self.cfg.vad_commit:
             return
         wav = np.concatenate(frames).astype(np.float32) / 32768.0
-        self._conv.commit(wav, speech_ms, self._turns.last_voiced_at, respond=self.cfg.auto_respond)
+        turn_id = self._live.take() if self.cfg.auto_respond else None  # else the next update drops it
+        self._conv.commit(
+            wav, speech_ms, self._turns.last_voiced_at, respond=self.cfg.auto_respond, turn_id=turn_id
+        )

@@ -8,17 +8,23 @@ whether the reply is right (:func:`is_right`), and the pipeline's TTFP (turn sub
 first PCM chunk) with its cascade split (ASR compute, LLM prefill + first clause, TTS first chunk; see
 :meth:`Orchestrator._split_ttfp`). Printed per manifest: accuracy, the transcripts' word error rate, TTFP
 p50/p90 and the split's p50/p90. Replies are greedy by default, so a rerun scores the same.
+
+By default each question is fed to the ASR stage while it is "spoken" (real-time pace, 400 ms pieces, then
+the 0.5 s of silence a session feeds while it detects the end of turn), as a session does
+(:mod:`omniduplex.app.live_asr`); ``--whole`` sends each turn whole at its end instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import re
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,7 +34,7 @@ import yaml
 from omniduplex.benchmarks.wer import edit_distance
 
 QUESTIONS = Path(__file__).with_name("qa_questions.yaml")
-SPLIT = ("asr_ms", "llm_first_clause_ms", "tts_first_chunk_ms")
+SPLIT = ("asr_ms", "asr_wall_ms", "llm_first_clause_ms", "tts_first_chunk_ms")
 
 
 @dataclass(frozen=True)
@@ -150,9 +156,40 @@ def speak(q: Question, cache: Path) -> Path:
 
 
 # -- running ---------------------------------------------------------------------------------------------
-async def ask(orch, q: Question, wav: np.ndarray, meta: dict) -> Answer:
-    """One spoken turn through ``orch`` (started); returns what it gave and whether it is right."""
-    rid = orch.submit(wav, meta)
+LIVE_PIECE_S = 0.4
+"""Live mode: the session's feed period (:data:`omniduplex.app.live_asr.FEED_MS`, s)."""
+ENDPOINT_S = 0.5
+"""Live mode: the silence after the question while the end of turn is detected (``TurnConfig.endpoint_ms``
+default, s); fed too, as the session feeds it."""
+_live_ids = itertools.count(1)
+
+
+async def feed_live(orch, wav: np.ndarray) -> str:
+    """Feed ``wav`` (16 kHz) and :data:`ENDPOINT_S` of silence to ``orch`` as a session would while the user
+    speaks (real-time pace): a :data:`LIVE_PIECE_S` piece once that much audio has been spoken, and what is
+    new when the pause after the question begins (100 ms in, ``app.live_asr.PAUSE_FRAMES``). Returns the
+    turn id to submit at the end of the silence (the end of turn; the rest of the silence goes with it)."""
+    rid = f"qa-live-{next(_live_ids)}"
+    audio = np.concatenate([wav, np.zeros(int(ENDPOINT_S * 16000), np.float32)])
+    n, t0 = int(LIVE_PIECE_S * 16000), time.perf_counter()
+    cuts = [*range(n, wav.size, n), wav.size + 1600]
+    for start, end in zip([0, *cuts], cuts):
+        await asyncio.sleep(max(0.0, t0 + end / 16000 - time.perf_counter()))
+        orch.feed(rid, audio[start:end])
+    await asyncio.sleep(max(0.0, t0 + audio.size / 16000 - time.perf_counter()))
+    return rid
+
+
+async def ask(orch, q: Question, wav: np.ndarray, meta: dict, live: bool = False) -> Answer:
+    """One spoken turn through ``orch`` (started); returns what it gave and whether it is right. ``live``:
+    fed while spoken (:func:`feed_live`), then submitted with 0.1 s of trailing silence (what a session
+    commits); TTFP counts from the submit either way."""
+    if live:
+        rid = await feed_live(orch, wav)
+        silence = np.zeros(int(ENDPOINT_S * 16000), np.float32)
+        orch.submit(np.concatenate([wav, silence]), meta, request_id=rid)
+    else:
+        rid = orch.submit(wav, meta)
     transcript, reply, metrics, error = "", "", None, None
     async for ev in orch.events(rid):
         if ev.kind == "transcript":
@@ -198,6 +235,7 @@ def run_manifest(
     meta: dict,
     processes: bool = True,
     verbose: bool = True,
+    live: bool = False,
 ) -> list[Answer]:
     """Every question through the stages of ``model`` (stage processes, or all in this process; one
     orchestrator, started and stopped here), after one warm-up turn (not counted); with ``verbose``, a
@@ -211,14 +249,14 @@ def run_manifest(
     async def main():
         await orch.start()
         try:
-            await ask(orch, questions[0], wavs[0], meta)  # warm-up: first-use allocations, lazy imports
+            await ask(orch, questions[0], wavs[0], meta, live)  # warm-up: first-use allocations, lazy imports
             if verbose:
                 print(f"\nbench qa: {model}")
                 print("| # | voice | wpm | heard | reply | right | TTFP ms |")
                 print("|---|---|---|---|---|---|---|", flush=True)
             answers = []
             for i, (q, w) in enumerate(zip(questions, wavs), 1):
-                answers.append(await ask(orch, q, w, meta))
+                answers.append(await ask(orch, q, w, meta, live))
                 if verbose:
                     _print_row(i, q, answers[-1])
             return answers
@@ -237,10 +275,11 @@ def run(
     questions_file: Path = QUESTIONS,
     verbose: bool = True,
     processes: bool = True,
+    live: bool = True,
 ) -> dict[str, dict]:
     """Ask the first ``limit`` questions (all by default) of each cascade manifest in ``models`` (resolved
-    paths), through stage processes (``processes``) or in this process, print a table per manifest and a
-    summary; returns ``{model: {"summary", "answers"}}``.
+    paths), through stage processes (``processes``) or in this process, fed while spoken (``live``) or
+    whole, print a table per manifest and a summary; returns ``{model: {"summary", "answers"}}``.
 
     Raises:
         ValueError: a model that is not a cascade manifest; ``RuntimeError``: espeak-ng or sox missing.
@@ -258,9 +297,9 @@ def run(
     meta = TurnOptions(greedy=greedy, max_tokens=max_tokens).meta("cascade")
     results = {}
     for m in models:
-        answers = run_manifest(m, questions, wavs, meta, processes, verbose)
+        answers = run_manifest(m, questions, wavs, meta, processes, verbose, live)
         results[m] = {"summary": summarize(answers), "answers": [asdict(a) for a in answers]}
-    _print_summary(results, max_tokens, greedy, processes)
+    _print_summary(results, max_tokens, greedy, processes, live)
     if json_out:
         json_out.write_text(json.dumps(results, indent=2))
     return results
@@ -276,12 +315,15 @@ def _print_row(i: int, q: Question, a: Answer) -> None:
     )
 
 
-def _print_summary(results: dict[str, dict], max_tokens: int, greedy: bool, processes: bool) -> None:
+def _print_summary(
+    results: dict[str, dict], max_tokens: int, greedy: bool, processes: bool, live: bool = False
+) -> None:
     how = ("greedy" if greedy else "sampled") + (", stage processes" if processes else ", in-process")
+    how += ", ASR fed while spoken" if live else ", whole turns"
     print(f"\nbench qa summary: c=1, {how}, ≤{max_tokens} reply tokens; ms are p50 / p90")
-    head = "| manifest | right | accuracy | ASR WER | right when heard | TTFP | ASR | LLM first clause |"
-    print(head + " TTS first chunk | errors |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    head = "| manifest | right | accuracy | ASR WER | right when heard | TTFP | ASR | ASR wall |"
+    print(head + " LLM first clause | TTS first chunk | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for m, r in results.items():
         s = r["summary"]
         cells = [f"{s[f'{k}_p50']:.0f} / {s[f'{k}_p90']:.0f}" for k in ("ttfp_ms", *SPLIT)]

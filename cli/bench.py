@@ -270,6 +270,9 @@ def bench_qa(
     greedy: bool = typer.Option(True, "--greedy/--sampled", help="Greedy replies (a rerun scores the same)."),
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
     processes: bool = typer.Option(True, "--processes/--in-process", help="Stage processes or one process."),
+    live: bool = typer.Option(
+        True, "--live/--whole", help="Feed the ASR while each question is spoken (as sessions do), or whole."
+    ),
 ) -> None:
     """Spoken factual questions (espeak-ng voices) through the stage processes: accuracy, TTFP p50/p90 and
     its split (ASR, LLM first clause, TTS first chunk), per manifest."""
@@ -280,7 +283,7 @@ def bench_qa(
         raise typer.BadParameter(f"--limit {limit}: ask at least one question")
     models = [resolve_model(str(m)) for m in model] if model else [resolve_model(None)]
     try:
-        run(models, limit, max_tokens, greedy, json_out, processes=processes)
+        run(models, limit, max_tokens, greedy, json_out, processes=processes, live=live)
     except (ValueError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e

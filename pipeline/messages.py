@@ -23,6 +23,12 @@ class StageMessage:
     last: bool = False
 
 
+def is_partial_transcript(msg: StageMessage) -> bool:
+    """Whether ``msg`` is the ASR stage's partial transcript of a turn still being spoken (meta
+    ``partial_transcript``, ``last=False``): it goes to the orchestrator only, never downstream."""
+    return not msg.last and "partial_transcript" in msg.meta
+
+
 EventKind = Literal["transcript", "text", "audio", "done", "error"]
 
 

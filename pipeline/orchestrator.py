@@ -5,6 +5,11 @@ turns the ASR stage's transcript into a ``transcript`` event (the user's words),
 (Thinker, unified LM, cascade LLM) into reply-text deltas and the last stage's PCM (Code2Wav, DAC, Piper)
 into audio chunks, measuring TTFP (turn submitted → first PCM chunk), E2EL, RTF and, for the cascade, the
 per-stage split of TTFP on the way.
+
+Live transcription (cascade graphs, whose one entry stage is the ASR): :meth:`Orchestrator.feed` sends the
+audio of a turn still being spoken to the ASR stage in pieces; its partial transcripts go to the turn's
+``on_partial`` callback, and :meth:`Orchestrator.submit` then sends only the samples not fed yet, so at end
+of turn the ASR decodes only the tail (see :mod:`.stages.asr`).
 """
 
 from __future__ import annotations
@@ -22,14 +27,19 @@ from tokenizers import Tokenizer
 
 from omniduplex.pipeline.audio_io import OUTPUT_RATE
 from omniduplex.pipeline.detokenize import IncrementalDetokenizer
-from omniduplex.pipeline.messages import StageMessage, TurnEvent
+from omniduplex.pipeline.messages import StageMessage, TurnEvent, is_partial_transcript
 from omniduplex.pipeline.topology import Topology
+
+PartialCallback = Callable[[str, str], None]
+"""``(text, stable)``: the partial transcript of a turn still being spoken (``text``: all heard so far, the
+open chunk's latest hypothesis included; ``stable``: the prefix that will not change)."""
 
 OutputCallback = Callable[[str, StageMessage], None]
 """``(source, message)``: source is ``"transcript"`` (meta ``transcript``, ``words``: the ASR stage),
 ``"text"`` (tensor ``token``, maybe ``prompt_ids``; meta ``text`` when the stage detokenizes itself),
-``"codes"`` (a codec frame ``codes``), ``"audio"`` (``pcm``, meta ``text`` = the words it speaks when the
-stage knows them; ``last`` ends the turn) or ``"error"`` (meta ``error``)."""
+``"partial"`` (meta ``partial_transcript``, ``stable_transcript``: the ASR stage on a turn still
+being spoken), ``"codes"`` (a codec frame ``codes``), ``"audio"`` (``pcm``, meta ``text`` = the words it
+speaks when the stage knows them; ``last`` ends the turn) or ``"error"`` (meta ``error``)."""
 
 
 def output_sources(stage: str, msg: StageMessage, topo: Topology) -> list[str]:
@@ -38,6 +48,8 @@ def output_sources(stage: str, msg: StageMessage, topo: Topology) -> list[str]:
         return []
     if stage == topo.audio_stage:
         return ["audio"]
+    if stage == "asr" and is_partial_transcript(msg):
+        return ["partial"]
     out = ["transcript"] if stage == "asr" and "transcript" in msg.meta else []
     return out + [k for t, k in (("token", "text"), ("codes", "codes")) if t in msg.tensors]
 
@@ -70,6 +82,9 @@ class _Turn:
     finished: bool = False
     transcript_pending: bool = False  # a side ASR's transcript has not arrived yet
     done_metrics: dict | None = None  # the audio ended; ``done`` waits for the transcript
+    open: bool = False  # fed in pieces (:meth:`Orchestrator.feed`), not submitted yet
+    fed: int = 0  # samples fed before submit
+    on_partial: PartialCallback | None = None
 
 
 class Orchestrator:
@@ -98,6 +113,9 @@ class Orchestrator:
         self.turns: dict[str, _Turn] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
+        topo = getattr(backend, "topo", None)
+        self.live_asr = topo is not None and tuple(topo.entry_stages) == ("asr",)
+        """Whether :meth:`feed` works: the graph's one entry stage is the ASR (the cascade)."""
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -117,17 +135,48 @@ class Orchestrator:
         ``system_prompt``, ``history`` and ``sampling`` (the LLM's).
         """
         rid = request_id or f"turn-{next(self._ids)}"
-        if rid in self.turns:
+        turn = self.turns.get(rid)
+        if turn is not None and not turn.open:
             raise ValueError(f"turn {rid!r} is already running")
-        self.turns[rid] = _Turn(
+        if turn is None:
+            turn = self.turns[rid] = self._new_turn(rid)
+        else:  # fed while spoken: the turn starts now (TTFP counts from here); send the samples not fed
+            turn.open, turn.t_submit = False, time.perf_counter()
+            waveform = np.asarray(waveform)[turn.fed :]
+        wav = torch.from_numpy(np.ascontiguousarray(waveform, dtype=np.float32))
+        self.backend.send(StageMessage(rid, {"waveform": wav}, dict(meta or {}), last=True))
+        return rid
+
+    def feed(self, request_id: str, samples: np.ndarray, on_partial: PartialCallback | None = None) -> None:
+        """Send the next ``samples`` (16 kHz mono float32) of turn ``request_id``, still being spoken, to the
+        ASR stage; ``on_partial`` (called on the event loop thread) gets its partial transcripts until
+        :meth:`submit`. ``submit(waveform, ...)`` then takes the whole turn's audio and sends only what was
+        not fed (fed audio is taken to be its prefix); :meth:`cancel` drops a turn fed but not submitted.
+
+        Raises:
+            ValueError: the graph has no live ASR (:attr:`live_asr`), or the turn was already submitted.
+        """
+        if not self.live_asr:
+            raise ValueError("this graph does not transcribe while the user speaks (its entry is not an ASR)")
+        turn = self.turns.get(request_id)
+        if turn is None:
+            turn = self.turns[request_id] = self._new_turn(request_id)
+            turn.open = True
+        elif not turn.open:
+            raise ValueError(f"turn {request_id!r} was already submitted")
+        if on_partial is not None:
+            turn.on_partial = on_partial
+        wav = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32).reshape(-1))
+        turn.fed += wav.numel()
+        self.backend.send(StageMessage(request_id, {"waveform": wav}, {"asr_piece": True}, last=False))
+
+    def _new_turn(self, rid: str) -> _Turn:
+        return _Turn(
             rid,
             asyncio.Queue(),
             IncrementalDetokenizer(self.tok) if self.tok else None,
             transcript_pending=self.side_transcript,
         )
-        wav = torch.from_numpy(np.ascontiguousarray(waveform, dtype=np.float32))
-        self.backend.send(StageMessage(rid, {"waveform": wav}, dict(meta or {}), last=True))
-        return rid
 
     async def events(self, request_id: str) -> AsyncIterator[TurnEvent]:
         """Events of a turn until ``done`` or ``error`` (the turn is then forgotten)."""
@@ -148,6 +197,9 @@ class Orchestrator:
             return
         turn.finished = True
         self.backend.abort(request_id)
+        if turn.open:  # fed, never submitted: nobody reads its events
+            self.turns.pop(request_id, None)
+            return
         turn.queue.put_nowait(TurnEvent("error", request_id, error="cancelled"))
 
     def turn_record(self, request_id: str) -> dict[str, list]:
@@ -172,13 +224,24 @@ class Orchestrator:
         if source == "error":
             turn.finished = True
             self.backend.abort(msg.request_id)
+            if turn.open:  # failed while fed: its submit will find no turn and start afresh
+                self.turns.pop(msg.request_id, None)
+                return
             put(TurnEvent("error", msg.request_id, error=str(msg.meta.get("error", "stage failure"))))
+            return
+        if source == "partial":
+            if turn.open and turn.on_partial is not None:
+                meta = msg.meta
+                turn.on_partial(str(meta["partial_transcript"]), str(meta.get("stable_transcript", "")))
             return
         if source == "transcript":
             turn.t_transcript = time.perf_counter()
             turn.transcript_pending = False
+            turn.stage_ms["asr_wall_ms"] = 1000 * (turn.t_transcript - turn.t_submit)
             if "asr_ms" in msg.meta:
                 turn.stage_ms["asr_ms"] = float(msg.meta["asr_ms"])
+            if "asr_tail_s" in msg.meta:  # fed while spoken: the audio left to decode at end of turn
+                turn.stage_ms["asr_tail_s"] = float(msg.meta["asr_tail_s"])
             put(
                 TurnEvent(
                     "transcript",
@@ -232,7 +295,8 @@ class Orchestrator:
 
     @staticmethod
     def _split_ttfp(turn: _Turn, meta: dict) -> None:
-        """Cascade TTFP split (ms): ``asr_ms`` (the ASR stage's compute), ``tts_first_chunk_ms`` (synthesis of
+        """Cascade TTFP split (ms): ``asr_ms`` (the ASR stage's compute; ``asr_wall_ms``: submit → transcript,
+        waits and relay hops included), ``tts_first_chunk_ms`` (synthesis of
         the first clause) and ``llm_first_clause_ms`` (transcript out → first clause audio, less that
         synthesis: the LLM's prefill and the tokens of its first clause, plus relay hops)."""
         if "tts_ms" not in meta or turn.t_transcript is None:

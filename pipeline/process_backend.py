@@ -79,6 +79,7 @@ class ProcessBackend:
         self.ids: dict[str, int] = {}
         self.names: dict[int, str] = {}
         self.inflight: set[int] = set()
+        self.entry_seqs: dict[int, int] = {}  # next chunk seq of turns sent in pieces (backend thread)
         self._counter = itertools.count(1)
         self.restarts = {s: 0 for s in self.topo.all_stages}
         self.waiting: dict[int, set[str]] = {}  # terminal stages whose ``last`` each turn still awaits
@@ -330,17 +331,24 @@ class ProcessBackend:
                 self.control.send_string(f"abort {rid}")
 
     def _send_turn(self, item: StageMessage) -> None:
-        rid = next(self._counter)
-        self.ids[item.request_id], self.names[rid] = rid, item.request_id
-        self.inflight.add(rid)
-        self.waiting[rid] = set(self.topo.terminal_stages)
+        """Send a turn (``last``) or a piece of one still being spoken (``last=False``: the pieces and the
+        turn share one relay request id, chunk ``seq`` 0, 1, ...)."""
+        rid = self.ids.get(item.request_id)
+        if rid is None:
+            rid = next(self._counter)
+            self.ids[item.request_id], self.names[rid] = rid, item.request_id
+            self.inflight.add(rid)
+            self.waiting[rid] = set(self.topo.terminal_stages)
+        seq = self.entry_seqs.pop(rid, 0)
+        if not item.last:
+            self.entry_seqs[rid] = seq + 1
         for s, producer in self.to_entry.items():
             payload = pack(item, (ORCHESTRATOR, s), self.topo)
             try:
                 try:
-                    producer.send(rid, payload, last=True)
+                    producer.send(rid, payload, seq=seq, last=item.last)
                 except ConsumerDied:  # the stage was restarted since the last turn: resend
-                    producer.send(rid, payload, last=True)
+                    producer.send(rid, payload, seq=seq, last=item.last)
             except Exception as e:  # a relay error, or a turn the relay cannot carry
                 self._fail(rid, f"{ORCHESTRATOR}->{s}: {type(e).__name__}: {e}")
                 break
@@ -372,6 +380,7 @@ class ProcessBackend:
 
     def _forget(self, rid: int) -> None:
         self.inflight.discard(rid)
+        self.entry_seqs.pop(rid, None)
         self.waiting.pop(rid, None)
         name = self.names.pop(rid, None)
         if name is not None:

@@ -22,10 +22,10 @@ import torch
 import zmq
 
 from omniduplex.pipeline.config import PipelineConfig
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
 from omniduplex.pipeline.stage_stats import StatsReporter, producer_stats, worker_stats
 from omniduplex.pipeline.stages import failed_requests
-from omniduplex.pipeline.topology import Topology
+from omniduplex.pipeline.topology import ORCHESTRATOR, Topology
 from omniduplex.relay import ConsumerDied, EdgeConfig, EdgeConsumer, EdgeProducer, RelayError
 
 META_KEY = "__meta__"
@@ -197,7 +197,10 @@ class StageLoop:
         for msg in outs:
             for dst, producer in self.producers.items():
                 tensors = pack(msg, (self.stage, dst), self.topo)
-                if not (set(tensors) - {META_KEY}) and not msg.last:
+                partial = is_partial_transcript(msg)
+                if partial and dst != ORCHESTRATOR:
+                    continue  # a partial transcript is for the orchestrator (captions) only
+                if not (set(tensors) - {META_KEY}) and not msg.last and not partial:
                     continue  # nothing for this edge in this message
                 key = (msg.request_id, dst)
                 seq = self.seqs.get(key, 0)

@@ -197,6 +197,7 @@ def test_session_and_conversation_events_validate():
         S.conversation_item_added(user, None),
         S.conversation_item_done(S.message_item("item_1", "user", [S.input_audio("hi")]), "item_0"),
         S.conversation_item_input_audio_transcription_completed("item_1", "hi", 0, 1.28),
+        S.conversation_item_input_audio_transcription_delta("item_1", " there"),
         S.conversation_item_deleted("item_1"),
         S.conversation_item_truncated("item_2", 0, 1500),
         S.conversation_item_retrieved(S.message_item("item_4", "system", [S.input_text("be brief")])),
@@ -265,7 +266,7 @@ def sdk_server_classes() -> dict[str, type[BaseModel]]:
 
 def test_every_server_event_model_is_a_ga_event_with_ga_field_names():
     sdk = sdk_server_classes()
-    assert len(S.SERVER_EVENTS) == 28
+    assert len(S.SERVER_EVENTS) == 29
     for kind, cls in S.SERVER_EVENTS.items():
         assert kind in sdk, f"{kind} is not a GA server event"
         assert set(cls.model_fields) <= set(sdk[kind].model_fields), kind

@@ -4,6 +4,8 @@ stage fed the turn in pieces."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -132,6 +134,79 @@ def test_hypothesis_of_the_open_chunk_every_400_ms():
     turn.finish()
     assert turn.partial().hypothesis == ""  # the tail is decoded as a chunk now
     assert turn.final_samples == turn.samples
+
+
+def test_a_hypothesis_that_covers_all_the_sound_is_the_tail_and_nothing_is_left_to_decode():
+    turn = IncrementalTranscriber(hypothesis_every_s=0.4, min_hypothesis_s=0.5)
+    for _ in range(12):  # 1.2 s of sound, then 0.6 s of silence (the end of turn being detected)
+        turn.push(burst(0.1))
+        turn.take(["said"] * len(turn.jobs()))
+    for _ in range(6):
+        turn.push(quiet(0.1))
+        turn.take(["said it"] * len(turn.jobs()))
+    assert turn.bounds == [0] and turn.partial().hypothesis == "said it"  # decoded over the silence
+    turn.finish()
+    assert turn.done and turn.final_samples == 0 and turn.jobs() == [] and turn.text == "said it"
+
+    silent_tail = IncrementalTranscriber(SHORT, hypothesis_every_s=None)
+    silent_tail.push(np.concatenate([burst(1.5), quiet(0.6)]))  # the pause closed the chunk: a quiet tail
+    assert len(silent_tail.bounds) == 2
+    silent_tail.take(["said"] * len(silent_tail.jobs()))
+    silent_tail.finish()
+    assert silent_tail.done and silent_tail.final_samples == 0 and silent_tail.text == "said"
+
+    loud_end = IncrementalTranscriber(hypothesis_every_s=0.4, min_hypothesis_s=0.5)
+    for _ in range(12):  # the last hypothesis (at 1.2 s) misses the last 0.1 s of sound: decoded again
+        loud_end.push(burst(0.1))
+        loud_end.take(["said"] * len(loud_end.jobs()))
+    loud_end.push(burst(0.1))
+    loud_end.finish()
+    assert not loud_end.done and loud_end.final_samples == loud_end.samples
+
+
+def test_a_pause_asks_for_a_hypothesis_at_once_and_only_once():
+    turn = IncrementalTranscriber(hypothesis_every_s=10.0, min_hypothesis_s=0.5)  # no periodic one
+    turn.push(burst(1.0))
+    assert turn.jobs() == []  # sound to the end: no pause yet
+    turn.take([])
+    turn.push(quiet(0.06))
+    assert turn.jobs() == []  # 60 ms of quiet: not a pause yet
+    turn.take([])
+    turn.push(quiet(0.06))
+    (wave,) = turn.jobs()  # 120 ms of quiet: decode all the sound before the pause now
+    assert wave.size == turn.samples
+    turn.take(["said"])
+    turn.push(quiet(0.2))
+    assert turn.jobs() == []  # no new sound since: the hypothesis stands
+    turn.take([])
+    turn.finish()
+    assert turn.done and turn.text == "said"
+
+
+class CountingASR:
+    """Any text; counts the waveforms it was asked to decode."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def transcribe_batch(self, waves):
+        self.calls.append(len(waves))
+        return [SimpleNamespace(text="said", words=[]) for _ in waves]
+
+
+@pytest.mark.parametrize("decode_ms, hypotheses", [(0.0, True), (300.0, False), (5000.0, False)])
+def test_stage_asks_hypotheses_only_while_the_model_keeps_up(decode_ms, hypotheses):
+    worker = ASRWorker(CountingASR(), hypothesis_every_s=0.4)
+    piece = StageMessage("t", {"waveform": torch.from_numpy(burst(1.0))}, {"asr_piece": True})
+    worker.submit(piece)
+    worker.stream_decode_ms = decode_ms  # as if that model's decodes took this long (running mean)
+    out = worker.step()
+    assert bool(out) == hypotheses and bool(worker.asr.calls) == hypotheses  # the periodic one (≤ 200 ms)
+    worker.stream_decode_ms = decode_ms
+    worker.submit(StageMessage("t", {"waveform": torch.from_numpy(quiet(0.2))}, {"asr_piece": True}))
+    worker.step()
+    paused = decode_ms <= 1000.0  # the pause hypothesis (≤ 1 s), unless the periodic one covered the sound
+    assert len(worker.asr.calls) == (1 if hypotheses else int(paused))
 
 
 @pytest.fixture(scope="module")

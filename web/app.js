@@ -87,11 +87,15 @@ function onEvent(ev) {
     case "user_turn_committed": {
       const b = bubble(ev.turn_id, "user");
       b.el.querySelector(".meta").textContent = "you";
-      b.el.querySelector(".body").textContent = ev.text;
+      const body = b.el.querySelector(".body");
+      if (!body.textContent) body.textContent = ev.text;  // a placeholder, unless partials showed words
       bubble(ev.turn_id, "assistant").el.querySelector(".meta").textContent = "assistant · thinking…";
       $("turn-state").textContent = "thinking";
       break;
     }
+    case "user_transcript_partial":  // what the ASR heard so far, while the user still speaks
+      if (ev.text) bubble(ev.turn_id, "user").el.querySelector(".body").textContent = ev.text;
+      break;
     case "user_transcript":  // the user's words replace the placeholder once the ASR has them
       if (ev.text) bubble(ev.turn_id, "user").el.querySelector(".body").textContent = ev.text;
       break;

@@ -1,5 +1,6 @@
 // Live captions from a session's events, shared by the voice chat page (/) and the kiosk (/kiosk).
-// The user's line is the ASR transcript of the turn (`user_transcript`); the assistant's line grows
+// The user's line is what the ASR heard while they spoke (`user_transcript_partial`, replaced as it grows),
+// then the turn's transcript (`user_transcript`); the assistant's line grows
 // clause by clause as each clause's audio starts playing (`reply_spoken`), so the words on screen are
 // the words being heard, never the generation-time text (`reply_text`) that runs ahead of the audio.
 // New words are appended as text nodes, so an aria-live region announces only what is new.
@@ -17,7 +18,10 @@ class OmniCaptions {
   /** Feed one session event; events that carry no caption are ignored. */
   handle(ev) {
     switch (ev.type) {
-      case "user_turn_committed": this.line(ev.turn_id, "user", "…", true); break;
+      case "user_transcript_partial": this.line(ev.turn_id, "user", ev.text || "…", true, true); break;
+      case "user_turn_committed":  // keep what the partial transcripts showed, if any
+        if (!this.turns.get(ev.turn_id)?.user) this.line(ev.turn_id, "user", "…", true);
+        break;
       case "user_transcript": this.line(ev.turn_id, "user", ev.text || "(no words heard)", true); break;
       case "reply_spoken": this.line(ev.turn_id, "assistant", ev.text, false); break;
       case "barge_in": this.markInterrupted(ev.turn_id); break;
@@ -54,8 +58,9 @@ class OmniCaptions {
     return t;
   }
 
-  /** Set (replace) or extend (append) the `role` line of a turn. */
-  line(turnId, role, text, replace) {
+  /** Set (replace) or extend (append) the `role` line of a turn; `partial`: words that may still change
+   * (styled `.partial` until a final line replaces them). */
+  line(turnId, role, text, replace, partial = false) {
     const t = this.turn(turnId);
     if (!t[role]) {
       const p = document.createElement("p");
@@ -70,6 +75,7 @@ class OmniCaptions {
       t[role] = { p, words };
     }
     const { words } = t[role];
+    t[role].p.classList.toggle("partial", partial);
     if (replace) words.textContent = text;
     else {  // clause texts may come stripped (the cascade's TTS): one space between clauses
       const sep = words.textContent && !/\s$/.test(words.textContent) && !/^\s/.test(text) ? " " : "";

@@ -100,7 +100,8 @@ async function main() {
       case "user_turn_committed": activity(); kiosk.engaged = true; setState("thinking"); break;
       case "reply_started": activity(); kiosk.engaged = true; if (s !== "speaking") setState("thinking"); break;
       case "reply_audio_started": activity(); setState("speaking"); break;
-      case "reply_text": case "reply_spoken": case "user_transcript": activity(); break;
+      case "reply_text": case "reply_spoken": case "user_transcript": case "user_transcript_partial":
+        activity(); break;
       case "barge_in":
         activity();
         bargeAt = performance.now();

@@ -12,7 +12,10 @@ Mapping (client → session): ``input_audio_buffer.append`` → 20 ms frames at 
 
 Mapping (session → client): ``UserSpeechStarted`` → ``input_audio_buffer.speech_started``;
 ``UserTurnCommitted`` → ``speech_stopped`` + ``committed`` + ``conversation.item.added|done`` (the user
-item); ``UserTranscriptEvent`` → ``conversation.item.input_audio_transcription.completed``;
+item); ``UserTranscriptPartial`` (its ``delta``, while the user speaks) →
+``conversation.item.input_audio_transcription.delta``, on the item id ``speech_started`` announced (the
+item itself is added at commit); ``UserTranscriptEvent`` →
+``conversation.item.input_audio_transcription.completed``;
 ``ReplyStarted`` → ``response.created`` … ``response.content_part.added``; ``ReplyText`` →
 ``response.output_audio_transcript.delta`` (or ``output_text.delta``); reply audio →
 ``response.output_audio.delta``; ``ReplyEnded`` → the ``*.done`` events and ``response.done`` with
@@ -45,6 +48,7 @@ from omniduplex.app.events import (
     SessionEvent,
     UserSpeechStarted,
     UserTranscriptEvent,
+    UserTranscriptPartial,
     UserTurnCommitted,
 )
 from omniduplex.app.heap import release_free_memory
@@ -423,6 +427,10 @@ class RealtimeConnection:
             item = ev.message_item(item_id, "user", [ev.input_audio(None)])
             self._send(ev.conversation_item_added(item, prev))
             self._send(ev.conversation_item_done(item, prev))
+        elif isinstance(e, UserTranscriptPartial):
+            item_id = self._item_of(e.turn_id, "user") or self.speech_item
+            if e.delta and item_id is not None and self.cfg.audio.input.transcription is not None:
+                self._send(ev.conversation_item_input_audio_transcription_delta(item_id, e.delta))
         elif isinstance(e, UserTranscriptEvent):
             item_id = self._item_of(e.turn_id, "user")
             if item_id is not None and self.cfg.audio.input.transcription is not None:

@@ -162,6 +162,20 @@ class ConversationItemInputAudioTranscriptionCompleted(_Event):
     usage: DurationUsage = Field(default_factory=DurationUsage)
 
 
+class ConversationItemInputAudioTranscriptionDelta(_Event):
+    """Words heard so far of user audio item ``item_id`` while it is spoken: ``delta`` extends the text of
+    the item's earlier deltas (joined, never revised; the ``completed`` event's ``transcript`` is the final
+    word). ``logprobs`` is always ``null`` (not offered)."""
+
+    type: Literal["conversation.item.input_audio_transcription.delta"] = (
+        "conversation.item.input_audio_transcription.delta"
+    )
+    item_id: str
+    content_index: int = 0
+    delta: str
+    logprobs: list | None = None
+
+
 class ResponseCreated(_Event):
     """First event of a response (``in_progress``, no output)."""
 
@@ -281,6 +295,7 @@ ServerEvent = Annotated[
     | ConversationItemTruncated
     | ConversationItemRetrieved
     | ConversationItemInputAudioTranscriptionCompleted
+    | ConversationItemInputAudioTranscriptionDelta
     | ResponseCreated
     | ResponseDone
     | ResponseOutputItemAdded
@@ -369,6 +384,14 @@ def conversation_item_input_audio_transcription_completed(
         content_index=content_index,
         transcript=transcript,
         usage=DurationUsage(seconds=float(audio_seconds)),
+    )
+
+
+def conversation_item_input_audio_transcription_delta(
+    item_id: str, delta: str, content_index: int = 0
+) -> ConversationItemInputAudioTranscriptionDelta:
+    return ConversationItemInputAudioTranscriptionDelta(
+        item_id=item_id, content_index=content_index, delta=delta
     )
 
 

@@ -9,9 +9,14 @@ Two pieces, one job each:
   ``search_s`` (between words, most of the time). It counts audio samples, never wall time.
 * :class:`IncrementalTranscriber` — the chunks of one turn and their texts. It does not call the model
   itself: :meth:`~IncrementalTranscriber.jobs` says which waveforms need decoding (each closed chunk once,
-  and the open chunk's hypothesis every ``hypothesis_every_s`` of new audio), and
+  and the open chunk's hypothesis every ``hypothesis_every_s`` of new audio, or when a pause begins), and
   :meth:`~IncrementalTranscriber.take` stores the texts, so a stage can batch the jobs of many turns in
   one ``transcribe_batch`` call; :meth:`~IncrementalTranscriber.step` does both for one turn.
+
+At end of turn the open chunk is decoded as the tail, unless it is all quiet (the end of turn was found
+in a pause that had already closed the chunk before it), or its latest hypothesis already covers all of
+its sound (only quiet frames came after it: the user's silence while the end of turn was being detected);
+that hypothesis is then the chunk's text, and nothing is left to decode.
 
 An encoder-decoder ASR (Moonshine, Whisper) sees each chunk alone, so a word split by a forced cut may be
 misheard; cutting at pauses keeps the concatenated transcript word for word the one-shot one on speech
@@ -26,6 +31,10 @@ import numpy as np
 
 SAMPLE_RATE = 16_000
 """Input rate (Hz): the cascade's ASR models read 16 kHz mono."""
+
+PAUSE_HYPOTHESIS_MS = 100
+"""Quiet audio at the end of the open chunk after which its hypothesis is decoded at once, whatever the
+``hypothesis_every_s`` period (a pause may be the end of turn; the session feeds it at once too)."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,15 @@ class ChunkCutter:
             return self._cut(lo + int(np.argmin(window)))
         return None
 
+    def quiet_since(self, sample: int) -> bool:
+        """Whether every frame from the one holding ``sample`` (index from the start of the turn) to the
+        last sample pushed is quiet, by the loudest frame heard so far."""
+        level = max(self.policy.floor_rms, self.peak * self.ratio)
+        tail = self._carry.astype(np.float64)
+        if tail.size and np.sqrt(np.mean(tail**2)) >= level:
+            return False
+        return all(r < level for r in self.rms[sample // self.frame :])
+
     def _cut(self, frame: int) -> int:
         self.chunk_start = frame
         self._spoke = any(r >= max(self.policy.floor_rms, self.peak * self.ratio) for r in self.rms[frame:])
@@ -170,6 +188,7 @@ class IncrementalTranscriber:
         self.texts: list[str | None] = []  # one per closed chunk, None until decoded
         self.hypothesis = ""
         self._hyp_at = 0  # samples when the last hypothesis was asked for
+        self._hyp_end: int | None = None  # end of the audio the open chunk's stored hypothesis covers
         self._jobs: list[_Job] = []
         self.finished = False
 
@@ -188,11 +207,18 @@ class IncrementalTranscriber:
             self._close(cut)
 
     def finish(self) -> None:
-        """End of turn: the open chunk (the tail) closes; its decode is the only work left."""
+        """End of turn: the open chunk (the tail) closes; its decode is the only work left, unless it is all
+        quiet (its text is then "") or its latest hypothesis covers all its sound (only quiet frames after
+        it: that is then its text)."""
         if not self.finished:
             self.finished = True
             if self.samples > self.bounds[-1]:
+                silent = self.cutter.quiet_since(self.bounds[-1])
+                covered = self._hyp_end is not None and self.cutter.quiet_since(self._hyp_end)
+                hypothesis = "" if silent else self.hypothesis
                 self._close(self.samples)
+                if silent or covered:
+                    self.texts[-1] = hypothesis
             self.final_samples = sum(
                 self.bounds[i + 1] - self.bounds[i] for i, t in enumerate(self.texts) if t is None
             )
@@ -201,7 +227,7 @@ class IncrementalTranscriber:
         if end > self.bounds[-1]:
             self.bounds.append(end)
             self.texts.append(None)
-            self.hypothesis, self._hyp_at = "", end
+            self.hypothesis, self._hyp_at, self._hyp_end = "", end, None
 
     def audio(self, start: int = 0, end: int | None = None) -> np.ndarray:
         """The turn's samples ``[start, end)``."""
@@ -210,9 +236,10 @@ class IncrementalTranscriber:
         whole = self._audio[0] if self._audio else np.zeros(0, np.float32)
         return whole[start:end]
 
-    def jobs(self) -> list[np.ndarray]:
+    def jobs(self, periodic: bool = True, pause: bool = True) -> list[np.ndarray]:
         """Waveforms to decode now, in order: each closed, undecoded chunk, then (before :meth:`finish`)
-        the open chunk when a hypothesis is due. Pass their texts to :meth:`take` in the same order."""
+        the open chunk when a hypothesis is due (with ``pause``, a pause began; with ``periodic``,
+        ``hypothesis_every_s`` of new audio came). Pass their texts to :meth:`take` in the same order."""
         self._jobs = [
             _Job("chunk", self.bounds[i], self.bounds[i + 1]) for i, t in enumerate(self.texts) if t is None
         ]
@@ -221,13 +248,27 @@ class IncrementalTranscriber:
             not self.finished
             and self.hypothesis_every_s is not None
             and open_len >= self.min_hypothesis_s * SAMPLE_RATE
-            and self.samples - self._hyp_at >= self.hypothesis_every_s * SAMPLE_RATE
+            and (
+                periodic and self.samples - self._hyp_at >= self.hypothesis_every_s * SAMPLE_RATE
+                or pause and self._pause_begun()
+            )
         ):
             self._jobs.append(_Job("hypothesis", self.bounds[-1], self.samples))
             self._hyp_at = self.samples
         waves = [self.audio(j.start, j.end) for j in self._jobs]
         self.decoded_samples += sum(w.size for w in waves)
         return waves
+
+    def _pause_begun(self) -> bool:
+        """The newest audio is a pause (its last ``PAUSE_HYPOTHESIS_MS`` quiet) with sound since the last
+        hypothesis was asked for: decode now, so that if the pause is the end of turn, the hypothesis
+        covers all the sound and nothing is left to decode then."""
+        pause = SAMPLE_RATE * PAUSE_HYPOTHESIS_MS // 1000
+        return (
+            self.samples - self._hyp_at > pause
+            and self.cutter.quiet_since(self.samples - pause)
+            and not self.cutter.quiet_since(self._hyp_at)
+        )
 
     def take(self, texts: list[str]) -> Partial:
         """Store the texts of the last :meth:`jobs` (same order); returns the partial transcript.
@@ -240,7 +281,7 @@ class IncrementalTranscriber:
         for job, text in zip(self._jobs, texts):
             if job.kind == "hypothesis":
                 if job.start == self.bounds[-1]:  # still the open chunk
-                    self.hypothesis = text.strip()
+                    self.hypothesis, self._hyp_end = text.strip(), job.end
             else:
                 self.texts[self.bounds.index(job.start)] = text.strip()
         self._jobs = []

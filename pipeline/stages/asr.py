@@ -19,6 +19,14 @@ whose meta holds ``partial_transcript`` (closed chunks + the open chunk's latest
 the samples not yet sent (possibly none) and is answered as above, decoding only the tail chunk;
 ``asr_ms`` is then the end-of-turn work only and ``asr_tail_s`` the audio it decoded (s).
 
+The hypotheses cost a decode each, and one still running when the turn ends delays its transcript: they
+run only while the model keeps up (running mean of the steps' decode time): the periodic ones while it is
+at most :data:`HYPOTHESIS_BUDGET` of the period, the one asked when a pause begins (if the pause is the end
+of turn, it covers all the sound and nothing is left to decode then) while it is at most
+:data:`PAUSE_HYPOTHESIS_BUDGET_MS`. Whisper pads every decode to 30 s and is the slow case on a loaded
+2-core CPU; Moonshine's cost follows the audio length. A model too slow for both gets its turns whole, as
+without pieces (no partials).
+
 A typed turn (meta ``user_text``, e.g. a Realtime ``conversation.item.create``) needs no transcription:
 its text is the transcript, sent on at once with no ``words``, and its waveform may be empty.
 """
@@ -34,6 +42,15 @@ from omniduplex.models.cascade.asr import SAMPLE_RATE
 from omniduplex.models.cascade.streaming_asr import ChunkPolicy, IncrementalTranscriber
 from omniduplex.pipeline.messages import StageMessage
 
+HYPOTHESIS_BUDGET = 0.5
+"""Largest share of ``hypothesis_every_s`` a step's decode may take (running mean) for periodic hypotheses
+to run: half the period leaves the other half to the rest of the pipeline and to the end of the turn."""
+
+PAUSE_HYPOTHESIS_BUDGET_MS = 1000.0
+"""Longest mean decode (ms) for the pause hypothesis: about what a decode may take and still be done, or
+nearly, when the end of turn comes (500 ms endpointing after the 100 ms pause), so that a pause that was
+not the end leaves no long stale decode in the way of the real end."""
+
 MIN_SAMPLES = SAMPLE_RATE // 10
 """Shortest turn accepted: 0.1 s at 16 kHz (1600 samples)."""
 
@@ -47,6 +64,8 @@ class ASRWorker:
         policy: where open turns sent in pieces are cut (:class:`ChunkPolicy`).
         hypothesis_every_s: re-decode an open chunk after this much new audio for the partial transcript
             (``None``: partials carry closed chunks only).
+        hypothesis_budget: :data:`HYPOTHESIS_BUDGET` (share of the period).
+        pause_budget_ms: :data:`PAUSE_HYPOTHESIS_BUDGET_MS` (ms).
     """
 
     def __init__(
@@ -55,13 +74,17 @@ class ASRWorker:
         max_batch: int = 8,
         policy: ChunkPolicy | None = None,
         hypothesis_every_s: float | None = 0.4,
+        hypothesis_budget: float = HYPOTHESIS_BUDGET,
+        pause_budget_ms: float = PAUSE_HYPOTHESIS_BUDGET_MS,
     ) -> None:
         self.asr, self.max_batch = asr, max_batch
+        self.hypothesis_budget, self.pause_budget_ms = hypothesis_budget, pause_budget_ms
         self.pending: list[StageMessage] = []
         self.policy, self.hypothesis_every_s = policy or ChunkPolicy(), hypothesis_every_s
         self.streams: dict[str, IncrementalTranscriber] = {}  # open turns sent in pieces
         self.stream_meta: dict[str, dict] = {}
         self.dirty: list[str] = []  # streams with new audio since their last step
+        self.stream_decode_ms = 0.0  # running mean of the steps' decode time (ms)
 
     def submit(self, msg: StageMessage) -> None:
         """Queue a turn.
@@ -133,12 +156,18 @@ class ASRWorker:
         if not batch and not streamed:
             return []
         waves = [_numpy(m.tensors["waveform"]) for m in batch]
-        jobs = [self.streams[rid].jobs() for rid in streamed]
+        periodic = self.hypothesis_every_s is not None and (
+            self.stream_decode_ms <= self.hypothesis_budget * 1000 * self.hypothesis_every_s
+        )
+        pause = self.stream_decode_ms <= self.pause_budget_ms
+        jobs = [self.streams[rid].jobs(periodic, pause) for rid in streamed]
         t0 = time.perf_counter()
         results = (
             self.asr.transcribe_batch(waves + [w for j in jobs for w in j]) if waves or any(jobs) else []
         )
         asr_ms = 1000 * (time.perf_counter() - t0)
+        if results:  # every decode counts: a model too slow for hypotheses must be seen to get faster
+            self.stream_decode_ms = 0.7 * self.stream_decode_ms + 0.3 * asr_ms
         transcripts, at = results[: len(waves)], len(waves)
         out = self._stream_out(streamed, jobs, results, at, asr_ms)
         return out + [
