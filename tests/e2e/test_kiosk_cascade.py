@@ -31,12 +31,14 @@ QUESTION = "How do I make a cup of green tea?"  # examples/green_tea.wav, the RE
 
 @pytest.fixture(scope="module")
 def question_wav(tmp_path_factory):
-    """3 s of quiet, the question, 40 s of quiet; 48 kHz mono (the fake microphone's format)."""
+    """3 s of quiet, the question, 180 s of quiet; 48 kHz mono (the fake microphone's format).
+    Chromium loops the file: the quiet must outlast a slow (busy machine) reply, or the question comes
+    round again as a barge-in."""
     d = tmp_path_factory.mktemp("kiosk-cascade")
     q = d / "q.wav"
     sox(str(EXAMPLES / "green_tea.wav"), "-r", "48000", "-c", "1", "-b", "16", str(q))
     out = d / "question.wav"
-    sox(str(silence(3, d / "s3.wav")), str(q), str(silence(40, d / "s40.wav")), str(out))
+    sox(str(silence(3, d / "s3.wav")), str(q), str(silence(180, d / "s180.wav")), str(out))
     return out
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shm_leaks import left_behind
 from turns import run_turn
 
 from omniduplex.models.qwen3_omni.presets import write_checkpoint
@@ -86,7 +87,7 @@ def test_processes_equal_in_process_and_survive_a_killed_stage(ckpt):
     assert restarts["talker"] == 1
     assert after[-1].kind == "done", after[-1].error
     assert after_record == ref_record
-    assert set(list_segments()) <= before  # no shared-memory segment left behind
+    assert left_behind(before) == set()  # no shared-memory segment left behind
 
 
 def test_respond_cli_in_processes_writes_24k_wav_and_dump(ckpt, tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shm_leaks import left_behind
 from turns import run_turn
 
 from omniduplex.models.tokenizer import load_tokenizer
@@ -82,4 +83,4 @@ def test_unified_processes_equal_in_process_and_survive_a_killed_codec(ckpt):
     assert after_kill.kind == "error" and "codec" in after_kill.error
     assert restarts["codec"] == 1
     assert again[-1].kind == "done" and again_record == ref_record
-    assert set(list_segments()) <= before
+    assert left_behind(before) == set()

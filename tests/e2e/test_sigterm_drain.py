@@ -97,6 +97,12 @@ def _start_server() -> tuple[subprocess.Popen, int]:
         time.sleep(0.5)
 
 
+def _segments_of(pids: list[int]) -> list[str]:
+    """Relay segments in /dev/shm owned by ``pids`` (their names carry the owner's pid); other processes on
+    the machine (another pipeline, another test run) may own segments of their own meanwhile."""
+    return [name for pid in pids for name in list_segments(pid=pid)]
+
+
 def _alive(pids: list[int], wait_s: float = 20.0) -> list[int]:
     """The processes of ``pids`` still running after up to ``wait_s`` seconds."""
     deadline = time.monotonic() + wait_s
@@ -114,7 +120,6 @@ def _alive(pids: list[int], wait_s: float = 20.0) -> list[int]:
 
 
 def test_sigterm_finishes_the_reply_in_flight_refuses_new_sessions_and_exits_clean():
-    shm_before = set(list_segments())
     proc, port = _start_server()
     try:
         stages = _descendants(proc.pid)
@@ -132,17 +137,16 @@ def test_sigterm_finishes_the_reply_in_flight_refuses_new_sessions_and_exits_cle
     assert r["refused"].get("type") == "error" or "closed" in r["refused"], r["refused"]
     assert rc == 0, log[-3000:]
     assert not _alive(stages)
-    assert set(list_segments()) - shm_before == set()
+    assert _segments_of([proc.pid, *stages]) == []
 
 
 def test_stage_processes_exit_when_the_server_is_killed_outright():
     """SIGKILL (an OOM kill) gives the server no chance to stop its stages: they notice and exit, and take
     their shared-memory segments with them."""
-    shm_before = set(list_segments())
     proc, _ = _start_server()
     stages = _descendants(proc.pid)
     assert stages
     proc.kill()
     proc.wait()
     assert not _alive(stages), "orphaned stage processes"
-    assert set(list_segments()) - shm_before == set()
+    assert _segments_of([proc.pid, *stages]) == []
