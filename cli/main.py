@@ -121,7 +121,7 @@ def init_cascade(
     asr: str | None = typer.Option(
         None,
         help="ASR: moonshine-base, whisper-tiny.en (packaged), or a Moonshine / Whisper CTranslate2 folder "
-        "(default: whisper-tiny.en).",
+        "(default: moonshine-base).",
     ),
     llm: Path | None = typer.Option(
         None, help="LLM: HF Llama/Qwen3 checkpoint directory or .gguf (default: packaged SmolLM2-135M)."

@@ -55,10 +55,13 @@ ASR_NAMES = {
     "whisper-tiny.en": lambda: locate(WHISPER_TINY_EN).parent,
 }
 """Packaged ASR models a manifest's ``asr:`` (or ``init-cascade --asr``) may name instead of a path."""
-DEFAULT_ASR = "whisper-tiny.en"
-"""The default ASR, chosen by ``python3 -m omniduplex.benchmarks.asr`` (figures in ``MODELS.md``): Moonshine
-base is 2-5x faster on short turns but made more word errors on our test speech (17/208 vs 12/208, and 6
-vs 0 on the real recordings), so Whisper tiny.en stays the default and ``asr: moonshine-base`` is a choice."""
+DEFAULT_ASR = "moonshine-base"
+"""The default ASR, chosen by ``omniduplex bench qa`` (issue 24: the manifest whose answers are right most
+often within the latency target): on 8 spoken questions, 2 threads, AVX2, Moonshine base heard 7% word
+errors against Whisper tiny.en's 28% and answered 5/8 against 4/8, with TTFP p50 1298 ms against 2539 ms
+when both transcribe while the user speaks (Moonshine's encoder takes the clip's own length; Whisper decodes
+a 30 s window every time). On the real recordings of ``python3 -m omniduplex.benchmarks.asr`` Whisper makes
+fewer word errors (5.8% vs 8.2%), so ``asr: whisper-tiny.en`` stays a manifest choice (``MODELS.md``)."""
 
 
 def asr_path(value: str | Path) -> Path:
