@@ -224,13 +224,7 @@ def default_manifest(cache: Path) -> Path:
     Raises:
         WeightsError: a weight package is missing or a file is corrupted (one line with the fix).
     """
-    return write_manifest(
-        cache / "cascade",
-        asr=asr_path(DEFAULT_ASR),
-        llm=locate(SMOLLM2_135M),
-        tts=locate(PIPER_JOE),
-        tts_config=locate(PIPER_JOE_CONFIG),
-    )
+    return _packaged(cache / "cascade", locate(SMOLLM2_135M))
 
 
 def quality_manifest(cache: Path) -> Path:
@@ -242,13 +236,18 @@ def quality_manifest(cache: Path) -> Path:
     Raises:
         WeightsError: a part package is missing or corrupted (one line naming it and the pip command).
     """
+    return _packaged(cache / "cascade-quality", assemble(QWEN25_CODER_05B), llm_quantized=True)
+
+
+def _packaged(folder: Path, llm: Path, llm_quantized: bool = False) -> Path:
+    """A manifest in ``folder`` of the packaged default ASR and Piper voice around ``llm``."""
     return write_manifest(
-        cache / "cascade-quality",
+        folder,
         asr=asr_path(DEFAULT_ASR),
-        llm=assemble(QWEN25_CODER_05B),
+        llm=llm,
         tts=locate(PIPER_JOE),
         tts_config=locate(PIPER_JOE_CONFIG),
-        llm_quantized=True,
+        llm_quantized=llm_quantized,
     )
 
 
