@@ -179,6 +179,21 @@ class Conversation:
             self.respond(speech_end=speech_end)
         return turn_id
 
+    def _options(self, instructions: str | None = None, metadata: dict | None = None) -> dict:
+        options: dict = {"metadata": dict(metadata or {})}
+        if self.cfg.instructions:
+            options["system_prompt"] = self.cfg.instructions
+        if instructions:
+            options["instructions"] = instructions
+        if self.cfg.voice:
+            options["voice"] = self.cfg.voice
+        return options
+
+    def prefill_context(self) -> tuple[list[list[str]], dict]:
+        """``(history, options)`` a spoken turn committed now would be started with (before its own text
+        joins the history): what the LLM may prefill while the user is still speaking."""
+        return self.history.snapshot(), self._options()
+
     def respond(
         self, instructions: str | None = None, metadata: dict | None = None, speech_end: float | None = None
     ) -> str | None:
@@ -194,13 +209,7 @@ class Conversation:
         if self.replying:
             self.cancel()
         self._end_stopped_reply()
-        options: dict = {"metadata": dict(metadata or {})}
-        if self.cfg.instructions:
-            options["system_prompt"] = self.cfg.instructions
-        if instructions:
-            options["instructions"] = instructions
-        if self.cfg.voice:
-            options["voice"] = self.cfg.voice
+        options = self._options(instructions, metadata)
         history = self.history.snapshot()
         if self.pending is not None:
             (turn_id, wav), self.pending = self.pending, None

@@ -69,6 +69,8 @@ class LiveTranscriber:
         emit: receives the partial transcript events.
         new_turn_id: reserves the id the turn will be committed under.
         feed_ms: new audio between feeds (ms, a multiple of 20).
+        context: ``() -> (history, options)`` of a reply started now; given with a turn's first feed, so
+            the LLM can prefill the conversation while the user speaks.
     """
 
     def __init__(
@@ -78,8 +80,10 @@ class LiveTranscriber:
         emit: Callable[[SessionEvent], None],
         new_turn_id: Callable[[], str],
         feed_ms: int = FEED_MS,
+        context: Callable[[], tuple[list[list[str]], dict]] | None = None,
     ) -> None:
         self.name, self.responder, self.emit, self.new_turn_id = name, responder, emit, new_turn_id
+        self.context = context
         self.every = max(1, feed_ms // FRAME_MS)
         self.supported = callable(getattr(responder, "feed_audio", None))
         self.turn_id: str | None = None
@@ -104,8 +108,11 @@ class LiveTranscriber:
             self.turn_id, self.fed, self.agreed = self.new_turn_id(), 0, AgreedPrefix()
         turn_id = self.turn_id
         samples = np.concatenate(frames[self.fed :]).astype(np.float32) / 32768.0
+        context = self.context() if self.context is not None and self.fed == 0 else None
         try:
-            ok = self.responder.feed_audio(turn_id, samples, lambda t, s: self._partial(turn_id, t, s))
+            ok = self.responder.feed_audio(
+                turn_id, samples, lambda t, s: self._partial(turn_id, t, s), context
+            )
         except Exception:
             log.exception("%s: live transcription failed; the turn goes whole at its end", turn_id)
             ok = None

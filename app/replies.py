@@ -93,16 +93,22 @@ class Responder(Protocol):
 class LiveTranscription(Protocol):
     """Optional half of a :class:`Responder`: transcribe a turn while the user speaks it.
 
-    ``feed_audio(turn_id, samples, on_partial)`` sends the next samples (16 kHz mono float32) of a turn not
-    started yet and returns ``True``, or returns ``False`` when it cannot (the graph has no ASR entry; the
-    caller then just calls :meth:`Responder.start` with the whole turn). ``on_partial(text, stable)`` gets
-    the partial transcripts (``stable``: the prefix that will not change). ``start(turn_id, waveform, ...)``
-    gets the whole turn's audio (the fed samples its prefix) and sends only the rest; ``cancel(turn_id)``
-    drops a fed turn that will not be started.
+    ``feed_audio(turn_id, samples, on_partial, context)`` sends the next samples (16 kHz mono float32) of a
+    turn not started yet and returns ``True``, or returns ``False`` when it cannot (the graph has no ASR
+    entry; the caller then just calls :meth:`Responder.start` with the whole turn). ``on_partial(text,
+    stable)`` gets the partial transcripts (``stable``: the prefix that will not change). ``context``, given
+    with a turn's first samples: ``(history, options)`` as :meth:`Responder.start` would get them now, so the
+    LLM can prefill the conversation and the words heard before the turn ends. ``start(turn_id, waveform,
+    ...)`` gets the whole turn's audio (the fed samples its prefix) and sends only the rest;
+    ``cancel(turn_id)`` drops a fed turn that will not be started.
     """
 
     def feed_audio(
-        self, turn_id: str, samples: np.ndarray, on_partial: Callable[[str, str], None]
+        self,
+        turn_id: str,
+        samples: np.ndarray,
+        on_partial: Callable[[str, str], None],
+        context: tuple[list[list[str]], dict] | None = None,
     ) -> bool: ...
 
 
@@ -120,17 +126,20 @@ class OrchestratorResponder:
     def start(
         self, turn_id: str, waveform: np.ndarray, history: list[list[str]], options: dict | None = None
     ) -> None:
+        meta = self._turn_meta(history, options or {})
+        if (options or {}).get("user_text") is not None and not waveform.size:
+            meta["user_text"] = options["user_text"]
+        self.orch.submit(waveform, meta, request_id=turn_id)
+
+    def _turn_meta(self, history: list[list[str]], opts: dict) -> dict:
         meta = {**self.meta, "history": history}
-        opts = options or {}
-        if opts.get("user_text") is not None and not waveform.size:
-            meta["user_text"] = opts["user_text"]
         prompt = opts.get("system_prompt") or meta.get("system_prompt") or DEFAULT_SYSTEM_PROMPT
         if opts.get("instructions"):
             prompt = f"{prompt}\n\n{opts['instructions']}"
         meta["system_prompt"] = prompt
         if opts.get("voice"):
             meta["voice"] = opts["voice"]  # the cascade's LLM stage passes it on to the TTS stage
-        self.orch.submit(waveform, meta, request_id=turn_id)
+        return meta
 
     async def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]:
         async for ev in self.orch.events(turn_id):
@@ -145,11 +154,22 @@ class OrchestratorResponder:
             else:
                 yield ReplyFailed(ev.error or "pipeline error")
 
-    def feed_audio(self, turn_id: str, samples: np.ndarray, on_partial: Callable[[str, str], None]) -> bool:
-        """:class:`LiveTranscription` over :meth:`Orchestrator.feed` (cascade graphs only)."""
+    def feed_audio(
+        self,
+        turn_id: str,
+        samples: np.ndarray,
+        on_partial: Callable[[str, str], None],
+        context: tuple[list[list[str]], dict] | None = None,
+    ) -> bool:
+        """:class:`LiveTranscription` over :meth:`Orchestrator.feed` (cascade graphs only); ``context``
+        becomes the turn's ``prefill`` (system prompt and history) for the LLM stage's prefill hints."""
         if not self.orch.live_asr:
             return False
-        self.orch.feed(turn_id, samples, on_partial)
+        prefill = None
+        if context is not None:
+            meta = self._turn_meta(*context)
+            prefill = {"system_prompt": meta["system_prompt"], "history": meta["history"]}
+        self.orch.feed(turn_id, samples, on_partial, prefill)
         return True
 
     def cancel(self, turn_id: str) -> None:

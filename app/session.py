@@ -124,7 +124,9 @@ class Session:
             on_barge_in=self._conv.barge_in,
             on_turn=self._turn_ended,
         )
-        self._live = LiveTranscriber(session_id, responder, self.emit, self._conv.new_turn_id)
+        self._live = LiveTranscriber(
+            session_id, responder, self.emit, self._conv.new_turn_id, context=self._conv.prefill_context
+        )
         self.emit(SessionStarted(self.id, config=asdict(self.cfg.turn)))
 
     # -- what surfaces read --------------------------------------------------------------------------

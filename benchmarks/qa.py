@@ -164,28 +164,34 @@ default, s); fed too, as the session feeds it."""
 _live_ids = itertools.count(1)
 
 
-async def feed_live(orch, wav: np.ndarray) -> str:
+async def feed_live(orch, wav: np.ndarray, prefill: dict | None = None) -> str:
     """Feed ``wav`` (16 kHz) and :data:`ENDPOINT_S` of silence to ``orch`` as a session would while the user
     speaks (real-time pace): a :data:`LIVE_PIECE_S` piece once that much audio has been spoken, and what is
-    new when the pause after the question begins (100 ms in, ``app.live_asr.PAUSE_FRAMES``). Returns the
-    turn id to submit at the end of the silence (the end of turn; the rest of the silence goes with it)."""
+    new when the pause after the question begins (100 ms in, ``app.live_asr.PAUSE_FRAMES``); ``prefill``
+    (``{system_prompt, history}``) goes with the first piece, so the LLM prefills while the user speaks.
+    Returns the turn id to submit at the end of the silence (the end of turn; the rest of the silence goes
+    with it)."""
     rid = f"qa-live-{next(_live_ids)}"
     audio = np.concatenate([wav, np.zeros(int(ENDPOINT_S * 16000), np.float32)])
     n, t0 = int(LIVE_PIECE_S * 16000), time.perf_counter()
     cuts = [*range(n, wav.size, n), wav.size + 1600]
     for start, end in zip([0, *cuts], cuts):
         await asyncio.sleep(max(0.0, t0 + end / 16000 - time.perf_counter()))
-        orch.feed(rid, audio[start:end])
+        orch.feed(rid, audio[start:end], prefill=prefill if start == 0 else None)
     await asyncio.sleep(max(0.0, t0 + audio.size / 16000 - time.perf_counter()))
     return rid
 
 
-async def ask(orch, q: Question, wav: np.ndarray, meta: dict, live: bool = False) -> Answer:
+async def ask(
+    orch, q: Question, wav: np.ndarray, meta: dict, live: bool = False, prefill: bool = False
+) -> Answer:
     """One spoken turn through ``orch`` (started); returns what it gave and whether it is right. ``live``:
-    fed while spoken (:func:`feed_live`), then submitted with 0.1 s of trailing silence (what a session
-    commits); TTFP counts from the submit either way."""
+    fed while spoken (:func:`feed_live`; with ``prefill``, the LLM prefills the system prompt and the words
+    heard meanwhile), then submitted with 0.1 s of trailing silence (what a session commits); TTFP counts
+    from the submit either way."""
     if live:
-        rid = await feed_live(orch, wav)
+        context = {"system_prompt": meta.get("system_prompt"), "history": meta.get("history", [])}
+        rid = await feed_live(orch, wav, context if prefill else None)
         silence = np.zeros(int(ENDPOINT_S * 16000), np.float32)
         orch.submit(np.concatenate([wav, silence]), meta, request_id=rid)
     else:
@@ -236,6 +242,7 @@ def run_manifest(
     processes: bool = True,
     verbose: bool = True,
     live: bool = False,
+    prefill: bool = False,
 ) -> list[Answer]:
     """Every question through the stages of ``model`` (stage processes, or all in this process; one
     orchestrator, started and stopped here), after one warm-up turn (not counted); with ``verbose``, a
@@ -249,14 +256,15 @@ def run_manifest(
     async def main():
         await orch.start()
         try:
-            await ask(orch, questions[0], wavs[0], meta, live)  # warm-up: first-use allocations, lazy imports
+            # warm-up: first-use allocations, lazy imports
+            await ask(orch, questions[0], wavs[0], meta, live, prefill)
             if verbose:
                 print(f"\nbench qa: {model}")
                 print("| # | voice | wpm | heard | reply | right | TTFP ms |")
                 print("|---|---|---|---|---|---|---|", flush=True)
             answers = []
             for i, (q, w) in enumerate(zip(questions, wavs), 1):
-                answers.append(await ask(orch, q, w, meta, live))
+                answers.append(await ask(orch, q, w, meta, live, prefill))
                 if verbose:
                     _print_row(i, q, answers[-1])
             return answers
@@ -276,10 +284,12 @@ def run(
     verbose: bool = True,
     processes: bool = True,
     live: bool = True,
+    prefill: bool = True,
 ) -> dict[str, dict]:
     """Ask the first ``limit`` questions (all by default) of each cascade manifest in ``models`` (resolved
     paths), through stage processes (``processes``) or in this process, fed while spoken (``live``) or
-    whole, print a table per manifest and a summary; returns ``{model: {"summary", "answers"}}``.
+    whole (``prefill``: the LLM prefilling while the user speaks, live only), print a table per manifest and
+    a summary; returns ``{model: {"summary", "answers"}}``.
 
     Raises:
         ValueError: a model that is not a cascade manifest; ``RuntimeError``: espeak-ng or sox missing.
@@ -297,9 +307,9 @@ def run(
     meta = TurnOptions(greedy=greedy, max_tokens=max_tokens).meta("cascade")
     results = {}
     for m in models:
-        answers = run_manifest(m, questions, wavs, meta, processes, verbose, live)
+        answers = run_manifest(m, questions, wavs, meta, processes, verbose, live, prefill and live)
         results[m] = {"summary": summarize(answers), "answers": [asdict(a) for a in answers]}
-    _print_summary(results, max_tokens, greedy, processes, live)
+    _print_summary(results, max_tokens, greedy, processes, live, prefill and live)
     if json_out:
         json_out.write_text(json.dumps(results, indent=2))
     return results
@@ -316,10 +326,16 @@ def _print_row(i: int, q: Question, a: Answer) -> None:
 
 
 def _print_summary(
-    results: dict[str, dict], max_tokens: int, greedy: bool, processes: bool, live: bool = False
+    results: dict[str, dict],
+    max_tokens: int,
+    greedy: bool,
+    processes: bool,
+    live: bool = False,
+    prefill: bool = False,
 ) -> None:
     how = ("greedy" if greedy else "sampled") + (", stage processes" if processes else ", in-process")
     how += ", ASR fed while spoken" if live else ", whole turns"
+    how += ", LLM prefilled while spoken" if prefill else ""
     print(f"\nbench qa summary: c=1, {how}, ≤{max_tokens} reply tokens; ms are p50 / p90")
     head = "| manifest | right | accuracy | ASR WER | right when heard | TTFP | ASR | ASR wall |"
     print(head + " LLM first clause | TTS first chunk | errors |")

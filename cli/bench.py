@@ -273,6 +273,11 @@ def bench_qa(
     live: bool = typer.Option(
         True, "--live/--whole", help="Feed the ASR while each question is spoken (as sessions do), or whole."
     ),
+    prefill: bool = typer.Option(
+        True,
+        "--prefill/--no-prefill",
+        help="With --live: the LLM prefills the system prompt and the words heard while the user speaks.",
+    ),
 ) -> None:
     """Spoken factual questions (espeak-ng voices) through the stage processes: accuracy, TTFP p50/p90 and
     its split (ASR, LLM first clause, TTS first chunk), per manifest."""
@@ -283,7 +288,7 @@ def bench_qa(
         raise typer.BadParameter(f"--limit {limit}: ask at least one question")
     models = [resolve_model(str(m)) for m in model] if model else [resolve_model(None)]
     try:
-        run(models, limit, max_tokens, greedy, json_out, processes=processes, live=live)
+        run(models, limit, max_tokens, greedy, json_out, processes=processes, live=live, prefill=prefill)
     except (ValueError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e

@@ -9,7 +9,7 @@ import threading
 import traceback
 from collections import deque
 
-from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
+from omniduplex.pipeline.messages import StageMessage, goes_downstream
 from omniduplex.pipeline.orchestrator import OutputCallback, output_sources
 from omniduplex.pipeline.stage_stats import worker_stats
 from omniduplex.pipeline.stages import failed_requests
@@ -128,7 +128,7 @@ class LocalBackend:
                     for source in output_sources(stage, msg, self.topo):
                         self.on_output(source, msg)
                     nxt = self.topo.downstream(stage)
-                    if nxt and not is_partial_transcript(msg):
+                    if nxt and goes_downstream(msg):
                         self._deliver(nxt, msg)
             if not progressed:
                 self.wake.wait(1.0)  # send, abort and stop set it

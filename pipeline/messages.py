@@ -25,8 +25,15 @@ class StageMessage:
 
 def is_partial_transcript(msg: StageMessage) -> bool:
     """Whether ``msg`` is the ASR stage's partial transcript of a turn still being spoken (meta
-    ``partial_transcript``, ``last=False``): it goes to the orchestrator only, never downstream."""
+    ``partial_transcript``, ``last=False``): it goes to the orchestrator (captions), and downstream only as a
+    prefill hint (:func:`goes_downstream`)."""
     return not msg.last and "partial_transcript" in msg.meta
+
+
+def goes_downstream(msg: StageMessage) -> bool:
+    """Whether a stage's output ``msg`` goes to the next stage: everything but partial transcripts, and those
+    too when they carry the turn's ``prefill`` context (the LLM stage's prefill hints)."""
+    return not is_partial_transcript(msg) or "prefill" in msg.meta
 
 
 EventKind = Literal["transcript", "text", "audio", "done", "error"]

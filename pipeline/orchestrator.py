@@ -147,10 +147,19 @@ class Orchestrator:
         self.backend.send(StageMessage(rid, {"waveform": wav}, dict(meta or {}), last=True))
         return rid
 
-    def feed(self, request_id: str, samples: np.ndarray, on_partial: PartialCallback | None = None) -> None:
+    def feed(
+        self,
+        request_id: str,
+        samples: np.ndarray,
+        on_partial: PartialCallback | None = None,
+        prefill: dict | None = None,
+    ) -> None:
         """Send the next ``samples`` (16 kHz mono float32) of turn ``request_id``, still being spoken, to the
         ASR stage; ``on_partial`` (called on the event loop thread) gets its partial transcripts until
-        :meth:`submit`. ``submit(waveform, ...)`` then takes the whole turn's audio and sends only what was
+        :meth:`submit`. ``prefill`` (``{system_prompt, history}``, with the first samples of a turn): the
+        conversation the turn will be answered in; the LLM stage then prefills it with the partial
+        transcripts while the user speaks (:mod:`omniduplex.pipeline.stages.llm`).
+        ``submit(waveform, ...)`` then takes the whole turn's audio and sends only what was
         not fed (fed audio is taken to be its prefix); :meth:`cancel` drops a turn fed but not submitted.
 
         Raises:
@@ -168,7 +177,10 @@ class Orchestrator:
             turn.on_partial = on_partial
         wav = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32).reshape(-1))
         turn.fed += wav.numel()
-        self.backend.send(StageMessage(request_id, {"waveform": wav}, {"asr_piece": True}, last=False))
+        meta: dict = {"asr_piece": True}
+        if prefill is not None:
+            meta["prefill"] = prefill
+        self.backend.send(StageMessage(request_id, {"waveform": wav}, meta, last=False))
 
     def _new_turn(self, rid: str) -> _Turn:
         return _Turn(

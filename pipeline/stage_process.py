@@ -22,7 +22,7 @@ import torch
 import zmq
 
 from omniduplex.pipeline.config import PipelineConfig
-from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
+from omniduplex.pipeline.messages import StageMessage, goes_downstream, is_partial_transcript
 from omniduplex.pipeline.stage_stats import StatsReporter, producer_stats, worker_stats
 from omniduplex.pipeline.stages import failed_requests
 from omniduplex.pipeline.topology import ORCHESTRATOR, Topology
@@ -198,8 +198,8 @@ class StageLoop:
             for dst, producer in self.producers.items():
                 tensors = pack(msg, (self.stage, dst), self.topo)
                 partial = is_partial_transcript(msg)
-                if partial and dst != ORCHESTRATOR:
-                    continue  # a partial transcript is for the orchestrator (captions) only
+                if dst != ORCHESTRATOR and not goes_downstream(msg):
+                    continue  # a partial transcript without prefill context is for captions only
                 if not (set(tensors) - {META_KEY}) and not msg.last and not partial:
                     continue  # nothing for this edge in this message
                 key = (msg.request_id, dst)

@@ -50,11 +50,12 @@ class FakeFeeder:
 
     def __init__(self, supported: bool = True) -> None:
         self.supported, self.fed, self.cancelled, self.started = supported, {}, [], []
-        self.partial = {}
+        self.partial, self.contexts = {}, {}
 
-    def feed_audio(self, turn_id, samples, on_partial) -> bool:
+    def feed_audio(self, turn_id, samples, on_partial, context=None) -> bool:
         if not self.supported:
             return False
+        self.contexts.setdefault(turn_id, []).append(context)
         self.fed.setdefault(turn_id, []).append(samples)
         self.partial[turn_id] = on_partial
         return True
@@ -109,13 +110,18 @@ def test_live_transcriber_does_nothing_for_a_responder_that_cannot():
 
 # -- end to end, real ASR ----------------------------------------------------------------------------------
 class EchoLLM:
-    """LLM stand-in: answers each turn with ``You said: <transcript>`` in one token message."""
+    """LLM stand-in: answers each turn with ``You said: <transcript>`` in one token message; keeps the
+    prefill hints (partial transcripts with the conversation) it got before in ``hints``."""
 
     def __init__(self) -> None:
         self.pending: list[StageMessage] = []
         self.seen: list[dict] = []
+        self.hints: list[StageMessage] = []
 
     def submit(self, msg: StageMessage) -> None:
+        if not msg.last and "partial_transcript" in msg.meta:
+            self.hints.append(msg)
+            return
         if "transcript" not in msg.meta:
             raise ValueError(f"turn {msg.request_id}: the LLM got a message without a transcript: {msg.meta}")
         self.seen.append(dict(msg.meta))
@@ -185,9 +191,9 @@ class CountingResponder(OrchestratorResponder):
         super().__init__(orch)
         self.feeds = 0
 
-    def feed_audio(self, turn_id, samples, on_partial) -> bool:
+    def feed_audio(self, turn_id, samples, on_partial, context=None) -> bool:
         self.feeds += 1
-        return super().feed_audio(turn_id, samples, on_partial)
+        return super().feed_audio(turn_id, samples, on_partial, context)
 
 
 def _asr(kind: str):
@@ -262,3 +268,8 @@ def test_partials_come_before_the_final_transcript_and_the_reply_uses_the_final_
     assert done.meta["transcript"] == final.text and done.meta["asr_tail_s"] < len(speech) / 16000
     assert [m["transcript"] for m in llm.seen] == [final.text]
     assert history == [["user", final.text.strip()], ["assistant", f"You said: {final.text}"]]
+    # the LLM got the partials as prefill hints, with the conversation the turn was answered in
+    assert [h.meta["partial_transcript"] for h in llm.hints] == [p.text for p in partials]
+    assert {h.request_id for h in llm.hints} == {committed.turn_id}
+    assert all(h.meta["prefill"] == {"system_prompt": llm.seen[0]["system_prompt"], "history": []}
+               for h in llm.hints)

@@ -141,3 +141,68 @@ def test_incremental_detokenizer_holds_back_split_characters(worker):
     assert not any("\ufffd" in d for d in deltas)
     assert "" in deltas  # some token completed no character
     assert max(windows) <= 8  # the decoded window stays short: linear in the reply length
+
+
+SYSTEM = "You are a friendly voice assistant. Always answer in English, in one or two short sentences."
+HISTORY = [["user", "Hello, who are you?"], ["assistant", "I am your voice assistant. How can I help?"]]
+
+
+def hint(rid: str, partial: str, history=HISTORY) -> StageMessage:
+    """The ASR stage's partial transcript of turn ``rid`` with the conversation to prefill."""
+    meta = {
+        "partial_transcript": partial,
+        "stable_transcript": "",
+        "prefill": {"system_prompt": SYSTEM, "history": history},
+    }
+    return StageMessage(rid, {}, meta, last=False)
+
+
+def reused_by(worker: LLMWorker, msg: StageMessage) -> tuple[int, str]:
+    """Prompt tokens the turn ``msg`` took from the prefix cache, and its greedy reply."""
+    before = worker.engine.scheduler.num_reused_tokens
+    worker.submit(msg)
+    outs = drain(worker)
+    return worker.engine.scheduler.num_reused_tokens - before, "".join(o.meta["text"] for o in outs)
+
+
+def test_prefill_hints_put_the_words_heard_so_far_in_the_prefix_cache(model):
+    question = "What is the capital city of France, and what is it famous for?"
+    final = turn("t", question, history=HISTORY, system_prompt=SYSTEM, sampling={"max_tokens": 12})
+    cold = LLMWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
+    cold_reused, cold_text = reused_by(cold, final)
+
+    warm = LLMWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
+    warm.submit(hint("t", "What is the capital"))
+    warm.submit(hint("t", "What is the capital city of France, and what"))  # replaces the first, not run yet
+    assert warm.has_work()
+    assert drain(warm) == []  # a hint says nothing
+    alloc = warm.engine.scheduler.allocator
+    assert alloc.num_free == alloc.num_blocks  # its blocks are released (cached, findable)
+    hinted = warm.chat.hint_ids(
+        "t",
+        {
+            "system_prompt": SYSTEM,
+            "history": HISTORY,
+            "transcript": "What is the capital city of France, and what",
+        },
+    )
+    prompt = warm.chat.prepare(final).ids
+    assert prompt[: len(hinted)] == hinted and len(hinted) < len(prompt)
+    warm_reused, warm_text = reused_by(warm, final)
+    assert warm_text == cold_text  # the same greedy reply
+    assert cold_reused == 0 and warm_reused == len(hinted) // 16 * 16 > 0  # every full block of the hint
+
+
+def test_a_hint_of_a_turn_aborted_or_already_running_costs_nothing(worker):
+    alloc = worker.engine.scheduler.allocator
+    worker.submit(hint("x", "Tell me about"))
+    worker.abort("x")  # the segment was not a turn: its hint goes with it
+    assert not worker.has_work() and alloc.num_free == alloc.num_blocks
+    worker.submit(hint("y", "   "))  # no words: nothing to prefill
+    assert not worker.has_work()
+    worker.submit(turn("z", "Say hi.", sampling={"max_tokens": 4}))
+    worker.submit(hint("z", "Say hi"))  # late: the turn is running already
+    outs = drain(worker)
+    assert {o.request_id for o in outs} == {"z"} and outs[-1].last
+    worker.submit(hint("w", "Hello", history="not a list"))  # a hint that cannot render is dropped
+    assert not worker.has_work()

@@ -21,7 +21,7 @@ from omniduplex.models.cascade.streaming_asr import (
 )
 from omniduplex.models.weights import locate_moonshine_base
 from omniduplex.pipeline.audio_io import load_audio
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import StageMessage, goes_downstream
 from omniduplex.pipeline.stages.asr import ASRWorker
 
 SR = SAMPLE_RATE
@@ -202,6 +202,7 @@ def test_stage_asks_hypotheses_only_while_the_model_keeps_up(decode_ms, hypothes
     worker.stream_decode_ms = decode_ms  # as if that model's decodes took this long (running mean)
     out = worker.step()
     assert bool(out) == hypotheses and bool(worker.asr.calls) == hypotheses  # the periodic one (≤ 200 ms)
+    assert not any(goes_downstream(m) for m in out)  # no conversation given: captions only
     worker.stream_decode_ms = decode_ms
     worker.submit(StageMessage("t", {"waveform": torch.from_numpy(quiet(0.2))}, {"asr_piece": True}))
     worker.step()
@@ -245,15 +246,17 @@ def test_stage_takes_the_turn_in_pieces(asr, speech):
     meta = {"system": "s"}
     half = speech.size * 3 // 4
     partials = []
+    context = {"system_prompt": "Be brief.", "history": [["user", "hi"], ["assistant", "Hello!"]]}
     for i in range(0, half, 3200):
+        piece = {"asr_piece": True, **({"prefill": context} if i == 0 else {})}  # with the first piece
         worker.submit(
-            StageMessage(
-                "t1", {"waveform": torch.from_numpy(speech[i : min(i + 3200, half)])}, {"asr_piece": True}
-            )
+            StageMessage("t1", {"waveform": torch.from_numpy(speech[i : min(i + 3200, half)])}, piece)
         )
         while worker.has_work():
             partials += worker.step()
     assert partials and all(not m.last and "partial_transcript" in m.meta for m in partials)
+    # each partial carries the conversation: a prefill hint for the LLM stage as well as a caption
+    assert all(m.meta["prefill"] == context and goes_downstream(m) for m in partials)
     assert partials[-1].meta["stable_transcript"] == partials[-1].meta["partial_transcript"]
     worker.submit(StageMessage("t1", {"waveform": torch.from_numpy(speech[half:])}, meta, last=True))
     out = []

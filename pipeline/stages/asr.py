@@ -17,7 +17,10 @@ chunk closed at an in-turn pause is transcribed once, and the worker answers wit
 whose meta holds ``partial_transcript`` (closed chunks + the open chunk's latest hypothesis) and
 ``stable_transcript`` (closed chunks only). The turn's usual message (no ``asr_piece``) then carries only
 the samples not yet sent (possibly none) and is answered as above, decoding only the tail chunk;
-``asr_ms`` is then the end-of-turn work only and ``asr_tail_s`` the audio it decoded (s).
+``asr_ms`` is then the end-of-turn work only and ``asr_tail_s`` the audio it decoded (s). A piece whose meta
+holds ``prefill`` (``{system_prompt, history}``, the conversation the turn will be answered in) makes the
+turn's partials carry it too: they then also go downstream, where the LLM stage prefills the chat heard so far
+(:mod:`.llm`, "prefill while the user speaks").
 
 The hypotheses cost a decode each, and one still running when the turn ends delays its transcript: they
 run only while the model keeps up (running mean of the steps' decode time): the periodic ones while it is
@@ -83,6 +86,7 @@ class ASRWorker:
         self.policy, self.hypothesis_every_s = policy or ChunkPolicy(), hypothesis_every_s
         self.streams: dict[str, IncrementalTranscriber] = {}  # open turns sent in pieces
         self.stream_meta: dict[str, dict] = {}
+        self.prefill: dict[str, dict] = {}  # open turns' conversation context, for the LLM's prefill hints
         self.dirty: list[str] = []  # streams with new audio since their last step
         self.stream_decode_ms = 0.0  # running mean of the steps' decode time (ms)
 
@@ -107,6 +111,8 @@ class ASRWorker:
             stream = self.streams.get(rid)
             if stream is None:
                 stream = self.streams[rid] = IncrementalTranscriber(self.policy, self.hypothesis_every_s)
+            if isinstance(msg.meta.get("prefill"), dict):
+                self.prefill[rid] = msg.meta["prefill"]
             if wav is not None and wav.numel():
                 stream.push(_numpy(wav))
             if not msg.meta.get("asr_piece"):  # the turn's end: its last samples came with it
@@ -135,6 +141,7 @@ class ASRWorker:
     def _drop(self, rid: str) -> None:
         self.streams.pop(rid, None)
         self.stream_meta.pop(rid, None)
+        self.prefill.pop(rid, None)
         self.dirty = [r for r in self.dirty if r != rid]
 
     def has_work(self) -> bool:
@@ -213,6 +220,8 @@ class ASRWorker:
                 )
             elif partial.text != before:
                 meta = {"partial_transcript": partial.text, "stable_transcript": partial.stable}
+                if rid in self.prefill:
+                    meta["prefill"] = self.prefill[rid]
                 out.append(StageMessage(rid, {}, meta, last=False))
         return out
 

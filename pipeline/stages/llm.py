@@ -10,6 +10,15 @@ int64 ``[P]`` and the turn's input meta without ``sampling``; the last one (``la
 ``finish_reason`` (``stop`` or ``length``). A transcript with no letters or digits does not reach the
 engine: one message ``token`` int64 ``[0]``, meta ``text=""``, ``skipped="empty transcript"`` + turn
 meta, ``last=True``.
+
+Prefill while the user speaks: before a turn's message, the ASR stage may send ``last=False`` messages of
+the turn still being spoken (meta ``partial_transcript`` and ``prefill`` = ``{system_prompt, history}``,
+see :mod:`.asr`). Each is a *prefill hint*: the chat of the partial transcript, cut where a longer transcript
+could tokenize differently (:meth:`ChatPrompter.hint_ids`), is prefilled as a one-token request whose output
+is dropped; its full KV blocks stay in the prefix cache, so at end of turn the turn's prompt finds the system
+prompt, history and the words already heard computed and prefills only the rest (the idea of issue 24 item
+3; prefix caching: vLLM's automatic prefix caching, Kwon et al. 2023). A newer hint of a turn replaces one
+not yet run; the turn's own message drops a hint still queued. Hints produce no output and fail silently.
 """
 
 from __future__ import annotations
@@ -33,6 +42,11 @@ __all__ = ["ChatPrompter", "IncrementalDetokenizer", "LLMWorker", "TurnStream"]
 
 ROLES = ("user", "assistant")
 EXTRA_STOP_TOKENS = ("<|endoftext|>",)
+HINT_SUFFIX = "#prefill"
+"""Engine request id of a turn's prefill hint: the turn id + this suffix."""
+_PROBE = " and then"
+"""Words appended to a partial transcript to find the tokens a longer transcript keeps
+(:meth:`ChatPrompter.hint_ids`)."""
 """Stop tokens besides the tokenizer's eos, when the vocabulary has them."""
 
 
@@ -108,6 +122,25 @@ class ChatPrompter:
         if meta["transcript"]:  # "" only for a typed turn that answers the conversation as it stands
             out.append({"role": "user", "content": meta["transcript"]})
         return out
+
+    def hint_ids(self, rid: str, meta: dict) -> list[int]:
+        """The prompt ids of a turn whose transcript so far is ``meta['transcript']`` that the finished turn's
+        prompt will most likely start with: the chat rendered with that transcript, cut before the first
+        token that changes when more words follow (BPE merges at the end of the text, the template's closing
+        tokens). Empty when the transcript has no words.
+
+        Raises:
+            ValueError: as :meth:`messages`.
+        """
+        if not _has_words(meta.get("transcript") or ""):
+            return []
+        ids = encode_chat(self.tokenizer, self.template, self.messages(rid, meta))
+        longer = {**meta, "transcript": meta["transcript"] + _PROBE}
+        other = encode_chat(self.tokenizer, self.template, self.messages(rid, longer))
+        n = 0
+        while n < min(len(ids), len(other)) and ids[n] == other[n]:
+            n += 1
+        return ids[:n]
 
     def sampling(self, rid: str, raw) -> SamplingParams:
         """The turn's :class:`SamplingParams` from its ``sampling`` meta, with this model's stop ids added.
@@ -217,6 +250,7 @@ class LLMWorker:
         )
         self.turns: dict[str, TurnStream] = {}
         self._ready: list[StageMessage] = []  # skipped turns, emitted at the next step
+        self.hinted_tokens = 0  # prompt tokens sent as prefill hints (a gauge for benchmarks)
 
     def messages(self, rid: str, meta: dict) -> list[dict]:
         """The chat of a turn (:meth:`ChatPrompter.messages`)."""
@@ -231,8 +265,12 @@ class LLMWorker:
                 the KV cache (this turn only).
         """
         rid = msg.request_id
+        if not msg.last and "partial_transcript" in msg.meta:
+            self.prefill_hint(rid, msg.meta)
+            return
         if rid in self.turns or any(m.request_id == rid for m in self._ready):
             raise ValueError(f"turn {rid}: already running")
+        self.engine.abort(rid + HINT_SUFFIX)  # not run yet: the turn's own prefill covers it
         turn = self.chat.prepare(msg)
         if isinstance(turn, StageMessage):
             self._ready.append(turn)
@@ -240,8 +278,31 @@ class LLMWorker:
         self.engine.add_request(Request(rid, turn.ids, turn.sampling))
         self.turns[rid] = TurnStream(turn, self.tokenizer, self.stop_ids)
 
+    def prefill_hint(self, rid: str, meta: dict) -> None:
+        """Prefill the chat of turn ``rid``'s partial transcript (``meta``: ``partial_transcript``,
+        ``prefill`` = ``{system_prompt, history}``) into the prefix cache, replacing a hint of that turn not
+        yet run (see the module docstring). Does nothing for a turn already submitted, a transcript without
+        words, or a hint that cannot be rendered or does not fit (a hint is only an optimisation)."""
+        if rid in self.turns:
+            return
+        context = meta.get("prefill") if isinstance(meta.get("prefill"), dict) else {}
+        hint = {**context, "transcript": str(meta["partial_transcript"])}
+        try:
+            ids = self.chat.hint_ids(rid, hint)
+        except ValueError:
+            return
+        if not ids:
+            return
+        self.engine.abort(rid + HINT_SUFFIX)
+        try:
+            self.engine.add_request(Request(rid + HINT_SUFFIX, ids, SamplingParams(max_tokens=1)))
+        except ValueError:
+            return
+        self.hinted_tokens += len(ids)
+
     def abort(self, request_id: str) -> None:
         """Drop a turn wherever it is; its KV blocks are free when this returns. No-op when unknown."""
+        self.engine.abort(request_id + HINT_SUFFIX)
         self.engine.abort(request_id)
         self.turns.pop(request_id, None)
         self._ready = [m for m in self._ready if m.request_id != request_id]
