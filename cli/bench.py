@@ -207,6 +207,25 @@ def bench_realtime(
     )
 
 
+@bench.command("phone")
+def bench_phone(
+    concurrency: str = typer.Option("1,4", help="Comma-separated concurrent call counts."),
+    model: Path | None = typer.Option(None, help="Model of the server started here (default: the cascade)."),
+    question: Path | None = typer.Option(None, help="Speech WAV each caller asks (default: green_tea.wav)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+) -> None:
+    """Twilio Media Streams calls asking in real time (μ-law 8 kHz): speech end → first reply media."""
+    from omniduplex.benchmarks.phone import run
+
+    root = Path(__file__).parents[1]
+    run(
+        [int(c) for c in concurrency.split(",")],
+        question or root / "examples" / "green_tea.wav",
+        model=str(model) if model else None,
+        json_out=json_out,
+    )
+
+
 @bench.command("soak")
 def bench_soak(
     turns: int = typer.Option(1000, help="Turns in all (after a warm-up of 2 per session)."),

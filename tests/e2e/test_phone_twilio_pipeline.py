@@ -11,11 +11,12 @@ import pytest
 import soxr
 import webrtcvad
 import websockets
-from _phone import FakeTwilio, ServedApp, question_8k
+from _phone import ServedApp, question_8k
 
 from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.app.session import SessionConfig
 from omniduplex.app.vad import TurnConfig
+from omniduplex.benchmarks.phone import TwilioCaller
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +35,7 @@ def test_a_phone_call_through_the_default_pipeline():
 
     async def main():
         async with websockets.connect(f"ws://127.0.0.1:{srv.port}/phone/twilio/stream") as ws:
-            tw = FakeTwilio(ws)
+            tw = TwilioCaller(ws)
             await tw.start()
             runner = asyncio.create_task(tw.run())
             tw.say(np.zeros(4000, np.int16))

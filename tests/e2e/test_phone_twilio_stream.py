@@ -1,6 +1,6 @@
 """The Twilio media-stream bridge over a real WebSocket: the app under uvicorn on a loopback port, a client
-playing Twilio's part (``_phone.FakeTwilio``) that streams ``examples/question.wav`` as μ-law 20 ms frames
-in real time. The replies come from a scripted tone responder, so no model runs here."""
+playing Twilio's part (``omniduplex.benchmarks.phone.TwilioCaller``) that streams ``examples/question.wav``
+as μ-law 20 ms frames in real time. The replies come from a scripted tone responder, so no model runs here."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 import websockets
-from _phone import WORD_S, WORDS, FakeTwilio, ServedApp, ToneResponder, question_8k
+from _phone import WORD_S, WORDS, ServedApp, ToneResponder, question_8k
 from _sip import thread_cpu_s
 
 from omniduplex.app.phone.config import TwilioConfig
@@ -19,6 +19,7 @@ from omniduplex.app.phone.routes import twilio_signature
 from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.app.session import SessionConfig
 from omniduplex.app.vad import TurnConfig
+from omniduplex.benchmarks.phone import TwilioCaller
 
 pytestmark = pytest.mark.slow
 log = logging.getLogger("test.phone.twilio")
@@ -47,7 +48,7 @@ def test_reply_with_marks_then_barge_in_clears_and_history_keeps_the_played_part
 
     async def main(srv: ServedApp):
         async with websockets.connect(f"ws://127.0.0.1:{srv.port}/phone/twilio/stream") as ws:
-            tw = FakeTwilio(ws)
+            tw = TwilioCaller(ws)
             await tw.start()
             runner = asyncio.create_task(tw.run())
             await until(lambda: call_of(srv.state) is not None, 5, "call admitted")
@@ -105,7 +106,7 @@ def test_bad_messages_are_logged_and_skipped_and_other_calls_go_on(caplog):
 
     async def one_call(port: int, garbage: bool):
         async with websockets.connect(f"ws://127.0.0.1:{port}/phone/twilio/stream") as ws:
-            tw = FakeTwilio(ws, stream_sid="MZbad" if garbage else "MZgood")
+            tw = TwilioCaller(ws, stream_sid="MZbad" if garbage else "MZgood")
             if garbage:
                 await tw.send("{not json")
                 await tw.send({"event": "dance", "streamSid": "x"})
@@ -145,7 +146,7 @@ def test_bad_messages_are_logged_and_skipped_and_other_calls_go_on(caplog):
 def test_unsupported_media_format_ends_the_call_cleanly():
     async def main(srv: ServedApp):
         async with websockets.connect(f"ws://127.0.0.1:{srv.port}/phone/twilio/stream") as ws:
-            tw = FakeTwilio(ws)
+            tw = TwilioCaller(ws)
             await tw.start({"encoding": "audio/l16", "sampleRate": 16000, "channels": 1})
             with pytest.raises(websockets.ConnectionClosed):
                 await asyncio.wait_for(ws.recv(), 5)
@@ -166,7 +167,7 @@ def test_stream_handshake_needs_a_valid_signature_when_a_token_is_set():
         assert e.value.response.status_code == 403
         good = twilio_signature(token, "wss://example.test/phone/twilio/stream")
         async with websockets.connect(url, additional_headers={"X-Twilio-Signature": good}) as ws:
-            await FakeTwilio(ws).start()
+            await TwilioCaller(ws).start()
 
     with served(twilio=TwilioConfig(auth_token=token, public_url="https://example.test")) as srv:
         asyncio.run(main(srv))
