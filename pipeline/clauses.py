@@ -11,7 +11,8 @@ clause as the LLM writes it: the sooner the first clause is complete, the sooner
   (``1.`` opening a line);
 * the first clause is cut early, at the word boundary after ``first_max_words`` words, for time to first
   audio; later clauses shorter than ``min_words`` words are merged with the next (no tiny fragments), and
-  a run with no boundary is cut after ``max_words`` words;
+  a run with no boundary is cut after ``max_words`` words, and one "word" longer than
+  :data:`MAX_RUN_CHARS` characters (``7,981,981,…``) is cut off;
 * markdown symbols (``* # _ ` ~ |``), bullets and emoji are removed and whitespace is collapsed, so the
   TTS never speaks symbols; a piece with nothing left to say is dropped.
 
@@ -37,6 +38,8 @@ _ABBREVIATIONS = (
 )
 ABBREVIATIONS = frozenset(_ABBREVIATIONS.split())
 """Lower-case words whose final ``.`` does not end a sentence."""
+MAX_RUN_CHARS = 32
+"""Longest run of non-whitespace characters held back waiting for a word boundary (:meth:`_run_cut`)."""
 _INITIALS = re.compile(r"(?:[A-Za-z]\.)+")
 _LIST_NUMBER = re.compile(r"\d{1,3}\.")
 _WORD = re.compile(r"\S*\w\S*")
@@ -111,7 +114,17 @@ class ClauseSplitter:
                 return end
             if words == 0 and not clean(self.buf[:end]):
                 return end  # only markup or whitespace: drop it now
-        return self._word_cut(limit)
+        return self._word_cut(limit) or self._run_cut()
+
+    def _run_cut(self) -> int | None:
+        """A cut for a run of more than :data:`MAX_RUN_CHARS` characters with no whitespace (a 135M model
+        writing ``7,981,981,981,…``): before the run when words precede it, else after its first
+        :data:`MAX_RUN_CHARS` characters; so the voice is never held back until the end of the reply by one
+        endless "word" (the cut depends on the text only, not on how it arrived)."""
+        start = max(self.buf.rfind(c) for c in " \n\t") + 1
+        if len(self.buf) - start <= MAX_RUN_CHARS:
+            return None
+        return start if clean(self.buf[:start]) else start + MAX_RUN_CHARS
 
     def _word_cut(self, limit: int) -> int | None:
         """End of the ``limit``-th word, once the whitespace after it has arrived."""

@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniduplex.pipeline.clauses import MARKDOWN, ClauseSplitter, clean, count_words
+from omniduplex.pipeline.clauses import MARKDOWN, MAX_RUN_CHARS, ClauseSplitter, clean, count_words
 
 
 def split(text: str, deltas: list[int] | None = None, **kw) -> list[str]:
@@ -126,3 +126,14 @@ def test_property_clauses_partition_the_text(text, deltas):
     assert pieces == whole
     for c in pieces:
         assert c and c == c.strip() and not any(ch in DROPPED for ch in c)
+
+
+def test_an_endless_word_does_not_hold_the_voice_back():
+    s = ClauseSplitter(first_max_words=4)
+    number = "7," + "981," * 12
+    out = []
+    for ch in "There are " + number:  # token by token, as a 135M model may write it
+        out += s.push(ch)
+    assert out[0] == "There are"  # spoken before the run ends
+    assert all(len(c) <= MAX_RUN_CHARS for c in out[1:]) and len(out) >= 2
+    assert "".join(out[1:]) + s.flush()[0] == number.strip()
