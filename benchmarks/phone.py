@@ -36,6 +36,13 @@ FRAME_SAMPLES = frame_samples(TELEPHONE_RATE)
 """One 20 ms G.711 frame at 8 kHz (160 samples)."""
 AUDIBLE = 100
 """A reply frame is audible when a sample's magnitude exceeds this (int16)."""
+VOICED_RMS = 330.0
+"""A caller frame counts as speech above this RMS (int16; about -40 dBFS): the end of speech is the last
+such frame of an utterance, not the end of its file (a WAV's trailing quiet is not speech)."""
+
+
+def _rms(frame: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(frame.astype(np.float64) ** 2)))
 
 
 def phone_audio(path: Path) -> np.ndarray:
@@ -52,7 +59,7 @@ class TwilioCaller:
 
     def __init__(self, ws, stream_sid: str = "MZtest", call_sid: str = "CAtest") -> None:
         self.ws, self.sid, self.call_sid = ws, stream_sid, call_sid
-        self.mic: deque[np.ndarray] = deque()
+        self.mic: deque[tuple[np.ndarray, bool]] = deque()  # (frame, whether it ends an utterance's speech)
         self.buffer: deque[np.ndarray] = deque()  # received, not yet played (8 kHz int16 frames)
         self.pending_marks: list[tuple[int, str]] = []  # (received samples at the mark, name)
         self.received = self.played = 0  # reply samples
@@ -62,12 +69,15 @@ class TwilioCaller:
         self.marks_received: list[str] = []
         self.clears: list[float] = []
         self.media_messages = 0
-        self.speech_ends: list[float] = []  # when each queued utterance finished
+        self.speech_ends: list[float] = []  # when the last voiced frame of each utterance was sent
         self.closed = False
 
     def say(self, pcm8k: np.ndarray) -> None:
         n = pcm8k.size // FRAME_SAMPLES
-        self.mic.extend(pcm8k[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES] for i in range(n))
+        frames = [pcm8k[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES] for i in range(n)]
+        voiced = [i for i, f in enumerate(frames) if _rms(f) > VOICED_RMS]
+        last = voiced[-1] if voiced else -1
+        self.mic.extend((f, i == last) for i, f in enumerate(frames))
 
     async def send(self, obj) -> None:
         await self.ws.send(obj if isinstance(obj, str) else json.dumps(obj))
@@ -90,16 +100,13 @@ class TwilioCaller:
         await asyncio.gather(self._tick(), self._receive())
 
     async def _tick(self) -> None:
-        t0, n, chunk, speaking = time.monotonic(), 0, 0, False
+        t0, n, chunk = time.monotonic(), 0, 0
         while not self.closed:
             n += 1
             await asyncio.sleep(max(0.0, t0 + n * 0.020 - time.monotonic()))
-            frame = self.mic.popleft() if self.mic else None
-            if frame is not None:
-                speaking = True
-            elif speaking:
+            frame, ends = self.mic.popleft() if self.mic else (None, False)
+            if ends:
                 self.speech_ends.append(time.monotonic())
-                speaking = False
             payload = ulaw_encode(frame) if frame is not None else bytes([ULAW_SILENCE]) * FRAME_SAMPLES
             chunk += 1
             media = {

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 import websockets
-from _phone import WORD_S, WORDS, ServedApp, ToneResponder, question_8k
+from _phone import QUESTION, WORD_S, WORDS, ServedApp, ToneResponder, question_8k
 from _sip import thread_cpu_s
 
 from omniduplex.app.phone.config import TwilioConfig
@@ -171,3 +171,14 @@ def test_stream_handshake_needs_a_valid_signature_when_a_token_is_set():
 
     with served(twilio=TwilioConfig(auth_token=token, public_url="https://example.test")) as srv:
         asyncio.run(main(srv))
+
+
+def test_bench_phone_times_speech_end_to_first_reply_media():
+    """``omniduplex bench phone``'s measure of one call: after the end of turn (500 ms of silence) and the
+    responder's 50 ms, the first tone arrives; never before the caller stopped speaking."""
+    from omniduplex.benchmarks.phone import _call, phone_audio
+
+    with served() as srv:
+        url = f"ws://127.0.0.1:{srv.port}/phone/twilio/stream"
+        first_media_ms = asyncio.run(_call(url, phone_audio(QUESTION), timeout=30))
+    assert first_media_ms is not None and 500 <= first_media_ms < 5000, first_media_ms
