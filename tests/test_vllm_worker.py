@@ -192,6 +192,9 @@ def test_abort_frees_the_requests_kv_blocks(vworker):
     w.abort("long")
     assert not w.has_work() and w.step() == []
     # the aborted request is gone from vLLM's scheduler: the probe runs alone ...
+    hint = {"partial_transcript": "Hi", "stable_transcript": "", "prefill": {"history": []}}
+    w.submit(StageMessage("probe", {}, hint, last=False))  # a prefill hint: no work, no error, no reply
+    assert not w.has_work()
     w.submit(turn("probe", "Hi.", max_tokens=3))
     probe: list[StageMessage] = []
     while not probe:

@@ -36,7 +36,7 @@ from omniduplex.pipeline.detokenize import IncrementalDetokenizer
 from omniduplex.pipeline.engine.adapters import ThinkerAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
 
 __all__ = ["ChatPrompter", "IncrementalDetokenizer", "LLMWorker", "TurnStream"]
 
@@ -265,7 +265,7 @@ class LLMWorker:
                 the KV cache (this turn only).
         """
         rid = msg.request_id
-        if not msg.last and "partial_transcript" in msg.meta:
+        if is_partial_transcript(msg):
             self.prefill_hint(rid, msg.meta)
             return
         if rid in self.turns or any(m.request_id == rid for m in self._ready):
