@@ -81,6 +81,11 @@ class Codebook(nn.Module):
     def vectors(self) -> torch.Tensor:
         return self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
 
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Vectors of int ``ids`` ``[...]`` → ``[..., dim]``: rows of :meth:`vectors`, dividing only the rows
+        asked for (the same numbers; a stream's frame reads 16 rows, not 16 × 2048)."""
+        return self.embedding_sum[ids] / self.cluster_usage[ids].clamp(min=1e-5)[..., None]
+
 
 class _VQ(nn.Module):
     def __init__(self, size: int, dim: int) -> None:
@@ -107,7 +112,7 @@ class ResidualVQ(nn.Module):
         """int ``[B, n, F]`` → ``[B, io_dim, F]``: codebook vectors summed in codebook order, projected."""
         total = None
         for i, layer in enumerate(self.vq.layers):
-            v = nn.functional.embedding(codes[:, i], layer._codebook.vectors()).transpose(1, 2)
+            v = layer._codebook.lookup(codes[:, i]).transpose(1, 2)
             total = v if total is None else total + v
         return self.output_proj(total)
 
