@@ -220,6 +220,8 @@ def test_streaming_decoder_refuses_bad_frames_and_keeps_going(custom):
         s.push(bad)
     with pytest.raises(ValueError, match=r"\[B, 16, frames\]"):
         s.push(codes[:, :8, :2])
+    with pytest.raises(ValueError, match=r"\[1, Q, n\]"):
+        s.push(codes.expand(2, -1, -1))
     pieces = s.push(codes[..., :3]) + s.push(codes[..., 3:], final=True)  # refused frames left no trace
     with torch.no_grad():
         torch.testing.assert_close(torch.cat(pieces, dim=-1), dec(codes), rtol=0, atol=1e-5)

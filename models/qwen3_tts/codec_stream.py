@@ -121,6 +121,8 @@ class StreamingDecoder:
         self.stream.check_open("push")
         if frames.shape[-1]:
             self.stream.decoder.check_codes(frames)
+            if frames.shape[0] != 1:
+                raise ValueError(f"codec: one utterance's frames must be [1, Q, n], got {list(frames.shape)}")
             self.pending.append(frames)
         sizes = self._sizes(self.pending_frames, final)
         pieces = []
