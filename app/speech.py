@@ -14,7 +14,7 @@ Request fields (``app/realtime/routes.py``; names as vLLM-Omni's speech API for 
 
 Every bad request raises :class:`SpeechError` before anything is queued, so it costs the other requests
 nothing. Output: 24 kHz mono float32 pieces, the first after one codec frame (80 ms of audio), then 25-frame
-pieces (:class:`~omniduplex.models.qwen3_tts.codec.StreamingDecoder`).
+pieces (:class:`~omniduplex.models.qwen3_tts.codec_stream.StreamingDecoder`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from omniduplex.models.forward_batch import BLOCK_SIZE
-from omniduplex.models.qwen3_tts.codec import StreamingDecoder
+from omniduplex.models.qwen3_tts.codec_stream import StreamingDecoder
 from omniduplex.models.qwen3_tts.model import SAMPLE_RATE, load_qwen3_tts
 from omniduplex.models.qwen3_tts.prompt import TalkerPrompt
 from omniduplex.models.qwen3_tts.voice import VoiceError, VoicePrompter, read_ref_audio

@@ -3,8 +3,8 @@
 For each concurrency ``c``, ``c`` utterances (the sentences below in turn, CustomVoice speakers in turn on
 a CustomVoice checkpoint) arrive together at ``t0`` on one
 :class:`~omniduplex.pipeline.qwen3_tts.Qwen3TTSEngine` (continuous batching, paged KV); each has its
-own :class:`~omniduplex.models.qwen3_tts.codec.StreamingDecoder` (1-frame first chunk, then 25-frame
-chunks, 72 frames of left context). Each utterance runs to exactly
+own :class:`~omniduplex.models.qwen3_tts.codec_stream.StreamingDecoder` (1-frame first chunk, then
+25-frame chunks, per-layer decoder state: each frame decoded once). Each utterance runs to exactly
 ``frames`` codec frames (``ignore_eos``: random-weight presets have no natural end), sampling with the
 reference's defaults. Both stages run in this one process, in turn: every engine step is charged to
 "talker" (talker + code predictor), every codec call to "codec".
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from omniduplex.models.qwen3_tts import text as tts_text
-from omniduplex.models.qwen3_tts.codec import StreamingDecoder
+from omniduplex.models.qwen3_tts.codec_stream import StreamingDecoder
 from omniduplex.models.qwen3_tts.model import SAMPLE_RATE, Qwen3TTS, load_qwen3_tts
 from omniduplex.models.qwen3_tts.prompt import TalkerPrompt, build_prompt
 from omniduplex.models.tokenizer import load_tokenizer

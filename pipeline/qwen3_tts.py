@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from omniduplex.kernels import cpu_ops
-from omniduplex.models.qwen3_tts.codec import StreamingDecoder
+from omniduplex.models.qwen3_tts.codec_stream import StreamingDecoder
 from omniduplex.models.qwen3_tts.model import Qwen3TTS
 from omniduplex.models.qwen3_tts.prompt import PromptError, TalkerPrompt
 from omniduplex.pipeline.engine.adapters import TalkerAdapter

@@ -84,7 +84,7 @@ def build_worker(
     if stage == "asr" and not is_cascade(model_dir):
         return _asr_worker(_side_asr_dir(side_asr), cfg)
     if stage in CASCADE.stages:
-        return _cascade_worker(stage, load_manifest(model_dir), cfg)
+        return _cascade_worker(stage, load_manifest(model_dir), cfg, chunking)
     model = load_model(model_dir, parts=PARTS[stage], dtype=_dtype(cfg.dtype), device=cfg.device)
     if stage in ENGINE_STAGES:
         _prepack(getattr(model, "unified" if stage == "unified" else stage), cfg)
@@ -122,7 +122,7 @@ def build_worker(
     return VocoderWorker(lambda: Code2WavStream(model.code2wav), chunking)
 
 
-def _qwen3_tts_worker(manifest, cfg: StageConfig):
+def _qwen3_tts_worker(manifest, cfg: StageConfig, chunking: ChunkingConfig):
     """The cascade's TTS stage on a Qwen3-TTS checkpoint, speaking in the manifest's voice (checked here: a
     bad voice fails the stage's start with the reason)."""
     from omniduplex.models.qwen3_tts.model import load_qwen3_tts
@@ -146,17 +146,24 @@ def _qwen3_tts_worker(manifest, cfg: StageConfig):
         name = prompter.voices[0]
     ref = read_ref_audio(manifest.tts_ref_audio.read_bytes()) if manifest.tts_ref_audio else None
     voice = prompter.voice(name, manifest.tts_instructions, "auto", ref, manifest.tts_ref_text)
-    return Qwen3TTSStageWorker(tts, prompter, voice, CASCADE_OUTPUT_RATE, max_frames=manifest.tts_max_frames)
+    return Qwen3TTSStageWorker(
+        tts,
+        prompter,
+        voice,
+        CASCADE_OUTPUT_RATE,
+        max_frames=manifest.tts_max_frames,
+        chunks=(chunking.tts_first_chunk_frames, chunking.tts_chunk_frames),
+    )
 
 
-def _cascade_worker(stage: str, manifest, cfg: StageConfig):
+def _cascade_worker(stage: str, manifest, cfg: StageConfig, chunking: ChunkingConfig):
     """The ASR (faster-whisper), LLM (our engine, or vLLM with ``backend: vllm``) or TTS (Piper) worker of a
     cascade; each runs its library on ``cfg.torch_threads`` threads (one per stage process holds up under
     contention; vLLM's CPU backend binds its own OpenMP threads)."""
     if stage == "asr":
         return _asr_worker(manifest.asr, cfg)
     if stage == "tts" and manifest.tts_is_qwen3:
-        return _qwen3_tts_worker(manifest, cfg)
+        return _qwen3_tts_worker(manifest, cfg, chunking)
     if stage == "tts":
         from omniduplex.models.cascade.tts import PiperTTS
         from omniduplex.pipeline.stages.tts import TTSWorker

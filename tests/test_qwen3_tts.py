@@ -6,6 +6,7 @@ Parity with the reference implementation is in test_qwen3_tts_parity.py.
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
@@ -13,7 +14,8 @@ from typer.testing import CliRunner
 
 from omniduplex.cli.main import cli
 from omniduplex.models.checkpoint import CheckpointError
-from omniduplex.models.qwen3_tts.codec import StreamingDecoder, chunk_bounds, chunked_decode
+from omniduplex.models.qwen3_tts.codec import chunk_bounds, chunked_decode
+from omniduplex.models.qwen3_tts.codec_stream import CodecStream, StreamingDecoder
 from omniduplex.models.qwen3_tts.model import load_qwen3_tts
 from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
 from omniduplex.models.qwen3_tts.prompt import PromptError, build_prompt
@@ -151,17 +153,84 @@ def test_chunk_schedule():
         chunk_bounds(10, 0, 25, 72)
 
 
-def test_stream_pushes_of_any_size_equal_chunked_decode(custom):
+def _random_split(total: int, seed: int) -> list[int]:
+    rng, split = random.Random(seed), []
+    while sum(split) < total:
+        split.append(min(rng.choice([0, 1, 1, 2, 3, 7, 25, 40]), total - sum(split)))
+    return split
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_codec_stream_equals_one_shot_for_random_pushes(custom, seed):
+    dec = custom.codec
+    codes = torch.randint(0, 2048, (2, 16, 130), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        one_shot = dec(codes)
+    assert float(one_shot.abs().max()) > 0.05  # a real signal, so the tolerance below means something
+    stream, outs, f = CodecStream(dec, batch=2), [], 0
+    for n in _random_split(130, seed):
+        outs.append(stream.push(codes[..., f : f + n]))
+        f += n
+        assert outs[-1].shape == (2, 1, n * dec.total_upsample)  # causal: every frame's samples at once
+        assert stream.frames == f
+    torch.testing.assert_close(torch.cat(outs, dim=-1), one_shot, rtol=0, atol=1e-5)
+    # past the sliding window (72 frames) the KV cache stays at 71 frames per layer
+    assert all(k.shape[2] == 71 for k, _ in stream.transformer.kv)
+    assert stream.flush().shape[-1] == 0
+    with pytest.raises(ValueError, match="ended"):
+        stream.push(codes[..., :1])
+
+
+def test_streaming_decoder_schedule_and_two_streams_isolated(custom):
+    dec = custom.codec
+    hop = dec.total_upsample
+    g = torch.Generator().manual_seed(7)
+    a, b = (torch.randint(0, 2048, (1, 16, n), generator=g) for n in (61, 33))
+    sa, sb = StreamingDecoder(dec), StreamingDecoder(dec, 2, 5)
+    got_a, got_b = [], []
+    for f in range(61):  # interleaved one frame at a time, as the engine emits them
+        got_a += sa.push(a[..., f : f + 1])
+        if f < 33:
+            got_b += sb.push(b[..., f : f + 1])
+        if f == 0:
+            assert [p.shape[-1] for p in got_a] == [hop] and not got_b  # first piece after one frame
+    got_a += sa.push(a[..., :0], final=True)
+    got_b += sb.push(b[..., :0], final=True)
+    assert [p.shape[-1] // hop for p in got_a] == [1, 25, 25, 10]
+    assert [p.shape[-1] // hop for p in got_b] == [2] + [5] * 6 + [1]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.cat(got_a, dim=-1), dec(a), rtol=0, atol=1e-5)
+        torch.testing.assert_close(torch.cat(got_b, dim=-1), dec(b), rtol=0, atol=1e-5)
+    # one push of many frames gives the same pieces as frame by frame
+    sc = StreamingDecoder(dec)
+    pieces = sc.push(a[..., :55]) + sc.push(a[..., 55:], final=True)
+    assert [p.shape[-1] // hop for p in pieces] == [1, 25, 25, 10]
+    torch.testing.assert_close(torch.cat(pieces, dim=-1), torch.cat(got_a, dim=-1), rtol=0, atol=1e-5)
+
+
+def test_streaming_decoder_refuses_bad_frames_and_keeps_going(custom):
+    dec = custom.codec
+    codes = torch.randint(0, 2048, (1, 16, 4), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match="chunk sizes"):
+        StreamingDecoder(dec, 0, 25)
+    s = StreamingDecoder(dec, 2, 25)
+    bad = codes[..., :2].clone()
+    bad[0, 3, 1] = 2048
+    with pytest.raises(ValueError, match="codebook 3"):
+        s.push(bad)
+    with pytest.raises(ValueError, match=r"\[B, 16, frames\]"):
+        s.push(codes[:, :8, :2])
+    with pytest.raises(ValueError, match=r"\[1, Q, n\]"):
+        s.push(codes.expand(2, -1, -1))
+    pieces = s.push(codes[..., :3]) + s.push(codes[..., 3:], final=True)  # refused frames left no trace
+    with torch.no_grad():
+        torch.testing.assert_close(torch.cat(pieces, dim=-1), dec(codes), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="ended"):
+        s.push(codes[..., :1])
+
+
+def test_chunked_decode_in_one_window_is_the_whole_decode(custom):
     dec = custom.codec
     codes = torch.randint(0, 2048, (1, 16, 31), generator=torch.Generator().manual_seed(3))
-    want = chunked_decode(dec, codes, 1, 4, 6)
-    stream = StreamingDecoder(dec, 1, 4, 6)
-    got, f = [], 0
-    for n in (1, 3, 0, 7, 2, 9, 5, 4):
-        got += stream.push(codes[..., f : f + n])
-        f += n
-    got += stream.push(codes[..., f:], final=True)
-    assert f == 31 - 0 and torch.equal(torch.cat(got, dim=-1), want)
-    assert stream.history.shape[-1] == 6  # only the left context is kept
-    # one window covering everything is the whole decode (the reference's chunked_decode on short input)
-    torch.testing.assert_close(chunked_decode(dec, codes, 300, 300, 25), dec(codes), rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(chunked_decode(dec, codes, 300, 300, 25), dec(codes), rtol=0, atol=0)

@@ -18,7 +18,6 @@ from typer.testing import CliRunner
 from omniduplex.app.respond import TurnOptions, respond
 from omniduplex.cli.main import cli
 from omniduplex.models.cascade.manifest import load_manifest, write_manifest
-from omniduplex.models.qwen3_tts.codec import chunked_decode
 from omniduplex.models.qwen3_tts.generate import generate_codes
 from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
 from omniduplex.pipeline.config import StageConfig
@@ -80,6 +79,12 @@ def test_init_cascade_writes_a_qwen3_tts_manifest(manifest, tmp_path):
     assert piper_voice.exit_code != 0 and "Qwen3-TTS --tts" in piper_voice.output
 
 
+@torch.no_grad()
+def decode(w: Qwen3TTSStageWorker, codes: torch.Tensor) -> torch.Tensor:
+    """One-shot decode of frames int ``[F, 16]`` → fp32 ``[F·1920]``."""
+    return w.tts.model.codec(codes.T[None]).reshape(-1)
+
+
 def test_stage_streams_each_clause_in_the_manifest_voice(manifest):
     w = build_worker("tts", manifest, StageConfig(num_kv_blocks=256), ChunkingConfig())
     assert isinstance(w, Qwen3TTSStageWorker) and w.voice.speaker == "Serena"
@@ -91,14 +96,14 @@ def test_stage_streams_each_clause_in_the_manifest_voice(manifest):
     texts = [m.meta["text"] for m in chunks if m.meta["text"]]
     assert len(texts) >= 2 and norm("".join(texts)) == norm(REPLY)
     # each clause: its text on its first piece (one frame: 1920 samples at 24 kHz), then its other pieces;
-    # together the chunked decode of the greedy reference frames of that clause in Serena's voice
+    # together the one-shot decode of the greedy reference frames of that clause in Serena's voice
     starts = [i for i, m in enumerate(chunks) if m.meta["text"]] + [len(chunks)]
     for a, b in zip(starts, starts[1:]):
         pcm = torch.cat([m.tensors["pcm"] for m in chunks[a:b]])
         assert chunks[a].tensors["pcm"].shape == (1920,) and pcm.dtype == torch.float32
         prompt = w.prompter.prompt(chunks[a].meta["text"], w.voice)
         codes = generate_codes(w.tts.model.talker, prompt, max_new_tokens=MAX_FRAMES)
-        assert torch.equal(pcm, chunked_decode(w.tts.model.codec, codes.T[None]).reshape(-1))
+        torch.testing.assert_close(pcm, decode(w, codes), rtol=0, atol=1e-5)
 
 
 def test_abort_mid_turn_stops_it(manifest):
@@ -138,12 +143,13 @@ def test_turn_voice_picks_the_speaker(manifest):
         for clause in clauses:
             prompt = w.prompter.prompt(clause, w.prompter.voice(speaker))
             codes = generate_codes(w.tts.model.talker, prompt, max_new_tokens=MAX_FRAMES)
-            out.append(chunked_decode(w.tts.model.codec, codes.T[None]).reshape(-1))
+            out.append(decode(w, codes))
         return torch.cat(out)
 
     (aiden, clauses), (alloy, same) = speak("1", "Aiden"), speak("2", "alloy")
     assert clauses == same and len(clauses) >= 2
-    assert torch.equal(aiden, oracle("aiden", clauses)) and torch.equal(alloy, oracle("serena", clauses))
+    torch.testing.assert_close(aiden, oracle("aiden", clauses), rtol=0, atol=1e-5)
+    torch.testing.assert_close(alloy, oracle("serena", clauses), rtol=0, atol=1e-5)
     assert not torch.equal(aiden, alloy)
 
 

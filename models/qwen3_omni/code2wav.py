@@ -166,6 +166,11 @@ class CausalTransConv1d(nn.Module):
     def output_length(self, n: int) -> int:
         return (n - 1) * self.stride + self.kernel - 2 * self.trim
 
+    @property
+    def crops(self) -> tuple[int, int]:
+        """Output samples dropped at the (start, end) of the full transposed-conv output."""
+        return self.trim, self.trim
+
     def earliest_input(self, t: int) -> int:
         """Earliest input index output ``t`` depends on (``ceil((t + trim − kernel + 1) / stride)``)."""
         return -(-(t + self.trim - self.kernel + 1) // self.stride)

@@ -34,6 +34,7 @@ from omniduplex.models.qwen3_omni.code2wav import (
     Code2Wav,
     ConvNeXtBlock,
     DecoderBlock,
+    PreTransformer,
     ResidualUnit,
     SnakeBeta,
     TransformerLayer,
@@ -42,20 +43,23 @@ from omniduplex.models.qwen3_omni.code2wav import (
 )
 
 
-def _conv_stream(layer: nn.Module, batch: int):
-    """The streaming twin of one Code2Wav conv-side layer."""
+def conv_stream(layer: nn.Module, batch: int):
+    """The streaming twin of one Code2Wav conv-side layer (shared weights), for ``batch`` rows.
+
+    Raises TypeError for a layer with no streaming form.
+    """
     if isinstance(layer, CausalConv1d):
         return ConvStream(layer.conv, layer.pad, 0, batch)
     if isinstance(layer, CausalTransConv1d):
-        return ConvTransposeStream(layer.conv, layer.trim, layer.trim, batch)
+        return ConvTransposeStream(layer.conv, *layer.crops, batch)
     if isinstance(layer, SnakeBeta):
         return Pointwise(layer)
     if isinstance(layer, ResidualUnit):
         parts = [layer.act1, layer.conv1, layer.act2, layer.conv2]
         w = layer.conv1.conv.weight
-        return Residual(Chain([_conv_stream(m, batch) for m in parts]), w.shape[1], w, batch)
+        return Residual(Chain([conv_stream(m, batch) for m in parts]), w.shape[1], w, batch)
     if isinstance(layer, DecoderBlock):
-        return Chain([_conv_stream(m, batch) for m in layer.block])
+        return Chain([conv_stream(m, batch) for m in layer.block])
     if isinstance(layer, ConvNeXtBlock):
 
         def mlp(h: torch.Tensor, b: ConvNeXtBlock = layer) -> torch.Tensor:
@@ -63,36 +67,27 @@ def _conv_stream(layer: nn.Module, batch: int):
             return (b.pwconv2(F.gelu(b.pwconv1(h))) * b.gamma).transpose(1, 2)
 
         w = layer.dwconv.conv.weight
-        return Residual(Chain([_conv_stream(layer.dwconv, batch), Pointwise(mlp)]), w.shape[0], w, batch)
+        return Residual(Chain([conv_stream(layer.dwconv, batch), Pointwise(mlp)]), w.shape[0], w, batch)
     raise TypeError(f"no streaming form for {type(layer).__name__}")
 
 
-class Code2WavStream(OneShotEnd):
-    """One stream's decoder state over a shared :class:`~.code2wav.Code2Wav` (weights are not copied).
+def conv_chain(layers: list[nn.Module], batch: int) -> Chain:
+    """Streams of ``layers`` in series, then the output clamp to [-1, 1]."""
+    return Chain([conv_stream(m, batch) for m in layers] + [Pointwise(lambda x: x.clamp(-1.0, 1.0))])
 
-    Args:
-        model: the decoder; its dtype and device are used for the state.
-        batch: streams decoded together (each call's codes are ``[batch, num_quantizers, n]``).
 
-    ``push(codes)`` (int ``[batch, num_quantizers, n]``, ``n >= 0``) → float ``[batch, 1, m]``, the next
-    ``m`` samples (24 kHz) of the one-shot waveform. ``flush()`` returns nothing new (the one-shot decode
-    trims the look-ahead tail too) and ends the stream; it exists so every vocoder stream has the same
-    interface.
+class PreTransformerStream:
+    """One stream's state of a :class:`~.code2wav.PreTransformer`: the sliding-window KV cache of every
+    layer (the last ``sliding_window − 1`` frames, keys after RoPE at their absolute positions).
 
-    Raises:
-        ValueError: codes as :meth:`Code2Wav.embed` refuses them, a wrong batch, or a push after ``flush``.
+    ``push(x)`` (``[batch, t, hidden]``, ``t >= 1``, frames ``pos .. pos + t − 1``) → the normed output
+    ``[batch, t, hidden]``, equal to rows ``pos .. pos + t − 1`` of ``pre(all frames so far)`` (float
+    rounding): attention reaches ``sliding_window − 1`` frames back, all of which are cached.
     """
 
-    def __init__(self, model: Code2Wav, batch: int = 1) -> None:
-        self.model, self.batch, self.pos = model, batch, 0
-        pre = model.pre_transformer
-        self.window = pre.window
+    def __init__(self, pre: PreTransformer) -> None:
+        self.pre, self.window, self.pos = pre, pre.window, 0
         self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(pre.layers)
-        w = model.code_embedding.weight
-        self.no_samples = w.new_zeros(batch, 1, 0)
-        self.convs = Chain(
-            [_conv_stream(m, batch) for m in model._layers()] + [Pointwise(lambda x: x.clamp(-1.0, 1.0))]
-        )
 
     def _attend(self, i: int, layer: TransformerLayer, x, cos, sin) -> torch.Tensor:
         a, (b, t, _) = layer.self_attn, x.shape
@@ -112,22 +107,47 @@ class Code2WavStream(OneShotEnd):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return a.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
+    def push(self, x: torch.Tensor) -> torch.Tensor:
+        pre, t = self.pre, x.shape[1]
+        cos, sin = rope(torch.arange(self.pos, self.pos + t, device=x.device), pre.head_dim, pre.theta)
+        for i, layer in enumerate(pre.layers):
+            x = x + layer.self_attn_layer_scale(self._attend(i, layer, layer.input_layernorm(x), cos, sin))
+            x = x + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(x)))
+        self.pos += t
+        return pre.norm(x)
+
+
+class Code2WavStream(OneShotEnd):
+    """One stream's decoder state over a shared :class:`~.code2wav.Code2Wav` (weights are not copied).
+
+    Args:
+        model: the decoder; its dtype and device are used for the state.
+        batch: streams decoded together (each call's codes are ``[batch, num_quantizers, n]``).
+
+    ``push(codes)`` (int ``[batch, num_quantizers, n]``, ``n >= 0``) → float ``[batch, 1, m]``, the next
+    ``m`` samples (24 kHz) of the one-shot waveform. ``flush()`` returns nothing new (the one-shot decode
+    trims the look-ahead tail too) and ends the stream; it exists so every vocoder stream has the same
+    interface.
+
+    Raises:
+        ValueError: codes as :meth:`Code2Wav.embed` refuses them, a wrong batch, or a push after ``flush``.
+    """
+
+    def __init__(self, model: Code2Wav, batch: int = 1) -> None:
+        self.model, self.batch = model, batch
+        self.transformer = PreTransformerStream(model.pre_transformer)
+        self.no_samples = model.code_embedding.weight.new_zeros(batch, 1, 0)
+        self.convs = conv_chain(model._layers(), batch)
+
     @torch.no_grad()
     def push(self, codes: torch.Tensor) -> torch.Tensor:
         self.check_open("push")
         if codes.dim() == 3 and codes.shape[-1] == 0:
             return self.no_samples
         x = self.model.embed(codes)  # validates the codes
-        b, t, _ = x.shape
-        if b != self.batch:
+        if x.shape[0] != self.batch:
             raise ValueError(f"codes must be [{self.batch}, Q, n], got shape {list(codes.shape)}")
-        pre = self.model.pre_transformer
-        cos, sin = rope(torch.arange(self.pos, self.pos + t, device=x.device), pre.head_dim, pre.theta)
-        for i, layer in enumerate(pre.layers):
-            x = x + layer.self_attn_layer_scale(self._attend(i, layer, layer.input_layernorm(x), cos, sin))
-            x = x + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(x)))
-        self.pos += t
-        return self.convs.push(pre.norm(x).transpose(1, 2))
+        return self.convs.push(self.transformer.push(x).transpose(1, 2))
 
     def flush(self) -> torch.Tensor:
         self.close()

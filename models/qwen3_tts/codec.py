@@ -16,8 +16,15 @@ Tensor names follow the published ``decoder.*`` weights of Qwen/Qwen3-TTS-12Hz-*
    blocks' transposed convs (kernel ``2·rate``) are trimmed on the right only, so ``F`` frames give
    exactly ``F · 1920`` samples (the last samples of a span change once the next frame is known).
 
+Every layer is causal (the right-trimmed transposed convs included: input ``i`` writes output samples
+``[i·rate, (i + 2)·rate)`` and the last ``rate`` are trimmed), so frame ``f``'s samples
+``[f·1920, (f + 1)·1920)`` depend on frames ``<= f`` only and never change: :mod:`.codec_stream` streams
+the decoder with per-layer state, each frame decoded once, equal to the one-shot decode.
+
 The reference does not stream; it decodes windows of codes with left context
-(``chunked_decode``). :func:`chunked_decode` does the same with any first-chunk / chunk / context sizes.
+(``chunked_decode``). :func:`chunked_decode` does the same with any first-chunk / chunk / context sizes
+(parity with the reference; with 72 frames of context it differs from the one-shot decode, as the
+transformer alone reaches ``layers · 71`` frames back).
 """
 
 from __future__ import annotations
@@ -42,7 +49,8 @@ STREAM_FIRST_CHUNK = 1
 STREAM_CHUNK = 25
 STREAM_LEFT_CONTEXT = 72
 """Streaming schedule of vLLM-Omni's Qwen3-TTS decoder stage: a 1-frame first chunk, then 25-frame
-chunks, each decoded with up to 72 frames of left context (issue 25)."""
+chunks, each decoded with up to 72 frames of left context (issue 25). Our stream
+(:mod:`.codec_stream`) keeps state instead of a left context and uses only the chunk sizes."""
 
 
 class RightTrimTransConv1d(CausalTransConv1d):
@@ -56,6 +64,10 @@ class RightTrimTransConv1d(CausalTransConv1d):
     def output_length(self, n: int) -> int:
         return (n - 1) * self.stride + self.kernel - self.trim
 
+    @property
+    def crops(self) -> tuple[int, int]:
+        return 0, self.trim
+
 
 class Codebook(nn.Module):
     """One VQ codebook stored as EMA statistics: vector ``k`` is ``embedding_sum[k] / max(cluster_usage[k],
@@ -68,6 +80,11 @@ class Codebook(nn.Module):
 
     def vectors(self) -> torch.Tensor:
         return self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Vectors of int ``ids`` ``[...]`` → ``[..., dim]``: rows of :meth:`vectors`, dividing only the rows
+        asked for (the same numbers; a stream's frame reads 16 rows, not 16 × 2048)."""
+        return self.embedding_sum[ids] / self.cluster_usage[ids].clamp(min=1e-5)[..., None]
 
 
 class _VQ(nn.Module):
@@ -95,7 +112,7 @@ class ResidualVQ(nn.Module):
         """int ``[B, n, F]`` → ``[B, io_dim, F]``: codebook vectors summed in codebook order, projected."""
         total = None
         for i, layer in enumerate(self.vq.layers):
-            v = nn.functional.embedding(codes[:, i], layer._codebook.vectors()).transpose(1, 2)
+            v = layer._codebook.lookup(codes[:, i]).transpose(1, 2)
             total = v if total is None else total + v
         return self.output_proj(total)
 
@@ -231,49 +248,3 @@ def chunked_decode(
     for ctx, start, end in chunk_bounds(codes.shape[-1], first_chunk, chunk, left_context):
         pieces.append(decoder(codes[..., ctx:end])[..., (start - ctx) * hop :])
     return torch.cat(pieces, dim=-1)
-
-
-class StreamingDecoder:
-    """Incremental form of :func:`chunked_decode` for one stream: push frames as the talker makes them,
-    get each window's new samples as soon as the window is full. Output equals
-    ``chunked_decode(all frames)`` sample for sample. Keeps only ``left_context`` frames of history.
-    """
-
-    def __init__(
-        self,
-        decoder: CodecDecoder,
-        first_chunk: int = STREAM_FIRST_CHUNK,
-        chunk: int = STREAM_CHUNK,
-        left_context: int = STREAM_LEFT_CONTEXT,
-    ) -> None:
-        chunk_bounds(0, first_chunk, chunk, left_context)  # validates
-        self.decoder, self.first, self.chunk, self.left = decoder, first_chunk, chunk, left_context
-        self.history: torch.Tensor | None = None  # [B, Q, ≤ left_context] frames already emitted
-        self.pending: list[torch.Tensor] = []  # [B, Q, n] frames not yet decoded
-        self.emitted_frames = 0
-
-    def _window(self) -> int:
-        return self.first if self.emitted_frames == 0 else self.chunk
-
-    @torch.no_grad()
-    def push(self, frames: torch.Tensor, final: bool = False) -> list[torch.Tensor]:
-        """Add ``frames`` int ``[B, Q, n]`` (n may be 0); returns the waveform pieces ``[B, 1, k·hop]`` of
-        every window completed (with ``final``, also the last partial window)."""
-        if frames.shape[-1]:
-            self.pending.append(frames)
-        out = []
-        while self.pending:
-            have = torch.cat(self.pending, dim=-1)
-            n = self._window()
-            if have.shape[-1] < n and not final:
-                self.pending = [have]
-                break
-            cur, rest = have[..., :n], have[..., n:]
-            self.pending = [rest] if rest.shape[-1] else []
-            ctx = self.history if self.history is not None else cur[..., :0]
-            wav = self.decoder(torch.cat((ctx, cur), dim=-1))
-            out.append(wav[..., ctx.shape[-1] * self.decoder.total_upsample :])
-            self.emitted_frames += cur.shape[-1]
-            hist = torch.cat((ctx, cur), dim=-1)
-            self.history = hist[..., max(0, hist.shape[-1] - self.left) :]
-        return out

@@ -186,16 +186,13 @@ class TalkerAdapter:
         frame_idx = torch.tensor([len(r.output_ids) for r in reqs], dtype=torch.int64, device=dev)
         groups = self.model.cfg.num_code_groups
         b = len(reqs)
+        top_k = torch.full((b,), PREDICTOR_TOP_K, device=dev)  # built once per frame, not per codebook
+        top_p = torch.full((b,), PREDICTOR_TOP_P, device=dev)
+        penalty = torch.ones(b, device=dev)
+        base = (1 << 40) + frame_idx * groups
 
         def pick(logits: torch.Tensor, g: int) -> torch.Tensor:
-            sb = SamplingBatch(
-                temperature=temps,
-                top_k=torch.full((b,), PREDICTOR_TOP_K, device=dev),
-                top_p=torch.full((b,), PREDICTOR_TOP_P, device=dev),
-                repetition_penalty=torch.ones(b, device=dev),
-                seeds=seeds,
-                counters=(1 << 40) + frame_idx * groups + g,
-            )
+            sb = SamplingBatch(temps, top_k, top_p, penalty, seeds, counters=base + g)
             return sample_batch(logits, sb)
 
         return pick

@@ -23,10 +23,15 @@ def _lsr(x: torch.Tensor, n: int) -> torch.Tensor:
     return (x >> n) & ((1 << (64 - n)) - 1)
 
 
-def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, width: int) -> torch.Tensor:
-    """Uniform noise in (0, 1), float64 ``[B, width]``, from int64 ``seeds``/``counters`` ``[B]``."""
-    idx = torch.arange(width, dtype=torch.int64, device=seeds.device)
-    z = seeds[:, None] * _GOLDEN + counters[:, None] * _MIX1 + (idx[None, :] + 1) * _GOLDEN
+def counter_uniform(
+    seeds: torch.Tensor, counters: torch.Tensor, width: int, idx: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Uniform noise in (0, 1), float64 ``[B, width]``, from int64 ``seeds``/``counters`` ``[B]``: the noise
+    of vocabulary indices ``0..width−1``, or of int64 ``idx`` ``[B, width]`` when given (the same value
+    an index gets in the full draw)."""
+    if idx is None:
+        idx = torch.arange(width, dtype=torch.int64, device=seeds.device)[None, :]
+    z = seeds[:, None] * _GOLDEN + counters[:, None] * _MIX1 + (idx + 1) * _GOLDEN
     z = (z ^ _lsr(z, 30)) * _MIX1
     z = (z ^ _lsr(z, 27)) * _MIX2
     z = z ^ _lsr(z, 31)
@@ -76,11 +81,33 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
         return greedy
     t = torch.where(random_rows, b.temperature, torch.ones_like(b.temperature))
     scaled = logits / t[:, None]
-    scaled = _top_k_top_p(scaled, b.top_k, b.top_p)
-    u = counter_uniform(b.seeds, b.counters, scaled.shape[-1])
-    gumbel = -torch.log(-torch.log(u))
-    drawn = (scaled.double() + gumbel).argmax(dim=-1)
+    k = int(b.top_k.max())
+    if 0 < k <= scaled.shape[-1] // TOP_K_FAST_FRACTION and bool((b.top_k > 0).all()):
+        drawn = _draw_top_k(scaled, b, k)
+    else:
+        scaled = _top_k_top_p(scaled, b.top_k, b.top_p)
+        u = counter_uniform(b.seeds, b.counters, scaled.shape[-1])
+        gumbel = -torch.log(-torch.log(u))
+        drawn = (scaled.double() + gumbel).argmax(dim=-1)
     return torch.where(random_rows, drawn, greedy)
+
+
+TOP_K_FAST_FRACTION = 4
+"""Rows that all keep at most ``vocab / 4`` ids draw among their ``top_k`` candidates only."""
+
+
+def _draw_top_k(scaled: torch.Tensor, b: SamplingBatch, k: int) -> torch.Tensor:
+    """The draw of :func:`sample` when every row has ``0 < top_k <= k``, over the ``k`` best ids instead
+    of the vocabulary: no full sort, noise for ``k`` ids (each id's noise as in the full draw, so the
+    same id wins; the nucleus uses the full softmax's probabilities, up to float rounding)."""
+    vals, idx = scaled.topk(k, dim=-1)  # descending, as the sort of _top_k_top_p
+    drop = torch.arange(k, device=scaled.device)[None, :] >= b.top_k[:, None]
+    probs = (vals - torch.logsumexp(scaled, dim=-1, keepdim=True)).exp()
+    drop |= (probs.cumsum(dim=-1) - probs) >= b.top_p[:, None]
+    drop[:, 0] = False
+    gumbel = -torch.log(-torch.log(counter_uniform(b.seeds, b.counters, k, idx)))
+    score = (vals.double() + gumbel).masked_fill(drop, float("-inf"))
+    return idx.gather(1, score.argmax(dim=-1, keepdim=True)).squeeze(1)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

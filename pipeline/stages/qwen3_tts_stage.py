@@ -13,11 +13,13 @@ manifest's voice, so a client's default voice never fails a turn.
 
 Each clause (:class:`~omniduplex.pipeline.clauses.ClauseSplitter`) is one utterance on
 :class:`~omniduplex.pipeline.qwen3_tts.Qwen3TTSEngine`, its frames streamed through its own
-:class:`~omniduplex.models.qwen3_tts.codec.StreamingDecoder` (first piece after one frame, 80 ms of audio,
-then 25-frame pieces). A turn speaks one clause at a time, in order; the next starts in the step its
-predecessor ends. The clause's text rides on its first piece (a clause with no frames still sends its text,
-with empty ``pcm``), so the chunk texts in order are the reply and an interrupted reply is cut back at
-clause granularity, as with Piper. ``tts_ms`` is the time from the clause's admission to that piece.
+:class:`~omniduplex.models.qwen3_tts.codec_stream.StreamingDecoder`, each frame decoded once (first piece
+after ``tts_first_chunk_frames`` frames, 1 = 80 ms of audio, then ``tts_chunk_frames``-frame pieces: the
+graph's ``chunking`` keys, 1 and 25 by default). A turn speaks one clause at a time, in order; the next
+starts in the step its predecessor ends. The clause's text rides on its first piece (a clause with no
+frames still sends its text, with empty ``pcm``), so the chunk texts in order are the reply and an
+interrupted reply is cut back at clause granularity, as with Piper. ``tts_ms`` is the time from the
+clause's admission to that piece.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from omniduplex.models.qwen3_tts.codec import StreamingDecoder
+from omniduplex.models.qwen3_tts.codec import STREAM_CHUNK, STREAM_FIRST_CHUNK
+from omniduplex.models.qwen3_tts.codec_stream import StreamingDecoder
 from omniduplex.models.qwen3_tts.model import SAMPLE_RATE
 from omniduplex.models.qwen3_tts.voice import Voice, VoiceError, VoicePrompter
 from omniduplex.pipeline.clauses import ClauseSplitter
@@ -65,8 +68,10 @@ class Qwen3TTSStageWorker:
         output_rate: rate the graph declares for the stage's ``pcm`` (Hz); must be 24000.
         first_max_words, min_words: clause sizes (:class:`~omniduplex.pipeline.clauses.ClauseSplitter`).
         max_frames: codec frames per clause at most; ``sampling``: over the reference's defaults.
+        chunks: frames of a clause's first waveform piece and of each later one.
 
-    Raises ValueError: ``output_rate`` is not the codec's 24 kHz, or the codec decoder is not loaded.
+    Raises ValueError: ``output_rate`` is not the codec's 24 kHz, the codec decoder is not loaded, or a
+    chunk size < 1.
     """
 
     def __init__(
@@ -79,6 +84,7 @@ class Qwen3TTSStageWorker:
         min_words: int = 3,
         max_frames: int = 1024,
         sampling: dict | None = None,
+        chunks: tuple[int, int] = (STREAM_FIRST_CHUNK, STREAM_CHUNK),
     ) -> None:
         if output_rate != SAMPLE_RATE:
             raise ValueError(f"Qwen3-TTS speaks at {SAMPLE_RATE} Hz; the graph declares {output_rate} Hz")
@@ -88,6 +94,8 @@ class Qwen3TTSStageWorker:
         self.prompter, self.voice = prompter, voice
         self.output_rate, self.first_max_words, self.min_words = output_rate, first_max_words, min_words
         self.max_frames, self.sampling = max_frames, dict(sampling or {})
+        StreamingDecoder(tts.model.codec, *chunks)  # checks the sizes now, not at the first clause
+        self.chunks = chunks
         self.turns: dict[str, _Turn] = {}
         self._by_request: dict[str, str] = {}  # engine request id → turn id
         self._aborted: OrderedDict[str, None] = OrderedDict()
@@ -187,7 +195,7 @@ class Qwen3TTSStageWorker:
         req = f"{rid}.{self._n}"
         frames = min(self.max_frames, self.prompter.context - prompt.prefill.shape[0])
         self.tts.add(req, prompt, {**self.sampling, "max_tokens": frames})
-        t.active, t.stream = req, StreamingDecoder(self.tts.model.codec)
+        t.active, t.stream = req, StreamingDecoder(self.tts.model.codec, *self.chunks)
         self._by_request[req] = rid
 
     def _message(self, rid: str, t: _Turn, pcm: torch.Tensor) -> StageMessage:
