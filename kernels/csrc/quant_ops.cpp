@@ -338,7 +338,7 @@ struct QX {
 // Every result y[t, n] is the same sequence of fp32 operations whatever the batch, so a batch of T
 // activation rows gives exactly the per-row results (greedy decoding at c = 8 equals c = 1): each chunk's
 // eight int32 lane sums are converted and accumulated lane-wise, then summed once per output (row_dot1).
-// A decode step (T = 1) runs two weight rows' chains side by side; a batch unpacks each weight chunk once
+// A decode step (T = 1) runs 2 or 4 weight rows' chains side by side; a batch unpacks each weight chunk once
 // for 8 activation rows (the c = 8 decode step and prefill).
 
 inline __m256i idot256(__m256i aw, __m256i sx) {  // aw unsigned bytes, sx signed → 8 int32 of 4-byte sums
@@ -381,8 +381,11 @@ inline void unpack(const uint8_t* b, Blk<kType>& o) {
     o.dw[0] = f16(b);
   } else if constexpr (kType == kQ4_1) {  // block_q4_1: d, m, qs[16]; w = d*q + m
     o.w[0] = nibbles32(b + 4);
-    o.dw[0] = f16(b);
-    o.m[0] = f16(b + 2);
+    uint32_t dm;  // both fp16 fields in one conversion
+    std::memcpy(&dm, b, 4);
+    const __m128 v = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm)));
+    o.dw[0] = _mm_cvtss_f32(v);
+    o.m[0] = _mm_cvtss_f32(_mm_movehdup_ps(v));
   } else if constexpr (kType == kQ4_K) {  // block_q4_K: d, dmin, scales[12] (6-bit pairs), qs[128]
     const float d = f16(b), dmin = f16(b + 2);
     const uint8_t* s = b + 4;
@@ -493,8 +496,8 @@ inline void row_dot8(const uint8_t* row, const int8_t* const* xq, const float* x
 
 // Rows [n0, n1) of y [T, N], in tiles of kTile weight rows so that a tile stays in L1/L2 while the
 // activation rows pass over it: groups of 8 activation rows through row_dot8 (a last group of 4..7 rows
-// is padded by repeating its last row), fewer than 4 left over one by one through row_dot1 (2 weight rows
-// at a time).
+// is padded by repeating its last row), fewer than 4 left over one by one through row_dot1 (2 or 4
+// weight rows at a time).
 constexpr int64_t kTile = 16;
 
 template <int64_t kType>
@@ -518,9 +521,11 @@ void matmul_rows(const uint8_t* wp, int64_t row_bytes, const QX& x, const float*
       const int8_t* xq = x.q + t * x.K;
       const float *xd = x.d + t * nc, *xs = x.s + t * nc;
       int64_t n = a;
-      for (; n + 2 <= b; n += 2) {
-        const uint8_t* rows[2] = {wp + n * row_bytes, wp + (n + 1) * row_bytes};
-        row_dot1<kType, 2>(rows, xq, xd, xs, nc, yp + t * N + n);
+      constexpr int R = Blk<kType>::kMin ? 4 : 2;  // measured best: unsigned 4-bit types 4 rows, others 2
+      for (; n + R <= b; n += R) {
+        const uint8_t* rows[R];
+        for (int r = 0; r < R; ++r) rows[r] = wp + (n + r) * row_bytes;
+        row_dot1<kType, R>(rows, xq, xd, xs, nc, yp + t * N + n);
       }
       for (; n < b; ++n) {
         const uint8_t* rows[1] = {wp + n * row_bytes};
