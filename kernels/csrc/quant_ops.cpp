@@ -445,7 +445,7 @@ inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_c
 // (no per-chunk horizontal sum: llama.cpp's ggml_vec_dot_q4_1_q8_1 accumulates the same way).
 template <int64_t kType, int R>
 inline void row_dot1(const uint8_t* const* rows, const int8_t* xq, const float* xd, const float* xs, int64_t nc,
-                     float* y) {
+                     float* y, const uint8_t* next = nullptr) {
   constexpr Format f = format_of_known(kType);
   Blk<kType> o[R];
   __m256 acc[R];
@@ -455,6 +455,9 @@ inline void row_dot1(const uint8_t* const* rows, const int8_t* xq, const float* 
     off[r] = 0.f;
   }
   for (int64_t blk = 0, c = 0; blk < nc * 32 / f.block_values; ++blk) {
+    if (next)  // the next R contiguous rows, as far into them as this block is into these
+      for (int64_t p = 0; p < R * f.block_bytes; p += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next + blk * R * f.block_bytes + p), _MM_HINT_T0);
     for (int r = 0; r < R; ++r) unpack<kType>(rows[r] + blk * f.block_bytes, o[r]);
     for (int j = 0; j < Blk<kType>::CPB; ++j, ++c) {
       const __m256i xv = load32(xq + 32 * c);
@@ -525,7 +528,7 @@ void matmul_rows(const uint8_t* wp, int64_t row_bytes, const QX& x, const float*
       for (; n + R <= b; n += R) {
         const uint8_t* rows[R];
         for (int r = 0; r < R; ++r) rows[r] = wp + (n + r) * row_bytes;
-        row_dot1<kType, R>(rows, xq, xd, xs, nc, yp + t * N + n);
+        row_dot1<kType, R>(rows, xq, xd, xs, nc, yp + t * N + n, wp + (n + R) * row_bytes);
       }
       for (; n < b; ++n) {
         const uint8_t* rows[1] = {wp + n * row_bytes};
