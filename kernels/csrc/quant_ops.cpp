@@ -336,12 +336,10 @@ struct QX {
 // scales instead of 1 (as ggml-cpu's Q6_K dot does).
 //
 // Every result y[t, n] is the same sequence of fp32 operations whatever the batch, so a batch of T
-// activation rows gives exactly the per-row results (greedy decoding at c = 8 equals c = 1):
-//     acc = fma(float(isum_c), dw_c * xd_c, acc);  off = fma(m_c, xs_c, off)   for chunks c in order,
-//     y = acc + off.
-// Only the vector lanes differ: a decode step (T = 1) puts 8 chunks of one row in the lanes and runs the
-// fma chain over them; a batch puts 8 activation rows in the lanes, so that each weight chunk is unpacked
-// once for all 8 rows (the c = 8 decode step and prefill) and the 8 integer dots are reduced together.
+// activation rows gives exactly the per-row results (greedy decoding at c = 8 equals c = 1): each chunk's
+// eight int32 lane sums are converted and accumulated lane-wise, then summed once per output (row_dot1).
+// A decode step (T = 1) runs 2 or 4 weight rows' chains side by side; a batch unpacks each weight chunk once
+// for 8 activation rows (the c = 8 decode step and prefill).
 
 inline __m256i idot256(__m256i aw, __m256i sx) {  // aw unsigned bytes, sx signed → 8 int32 of 4-byte sums
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -351,12 +349,11 @@ inline __m256i idot256(__m256i aw, __m256i sx) {  // aw unsigned bytes, sx signe
 #endif
 }
 
-// 8 vectors of 8 int32 → one vector whose lane i is the sum of p[i]'s lanes
-inline __m256i reduce8(const __m256i* p) {
-  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-  // a = [p0..p3 sums of lanes 0-3 | p0..p3 sums of lanes 4-7], b likewise for p4..p7
-  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+// sum of the 8 lanes of v, in one fixed order (both paths use it, so their results agree bit for bit)
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
 // One block unpacked: CPB chunks of 32 codes (signed types: with |w| precomputed), scales, offsets.
@@ -384,8 +381,11 @@ inline void unpack(const uint8_t* b, Blk<kType>& o) {
     o.dw[0] = f16(b);
   } else if constexpr (kType == kQ4_1) {  // block_q4_1: d, m, qs[16]; w = d*q + m
     o.w[0] = nibbles32(b + 4);
-    o.dw[0] = f16(b);
-    o.m[0] = f16(b + 2);
+    uint32_t dm;  // both fp16 fields in one conversion
+    std::memcpy(&dm, b, 4);
+    const __m128 v = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm)));
+    o.dw[0] = _mm_cvtss_f32(v);
+    o.m[0] = _mm_cvtss_f32(_mm_movehdup_ps(v));
   } else if constexpr (kType == kQ4_K) {  // block_q4_K: d, dmin, scales[12] (6-bit pairs), qs[128]
     const float d = f16(b), dmin = f16(b + 2);
     const uint8_t* s = b + 4;
@@ -425,10 +425,9 @@ inline void unpack(const uint8_t* b, Blk<kType>& o) {
     for (int j = 0; j < Blk<kType>::CPB; ++j) o.aw[j] = _mm256_sign_epi8(o.w[j], o.w[j]);
 }
 
-// integer dot of chunk j of ``o`` with 32 activation codes at xq: eight int32 partial sums
+// integer dot of chunk j of ``o`` with 32 activation codes xv: eight int32 partial sums
 template <int64_t kType>
-inline __m256i chunk_dot(const Blk<kType>& o, int j, const int8_t* xq) {
-  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+inline __m256i chunk_dot(const Blk<kType>& o, int j, __m256i xv) {
   if constexpr (kType == kQ6_K)  // |w| ≤ 32: the int16 pair sums do not saturate
     return _mm256_madd_epi16(_mm256_maddubs_epi16(o.aw[j], _mm256_sign_epi8(xv, o.w[j])), o.sc16[j]);
   else if constexpr (Blk<kType>::kSigned)
@@ -437,59 +436,71 @@ inline __m256i chunk_dot(const Blk<kType>& o, int j, const int8_t* xq) {
     return idot256(o.w[j], xv);
 }
 
-// y = dot(weight row, activation row): 8 chunks in the lanes, then the fma chain over them in order
-template <int64_t kType>
-inline float row_dot1(const uint8_t* row, const int8_t* xq, const float* xd, const float* xs, int64_t nc) {
+inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// y[r] = dot(weight row rows[r], one activation row) for R weight rows at once (their independent fma
+// chains overlap). Per row: the 8 int32 lanes of each chunk's dot are converted and accumulated lane-wise,
+//     acc = fma(float(idot_c), dw_c * xd_c, acc);  off = fma(m_c, xs_c, off)   for chunks c in order,
+//     y = hsum8(acc) + off
+// (no per-chunk horizontal sum: llama.cpp's ggml_vec_dot_q4_1_q8_1 accumulates the same way).
+template <int64_t kType, int R>
+inline void row_dot1(const uint8_t* const* rows, const int8_t* xq, const float* xd, const float* xs, int64_t nc,
+                     float* y, const uint8_t* next = nullptr) {
   constexpr Format f = format_of_known(kType);
-  Blk<kType> o;
-  __m256i p[8];
-  for (int i = 0; i < 8; ++i) p[i] = _mm256_setzero_si256();
-  alignas(32) float fs[8];
-  float sc[8];
-  float acc = 0.f, off = 0.f;
-  int pend = 0;
-  auto flush = [&]() {
-    _mm256_store_ps(fs, _mm256_cvtepi32_ps(reduce8(p)));
-    for (int i = 0; i < pend; ++i) acc = std::fma(fs[i], sc[i], acc);
-    pend = 0;
-  };
+  Blk<kType> o[R];
+  __m256 acc[R];
+  float off[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    off[r] = 0.f;
+  }
   for (int64_t blk = 0, c = 0; blk < nc * 32 / f.block_values; ++blk) {
-    unpack<kType>(row + blk * f.block_bytes, o);
+    if (next)  // the next R contiguous rows, as far into them as this block is into these
+      for (int64_t p = 0; p < R * f.block_bytes; p += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next + blk * R * f.block_bytes + p), _MM_HINT_T0);
+    for (int r = 0; r < R; ++r) unpack<kType>(rows[r] + blk * f.block_bytes, o[r]);
     for (int j = 0; j < Blk<kType>::CPB; ++j, ++c) {
-      p[pend] = chunk_dot<kType>(o, j, xq + 32 * c);
-      sc[pend] = o.dw[j] * xd[c];
-      if constexpr (Blk<kType>::kMin) off = std::fma(o.m[j], xs[c], off);
-      if (++pend == 8) flush();
+      const __m256i xv = load32(xq + 32 * c);
+      for (int r = 0; r < R; ++r) {
+        const __m256 sc = _mm256_set1_ps(o[r].dw[j] * xd[c]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(chunk_dot<kType>(o[r], j, xv)), sc, acc[r]);
+        if constexpr (Blk<kType>::kMin) off[r] = std::fma(o[r].m[j], xs[c], off[r]);
+      }
     }
   }
-  if (pend) flush();
-  return acc + off;
+  for (int r = 0; r < R; ++r) y[r] = hsum8(acc[r]) + off[r];
 }
 
-// The same for 8 activation rows at once (lanes = rows): xq[i] row i's codes, xdT / xsT their scales
-// transposed [nc][8]; y[i] = result of row i.
+// The same for 8 activation rows at once: xq[i] row i's codes, xdT / xsT their scales transposed [nc][8];
+// y[i] = result of row i, by exactly row_dot1's operations (the offsets' fma chains run in the lanes).
 template <int64_t kType>
 inline void row_dot8(const uint8_t* row, const int8_t* const* xq, const float* xdT, const float* xsT, int64_t nc,
                      float* y) {
   constexpr Format f = format_of_known(kType);
   Blk<kType> o;
-  __m256i p[8];
-  __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps();
+  __m256 acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+  __m256 off = _mm256_setzero_ps();
+  alignas(32) float sc[8];
   for (int64_t blk = 0, c = 0; blk < nc * 32 / f.block_values; ++blk) {
     unpack<kType>(row + blk * f.block_bytes, o);
     for (int j = 0; j < Blk<kType>::CPB; ++j, ++c) {
-      for (int i = 0; i < 8; ++i) p[i] = chunk_dot<kType>(o, j, xq[i] + 32 * c);
-      const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(o.dw[j]), _mm256_loadu_ps(xdT + 8 * c));
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(p)), sc, acc);
+      _mm256_store_ps(sc, _mm256_mul_ps(_mm256_set1_ps(o.dw[j]), _mm256_loadu_ps(xdT + 8 * c)));
+      for (int i = 0; i < 8; ++i)
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(chunk_dot<kType>(o, j, load32(xq[i] + 32 * c))),
+                                 _mm256_broadcast_ss(sc + i), acc[i]);
       if constexpr (Blk<kType>::kMin) off = _mm256_fmadd_ps(_mm256_set1_ps(o.m[j]), _mm256_loadu_ps(xsT + 8 * c), off);
     }
   }
-  _mm256_storeu_ps(y, _mm256_add_ps(acc, off));
+  alignas(32) float offs[8];
+  _mm256_store_ps(offs, off);
+  for (int i = 0; i < 8; ++i) y[i] = hsum8(acc[i]) + offs[i];
 }
 
 // Rows [n0, n1) of y [T, N], in tiles of kTile weight rows so that a tile stays in L1/L2 while the
 // activation rows pass over it: groups of 8 activation rows through row_dot8 (a last group of 4..7 rows
-// is padded by repeating its last row), fewer than 4 left over one by one through row_dot1.
+// is padded by repeating its last row), fewer than 4 left over one by one through row_dot1 (2 or 4
+// weight rows at a time).
 constexpr int64_t kTile = 16;
 
 template <int64_t kType>
@@ -509,9 +520,21 @@ void matmul_rows(const uint8_t* wp, int64_t row_bytes, const QX& x, const float*
         for (int64_t i = 0; i < rows; ++i) yp[(t + i) * N + n] = y8[i];
       }
     }
-    for (; t < T; ++t)
-      for (int64_t n = a; n < b; ++n)
-        yp[t * N + n] = row_dot1<kType>(wp + n * row_bytes, x.q + t * x.K, x.d + t * nc, x.s + t * nc, nc);
+    for (; t < T; ++t) {
+      const int8_t* xq = x.q + t * x.K;
+      const float *xd = x.d + t * nc, *xs = x.s + t * nc;
+      int64_t n = a;
+      constexpr int R = Blk<kType>::kMin ? 4 : 2;  // measured best: unsigned 4-bit types 4 rows, others 2
+      for (; n + R <= b; n += R) {
+        const uint8_t* rows[R];
+        for (int r = 0; r < R; ++r) rows[r] = wp + (n + r) * row_bytes;
+        row_dot1<kType, R>(rows, xq, xd, xs, nc, yp + t * N + n, wp + (n + R) * row_bytes);
+      }
+      for (; n < b; ++n) {
+        const uint8_t* rows[1] = {wp + n * row_bytes};
+        row_dot1<kType, 1>(rows, xq, xd, xs, nc, yp + t * N + n);
+      }
+    }
   }
 }
 
