@@ -272,14 +272,19 @@ def test_a_dead_engine_raises_from_step(tmp_path):
 
 @needs_vllm
 @pytest.mark.slow
-def test_spoken_turn_through_the_cascade_gives_the_same_reply(smollm_dir):
+def test_spoken_turn_through_the_cascade_gives_the_same_reply(smollm_dir, tmp_path):
     """Stage processes with the LLM on vLLM vs our engine in-process: same transcript, ids and reply text."""
+    from omniduplex.models.cascade.manifest import load_manifest, write_manifest
+
     wav = load_audio(GREEN_TEA)
     meta = {"sampling": {"max_tokens": 40, "temperature": 0.0}, "system_prompt": CASCADE_SYSTEM_PROMPT}
+    # both on the dequantised fp32 weights (vLLM serves those; the default manifest serves the Q4_1 blocks)
+    m = load_manifest(default_model())
+    fp32 = write_manifest(tmp_path, asr=m.asr, llm=m.llm, tts=m.tts, tts_config=m.tts_config)
     replies = []
     for graph, processes in ((None, False), (VLLM_GRAPH, True)):
         pcfg = load_graph(graph)
-        pcfg.model = str(default_model())
+        pcfg.model = str(fp32)
         pcfg.stages["llm"] = pcfg.stage("llm").model_copy(update={"dtype": "float32"})
         o = new_orchestrator(pcfg, processes=processes, record=True)
 
