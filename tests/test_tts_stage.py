@@ -164,10 +164,20 @@ def test_concurrent_turns_alternate(tts):
     assert step[0].meta["text"] == "Hello!"
     order = []
     while w.has_work():
-        order.append(sorted({m.request_id for m in w.step()}))
-    assert order[0] == ["long", "new"]  # then one clause each per step
-    assert order.count(["long", "new"]) >= 2
-    assert order[-1] == ["long"]
+        step = w.step()
+        assert len([m for m in step if not m.last]) <= 1  # one clause per step: its audio leaves at once
+        order += [m.request_id for m in step if not m.last]
+    assert order[:4] == ["long", "new", "long", "new"]  # then they take turns
+    assert order[-1] == "long"
+
+
+def test_new_turns_first_clauses_go_out_one_per_step_in_arrival_order(tts):
+    w = TTSWorker(tts)
+    for rid in ("a", "b", "c"):
+        feed(w, rid, f"Reply {rid} starts here. And it goes on for a while longer.")
+    firsts = [w.step() for _ in range(3)]
+    assert [[m.request_id for m in s] for s in firsts] == [["a"], ["b"], ["c"]]
+    assert all(s[0].meta["chunk"] == 0 and s[0].tensors["pcm"].numel() > 0 for s in firsts)
 
 
 def test_empty_reply_ends_with_one_empty_message(tts):

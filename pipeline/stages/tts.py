@@ -14,10 +14,11 @@ to cut an interrupted reply back to what was played. Each turn resamples through
 turn's audio in one go); each chunk's samples lag its clause by the resampler's delay (~37 ms for soxr HQ
 at 22.05 → 24 kHz), inside the silence VITS leaves around an utterance.
 
-Scheduling: a step synthesises at most one clause per turn. Turns with no audio out yet go first, alone
-in their step (their first clause is their time to first audio; the others have audio buffered at the
-client); otherwise every ready turn gets one clause (round robin), so a long reply never holds back a
-new one.
+Scheduling: a step synthesises one clause, so its audio leaves as soon as it is made (a step's messages go
+out when it returns: four first clauses in one step would hold the first caller's audio for all four).
+Turns with no audio out yet go first, in arrival order (their first clause is their time to first audio; the
+others have audio buffered at the client); otherwise the ready turns take turns (round robin), so a long
+reply never holds back a new one.
 """
 
 from __future__ import annotations
@@ -98,14 +99,16 @@ class TTSWorker:
         return any(t.clauses or t.finished for t in self.turns.values())
 
     def step(self) -> list[StageMessage]:
-        """One clause for each ready turn (new turns first, alone); a turn's ``last`` message follows its
-        final clause in the same step."""
-        ready = [(rid, t) for rid, t in self.turns.items() if t.clauses or t.finished]
-        first = [(rid, t) for rid, t in ready if not t.started]
+        """One clause: the oldest turn with no audio out yet, else the next ready turn in round robin; plus
+        the ``last`` message of every turn whose text is all spoken (a turn's follows its final clause)."""
+        ready = [rid for rid, t in self.turns.items() if t.clauses]
+        first = [rid for rid in ready if not self.turns[rid].started]
         outs: list[StageMessage] = []
-        for rid, t in first or ready:
-            if t.clauses:
-                outs.append(self._speak(rid, t))
+        if ready:
+            rid = (first or ready)[0]
+            outs.append(self._speak(rid, self.turns[rid]))
+            self.turns[rid] = self.turns.pop(rid)  # to the back of the round robin
+        for rid, t in list(self.turns.items()):
             if t.finished and not t.clauses:
                 outs.append(StageMessage(rid, {"pcm": self._flush(t)}, {"text": "", **t.options}, last=True))
                 del self.turns[rid]
