@@ -13,6 +13,15 @@ bench = typer.Typer(
 )
 
 
+ROOT = Path(__file__).parents[1]
+"""The repository root (``examples/``, ``benchmarks/speech/``)."""
+
+
+def _levels(concurrency: str) -> list[int]:
+    """``"1,4,16"`` → ``[1, 4, 16]`` (a ``--concurrency`` option)."""
+    return [int(c) for c in concurrency.split(",")]
+
+
 @bench.command("engine")
 def bench_engine(
     model: Path | None = typer.Option(
@@ -47,7 +56,7 @@ def bench_engine(
             write_checkpoint(model, "small", text_only=True)
     run(
         model,
-        [int(c) for c in concurrency.split(",")],
+        _levels(concurrency),
         json_out,
         vllm_python,
         threads,
@@ -106,14 +115,14 @@ def bench_llm(
 
         if not gguf.is_file():
             raise typer.BadParameter(f"--gguf {gguf}: no such file")
-        levels = [int(c) for c in concurrency.split(",")]
+        levels = _levels(concurrency)
         gguf_llm.run(gguf, levels, json_out, new_tokens, rounds, threads)
         return
     if model is None:
         from omniduplex.app.respond import default_model
 
         model = resolve_llm(load_manifest(default_model()), cache_dir())
-    levels = [int(c) for c in concurrency.split(",")]
+    levels = _levels(concurrency)
     run(model, levels, json_out, new_tokens, rounds, dtype, tuple(backend), threads)
 
 
@@ -143,8 +152,8 @@ def bench_serve(
 
     pcfg = load_graph(graph, model=str(model) if model else None)
     pcfg.model = resolve_model(pcfg.model)
-    paths = wavs or sorted((Path(__file__).parents[1] / "benchmarks" / "speech").glob("*.wav"))
-    levels = [int(c) for c in concurrency.split(",")]
+    paths = wavs or sorted((ROOT / "benchmarks" / "speech").glob("*.wav"))
+    levels = _levels(concurrency)
     orch = new_orchestrator(pcfg, processes)
     run(
         pcfg,
@@ -178,7 +187,7 @@ def bench_tts(
         model = cache_dir() / "small-qwen3-tts"
         if not (model / "model.safetensors").is_file():
             write_tts_checkpoint(model, "small", 0, "custom_voice")
-    levels = [int(c) for c in concurrency.split(",")]
+    levels = _levels(concurrency)
     if frames < 1 or min(levels) < 1:
         raise typer.BadParameter("--frames and every --concurrency level must be >= 1")
     run(model, levels, frames, threads, json_out)
@@ -196,11 +205,10 @@ def bench_realtime(
     """Realtime API clients streaming speech in real time: commit → first audio, barge-in → last delta."""
     from omniduplex.benchmarks.realtime import run
 
-    root = Path(__file__).parents[1]
     run(
-        [int(c) for c in concurrency.split(",")],
-        question or root / "examples" / "green_tea.wav",
-        interrupt or root / "benchmarks" / "speech" / "turn1.wav",
+        _levels(concurrency),
+        question or ROOT / "examples" / "green_tea.wav",
+        interrupt or ROOT / "benchmarks" / "speech" / "turn1.wav",
         url=url,
         model=str(model) if model else None,
         json_out=json_out,
@@ -217,10 +225,9 @@ def bench_phone(
     """Twilio Media Streams calls asking in real time (μ-law 8 kHz): speech end → first reply media."""
     from omniduplex.benchmarks.phone import run
 
-    root = Path(__file__).parents[1]
     run(
-        [int(c) for c in concurrency.split(",")],
-        question or root / "examples" / "green_tea.wav",
+        _levels(concurrency),
+        question or ROOT / "examples" / "green_tea.wav",
         model=str(model) if model else None,
         json_out=json_out,
     )
