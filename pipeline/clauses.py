@@ -43,6 +43,7 @@ MAX_RUN_CHARS = 32
 _INITIALS = re.compile(r"(?:[A-Za-z]\.)+")
 _LIST_NUMBER = re.compile(r"\d{1,3}\.")
 _WORD = re.compile(r"\S*\w\S*")
+_LONG_RUN = re.compile(rf"\S{{{MAX_RUN_CHARS + 1},}}")
 
 
 def is_unspoken(ch: str) -> bool:
@@ -106,7 +107,10 @@ class ClauseSplitter:
         first = self.emitted == 0
         need = 1 if first else self.min_words
         limit = self.first_max_words if first else self.max_words
+        run = self._run_cut()
         for end in self._boundaries():
+            if run is not None and end > run:
+                break  # an endless "word" comes first
             words = count_words(self.buf[:end])
             if words > limit:
                 break  # the word cut below comes first
@@ -114,16 +118,19 @@ class ClauseSplitter:
                 return end
             if words == 0 and not clean(self.buf[:end]):
                 return end  # only markup or whitespace: drop it now
-        return self._word_cut(limit) or self._run_cut()
+        word = self._word_cut(limit)
+        return word if word is not None and (run is None or word <= run) else run
 
     def _run_cut(self) -> int | None:
-        """A cut for a run of more than :data:`MAX_RUN_CHARS` characters with no whitespace (a 135M model
-        writing ``7,981,981,981,…``): before the run when words precede it, else after its first
+        """A cut for the first run of more than :data:`MAX_RUN_CHARS` characters with no whitespace (a 135M
+        model writing ``7,981,981,981,…``): before the run when words precede it, else after its first
         :data:`MAX_RUN_CHARS` characters; so the voice is never held back until the end of the reply by one
-        endless "word" (the cut depends on the text only, not on how it arrived)."""
-        start = max(self.buf.rfind(c) for c in " \n\t") + 1
-        if len(self.buf) - start <= MAX_RUN_CHARS:
+        endless "word". Decided once the run's next character has arrived, so the cut depends on the text
+        only, not on how it arrived."""
+        m = _LONG_RUN.search(self.buf)
+        if m is None:
             return None
+        start = m.start()
         return start if clean(self.buf[:start]) else start + MAX_RUN_CHARS
 
     def _word_cut(self, limit: int) -> int | None:

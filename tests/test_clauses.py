@@ -137,3 +137,9 @@ def test_an_endless_word_does_not_hold_the_voice_back():
     assert out[0] == "There are"  # spoken before the run ends
     assert all(len(c) <= MAX_RUN_CHARS for c in out[1:]) and len(out) >= 2
     assert "".join(out[1:]) + s.flush()[0] == number.strip()
+
+
+def test_an_endless_word_is_cut_the_same_however_it_arrives():
+    text = "aaaaaae.g.e.g.e.g.1,0001,0001,000 and more words follow here, then the end."
+    assert len(text.split()[0]) > MAX_RUN_CHARS
+    assert split(text, [len(text)]) == split(text, []) == split(text, [1] * len(text))
