@@ -11,6 +11,16 @@ Ops (namespace ``torch.ops.omniduplex_cpu``):
   a oneDNN-packed weight (:mod:`.cpu_linear`) kept by key, so compiled graphs can name it.
 - ``moe_experts(x [T, H], gate_up_proj [E, 2I, H], down_proj [E, H, I], weights [T, k], ids [T, k],
   packed_key) -> [T, H]``: as :func:`omniduplex.kernels.moe.moe_experts`, summed in fp32.
+- ``rms_norm(x [..., H], w [H], eps)``, ``add_rms_norm(x, delta, w, eps) -> (x + delta, rms_norm(...))``,
+  ``rotary_(q [T, Hq, D], k [T, Hkv, D], cos, sin fp32 [T, D])`` (rotate-half RoPE in place, bit-equal to
+  :func:`omniduplex.models.layers.apply_rotary`), ``silu_and_mul(x [T, 2I]) -> [T, I]`` (bit-equal to
+  ``F.silu(gate) * up``): the glue between a layer's GEMMs, one call each instead of ~100 ATen calls a layer
+  (vLLM's CPU backend fuses the same: ``rms_norm``, ``fused_add_rms_norm``, ``rotary_embedding``,
+  ``silu_and_mul``). RMSNorm sums the squares in another order than ATen (results within ~1 ulp).
+- ``register_quant_layer(...) -> key`` / ``quant_decode_layer(x [S, H], key, cos, sin, k_cache, v_cache,
+  slot_mapping, block_tables, seq_lens) -> [S, H]``: a layer whose projections are GGUF blocks
+  (:mod:`omniduplex.models.cascade.gguf_quantized`) runs a decode-only step (one token per sequence) as one
+  call: the per-op path's kernels in its order, so the same result, without ~30 Python calls a layer.
 
 They replace Python glue that cost more than the GEMMs it joins (measured in the issue-17 note). The
 extension is compiled with ``torch.utils.cpp_extension.load`` (g++ and ninja, ``-O3 -march=native``, one
@@ -148,8 +158,8 @@ def loaded() -> bool:
 
 
 def attach(model: torch.nn.Module) -> bool:
-    """Switch the paged KV write and the MoE dispatch of ``model``'s layers (modules with a
-    ``use_cpu_ops`` attribute) onto the C++ ops when ``model`` is on the CPU and :func:`available`;
+    """Switch the paged KV write, the MoE dispatch, RMSNorm, RoPE and SiLU·up of ``model``'s layers (modules
+    with a ``use_cpu_ops`` attribute) onto the C++ ops when ``model`` is on the CPU and :func:`available`;
     returns whether it did. Decode attention needs no switch: the dispatcher of :mod:`.attention` takes
     the C++ kernel whenever it is loaded."""
     params = next(model.parameters(), None)

@@ -27,8 +27,17 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.use_cpu_ops = False
+        """One C++ op (``omniduplex_cpu::rms_norm``) instead of ~8 ATen calls (set by
+        :func:`omniduplex.kernels.cpu_ops.attach`); the sum of squares is in another order (~1 ulp)."""
+
+    def fused(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` goes through the C++ op (attached, eager, ``x`` in the weight's dtype)."""
+        return self.use_cpu_ops and x.dtype == self.weight.dtype and not torch.compiler.is_compiling()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused(x):
+            return torch.ops.omniduplex_cpu.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -127,11 +136,14 @@ class Attention(nn.Module):
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        k_cache, v_cache = kv
         # compiled: the registered ops, one opaque node each, no graph break (kernels/custom_ops.py); the
         # attention dispatcher picks the C++ decode kernel where it is loaded (kernels/attention.py)
         compiling = torch.compiler.is_compiling()
+        if self.use_cpu_ops and not compiling:
+            torch.ops.omniduplex_cpu.rotary_(q, k, *rope)  # in place (q, k: views of this step's qkv)
+        else:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        k_cache, v_cache = kv
         if self.use_cpu_ops:
             write = torch.ops.omniduplex_cpu.write_kv_cache
         else:
@@ -166,8 +178,12 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = MergedLinear(hidden, {"gate_proj": intermediate, "up_proj": intermediate}, False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.use_cpu_ops = False
+        """SiLU·up as one C++ op, the same values (set by :func:`omniduplex.kernels.cpu_ops.attach`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_cpu_ops and not torch.compiler.is_compiling():
+            return self.down_proj(torch.ops.omniduplex_cpu.silu_and_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -268,10 +284,35 @@ class DecoderLayer(nn.Module):
         )
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.quant_key = -1
+        """Key of this layer in ``omniduplex_cpu::register_quant_layer`` (its GGUF blocks, norms and shapes),
+        set by :func:`omniduplex.models.cascade.gguf_quantized.register_decode_layers`: a decode-only batch
+        then runs the whole layer as one C++ call (``quant_decode_layer``)."""
+
+    @staticmethod
+    def _decode_in_one_call(x: torch.Tensor, batch: ForwardBatch, kv) -> bool:
+        """A decode-only batch (one token per sequence), the cache in ``x``'s dtype, not being compiled."""
+        return (
+            batch.max_query_len == 1
+            and x.shape[0] == batch.seq_lens.shape[0]
+            and kv[0].dtype == x.dtype
+            and not torch.compiler.is_compiling()
+        )
 
     def forward(self, x, rope, batch: ForwardBatch, kv) -> torch.Tensor:
+        if self.quant_key >= 0 and self._decode_in_one_call(x, batch, kv):
+            return torch.ops.omniduplex_cpu.quant_decode_layer(
+                x, self.quant_key, *rope, *kv, batch.slot_mapping, batch.block_tables, batch.seq_lens
+            )
+        norm = self.post_attention_layernorm
+        if norm.fused(x):
+            # the residual add and the second norm in one C++ pass
+            x, h = torch.ops.omniduplex_cpu.add_rms_norm(
+                x, self.self_attn(self.input_layernorm(x), rope, batch, kv), norm.weight, norm.eps
+            )
+            return x + self.mlp(h)
         x = x + self.self_attn(self.input_layernorm(x), rope, batch, kv)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(norm(x))
 
 
 class DecoderStack(nn.Module):

@@ -259,3 +259,42 @@ def test_cold_build_by_processes_starting_together_and_a_stale_torch_lock(tmp_pa
         out, err = p.communicate(timeout=600)
         assert "BUILT OK" in out, err[-2000:]
     assert list(build_dir.glob("*.so"))
+
+
+# -- decoder-layer glue: RMSNorm, RoPE, SiLU·up ------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_glue_ops_match_the_torch_path(dtype):
+    import torch.nn.functional as F
+
+    from omniduplex.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+
+    g = torch.Generator().manual_seed(5)
+    norm = RMSNorm(576, eps=1e-5).to(dtype)
+    norm.weight.data = torch.randn(576, generator=g).to(dtype)
+    x, d = (torch.randn(3, 576, generator=g).to(dtype) for _ in range(2))
+    # the sum of squares in another order: within an ulp or two of the module
+    torch.testing.assert_close(OPS.rms_norm(x, norm.weight, norm.eps), norm(x), rtol=1e-6, atol=1e-6)
+    total, normed = OPS.add_rms_norm(x, d, norm.weight, norm.eps)
+    assert torch.equal(total, x + d)
+    torch.testing.assert_close(normed, norm(x + d), rtol=1e-6, atol=1e-6)
+    # RoPE in place on views of one qkv row block, bit-equal to the rotate-half path
+    qkv = torch.randn(3, 9 * 64, generator=g).to(dtype)
+    q, k, _ = qkv.split((5 * 64, 2 * 64, 2 * 64), dim=-1)
+    q, k = q.reshape(3, 5, 64), k.reshape(3, 2, 64)
+    rope = RotaryEmbedding(64, 1e6)(torch.tensor([0, 7, 1000]))
+    want_q, want_k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+    OPS.rotary_(q, k, *rope)
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)
+    assert torch.equal(qkv[:, : 5 * 64].reshape(3, 5, 64), want_q)  # written through the views
+    for width in (1536, 100, 7):  # whole vectors and a scalar tail
+        gu = torch.randn(2, 2 * width, generator=g).to(dtype) * 4
+        assert torch.equal(OPS.silu_and_mul(gu), F.silu(gu[:, :width]) * gu[:, width:])
+
+
+def test_layer_glue_ops_reject_bad_shapes():
+    with pytest.raises(RuntimeError, match="rms_norm: weight"):
+        OPS.rms_norm(torch.randn(2, 8), torch.ones(7), 1e-6)
+    with pytest.raises(RuntimeError, match="rotary_: cos/sin"):
+        OPS.rotary_(torch.randn(2, 1, 8), torch.randn(2, 1, 8), torch.ones(3, 8), torch.zeros(3, 8))
+    with pytest.raises(RuntimeError, match="silu_and_mul: odd"):
+        OPS.silu_and_mul(torch.randn(2, 7))

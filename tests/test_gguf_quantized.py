@@ -162,3 +162,47 @@ def test_manifest_llm_quantized_option(tmp_path):
     (tmp_path / "d.yaml").write_text((tmp_path / "b.yaml").read_text().replace("true", "'yes'"))
     with pytest.raises(CheckpointError, match="llm_quantized must be true or false"):
         load_manifest(tmp_path / "d.yaml")
+
+
+def test_decode_step_in_one_call_equals_the_per_op_path(tmp_path):
+    """A registered layer's decode (``quant_decode_layer``: norms, two-type qkv with Qwen2's biases, RoPE, KV
+    write, attention, MLP in one C++ call) gives bit-identical logits and KV cache to the per-op path on the
+    same C++ kernels, for a batch of sequences of different lengths."""
+    from omniduplex.kernels import cpu_ops
+    from omniduplex.models.forward_batch import ForwardBatch, allocate_kv_cache
+
+    ref = tiny_hf_qwen2(tmp_path / "hf", seed=15)
+    write_qwen2_gguf(tmp_path / "f32.gguf", ref)
+    src = tmp_path / "q.gguf"
+    requantize(tmp_path / "f32.gguf", src, QWEN2_KINDS)
+    th = load_model(import_gguf(src, tmp_path / "imported"), parts=("thinker",)).thinker
+    quantize_from_gguf(th, src)
+    layers = th.model.layers
+    assert all(layer.quant_key >= 0 for layer in layers)
+    assert cpu_ops.attach(th)  # the per-op path then runs the same C++ norms, RoPE and attention
+    cfg = th.cfg
+    kv = allocate_kv_cache(cfg.num_hidden_layers, 8, cfg.num_key_value_heads, cfg.head_dim)
+    lens = [9, 20, 16]
+    prompt = torch.arange(sum(lens)) % 250 + 3
+    th(th.embed(prompt), ForwardBatch.contiguous(lens, [0, 0, 0]), kv)
+    step = ForwardBatch.contiguous([1, 1, 1], lens)
+    x = th.embed(torch.tensor([7, 101, 42]))
+
+    def decode(fused: bool):
+        cache = [(k.clone(), v.clone()) for k, v in kv]
+        keys = [layer.quant_key for layer in layers]
+        if not fused:
+            for layer in layers:
+                layer.quant_key = -1
+        try:
+            hidden, _ = th(x, step, cache)
+        finally:
+            for layer, key in zip(layers, keys):
+                layer.quant_key = key
+        return th.compute_logits(hidden), cache
+
+    fused, fused_cache = decode(True)
+    per_op, per_op_cache = decode(False)
+    assert torch.equal(fused, per_op)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(fused_cache, per_op_cache))
+    assert not torch.equal(fused_cache[0][0], kv[0][0])  # this step's K was written

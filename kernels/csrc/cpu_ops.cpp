@@ -20,7 +20,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <mutex>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -336,6 +338,252 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& gate_up_proj, cons
   return acc.to(x.scalar_type());
 }
 
+
+// ---------------------------------------------------------------- decoder-layer glue: RMSNorm, RoPE, SwiGLU
+//
+// Between the GEMMs of a decode step the layers ran ~100 small ATen calls each (RMSNorm as pow/mean/rsqrt/
+// mul/casts, rotate-half RoPE as slices/neg/cat/mul/add, SiLU·up): at a few microseconds per call, ~1 ms a
+// layer, more than the quantized GEMMs of a small model. vLLM's CPU backend has the same fused kernels
+// (rms_norm, fused_add_rms_norm, rotary_embedding, silu_and_mul in csrc/cpu/); these are ours. The math is
+// fp32; the roundings to the activation dtype are where the torch paths of models/layers.py make them.
+
+// out[r] = w * to_dtype(x[r] / sqrt(mean(x[r]^2) + eps)) for each row r of x [R, H] (rows contiguous)
+template <typename scalar_t>
+void rms_norm_rows(const scalar_t* x, const scalar_t* w, scalar_t* out, int64_t R, int64_t H, float eps) {
+  constexpr int64_t W = Vec::size();
+  for (int64_t r = 0; r < R; ++r) {
+    const scalar_t* xr = x + r * H;
+    scalar_t* orow = out + r * H;
+    float ss = 0.f;
+    int64_t i = 0;
+    if constexpr (!std::is_same_v<scalar_t, double>) {
+      Vec acc0(0.f), acc1(0.f);
+      for (; i + 2 * W <= H; i += 2 * W) {
+        Vec a = load_float(xr + i), b = load_float(xr + i + W);
+        acc0 = at::vec::fmadd(a, a, acc0);
+        acc1 = at::vec::fmadd(b, b, acc1);
+      }
+      ss = at::vec::vec_reduce_all<float>([](Vec& u, Vec& v) { return u + v; }, acc0 + acc1);
+    }
+    for (; i < H; ++i) ss += static_cast<float>(xr[i]) * static_cast<float>(xr[i]);
+    const float inv = 1.f / std::sqrt(ss / static_cast<float>(H) + eps);
+    for (int64_t j = 0; j < H; ++j) {
+      const scalar_t normed = static_cast<scalar_t>(static_cast<float>(xr[j]) * inv);
+      orow[j] = static_cast<scalar_t>(static_cast<float>(w[j]) * static_cast<float>(normed));
+    }
+  }
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const int64_t H = x.size(-1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == H, "rms_norm: weight ", weight.sizes(), " for rows of ", H);
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "rms_norm: weight dtype ", weight.scalar_type(),
+              " != x dtype ", x.scalar_type());
+  at::Tensor xc = x.contiguous(), wc = weight.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
+    rms_norm_rows<scalar_t>(xc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                            xc.numel() / std::max<int64_t>(H, 1), H, static_cast<float>(eps));
+  });
+  return out;
+}
+
+// (x + delta, rms_norm(x + delta)): a layer's residual add and the next norm in one pass
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
+                                                const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.sizes() == delta.sizes() && x.scalar_type() == delta.scalar_type(), "add_rms_norm: x ",
+              x.sizes(), " ", x.scalar_type(), " and delta ", delta.sizes(), " ", delta.scalar_type(), " differ");
+  at::Tensor sum = at::add(x, delta);
+  return {sum, rms_norm(sum, weight, eps)};
+}
+
+// rotate-half RoPE in place on x [T, H, D] (last dim contiguous): x * cos + rotate_half(x) * sin, each product
+// and the sum rounded to x's dtype as the torch path does; cos / sin fp32 [T, D]
+template <typename scalar_t>
+__attribute__((optimize("fp-contract=off")))  // no FMA: the torch path rounds each product before the sum
+void rotary_rows(at::Tensor& x, const float* cos, const float* sin) {
+  const int64_t T = x.size(0), H = x.size(1), D = x.size(2), half = D / 2;
+  const int64_t s0 = x.stride(0), s1 = x.stride(1);
+  scalar_t* base = x.data_ptr<scalar_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* c = cos + t * D;
+    const float* s = sin + t * D;
+    for (int64_t h = 0; h < H; ++h) {
+      scalar_t* p = base + t * s0 + h * s1;
+      for (int64_t i = 0; i < half; ++i) {
+        const scalar_t x1 = p[i], x2 = p[i + half];
+        const scalar_t c1 = static_cast<scalar_t>(c[i]), c2 = static_cast<scalar_t>(c[i + half]);
+        const scalar_t n1 = static_cast<scalar_t>(s[i]), n2 = static_cast<scalar_t>(s[i + half]);
+        const scalar_t a1 = x1 * c1, b1 = static_cast<scalar_t>(-x2) * n1;
+        const scalar_t a2 = x2 * c2, b2 = x1 * n2;
+        p[i] = a1 + b1;
+        p[i + half] = a2 + b2;
+      }
+    }
+  }
+}
+
+void rotary_(at::Tensor q, at::Tensor k, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "rotary_: cos/sin must be fp32");
+  at::Tensor cc = cos.contiguous(), sc = sin.contiguous();
+  for (at::Tensor* x : {&q, &k}) {
+    TORCH_CHECK(x->dim() == 3 && x->stride(2) == 1 && x->size(2) % 2 == 0, "rotary_: x ", x->sizes(),
+                " must be [T, H, D] with D even and contiguous");
+    TORCH_CHECK(cc.size(0) == x->size(0) && cc.size(1) == x->size(2) && sc.sizes() == cc.sizes(),
+                "rotary_: cos/sin ", cc.sizes(), " for x ", x->sizes());
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x->scalar_type(), "rotary_", [&] {
+      rotary_rows<scalar_t>(*x, cc.data_ptr<float>(), sc.data_ptr<float>());
+    });
+  }
+}
+
+// x [T, 2I] -> silu(x[:, :I]) * x[:, I:]; fp32 rows as ATen's vectorised SiLU computes them (x / (1 + exp(-x))
+// on whole vectors, the scalar formula on the tail), other dtypes through ATen
+at::Tensor silu_and_mul(const at::Tensor& x) {
+  const int64_t I = x.size(-1) / 2;
+  TORCH_CHECK(x.size(-1) == 2 * I, "silu_and_mul: odd last dim ", x.size(-1));
+  if (x.scalar_type() != at::kFloat) return at::silu(x.narrow(-1, 0, I)).mul_(x.narrow(-1, I, I));
+  at::Tensor xc = x.contiguous();
+  std::vector<int64_t> shape(xc.sizes().begin(), xc.sizes().end());
+  shape.back() = I;
+  at::Tensor out = at::empty(shape, xc.options());
+  const int64_t R = I ? xc.numel() / (2 * I) : 0, W = Vec::size();
+  const float* src = xc.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  const Vec one(1.f);
+  for (int64_t r = 0; r < R; ++r) {
+    const float* g = src + r * 2 * I;
+    const float* u = g + I;
+    float* o = dst + r * I;
+    int64_t i = 0;
+    for (; i + W <= I; i += W) {
+      const Vec gv = Vec::loadu(g + i);
+      const Vec act = gv / (one + gv.neg().exp());
+      (act * Vec::loadu(u + i)).store(o + i);
+    }
+    for (; i < I; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- one decode step of a quantized layer
+//
+// A decode step of a small quantized model (SmolLM2-135M: 30 layers of ~20 ms of GGUF-block GEMMs in all) ran
+// ~30 ms of Python and ATen calls around its GEMMs. A layer registered here (its norms, GGUF blocks, biases
+// and head shapes, once, from models/cascade/gguf_quantized.py) runs its whole decode step in one call:
+// RMSNorm → qkv (omniduplex_quant::qmatmul, found through the dispatcher) → RoPE → KV write → paged decode
+// attention → o_proj → residual + RMSNorm → gate_up → SiLU·up → down → residual. The same kernels as the
+// per-op path of models/layers.py, in the same order, so the result is the same.
+
+struct QuantProj {
+  std::vector<at::Tensor> blocks;  // uint8 [rows, row_bytes] per group, in output-row order
+  std::vector<int64_t> types;      // GGML type id per group
+  c10::optional<at::Tensor> bias;  // fp32 [out] or none
+  int64_t in_features = 0;
+};
+
+struct QuantLayer {
+  at::Tensor ln1, ln2;
+  double eps = 1e-6, scale = 1.0;
+  QuantProj qkv, o, gate_up, down;
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
+};
+
+std::mutex layer_mutex;
+std::vector<std::shared_ptr<const QuantLayer>> layer_registry;
+
+QuantProj make_proj(at::TensorList blocks, at::IntArrayRef types, const c10::optional<at::Tensor>& bias,
+                    int64_t in_features, const char* name) {
+  TORCH_CHECK(!blocks.empty() && blocks.size() == types.size(), name, ": ", blocks.size(), " block groups for ",
+              types.size(), " types");
+  QuantProj p;
+  for (const at::Tensor& b : blocks) {
+    TORCH_CHECK(b.scalar_type() == at::kByte && b.dim() == 2 && b.is_contiguous(), name,
+                ": blocks must be contiguous uint8 [rows, row_bytes]");
+    p.blocks.push_back(b);
+  }
+  p.types.assign(types.begin(), types.end());
+  if (bias.has_value()) p.bias = bias->to(at::kFloat).contiguous();
+  p.in_features = in_features;
+  return p;
+}
+
+at::Tensor qmatmul_call(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t in_features) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("omniduplex_quant::qmatmul", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, int64_t)>();
+  return op.call(x, w, type, in_features);
+}
+
+// x [T, in] -> [T, out] in x's dtype: as QuantLinear.forward (groups side by side, then the bias in fp32)
+at::Tensor quant_proj(const QuantProj& p, const at::Tensor& x) {
+  at::Tensor y;
+  if (p.blocks.size() == 1) {
+    y = qmatmul_call(x, p.blocks[0], p.types[0], p.in_features);
+  } else {
+    std::vector<at::Tensor> ys;
+    for (size_t i = 0; i < p.blocks.size(); ++i) ys.push_back(qmatmul_call(x, p.blocks[i], p.types[i], p.in_features));
+    y = at::cat(ys, -1);
+  }
+  if (p.bias.has_value()) y.add_(*p.bias);
+  return y.scalar_type() == x.scalar_type() ? y : y.to(x.scalar_type());
+}
+
+int64_t register_quant_layer(const at::Tensor& ln1, const at::Tensor& ln2, double eps, at::TensorList qkv,
+                             at::IntArrayRef qkv_types, const c10::optional<at::Tensor>& qkv_bias, at::TensorList o,
+                             at::IntArrayRef o_types, const c10::optional<at::Tensor>& o_bias, at::TensorList gate_up,
+                             at::IntArrayRef gate_up_types, at::TensorList down, at::IntArrayRef down_types,
+                             int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double scale) {
+  TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0 && head_dim > 0,
+              "register_quant_layer: heads ", num_heads, "/", num_kv_heads, " of ", head_dim);
+  const int64_t hidden = ln1.size(0), q_size = num_heads * head_dim;
+  auto layer = std::make_shared<QuantLayer>();
+  layer->ln1 = ln1.contiguous();
+  layer->ln2 = ln2.contiguous();
+  layer->eps = eps;
+  layer->scale = scale;
+  layer->qkv = make_proj(qkv, qkv_types, qkv_bias, hidden, "qkv");
+  layer->o = make_proj(o, o_types, o_bias, q_size, "o_proj");
+  layer->gate_up = make_proj(gate_up, gate_up_types, c10::nullopt, hidden, "gate_up");
+  int64_t gu_rows = 0;
+  for (const at::Tensor& b : layer->gate_up.blocks) gu_rows += b.size(0);
+  layer->down = make_proj(down, down_types, c10::nullopt, gu_rows / 2, "down");
+  layer->num_heads = num_heads;
+  layer->num_kv_heads = num_kv_heads;
+  layer->head_dim = head_dim;
+  std::lock_guard<std::mutex> lock(layer_mutex);
+  layer_registry.push_back(std::move(layer));
+  return static_cast<int64_t>(layer_registry.size()) - 1;
+}
+
+// x [S, H]: one new token of each of S sequences (a decode-only batch) -> the layer's output [S, H]; writes the
+// tokens' K/V at slot_mapping. cos / sin fp32 [S, D]; block_tables / seq_lens as paged_decode_attention.
+at::Tensor quant_decode_layer(const at::Tensor& x, int64_t key, const at::Tensor& cos, const at::Tensor& sin,
+                              at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slot_mapping,
+                              const at::Tensor& block_tables, const at::Tensor& seq_lens) {
+  std::shared_ptr<const QuantLayer> layer;
+  {
+    std::lock_guard<std::mutex> lock(layer_mutex);
+    TORCH_CHECK(key >= 0 && key < static_cast<int64_t>(layer_registry.size()), "no quantized layer ", key);
+    layer = layer_registry[key];
+  }
+  const QuantLayer& L = *layer;
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == L.ln1.size(0), "quant_decode_layer: x ", x.sizes(), " for width ",
+              L.ln1.size(0));
+  const int64_t S = x.size(0), D = L.head_dim, q_size = L.num_heads * D, kv_size = L.num_kv_heads * D;
+  at::Tensor qkv = quant_proj(L.qkv, rms_norm(x, L.ln1, L.eps));
+  TORCH_CHECK(qkv.size(1) == q_size + 2 * kv_size, "qkv gives ", qkv.size(1), " features, not ", q_size + 2 * kv_size);
+  at::Tensor q = qkv.narrow(1, 0, q_size).view({S, L.num_heads, D});
+  at::Tensor k = qkv.narrow(1, q_size, kv_size).view({S, L.num_kv_heads, D});
+  at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({S, L.num_kv_heads, D});
+  rotary_(q, k, cos, sin);
+  write_kv_cache(k_cache, v_cache, k, v, slot_mapping);
+  at::Tensor attn = paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, L.scale);
+  auto [h, normed] = add_rms_norm(x, quant_proj(L.o, attn.view({S, q_size})), L.ln2, L.eps);
+  at::Tensor mlp = quant_proj(L.down, silu_and_mul(quant_proj(L.gate_up, normed)));
+  return h.add_(mlp);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(omniduplex_cpu, m) {
@@ -346,6 +594,15 @@ TORCH_LIBRARY(omniduplex_cpu, m) {
   m.def("packed_linear(Tensor x, int key, Tensor? bias, int out_features) -> Tensor");
   m.def("moe_experts(Tensor x, Tensor gate_up_proj, Tensor down_proj, Tensor weights, Tensor ids, "
         "int packed_key) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor x, Tensor delta, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()");
+  m.def("silu_and_mul(Tensor x) -> Tensor");
+  m.def("register_quant_layer(Tensor ln1, Tensor ln2, float eps, Tensor[] qkv, int[] qkv_types, Tensor? qkv_bias, "
+        "Tensor[] o, int[] o_types, Tensor? o_bias, Tensor[] gate_up, int[] gate_up_types, Tensor[] down, "
+        "int[] down_types, int num_heads, int num_kv_heads, int head_dim, float scale) -> int");
+  m.def("quant_decode_layer(Tensor x, int key, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "Tensor slot_mapping, Tensor block_tables, Tensor seq_lens) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(omniduplex_cpu, CPU, m) {
@@ -353,6 +610,14 @@ TORCH_LIBRARY_IMPL(omniduplex_cpu, CPU, m) {
   m.impl("write_kv_cache", &write_kv_cache);
   m.impl("packed_linear", &packed_linear);
   m.impl("moe_experts", &moe_experts);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("rotary_", &rotary_);
+  m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("quant_decode_layer", &quant_decode_layer);
 }
 
-TORCH_LIBRARY_IMPL(omniduplex_cpu, CompositeExplicitAutograd, m) { m.impl("register_packed", &register_packed); }
+TORCH_LIBRARY_IMPL(omniduplex_cpu, CompositeExplicitAutograd, m) {
+  m.impl("register_packed", &register_packed);
+  m.impl("register_quant_layer", &register_quant_layer);
+}

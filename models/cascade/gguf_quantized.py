@@ -54,18 +54,27 @@ class QuantLinear(nn.Module):
             self.register_buffer(f"qweight{i}", w.contiguous(), persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self.register_buffer("weight", torch.empty(0, dtype=dtype), persistent=False)
+        quant.load()  # builds the kernels once per machine (raises QuantBuildError)
+        self._qmatmul = torch.ops.omniduplex_quant.qmatmul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[..., K]`` → ``[..., out_features]`` in ``x.dtype``."""
-        x2 = x.reshape(-1, self.in_features)
-        ys = [
-            quant.qmatmul(x2, getattr(self, f"qweight{i}"), t, self.in_features)
-            for i, t in enumerate(self.types)
-        ]
-        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        # a decode step calls this ~4 times a layer: no call that is not needed (each costs microseconds)
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        if len(self.types) == 1:
+            y = self._qmatmul(x2, self.qweight0, self.types[0], self.in_features)
+        else:
+            ys = [
+                self._qmatmul(x2, getattr(self, f"qweight{i}"), t, self.in_features)
+                for i, t in enumerate(self.types)
+            ]
+            y = torch.cat(ys, dim=-1)
         if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+            y.add_(self.bias)
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
+
 
 
 class QuantEmbedding(nn.Module):
@@ -173,5 +182,47 @@ def quantize_from_gguf(thinker: nn.Module, gguf_path: str | Path) -> dict[str, i
     emb = grab("token_embd.weight")
     if emb is not None:
         thinker.model.embed_tokens = QuantEmbedding(emb[0], emb[1], cfg.hidden_size, dtype)
-    log.info("%s: quantized modules %s (kernels: %s)", src.name, counts, quant.isa())
+    fused = register_decode_layers(thinker)
+    log.info(
+        "%s: quantized modules %s (kernels: %s; %d layers decode in one call)",
+        src.name, counts, quant.isa(), fused,
+    )
     return counts
+
+
+def register_decode_layers(thinker: nn.Module) -> int:
+    """Register each layer whose projections are all :class:`QuantLinear` (no per-head q/k norm, a dense
+    SwiGLU MLP, a head size the C++ decode attention takes) with ``omniduplex_cpu::register_quant_layer``,
+    so its decode steps run as one C++ call (:meth:`~omniduplex.models.layers.DecoderLayer.forward`); prefill
+    keeps the per-op path. Returns the number of layers registered (0 where the C++ ops are unavailable, e.g.
+    ``OMNIDUPLEX_CPU_OPS=0``, or the model is not on the CPU). The model must not change afterwards."""
+    from omniduplex.kernels import cpu_ops
+
+    if thinker.model.norm.weight.device.type != "cpu" or not cpu_ops.available():
+        return 0
+    n = 0
+    for layer in thinker.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        projs = [attn.qkv_proj, attn.o_proj, getattr(mlp, "gate_up_proj", None)]
+        projs.append(getattr(mlp, "down_proj", None))
+        if attn.q_norm is not None or not all(isinstance(m, QuantLinear) for m in projs):
+            continue
+        if attn.head_dim % 16 or not 16 <= attn.head_dim <= 128:
+            continue
+
+        def parts(m: QuantLinear) -> tuple[list[torch.Tensor], list[int]]:
+            return [getattr(m, f"qweight{i}") for i in range(len(m.types))], list(m.types)
+
+        ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
+        layer.quant_key = torch.ops.omniduplex_cpu.register_quant_layer(
+            ln1.weight.detach(), ln2.weight.detach(), ln1.eps,
+            *parts(attn.qkv_proj), _bias(attn.qkv_proj), *parts(attn.o_proj), _bias(attn.o_proj),
+            *parts(mlp.gate_up_proj), *parts(mlp.down_proj),
+            attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale,
+        )
+        n += 1
+    return n
+
+
+def _bias(m: QuantLinear) -> torch.Tensor | None:
+    return None if m.bias is None else m.bias.detach()
