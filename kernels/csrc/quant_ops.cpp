@@ -20,8 +20,9 @@
 // (activation scale × sum of activation codes) for Q4_1 / Q4_K.
 //
 // Paths by the build's -march=native: __AVX2__+__FMA__: fused kernels that unpack each weight block in
-// registers and dot it with 1 activation row (decode) or 8 at once (batched decode, prefill): see "fused AVX2
-// dot products" below; AVX-512 CPUs run the same 256-bit code (with VNNI's dpbusd when present). Otherwise
+// registers and dot it with 1..4 activation rows at once (tiles of weight rows x activation rows; a batch of
+// more than 4 rows unpacks each tile once into a buffer that all rows pass over): see "fused AVX2 dot
+// products" below; AVX-512 CPUs run the same 256-bit code (with VNNI's dpbusd when present). Otherwise
 // portable scalar code that decodes a row to int8 codes and per-4 lane scales, then dots it. Compiled with
 // -ffp-contract=off so that the dequantiser's mul-then-add is rounded as the reference rounds it.
 
@@ -322,7 +323,8 @@ struct QX {
   const int8_t* q;
   const float* d;
   const float* s;
-  int64_t K, nc;  // nc = K / 32
+  int64_t K, nc;       // nc = K / 32
+  const int32_t* h16;  // Q5_0 only: [T, nc, 8] 16 * (sum of the codes of values 0..15) x 4, then of 16..31 x 4
 };
 
 #ifdef OD_AVX2
@@ -356,8 +358,11 @@ struct QX {
 template <int64_t kType>
 struct Blk {
   static constexpr int CPB = static_cast<int>(format_of_known(kType).block_values / 32);
-  static constexpr bool kSigned = kType == kQ5_0 || kType == kQ8_0 || kType == kQ6_K;
+  static constexpr bool kSigned = kType == kQ8_0 || kType == kQ6_K;
   static constexpr bool kMin = kType == kQ4_1 || kType == kQ4_K;
+  // Q5_0: unsigned codes q = w + 16 (0..31) and the exact integer correction -16 * (sum of the activation
+  // codes of each half), which saves the sign_epi8 per (row, token) of the signed types
+  static constexpr bool kBias = kType == kQ5_0;
   __m256i w[CPB], aw[CPB];
   float dw[CPB], dh[CPB], m[CPB];  // chunk scale (Q6_K: first 16 values' scale, dh: the last 16's), offset
 };
@@ -371,9 +376,7 @@ inline void unpack(const uint8_t* b, Blk<kType>& o) {
   } else if constexpr (kType == kQ5_0) {  // block_q5_0: d, qh (5th bits), qs[16] nibbles; w = d*(q-16)
     uint32_t qh;
     std::memcpy(&qh, b + 2, 4);
-    // (q & 15) | (5th bit clear ? 0xF0 : 0) is q - 16 as int8 (ggml-cpu's q5_0 AVX2 trick)
-    const __m256i hi = _mm256_andnot_si256(bits32(qh), _mm256_set1_epi8(static_cast<char>(0xF0)));
-    o.w[0] = _mm256_or_si256(nibbles32(b + 6), hi);
+    o.w[0] = _mm256_or_si256(nibbles32(b + 6), _mm256_and_si256(bits32(qh), _mm256_set1_epi8(0x10)));
     o.dw[0] = f16(b);
   } else if constexpr (kType == kQ4_1) {  // block_q4_1: d, m, qs[16]; w = d*q + m
     o.w[0] = nibbles32(b + 4);
@@ -422,6 +425,7 @@ inline void unpack(const uint8_t* b, Blk<kType>& o) {
 }
 
 inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m256i load32h(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 // four vectors of int32 (per 128-bit half: 4 partial sums of one pair each) → [A B C D | A B C D], the
 // sums of each half
@@ -450,7 +454,7 @@ inline __m256i dot4(const Blk<kType>* o, int j, __m256i xv) {
                                : _mm256_dpbusd_epi32(_mm256_setzero_si256(), o[r].w[j], xv);
   return reduce4_i32(p[0], p[1], p[2], p[3]);
 #else
-  // int16 pair sums: |w| ≤ 15 (Q4), 16 (Q5_0), 32 (Q6_K) and |x| ≤ 127 keep sums of 8 within int16;
+  // int16 pair sums: |w| ≤ 15 (Q4), 31 (Q5_0's q), 32 (Q6_K) and |x| ≤ 127 keep sums of 8 within int16;
   // Q8_0's |w| ≤ 128 does not, so its pair sums become int32 sums of 4 first
   for (int r = 0; r < 4; ++r)
     p[r] = Blk<kType>::kSigned ? _mm256_maddubs_epi16(o[r].aw[j], _mm256_sign_epi8(xv, o[r].w[j]))
@@ -508,7 +512,9 @@ inline void tile(const uint8_t* const* rows, const QX& x, int64_t t0, float* y, 
         const __m256i xv = load32(xq + t * x.K + 32 * c);
         const __m256 d = _mm256_broadcast_ss(xd + t * nc + c);
         for (int g = 0; g < RG; ++g) {
-          const __m256 p = _mm256_cvtepi32_ps(dot4<kType>(o + 4 * g, j, xv));
+          __m256i pi = dot4<kType>(o + 4 * g, j, xv);
+          if constexpr (Blk<kType>::kBias) pi = _mm256_sub_epi32(pi, load32h(x.h16 + ((t0 + t) * nc + c) * 8));
+          const __m256 p = _mm256_cvtepi32_ps(pi);
           acc[g][t] = _mm256_fmadd_ps(p, _mm256_mul_ps(dv[g], d), acc[g][t]);
           if constexpr (Blk<kType>::kMin) off[g][t] = _mm_fmadd_ps(mv[g], _mm_broadcast_ss(xs + t * nc + c), off[g][t]);
         }
@@ -606,7 +612,9 @@ inline void tile_packed(const Packed4<kType>* P, const QX& x, int64_t t0, float*
   for (int64_t c = 0; c < nc; ++c) {
     const Packed4<kType>& p = P[c];
     for (int t = 0; t < TT; ++t) {
-      const __m256 q = _mm256_cvtepi32_ps(dot4p<kType>(p, load32(xq + t * x.K + 32 * c)));
+      __m256i qi = dot4p<kType>(p, load32(xq + t * x.K + 32 * c));
+      if constexpr (Blk<kType>::kBias) qi = _mm256_sub_epi32(qi, load32h(x.h16 + ((t0 + t) * nc + c) * 8));
+      const __m256 q = _mm256_cvtepi32_ps(qi);
       acc[t] = _mm256_fmadd_ps(q, _mm256_mul_ps(p.dv, _mm256_broadcast_ss(xd + t * nc + c)), acc[t]);
       if constexpr (Blk<kType>::kMin) off[t] = _mm_fmadd_ps(p.mv, _mm_broadcast_ss(xs + t * nc + c), off[t]);
     }
@@ -696,7 +704,7 @@ template <int64_t kType, int RG>
 void rows_pass(const uint8_t* wp, int64_t row_bytes, const QX& x, int64_t T, int64_t N, int64_t n0, int64_t n1,
                float* yp) {
   constexpr int64_t R = 4 * RG;
-  constexpr int KT = 4;
+  constexpr int KT = 8;
   std::vector<Packed4<kType>> packed(T > 4 ? x.nc : 0);
   for (int64_t n = n0; n < n1; n += R) {
     const int64_t valid = std::min<int64_t>(R, n1 - n);
@@ -807,7 +815,19 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
   });
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  const QX qx{xq.data(), xd.data(), xs.data(), K, nc};
+  std::vector<int32_t> h16(type == kQ5_0 ? T * nc * 8 : 0);
+  for (int64_t i = 0; i < static_cast<int64_t>(h16.size()) / 8; ++i) {
+    int32_t lo = 0, hi = 0;
+    for (int k = 0; k < 16; ++k) {
+      lo += xq[32 * i + k];
+      hi += xq[32 * i + 16 + k];
+    }
+    for (int k = 0; k < 4; ++k) {
+      h16[8 * i + k] = 16 * lo;
+      h16[8 * i + 4 + k] = 16 * hi;
+    }
+  }
+  const QX qx{xq.data(), xd.data(), xs.data(), K, nc, h16.data()};
   // one range of rows per thread (at::parallel_for splits [0, N) evenly); the grain keeps a small N on
   // one thread where a second would cost more to wake than it saves
   const int64_t grain = std::max<int64_t>(16, 2048 / std::max<int64_t>(1, nc * T));
