@@ -345,10 +345,10 @@ struct QX {
 // Four (n, t) pairs share one register: 4 weight rows x 1 activation row, lanes [r0..r3 lo | r0..r3 hi].
 // The 4 pairs' int16 pair sums are reduced with unpacks and adds (free ports on AMD Zen, whose only vector
 // integer multiplier the maddubs keep busy) to int16 sums of 8, then one madd makes the 4 x 2 int32 dots:
-// one madd, one convert and one fma per 4 pairs where one per pair is the plain way. Q8_0's pair sums do not
-// fit int16 sums of 8, so its pairs are madd-ed first and reduced in int32; VNNI's dpbusd gives the int32
-// sums of 4 directly. A tile is 4 weight rows (unpacked once) x 1..4 activation rows: a decode step
-// (T = 1) runs 8 rows x 1, a batch (c = 8 decode, prefill) 4 rows x 4 activation rows at a time.
+// one madd, one convert and one fma per 4 pairs where one per pair is the plain way (VNNI's dpbusd gives
+// int32 sums of 4, reduced in int32). A tile is 4 weight rows (unpacked once) x 1..4 activation rows: a
+// decode step (T = 1) runs 8 rows x 1, a batch (c = 8 decode, prefill) 4 rows x 4 activation rows at a
+// time. Q8_0, whose pair sums do not fit int16 sums of 8, keeps one 8-lane accumulator per pair (tile_q8).
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define OD_VNNI 1
@@ -454,18 +454,13 @@ inline __m256i dot4(const Blk<kType>* o, int j, __m256i xv) {
                                : _mm256_dpbusd_epi32(_mm256_setzero_si256(), o[r].w[j], xv);
   return reduce4_i32(p[0], p[1], p[2], p[3]);
 #else
-  // int16 pair sums: |w| ≤ 15 (Q4), 31 (Q5_0's q), 32 (Q6_K) and |x| ≤ 127 keep sums of 8 within int16;
-  // Q8_0's |w| ≤ 128 does not, so its pair sums become int32 sums of 4 first
+  // int16 pair sums: |w| ≤ 15 (Q4), 31 (Q5_0's q), 32 (Q6_K) and |x| ≤ 127 keep sums of 8 within int16
+  // (Q8_0's |w| ≤ 128 would not: it has its own tile)
+  static_assert(kType != kQ8_0, "Q8_0 runs tile_q8");
   for (int r = 0; r < 4; ++r)
     p[r] = Blk<kType>::kSigned ? _mm256_maddubs_epi16(o[r].aw[j], _mm256_sign_epi8(xv, o[r].w[j]))
                                : _mm256_maddubs_epi16(o[r].w[j], xv);
-  if constexpr (kType == kQ8_0) {
-    const __m256i one = _mm256_set1_epi16(1);
-    return reduce4_i32(_mm256_madd_epi16(p[0], one), _mm256_madd_epi16(p[1], one), _mm256_madd_epi16(p[2], one),
-                       _mm256_madd_epi16(p[3], one));
-  } else {
-    return reduce4_i16(p[0], p[1], p[2], p[3]);
-  }
+  return reduce4_i16(p[0], p[1], p[2], p[3]);
 #endif
 }
 
@@ -582,16 +577,11 @@ inline __m256i dot4p(const Packed4<kType>& p, __m256i xv) {
                                : _mm256_dpbusd_epi32(_mm256_setzero_si256(), p.w[r], xv);
   return reduce4_i32(q[0], q[1], q[2], q[3]);
 #else
+  static_assert(kType != kQ8_0, "Q8_0 runs tile_q8");
   for (int r = 0; r < 4; ++r)
     q[r] = Blk<kType>::kSigned ? _mm256_maddubs_epi16(p.w[r], _mm256_sign_epi8(xv, p.s[r]))
                                : _mm256_maddubs_epi16(p.w[r], xv);
-  if constexpr (kType == kQ8_0) {
-    const __m256i one = _mm256_set1_epi16(1);
-    return reduce4_i32(_mm256_madd_epi16(q[0], one), _mm256_madd_epi16(q[1], one), _mm256_madd_epi16(q[2], one),
-                       _mm256_madd_epi16(q[3], one));
-  } else {
-    return reduce4_i16(q[0], q[1], q[2], q[3]);
-  }
+  return reduce4_i16(q[0], q[1], q[2], q[3]);
 #endif
 }
 
@@ -648,7 +638,7 @@ inline void tile_q8(const uint8_t* const* rows, const QX& x, int64_t t0, float* 
                     int64_t nvalid, const uint8_t* next) {
   constexpr int64_t B = 34;  // block_q8_0: fp16 d, 32 int8
   const int64_t nc = x.nc;
-  const __m256i one = _mm256_set1_epi16(1);
+  [[maybe_unused]] const __m256i one = _mm256_set1_epi16(1);
   __m256 acc[R][TT];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_ps();
@@ -668,7 +658,11 @@ inline void tile_q8(const uint8_t* const* rows, const QX& x, int64_t t0, float* 
       const __m256i xv = load32(xq + t * x.K + 32 * c);
       const float d = xd[t * nc + c];
       for (int r = 0; r < R; ++r) {
+#ifdef OD_VNNI
+        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw[r], _mm256_sign_epi8(xv, w[r]));
+#else
         const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv, w[r])), one);
+#endif
         acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw[r] * d), acc[r][t]);
       }
     }
@@ -739,12 +733,11 @@ void matmul_rows(const uint8_t* wp, int64_t row_bytes, const QX& x, int64_t T, i
       rows_pass_q8<2>(wp, row_bytes, x, T, N, n0, n1, yp);
     else
       rows_pass_q8<1>(wp, row_bytes, x, T, N, n0, n1, yp);
-    return;
-  }
-  if (T == 1)
+  } else if (T == 1) {
     rows_pass<kType, 2>(wp, row_bytes, x, T, N, n0, n1, yp);
-  else
+  } else {
     rows_pass<kType, 1>(wp, row_bytes, x, T, N, n0, n1, yp);
+  }
 }
 
 void matmul_range(int64_t type, const uint8_t* wp, int64_t row_bytes, const QX& x, int64_t T, int64_t N, int64_t n0,
