@@ -164,3 +164,73 @@ def test_scalar_fallback_agrees_with_the_vector_path(tmp_path):
         assert torch.equal(deq, gguf_dequant(name, blocks, k)), name
         y_vec = quant.qmatmul(x, torch.from_numpy(blocks), quant.TYPES[name], k)
         torch.testing.assert_close(y, y_vec, rtol=1e-5, atol=1e-5)
+
+
+# The AVX2 tiles: 4 weight rows x 1..4 activation rows (T <= 4), a buffer of 4 unpacked rows that every
+# activation row passes 4 (Q8_0: 8) at a time (T > 4), 8 weight rows for T = 1 (Q8_0: 2 x 1..4 and 1 x 8).
+# N = 1..3 and 4k+1..4k+3 leave padded row groups; T values leave 1..3 (and 5..7) activation rows over.
+TILE_N = [1, 2, 3, 5, 6, 7, 13, 30]
+TILE_T = [1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 13, 17]
+
+
+@pytest.mark.parametrize("name,k", FORMATS)
+def test_tiles_equal_single_rows_for_every_t_and_n_tail(name, k):
+    torch.set_num_threads(1)
+    qt = quant.TYPES[name]
+    torch.manual_seed(7)
+    x = torch.randn(max(TILE_T), k)
+    for n in TILE_N:
+        blocks = random_blocks(name, n, k, seed=n)
+        bt = torch.from_numpy(blocks)
+        w = gguf_dequant(name, blocks, k)
+        singles = torch.cat([quant.qmatmul(x[i : i + 1], bt, qt, k) for i in range(x.shape[0])])
+        assert singles.shape == (x.shape[0], n)
+        ref = emulated(x, w)
+        assert ((singles.double() - ref).norm() / ref.norm()).item() <= 1e-5, n
+        exact = x.double() @ w.double().T
+        assert ((singles.double() - exact).norm() / exact.norm()).item() <= 1.5e-2, n
+        for t in TILE_T:
+            assert torch.equal(quant.qmatmul(x[:t], bt, qt, k), singles[:t]), (n, t)
+        # activation rows in another order give the same rows (no dependence on a row's place in a tile)
+        perm = torch.randperm(x.shape[0])
+        assert torch.equal(quant.qmatmul(x[perm], bt, qt, k), singles[perm]), n
+
+
+def _extreme_blocks(name: str, n: int, k: int, high: bool) -> np.ndarray:
+    """Rows whose every weight code has the largest magnitude the format allows (``high``: the largest
+    unsigned code, else the most negative weight), with random finite scales."""
+    blocks = random_blocks(name, n, k, seed=11)
+    values, nbytes = quant.BLOCKS[quant.TYPES[name]]
+    b = blocks.reshape(-1, nbytes)
+    if name == "Q4_1":
+        b[:, 4:20] = 0xFF  # q = 15
+    elif name == "Q5_0":
+        b[:, 2:22] = 0xFF if high else 0x00  # q = 31 (w = 15) or q = 0 (w = -16)
+    elif name == "Q8_0":
+        b[:, 2:34] = 0x7F if high else 0x80  # 127 or -128
+    elif name == "Q4_K":
+        b[:, 4:16] = 0xFF  # scales and mins 63
+        b[:, 16:144] = 0xFF  # q = 15
+    else:  # Q6_K: q = 63 (w = 31) or q = 0 (w = -32)
+        b[:, 0:192] = 0xFF if high else 0x00
+    return b.reshape(n, -1)
+
+
+@pytest.mark.parametrize("name,k", FORMATS)
+@pytest.mark.parametrize("high", [True, False])
+def test_extreme_codes_do_not_overflow_the_integer_sums(name, k, high):
+    """Activation codes ±127 against the largest weight codes: the int16 partial sums of the tiles are at
+    their bound (e.g. 8 x 31 x 127 for Q5_0), and must still give the exact integer dot."""
+    n = 7
+    blocks = _extreme_blocks(name, n, k, high)
+    w = gguf_dequant(name, blocks, k)
+    qt = quant.TYPES[name]
+    signs = torch.tensor([1.0, -1.0]).repeat(3)
+    x = signs[:, None] * torch.ones(6, k)  # every code +127 or -127
+    x[4] = torch.where(torch.arange(k) % 2 == 0, 1.0, -1.0)  # alternating
+    x[5] = -x[4]
+    y = quant.qmatmul(x, torch.from_numpy(blocks), qt, k)
+    ref = emulated(x, w)
+    assert ((y.double() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)).max().item() <= 1e-5
+    rows = torch.cat([quant.qmatmul(x[i : i + 1], torch.from_numpy(blocks), qt, k) for i in range(6)])
+    assert torch.equal(y, rows)

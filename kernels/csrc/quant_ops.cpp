@@ -20,8 +20,9 @@
 // (activation scale × sum of activation codes) for Q4_1 / Q4_K.
 //
 // Paths by the build's -march=native: __AVX2__+__FMA__: fused kernels that unpack each weight block in
-// registers and dot it with 1 activation row (decode) or 8 at once (batched decode, prefill): see "fused AVX2
-// dot products" below; AVX-512 CPUs run the same 256-bit code (with VNNI's dpbusd when present). Otherwise
+// registers and dot it with 1..4 activation rows at once (tiles of weight rows x activation rows; a batch of
+// more than 4 rows unpacks each tile once into a buffer that all rows pass over): see "fused AVX2 dot
+// products" below; AVX-512 CPUs run the same 256-bit code (with VNNI's dpbusd when present). Otherwise
 // portable scalar code that decodes a row to int8 codes and per-4 lane scales, then dots it. Compiled with
 // -ffp-contract=off so that the dequantiser's mul-then-add is rounded as the reference rounds it.
 
@@ -322,48 +323,48 @@ struct QX {
   const int8_t* q;
   const float* d;
   const float* s;
-  int64_t K, nc;  // nc = K / 32
+  int64_t K, nc;       // nc = K / 32
+  const int32_t* h16;  // Q5_0 only: [T, nc, 8] 16 * (sum of the codes of values 0..15) x 4, then of 16..31 x 4
 };
 
 #ifdef OD_AVX2
 // ---------------------------------------------------------------- fused AVX2 dot products
 //
 // The weight blocks are unpacked in registers (nothing is written back) into 32-value chunks of int8
-// codes, each with a float scale dw (and an offset m for Q4_1 / Q4_K). The integer dot of a weight chunk
-// and an activation chunk is llama.cpp's AVX2 technique (ggml-cpu's mul_sum_i8_pairs / mul_sum_us8_pairs):
-// maddubs (unsigned × signed bytes → int16 pairs), then madd (→ eight int32 sums of 4); signed weights are
-// made unsigned with sign_epi8 (|w| and x·sign(w)); Q6_K's madd multiplies by its two 16-value sub-block
-// scales instead of 1 (as ggml-cpu's Q6_K dot does).
+// codes, each with float scales (and an offset m for Q4_1 / Q4_K). The integer products are llama.cpp's
+// AVX2 technique (ggml-cpu's mul_sum_i8_pairs / mul_sum_us8_pairs): maddubs (unsigned × signed bytes →
+// int16 sums of 2 products); signed weights are made unsigned with sign_epi8 (|w| and x·sign(w)).
 //
-// Every result y[t, n] is the same sequence of fp32 operations whatever the batch, so a batch of T
-// activation rows gives exactly the per-row results (greedy decoding at c = 8 equals c = 1): each chunk's
-// eight int32 lane sums are converted and accumulated lane-wise, then summed once per output (row_dot1).
-// A decode step (T = 1) runs 2 or 4 weight rows' chains side by side; a batch unpacks each weight chunk once
-// for 8 activation rows (the c = 8 decode step and prefill).
+// What every output is (the same fp32 operations whatever the batch, so row t of a batch equals the
+// [1, K] result bit for bit, and greedy decoding at c = 8 equals c = 1): per (weight row n, activation
+// row t) and chunk c, two exact integer dots P_lo (values 0..15) and P_hi (16..31), scales
+// s = fp32(dw * xd) (dw: the weight's chunk scale, Q6_K: its 16-value sub-block's d*sc; xd: the
+// activation chunk's scale), and, chunk after chunk,
+//     lo = fma(float(P_lo), s_lo, lo);  hi = fma(float(P_hi), s_hi, hi);  off = fma(m_c, xs_c, off)
+//     y = (lo + hi) + off
+// Four (n, t) pairs share one register: 4 weight rows x 1 activation row, lanes [r0..r3 lo | r0..r3 hi].
+// The 4 pairs' int16 pair sums are reduced with unpacks and adds (free ports on AMD Zen, whose only vector
+// integer multiplier the maddubs keep busy) to int16 sums of 8, then one madd makes the 4 x 2 int32 dots:
+// one madd, one convert and one fma per 4 pairs where one per pair is the plain way (VNNI's dpbusd gives
+// int32 sums of 4, reduced in int32). A tile is 4 weight rows (unpacked once) x 1..4 activation rows: a
+// decode step (T = 1) runs 8 rows x 1, a batch (c = 8 decode, prefill) 4 rows x 4 activation rows at a
+// time. Q8_0, whose pair sums do not fit int16 sums of 8, keeps one 8-lane accumulator per pair (tile_q8).
 
-inline __m256i idot256(__m256i aw, __m256i sx) {  // aw unsigned bytes, sx signed → 8 int32 of 4-byte sums
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+#define OD_VNNI 1
 #endif
-}
-
-// sum of the 8 lanes of v, in one fixed order (both paths use it, so their results agree bit for bit)
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
 
 // One block unpacked: CPB chunks of 32 codes (signed types: with |w| precomputed), scales, offsets.
 template <int64_t kType>
 struct Blk {
   static constexpr int CPB = static_cast<int>(format_of_known(kType).block_values / 32);
-  static constexpr bool kSigned = kType == kQ5_0 || kType == kQ8_0 || kType == kQ6_K;
+  static constexpr bool kSigned = kType == kQ8_0 || kType == kQ6_K;
   static constexpr bool kMin = kType == kQ4_1 || kType == kQ4_K;
-  __m256i w[CPB], aw[CPB], sc16[CPB];
-  float dw[CPB], m[CPB];
+  // Q5_0: unsigned codes q = w + 16 (0..31) and the exact integer correction -16 * (sum of the activation
+  // codes of each half), which saves the sign_epi8 per (row, token) of the signed types
+  static constexpr bool kBias = kType == kQ5_0;
+  __m256i w[CPB], aw[CPB];
+  float dw[CPB], dh[CPB], m[CPB];  // chunk scale (Q6_K: first 16 values' scale, dh: the last 16's), offset
 };
 
 template <int64_t kType>
@@ -375,9 +376,7 @@ inline void unpack(const uint8_t* b, Blk<kType>& o) {
   } else if constexpr (kType == kQ5_0) {  // block_q5_0: d, qh (5th bits), qs[16] nibbles; w = d*(q-16)
     uint32_t qh;
     std::memcpy(&qh, b + 2, 4);
-    // (q & 15) | (5th bit clear ? 0xF0 : 0) is q - 16 as int8 (ggml-cpu's q5_0 AVX2 trick)
-    const __m256i hi = _mm256_andnot_si256(bits32(qh), _mm256_set1_epi8(static_cast<char>(0xF0)));
-    o.w[0] = _mm256_or_si256(nibbles32(b + 6), hi);
+    o.w[0] = _mm256_or_si256(nibbles32(b + 6), _mm256_and_si256(bits32(qh), _mm256_set1_epi8(0x10)));
     o.dw[0] = f16(b);
   } else if constexpr (kType == kQ4_1) {  // block_q4_1: d, m, qs[16]; w = d*q + m
     o.w[0] = nibbles32(b + 4);
@@ -417,143 +416,346 @@ inline void unpack(const uint8_t* b, Blk<kType>& o) {
       for (int i = 0; i < 4; ++i) w[i] = _mm256_sub_epi8(w[i], k32);
     }
     for (int j = 0; j < 8; ++j) {  // chunk j: sub-block scales sc[2j] (first 16 values), sc[2j+1]
-      o.sc16[j] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
-      o.dw[j] = d;
+      o.dw[j] = d * static_cast<float>(sc[2 * j]);  // exact: 11-bit × 8-bit significands
+      o.dh[j] = d * static_cast<float>(sc[2 * j + 1]);
     }
   }
   if constexpr (Blk<kType>::kSigned)
     for (int j = 0; j < Blk<kType>::CPB; ++j) o.aw[j] = _mm256_sign_epi8(o.w[j], o.w[j]);
 }
 
-// integer dot of chunk j of ``o`` with 32 activation codes xv: eight int32 partial sums
-template <int64_t kType>
-inline __m256i chunk_dot(const Blk<kType>& o, int j, __m256i xv) {
-  if constexpr (kType == kQ6_K)  // |w| ≤ 32: the int16 pair sums do not saturate
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(o.aw[j], _mm256_sign_epi8(xv, o.w[j])), o.sc16[j]);
-  else if constexpr (Blk<kType>::kSigned)
-    return idot256(o.aw[j], _mm256_sign_epi8(xv, o.w[j]));
-  else
-    return idot256(o.w[j], xv);
-}
-
 inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m256i load32h(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// y[r] = dot(weight row rows[r], one activation row) for R weight rows at once (their independent fma
-// chains overlap). Per row: the 8 int32 lanes of each chunk's dot are converted and accumulated lane-wise,
-//     acc = fma(float(idot_c), dw_c * xd_c, acc);  off = fma(m_c, xs_c, off)   for chunks c in order,
-//     y = hsum8(acc) + off
-// (no per-chunk horizontal sum: llama.cpp's ggml_vec_dot_q4_1_q8_1 accumulates the same way).
-template <int64_t kType, int R>
-inline void row_dot1(const uint8_t* const* rows, const int8_t* xq, const float* xd, const float* xs, int64_t nc,
-                     float* y, const uint8_t* next = nullptr) {
-  constexpr Format f = format_of_known(kType);
-  Blk<kType> o[R];
-  __m256 acc[R];
-  float off[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    off[r] = 0.f;
-  }
-  for (int64_t blk = 0, c = 0; blk < nc * 32 / f.block_values; ++blk) {
-    if (next)  // the next R contiguous rows, as far into them as this block is into these
-      for (int64_t p = 0; p < R * f.block_bytes; p += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(next + blk * R * f.block_bytes + p), _MM_HINT_T0);
-    for (int r = 0; r < R; ++r) unpack<kType>(rows[r] + blk * f.block_bytes, o[r]);
-    for (int j = 0; j < Blk<kType>::CPB; ++j, ++c) {
-      const __m256i xv = load32(xq + 32 * c);
-      for (int r = 0; r < R; ++r) {
-        const __m256 sc = _mm256_set1_ps(o[r].dw[j] * xd[c]);
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(chunk_dot<kType>(o[r], j, xv)), sc, acc[r]);
-        if constexpr (Blk<kType>::kMin) off[r] = std::fma(o[r].m[j], xs[c], off[r]);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) y[r] = hsum8(acc[r]) + off[r];
+// four vectors of int32 (per 128-bit half: 4 partial sums of one pair each) → [A B C D | A B C D], the
+// sums of each half
+inline __m256i reduce4_i32(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i ab = _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+  const __m256i cd = _mm256_add_epi32(_mm256_unpacklo_epi32(c, d), _mm256_unpackhi_epi32(c, d));
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
 }
 
-// The same for 8 activation rows at once: xq[i] row i's codes, xdT / xsT their scales transposed [nc][8];
-// y[i] = result of row i, by exactly row_dot1's operations (the offsets' fma chains run in the lanes).
-template <int64_t kType>
-inline void row_dot8(const uint8_t* row, const int8_t* const* xq, const float* xdT, const float* xsT, int64_t nc,
-                     float* y) {
-  constexpr Format f = format_of_known(kType);
-  Blk<kType> o;
-  __m256 acc[8];
-  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-  __m256 off = _mm256_setzero_ps();
-  alignas(32) float sc[8];
-  for (int64_t blk = 0, c = 0; blk < nc * 32 / f.block_values; ++blk) {
-    unpack<kType>(row + blk * f.block_bytes, o);
-    for (int j = 0; j < Blk<kType>::CPB; ++j, ++c) {
-      _mm256_store_ps(sc, _mm256_mul_ps(_mm256_set1_ps(o.dw[j]), _mm256_loadu_ps(xdT + 8 * c)));
-      for (int i = 0; i < 8; ++i)
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(chunk_dot<kType>(o, j, load32(xq[i] + 32 * c))),
-                                 _mm256_broadcast_ss(sc + i), acc[i]);
-      if constexpr (Blk<kType>::kMin) off = _mm256_fmadd_ps(_mm256_set1_ps(o.m[j]), _mm256_loadu_ps(xsT + 8 * c), off);
-    }
-  }
-  alignas(32) float offs[8];
-  _mm256_store_ps(offs, off);
-  for (int i = 0; i < 8; ++i) y[i] = hsum8(acc[i]) + offs[i];
+// the same from int16 pair sums (8 per half per pair), whose sums of 8 must fit int16
+inline __m256i reduce4_i16(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i ab = _mm256_add_epi16(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+  const __m256i cd = _mm256_add_epi16(_mm256_unpacklo_epi32(c, d), _mm256_unpackhi_epi32(c, d));
+  return _mm256_madd_epi16(_mm256_add_epi16(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd)),
+                           _mm256_set1_epi16(1));
 }
 
-// Rows [n0, n1) of y [T, N], in tiles of kTile weight rows so that a tile stays in L1/L2 while the
-// activation rows pass over it: groups of 8 activation rows through row_dot8 (a last group of 4..7 rows
-// is padded by repeating its last row), fewer than 4 left over one by one through row_dot1 (2 or 4
-// weight rows at a time).
-constexpr int64_t kTile = 16;
-
+// integer dots of chunk j of 4 weight rows o[0..3] with 32 activation codes xv:
+// [P_lo(r0..r3) | P_hi(r0..r3)] int32
 template <int64_t kType>
-void matmul_rows(const uint8_t* wp, int64_t row_bytes, const QX& x, const float* xdT, const float* xsT, int64_t T,
-                 int64_t N, int64_t n0, int64_t n1, float* yp) {
+inline __m256i dot4(const Blk<kType>* o, int j, __m256i xv) {
+  __m256i p[4];
+#ifdef OD_VNNI
+  for (int r = 0; r < 4; ++r)
+    p[r] = Blk<kType>::kSigned ? _mm256_dpbusd_epi32(_mm256_setzero_si256(), o[r].aw[j], _mm256_sign_epi8(xv, o[r].w[j]))
+                               : _mm256_dpbusd_epi32(_mm256_setzero_si256(), o[r].w[j], xv);
+  return reduce4_i32(p[0], p[1], p[2], p[3]);
+#else
+  // int16 pair sums: |w| ≤ 15 (Q4), 31 (Q5_0's q), 32 (Q6_K) and |x| ≤ 127 keep sums of 8 within int16
+  // (Q8_0's |w| ≤ 128 would not: it has its own tile)
+  static_assert(kType != kQ8_0, "Q8_0 runs tile_q8");
+  for (int r = 0; r < 4; ++r)
+    p[r] = Blk<kType>::kSigned ? _mm256_maddubs_epi16(o[r].aw[j], _mm256_sign_epi8(xv, o[r].w[j]))
+                               : _mm256_maddubs_epi16(o[r].w[j], xv);
+  return reduce4_i16(p[0], p[1], p[2], p[3]);
+#endif
+}
+
+// A tile: weight rows rows[0 .. 4*RG) (unpacked once per block) x activation rows t0 .. t0+TT. y[t, n + i]
+// for i < nvalid (padding rows repeat a valid row; their results are dropped). ``next``: the rows after
+// these, prefetched as far ahead as this block is into these.
+template <int64_t kType, int RG, int TT>
+inline void tile(const uint8_t* const* rows, const QX& x, int64_t t0, float* y, int64_t N, int64_t n,
+                 int64_t nvalid, const uint8_t* next, int64_t row_bytes) {
+  constexpr Format f = format_of_known(kType);
+  constexpr int CPB = Blk<kType>::CPB;
   const int64_t nc = x.nc;
-  for (int64_t a = n0; a < n1; a += kTile) {
-    const int64_t b = std::min(n1, a + kTile);
-    int64_t t = 0;
-    for (; T - t >= 4; t += 8) {
-      const int64_t g = t / 8, rows = std::min<int64_t>(8, T - t);
-      const int8_t* xq[8];
-      for (int i = 0; i < 8; ++i) xq[i] = x.q + (t + std::min<int64_t>(i, rows - 1)) * x.K;
-      alignas(32) float y8[8];
-      for (int64_t n = a; n < b; ++n) {
-        row_dot8<kType>(wp + n * row_bytes, xq, xdT + g * nc * 8, xsT + g * nc * 8, nc, y8);
-        for (int64_t i = 0; i < rows; ++i) yp[(t + i) * N + n] = y8[i];
+  Blk<kType> o[4 * RG];
+  __m256 acc[RG][TT];
+  __m128 off[RG][TT];
+  for (int g = 0; g < RG; ++g)
+    for (int t = 0; t < TT; ++t) {
+      acc[g][t] = _mm256_setzero_ps();
+      off[g][t] = _mm_setzero_ps();
+    }
+  const int8_t* xq = x.q + t0 * x.K;
+  const float* xd = x.d + t0 * nc;
+  const float* xs = x.s + t0 * nc;
+  for (int64_t blk = 0, c = 0; blk < nc / CPB; ++blk) {
+    if (next)
+      for (int64_t p = 0; p < 4 * RG * f.block_bytes; p += 64) {
+        const int64_t at = blk * 4 * RG * f.block_bytes + p;
+        if (at < 4 * RG * row_bytes) _mm_prefetch(reinterpret_cast<const char*>(next + at), _MM_HINT_T0);
+      }
+    for (int r = 0; r < 4 * RG; ++r) unpack<kType>(rows[r] + blk * f.block_bytes, o[r]);
+    for (int j = 0; j < CPB; ++j, ++c) {
+      __m256 dv[RG];
+      __m128 mv[RG];
+      for (int g = 0; g < RG; ++g) {
+        const Blk<kType>* q = o + 4 * g;
+        const __m128 lo = _mm_setr_ps(q[0].dw[j], q[1].dw[j], q[2].dw[j], q[3].dw[j]);
+        if constexpr (kType == kQ6_K)
+          dv[g] = _mm256_set_m128(_mm_setr_ps(q[0].dh[j], q[1].dh[j], q[2].dh[j], q[3].dh[j]), lo);
+        else
+          dv[g] = _mm256_set_m128(lo, lo);
+        if constexpr (Blk<kType>::kMin) mv[g] = _mm_setr_ps(q[0].m[j], q[1].m[j], q[2].m[j], q[3].m[j]);
+      }
+      for (int t = 0; t < TT; ++t) {
+        const __m256i xv = load32(xq + t * x.K + 32 * c);
+        const __m256 d = _mm256_broadcast_ss(xd + t * nc + c);
+        for (int g = 0; g < RG; ++g) {
+          __m256i pi = dot4<kType>(o + 4 * g, j, xv);
+          if constexpr (Blk<kType>::kBias) pi = _mm256_sub_epi32(pi, load32h(x.h16 + ((t0 + t) * nc + c) * 8));
+          const __m256 p = _mm256_cvtepi32_ps(pi);
+          acc[g][t] = _mm256_fmadd_ps(p, _mm256_mul_ps(dv[g], d), acc[g][t]);
+          if constexpr (Blk<kType>::kMin) off[g][t] = _mm_fmadd_ps(mv[g], _mm_broadcast_ss(xs + t * nc + c), off[g][t]);
+        }
       }
     }
-    for (; t < T; ++t) {
-      const int8_t* xq = x.q + t * x.K;
-      const float *xd = x.d + t * nc, *xs = x.s + t * nc;
-      int64_t n = a;
-      constexpr int R = Blk<kType>::kMin ? 4 : 2;  // measured best: unsigned 4-bit types 4 rows, others 2
-      for (; n + R <= b; n += R) {
-        const uint8_t* rows[R];
-        for (int r = 0; r < R; ++r) rows[r] = wp + (n + r) * row_bytes;
-        row_dot1<kType, R>(rows, xq, xd, xs, nc, yp + t * N + n, wp + (n + R) * row_bytes);
+  }
+  for (int g = 0; g < RG; ++g)
+    for (int t = 0; t < TT; ++t) {
+      __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[g][t]), _mm256_extractf128_ps(acc[g][t], 1));
+      if constexpr (Blk<kType>::kMin) v = _mm_add_ps(v, off[g][t]);
+      float* out = y + (t0 + t) * N + n + 4 * g;
+      const int64_t valid = std::min<int64_t>(4, nvalid - 4 * g);
+      if (valid >= 4) {
+        _mm_storeu_ps(out, v);
+      } else {
+        alignas(16) float tmp[4];
+        _mm_store_ps(tmp, v);
+        for (int64_t i = 0; i < valid; ++i) out[i] = tmp[i];
       }
-      for (; n < b; ++n) {
-        const uint8_t* rows[1] = {wp + n * row_bytes};
-        row_dot1<kType, 1>(rows, xq, xd, xs, nc, yp + t * N + n);
+    }
+}
+
+// 4 weight rows' chunk c unpacked once for a whole batch (kept in L1/L2 while every activation row passes)
+template <int64_t kType>
+struct Packed4 {
+  __m256i w[4];                            // maddubs' unsigned operand (|w| for the signed types)
+  __m256i s[Blk<kType>::kSigned ? 4 : 1];  // signed types: the signed codes (sign_epi8's source)
+  __m256 dv;                               // [dw r0..r3 | dh r0..r3]
+  __m128 mv;                               // offsets m r0..r3
+};
+
+template <int64_t kType>
+void pack4(const uint8_t* const* rows, int64_t nc, Packed4<kType>* out) {
+  constexpr Format f = format_of_known(kType);
+  constexpr int CPB = Blk<kType>::CPB;
+  Blk<kType> o[4];
+  for (int64_t blk = 0, c = 0; blk < nc / CPB; ++blk) {
+    for (int r = 0; r < 4; ++r) unpack<kType>(rows[r] + blk * f.block_bytes, o[r]);
+    for (int j = 0; j < CPB; ++j, ++c) {
+      Packed4<kType>& p = out[c];
+      for (int r = 0; r < 4; ++r) {
+        if constexpr (Blk<kType>::kSigned) {
+          p.w[r] = o[r].aw[j];
+          p.s[r] = o[r].w[j];
+        } else {
+          p.w[r] = o[r].w[j];
+        }
       }
+      const __m128 lo = _mm_setr_ps(o[0].dw[j], o[1].dw[j], o[2].dw[j], o[3].dw[j]);
+      if constexpr (kType == kQ6_K)
+        p.dv = _mm256_set_m128(_mm_setr_ps(o[0].dh[j], o[1].dh[j], o[2].dh[j], o[3].dh[j]), lo);
+      else
+        p.dv = _mm256_set_m128(lo, lo);
+      if constexpr (Blk<kType>::kMin) p.mv = _mm_setr_ps(o[0].m[j], o[1].m[j], o[2].m[j], o[3].m[j]);
     }
   }
 }
 
-void matmul_range(int64_t type, const uint8_t* wp, int64_t row_bytes, const QX& x, const float* xdT,
-                  const float* xsT, int64_t T, int64_t N, int64_t n0, int64_t n1, float* yp) {
+template <int64_t kType>
+inline __m256i dot4p(const Packed4<kType>& p, __m256i xv) {
+  __m256i q[4];
+#ifdef OD_VNNI
+  for (int r = 0; r < 4; ++r)
+    q[r] = Blk<kType>::kSigned ? _mm256_dpbusd_epi32(_mm256_setzero_si256(), p.w[r], _mm256_sign_epi8(xv, p.s[r]))
+                               : _mm256_dpbusd_epi32(_mm256_setzero_si256(), p.w[r], xv);
+  return reduce4_i32(q[0], q[1], q[2], q[3]);
+#else
+  static_assert(kType != kQ8_0, "Q8_0 runs tile_q8");
+  for (int r = 0; r < 4; ++r)
+    q[r] = Blk<kType>::kSigned ? _mm256_maddubs_epi16(p.w[r], _mm256_sign_epi8(xv, p.s[r]))
+                               : _mm256_maddubs_epi16(p.w[r], xv);
+  return reduce4_i16(q[0], q[1], q[2], q[3]);
+#endif
+}
+
+// activation rows t0 .. t0+TT against packed rows P (the same operations as ``tile``)
+template <int64_t kType, int TT>
+inline void tile_packed(const Packed4<kType>* P, const QX& x, int64_t t0, float* y, int64_t N, int64_t n,
+                        int64_t nvalid) {
+  const int64_t nc = x.nc;
+  __m256 acc[TT];
+  __m128 off[TT];
+  for (int t = 0; t < TT; ++t) {
+    acc[t] = _mm256_setzero_ps();
+    off[t] = _mm_setzero_ps();
+  }
+  const int8_t* xq = x.q + t0 * x.K;
+  const float* xd = x.d + t0 * nc;
+  const float* xs = x.s + t0 * nc;
+  for (int64_t c = 0; c < nc; ++c) {
+    const Packed4<kType>& p = P[c];
+    for (int t = 0; t < TT; ++t) {
+      __m256i qi = dot4p<kType>(p, load32(xq + t * x.K + 32 * c));
+      if constexpr (Blk<kType>::kBias) qi = _mm256_sub_epi32(qi, load32h(x.h16 + ((t0 + t) * nc + c) * 8));
+      const __m256 q = _mm256_cvtepi32_ps(qi);
+      acc[t] = _mm256_fmadd_ps(q, _mm256_mul_ps(p.dv, _mm256_broadcast_ss(xd + t * nc + c)), acc[t]);
+      if constexpr (Blk<kType>::kMin) off[t] = _mm_fmadd_ps(p.mv, _mm_broadcast_ss(xs + t * nc + c), off[t]);
+    }
+  }
+  for (int t = 0; t < TT; ++t) {
+    __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[t]), _mm256_extractf128_ps(acc[t], 1));
+    if constexpr (Blk<kType>::kMin) v = _mm_add_ps(v, off[t]);
+    float* out = y + (t0 + t) * N + n;
+    if (nvalid >= 4) {
+      _mm_storeu_ps(out, v);
+    } else {
+      alignas(16) float tmp[4];
+      _mm_store_ps(tmp, v);
+      for (int64_t i = 0; i < nvalid; ++i) out[i] = tmp[i];
+    }
+  }
+}
+
+// Q8_0 keeps one 8-lane accumulator per (row, activation row): its pair sums must be widened by a madd
+// each before any reduction, so the 4-pair reduction would add shuffles and save no multiply. Per chunk:
+//     acc = fma(float(madd(maddubs(|w|, x·sign(w)), 1)), fp32(dw * xd), acc);   y = hsum8(acc)
+// for R weight rows x TT activation rows at once, each weight chunk loaded once for the TT rows.
+inline float hsum8(__m256 v) {  // the sum of the 8 lanes, in one fixed order
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+template <int R, int TT>
+inline void tile_q8(const uint8_t* const* rows, const QX& x, int64_t t0, float* y, int64_t N, int64_t n,
+                    int64_t nvalid, const uint8_t* next) {
+  constexpr int64_t B = 34;  // block_q8_0: fp16 d, 32 int8
+  const int64_t nc = x.nc;
+  [[maybe_unused]] const __m256i one = _mm256_set1_epi16(1);
+  __m256 acc[R][TT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_ps();
+  const int8_t* xq = x.q + t0 * x.K;
+  const float* xd = x.d + t0 * nc;
+  for (int64_t c = 0; c < nc; ++c) {
+    if (next)
+      for (int64_t p = 0; p < R * B; p += 64) _mm_prefetch(reinterpret_cast<const char*>(next + c * R * B + p), _MM_HINT_T0);
+    __m256i w[R], aw[R];
+    float dw[R];
+    for (int r = 0; r < R; ++r) {
+      w[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + c * B + 2));
+      aw[r] = _mm256_sign_epi8(w[r], w[r]);
+      dw[r] = f16(rows[r] + c * B);
+    }
+    for (int t = 0; t < TT; ++t) {
+      const __m256i xv = load32(xq + t * x.K + 32 * c);
+      const float d = xd[t * nc + c];
+      for (int r = 0; r < R; ++r) {
+#ifdef OD_VNNI
+        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw[r], _mm256_sign_epi8(xv, w[r]));
+#else
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv, w[r])), one);
+#endif
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw[r] * d), acc[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R && r < nvalid; ++r) y[(t0 + t) * N + n + r] = hsum8(acc[r][t]);
+}
+
+template <int R>
+void rows_pass_q8(const uint8_t* wp, int64_t row_bytes, const QX& x, int64_t T, int64_t N, int64_t n0, int64_t n1,
+                  float* yp) {
+  for (int64_t n = n0; n < n1; n += R) {
+    const int64_t valid = std::min<int64_t>(R, n1 - n);
+    const uint8_t* rows[R];
+    for (int64_t r = 0; r < R; ++r) rows[r] = wp + (n + std::min<int64_t>(r, valid - 1)) * row_bytes;
+    const uint8_t* next = n + R < n1 ? wp + (n + R) * row_bytes : nullptr;
+    int64_t t = 0;
+    for (; T - t >= 8; t += 8) tile_q8<R, 8>(rows, x, t, yp, N, n, valid, t == 0 ? next : nullptr);
+    for (; T - t >= 4; t += 4) tile_q8<R, 4>(rows, x, t, yp, N, n, valid, t == 0 ? next : nullptr);
+    switch (T - t) {
+      case 3: tile_q8<R, 3>(rows, x, t, yp, N, n, valid, t == 0 ? next : nullptr); break;
+      case 2: tile_q8<R, 2>(rows, x, t, yp, N, n, valid, t == 0 ? next : nullptr); break;
+      case 1: tile_q8<R, 1>(rows, x, t, yp, N, n, valid, t == 0 ? next : nullptr); break;
+      default: break;
+    }
+  }
+}
+
+// Rows [n0, n1) of y [T, N]: a decode step (T = 1) in tiles of 8 weight rows; a small batch (T ≤ 4) in
+// tiles of 4 weight rows x T activation rows; a larger batch unpacks 4 weight rows once into a buffer
+// that every activation row then passes over, KT at a time.
+template <int64_t kType, int RG>
+void rows_pass(const uint8_t* wp, int64_t row_bytes, const QX& x, int64_t T, int64_t N, int64_t n0, int64_t n1,
+               float* yp) {
+  constexpr int64_t R = 4 * RG;
+  constexpr int KT = 8;
+  std::vector<Packed4<kType>> packed(T > 4 ? x.nc : 0);
+  for (int64_t n = n0; n < n1; n += R) {
+    const int64_t valid = std::min<int64_t>(R, n1 - n);
+    const uint8_t* rows[R];
+    for (int64_t r = 0; r < R; ++r) rows[r] = wp + (n + std::min<int64_t>(r, valid - 1)) * row_bytes;
+    const uint8_t* next = n + R < n1 ? wp + (n + R) * row_bytes : nullptr;  // the next tile's rows
+    if constexpr (RG == 1) {
+      if (T > 4) {
+        pack4<kType>(rows, x.nc, packed.data());
+        int64_t t = 0;
+        for (; T - t >= KT; t += KT) tile_packed<kType, KT>(packed.data(), x, t, yp, N, n, valid);
+        for (; t < T; ++t) tile_packed<kType, 1>(packed.data(), x, t, yp, N, n, valid);
+        continue;
+      }
+      switch (T) {
+        case 4: tile<kType, 1, 4>(rows, x, 0, yp, N, n, valid, next, row_bytes); break;
+        case 3: tile<kType, 1, 3>(rows, x, 0, yp, N, n, valid, next, row_bytes); break;
+        case 2: tile<kType, 1, 2>(rows, x, 0, yp, N, n, valid, next, row_bytes); break;
+        default: tile<kType, 1, 1>(rows, x, 0, yp, N, n, valid, next, row_bytes); break;
+      }
+    } else {
+      for (int64_t t = 0; t < T; ++t) tile<kType, RG, 1>(rows, x, t, yp, N, n, valid, t == 0 ? next : nullptr, row_bytes);
+    }
+  }
+}
+
+template <int64_t kType>
+void matmul_rows(const uint8_t* wp, int64_t row_bytes, const QX& x, int64_t T, int64_t N, int64_t n0, int64_t n1,
+                 float* yp) {
+  if constexpr (kType == kQ8_0) {
+    if (T < 8)  // measured: 2 rows x T for small batches, 1 row x 8 activation rows for larger ones
+      rows_pass_q8<2>(wp, row_bytes, x, T, N, n0, n1, yp);
+    else
+      rows_pass_q8<1>(wp, row_bytes, x, T, N, n0, n1, yp);
+  } else if (T == 1) {
+    rows_pass<kType, 2>(wp, row_bytes, x, T, N, n0, n1, yp);
+  } else {
+    rows_pass<kType, 1>(wp, row_bytes, x, T, N, n0, n1, yp);
+  }
+}
+
+void matmul_range(int64_t type, const uint8_t* wp, int64_t row_bytes, const QX& x, int64_t T, int64_t N, int64_t n0,
+                  int64_t n1, float* yp) {
   switch (type) {
-    case kQ4_1: matmul_rows<kQ4_1>(wp, row_bytes, x, xdT, xsT, T, N, n0, n1, yp); break;
-    case kQ5_0: matmul_rows<kQ5_0>(wp, row_bytes, x, xdT, xsT, T, N, n0, n1, yp); break;
-    case kQ8_0: matmul_rows<kQ8_0>(wp, row_bytes, x, xdT, xsT, T, N, n0, n1, yp); break;
-    case kQ4_K: matmul_rows<kQ4_K>(wp, row_bytes, x, xdT, xsT, T, N, n0, n1, yp); break;
-    default: matmul_rows<kQ6_K>(wp, row_bytes, x, xdT, xsT, T, N, n0, n1, yp); break;
+    case kQ4_1: matmul_rows<kQ4_1>(wp, row_bytes, x, T, N, n0, n1, yp); break;
+    case kQ5_0: matmul_rows<kQ5_0>(wp, row_bytes, x, T, N, n0, n1, yp); break;
+    case kQ8_0: matmul_rows<kQ8_0>(wp, row_bytes, x, T, N, n0, n1, yp); break;
+    case kQ4_K: matmul_rows<kQ4_K>(wp, row_bytes, x, T, N, n0, n1, yp); break;
+    default: matmul_rows<kQ6_K>(wp, row_bytes, x, T, N, n0, n1, yp); break;
   }
 }
 
 #else
 // ---------------------------------------------------------------- portable path: decode a row, then dot
 
-void matmul_range(int64_t type, const uint8_t* wp, int64_t row_bytes, const QX& x, const float*, const float*,
-                  int64_t T, int64_t N, int64_t n0, int64_t n1, float* yp) {
+void matmul_range(int64_t type, const uint8_t* wp, int64_t row_bytes, const QX& x, int64_t T, int64_t N, int64_t n0,
+                  int64_t n1, float* yp) {
   const bool has_min = type == kQ4_1 || type == kQ4_K;
   Decoded w;
   w.resize(x.K);
@@ -606,22 +808,23 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
   });
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  const QX qx{xq.data(), xd.data(), xs.data(), K, nc};
-  // activation scales of each group of 8 rows transposed to [nc][8] (a short last group repeats its last
-  // row) for the batched kernel's lanes
-  const int64_t groups = (T + 7) / 8;
-  std::vector<float> xdT(groups * nc * 8), xsT(groups * nc * 8);
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t c = 0; c < nc; ++c)
-      for (int64_t i = 0; i < 8; ++i) {
-        const int64_t t = std::min(8 * g + i, T - 1);
-        xdT[(g * nc + c) * 8 + i] = xd[t * nc + c];
-        xsT[(g * nc + c) * 8 + i] = xs[t * nc + c];
-      }
+  std::vector<int32_t> h16(type == kQ5_0 ? T * nc * 8 : 0);
+  for (int64_t i = 0; i < static_cast<int64_t>(h16.size()) / 8; ++i) {
+    int32_t lo = 0, hi = 0;
+    for (int k = 0; k < 16; ++k) {
+      lo += xq[32 * i + k];
+      hi += xq[32 * i + 16 + k];
+    }
+    for (int k = 0; k < 4; ++k) {
+      h16[8 * i + k] = 16 * lo;
+      h16[8 * i + 4 + k] = 16 * hi;
+    }
+  }
+  const QX qx{xq.data(), xd.data(), xs.data(), K, nc, h16.data()};
   // one range of rows per thread (at::parallel_for splits [0, N) evenly); the grain keeps a small N on
   // one thread where a second would cost more to wake than it saves
   const int64_t grain = std::max<int64_t>(16, 2048 / std::max<int64_t>(1, nc * T));
-  at::parallel_for(0, N, grain, [&](int64_t a, int64_t b) { matmul_range(type, wp, row_bytes, qx, xdT.data(), xsT.data(), T, N, a, b, yp);
+  at::parallel_for(0, N, grain, [&](int64_t a, int64_t b) { matmul_range(type, wp, row_bytes, qx, T, N, a, b, yp);
   });
   return y;
 }
