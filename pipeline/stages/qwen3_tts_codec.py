@@ -66,7 +66,8 @@ class Qwen3TTSCodecWorker:
         self.codec, self.first_chunk, self.chunk, self.max_batch = codec, first_chunk, chunk, max_batch
         self.streams: dict[str, _Utterance] = {}
         self._aborted: OrderedDict[str, None] = OrderedDict()  # late frames of these are dropped
-        self.calls = self.rows = 0  # decode calls made and utterance-rows they decoded
+        self.calls = self.rows = self.frames = 0  # decode calls, the utterance-rows and frames they decoded
+        self.decode_s = 0.0  # wall time of the decode calls (s)
 
     def submit(self, msg: StageMessage) -> None:
         """Queue one frame (or the end) of an utterance.
@@ -102,8 +103,16 @@ class Qwen3TTSCodecWorker:
         return any(self._due(u) for u in self.streams.values())
 
     def stats(self) -> dict:
-        """Gauges: open streams (``batch_size``), decode calls and the rows they decoded."""
-        return {"queue_depth": 0, "batch_size": len(self.streams), "calls": self.calls, "rows": self.rows}
+        """Gauges: open streams (``batch_size``); so far: decode ``calls``, the utterance-``rows`` and
+        ``frames`` they decoded and their wall time ``decode_s`` (s)."""
+        return {
+            "queue_depth": 0,
+            "batch_size": len(self.streams),
+            "calls": self.calls,
+            "rows": self.rows,
+            "frames": self.frames,
+            "decode_s": self.decode_s,
+        }
 
     @torch.no_grad()
     def step(self) -> list[StageMessage]:
@@ -128,9 +137,12 @@ class Qwen3TTSCodecWorker:
         t0 = time.perf_counter()
         streams = [u.decoder.stream for _, u, _, _ in members]
         samples = push_together(streams, torch.cat([m[2] for m in members]))
-        ms = 1000 * (time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        ms = 1000 * dt
         self.calls += 1
         self.rows += len(members)
+        self.frames += samples.shape[0] * samples.shape[-1] // self.codec.total_upsample
+        self.decode_s += dt
         outs = []
         for b, (rid, u, _, sizes) in enumerate(members):
             pieces = [p.reshape(-1).float() for p in u.decoder.split(samples[b : b + 1], sizes)]

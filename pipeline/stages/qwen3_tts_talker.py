@@ -25,6 +25,7 @@ import torch
 from omniduplex.models.qwen3_tts.voice import VoiceError, VoicePrompter
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
+from omniduplex.pipeline.stage_stats import engine_stats
 
 
 class Qwen3TTSTalkerWorker:
@@ -47,6 +48,7 @@ class Qwen3TTSTalkerWorker:
         self.tts, self.engine = tts, tts.engine  # ``engine``: the KV gauges of stage_stats
         self.prompter, self.max_frames, self.sampling = prompter, max_frames, dict(sampling or {})
         self.started: dict[str, float] = {}  # utterances with no frame out yet → admission time
+        self.step_s, self.frames = 0.0, 0  # engine time and frames made so far
 
     @torch.no_grad()
     def submit(self, msg: StageMessage) -> None:
@@ -83,10 +85,18 @@ class Qwen3TTSTalkerWorker:
     def has_work(self) -> bool:
         return self.tts.has_unfinished()
 
+    def stats(self) -> dict:
+        """The engine's gauges (:func:`~..stage_stats.engine_stats`), plus ``step_s`` (engine steps'
+        wall time so far, s) and ``frames`` (codec frames made so far)."""
+        return {**engine_stats(self.engine), "step_s": self.step_s, "frames": self.frames}
+
     def step(self) -> list[StageMessage]:
         """One engine step: a ``codes`` message per utterance that made a frame, ``last`` for those done."""
         outs = []
-        for ev in self.tts.step():
+        t0 = time.perf_counter()
+        events = self.tts.step()
+        self.step_s += time.perf_counter() - t0
+        for ev in events:
             meta = {}
             t0 = self.started.pop(ev.request_id, None)
             if t0 is not None and ev.codes is not None:
@@ -96,5 +106,6 @@ class Qwen3TTSTalkerWorker:
             if ev.finished:
                 meta["finish_reason"] = ev.finish_reason
             tensors = {"codes": ev.codes} if ev.codes is not None else {}
+            self.frames += ev.codes is not None
             outs.append(StageMessage(ev.request_id, tensors, meta, last=ev.finished))
         return outs
