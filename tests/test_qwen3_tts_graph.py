@@ -218,3 +218,40 @@ def test_two_stage_processes_equal_in_process_decode_and_abort_frees_state(ckpt,
         assert metrics["talker_first_frame_ms"] > 0 and metrics["codec_first_chunk_ms"] > 0
     assert cancelled.kind == "error" and cancelled.error == "cancelled"
     assert stages["tts_codec"]["batch_size"] == 0 and stages["tts_talker"]["batch_size"] == 0
+
+
+def test_speech_endpoint_on_the_graph_streams_and_refuses_bad_voices(ckpt, model):
+    import httpx
+    from test_server import IdleResponder
+
+    from omniduplex.app.server import ServerConfig, create_app
+    from omniduplex.app.speech_graph import Qwen3GraphSpeech
+
+    voice = sorted(model.config.speakers)[0]
+    _, one_shot = _reference(ckpt, model, voice, TEXTS[1], 12)
+    pcfg = PipelineConfig(model=str(ckpt), stages={"tts_talker": {"num_kv_blocks": 64}})
+    greedy = _greedy(12)  # exactly 12 frames, as the reference
+    svc = Qwen3GraphSpeech(ckpt, pcfg, processes=False, max_frames=greedy.pop("max_tokens"), sampling=greedy)
+
+    async def main():
+        cfg = ServerConfig(max_sessions=1, tts=str(ckpt), tts_graph=True)
+        app = create_app(cfg, responder=IdleResponder())
+        app.state.server.speech = svc  # greedy, a short budget
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=300) as c:
+                bodies = (
+                    {"input": TEXTS[1], "voice": voice, "response_format": "pcm"},
+                    {"input": TEXTS[1], "voice": "alloy"},
+                    {"input": TEXTS[1], "voice": voice, "ref_audio": "%%"},
+                )
+                return await asyncio.gather(*(c.post("/v1/audio/speech", json=b) for b in bodies))
+
+    good, unknown, bad_clip = asyncio.run(main())
+    assert good.status_code == 200
+    got = np.frombuffer(good.content, "<i2").astype(np.int32)
+    want = (np.clip(one_shot, -1, 1) * 32767).astype("<i2").astype(np.int32)
+    assert got.shape == want.shape and np.abs(got - want).max() <= 1
+    assert unknown.status_code == 400 and "unknown voice 'alloy'" in unknown.json()["error"]["message"]
+    assert bad_clip.status_code == 400 and "base64" in bad_clip.json()["error"]["message"]
+    assert svc.orch is None  # the server's shutdown stopped the graph
