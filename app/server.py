@@ -189,7 +189,7 @@ class ServerState:
         if self.orchestrator is not None:
             await self.orchestrator.stop()
         speech = getattr(self, "speech", None)  # /v1/audio/speech's Qwen3-TTS (app/realtime/routes.py)
-        if speech is not None:
+        if speech is not None and getattr(self, "speech_owned", False):  # loaded by the route, not given
             await asyncio.to_thread(speech.close)
 
     async def open(self, sdp: str) -> tuple[str, str]:

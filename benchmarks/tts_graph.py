@@ -47,12 +47,14 @@ async def _utterance(orch: Orchestrator, text: str, meta: dict) -> dict:
 
 
 async def _totals(backend: ProcessBackend, frames: int | None) -> dict:
-    """The stages' cumulative gauges, once both have reported ``frames`` frames (or after a short wait)."""
+    """The stages' cumulative gauges, once both have reported ``frames`` frames (``None``: the same number,
+    not 0), or after :data:`STATS_SETTLE_S`."""
     deadline = time.monotonic() + STATS_SETTLE_S
     while True:
         st = backend.stats()["stages"]
         t, c = st.get("tts_talker", {}), st.get("tts_codec", {})
-        if frames is None or (t.get("frames") == frames and c.get("frames") == frames):
+        made, decoded = t.get("frames", 0), c.get("frames", 0)
+        if made == decoded and (made == frames if frames is not None else made > 0):
             break
         if time.monotonic() > deadline:
             break

@@ -249,6 +249,7 @@ def _qwen3_speech(state):
                 state.speech = Qwen3GraphSpeech(state.speech_dir)
             else:
                 state.speech = Qwen3Speech(state.speech_dir)
+            state.speech_owned = True  # the server's shutdown closes it
     return state.speech
 
 
