@@ -122,8 +122,16 @@ def test_codec_stage_batches_streams_and_frees_state(model):
     assert worker.calls < worker.rows  # same-length chunks of several utterances shared a call
     worker.submit(StageMessage("d", {"codes": codes["d"][0, :, 40]}))
     assert "d" not in worker.streams and not worker.has_work()
+    e = _codes(99, 26)  # 1 + 25 frames, then the talker's closing message alone
+    for f in range(26):
+        worker.submit(StageMessage("e", {"codes": e[0, :, f]}))
+    msgs = _drain(worker)
+    worker.submit(StageMessage("e", {}, last=True))
+    msgs += _drain(worker)
+    assert [m.tensors["pcm"].numel() // hop for m in msgs] == [1, 25, 0] and msgs[-1].last
+    assert worker.streams == {}
     with pytest.raises(ValueError, match="codebook"):
-        worker.submit(StageMessage("e", {"codes": torch.full((16,), 5000)}))
+        worker.submit(StageMessage("x", {"codes": torch.full((16,), 5000)}))
 
 
 def _reference(ckpt, model, voice: str, text: str, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -32,6 +32,10 @@ from omniduplex.models.qwen3_tts.codec_stream import StreamingDecoder
 from omniduplex.pipeline.messages import StageMessage
 
 _ABORTED_MEMORY = 1024
+FRAMES_PER_CALL = 200
+"""Most frames one decode call takes (all utterances together; one utterance's piece at least): about 2 s of
+decode on the small preset here, so the stage reads its input edge often enough to keep the talker's credits
+flowing."""
 
 
 @dataclass
@@ -116,22 +120,32 @@ class Qwen3TTSCodecWorker:
 
     @torch.no_grad()
     def step(self) -> list[StageMessage]:
-        """Decode every due piece (first pieces alone first); one message per piece, ``last`` on the final
-        one of a finished utterance."""
-        due = [(rid, u) for rid, u in self.streams.items() if self._due(u)]
-        first = [(rid, u) for rid, u in due if u.chunk == 0]
-        groups: dict[int, list[tuple[str, _Utterance, torch.Tensor, list[int]]]] = defaultdict(list)
+        """One batched decode call (first pieces first), so the stage reads its input between calls: the
+        largest group of due utterances with the same number of frames to decode, at most ``max_batch``
+        of them and :data:`FRAMES_PER_CALL` frames in all (one utterance at least). One message per piece,
+        ``last`` on the final one of a finished utterance; finished utterances with nothing left close
+        here too."""
         outs: list[StageMessage] = []
-        for rid, u in first or due:
+        due: list[tuple[str, _Utterance, list[int]]] = []
+        for rid, u in list(self.streams.items()):
+            sizes = u.decoder.due(u.finished)
+            if sizes:
+                due.append((rid, u, sizes))
+            elif u.finished:  # its last frames are decoded: only the closing message is left
+                outs += self._close(rid, u, [])
+        first = [d for d in due if d[1].chunk == 0]
+        groups: dict[int, list[tuple[str, _Utterance, list[int]]]] = defaultdict(list)
+        for d in first or due:
+            groups[sum(d[2])].append(d)
+        if not groups:
+            return outs
+        n, members = max(groups.items(), key=lambda g: len(g[1]))
+        members = members[: max(1, min(self.max_batch, FRAMES_PER_CALL // n))]
+        taken = []
+        for rid, u, _ in members:
             codes, sizes = u.decoder.take(u.finished)
-            if codes is None:  # finished with nothing pending
-                outs.append(self._close(rid, u, []))
-                continue
-            groups[codes.shape[-1]].append((rid, u, codes, sizes))
-        for members in groups.values():
-            for i in range(0, len(members), self.max_batch):
-                outs += self._decode(members[i : i + self.max_batch])
-        return outs
+            taken.append((rid, u, codes, sizes))
+        return outs + self._decode(taken)
 
     def _decode(self, members: list[tuple[str, _Utterance, torch.Tensor, list[int]]]) -> list[StageMessage]:
         t0 = time.perf_counter()
