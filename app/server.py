@@ -81,6 +81,7 @@ class ServerConfig:
     ws_max_bytes: int = 4 << 20  # largest WebSocket message (uvicorn ws_max_size)
     kiosk: KioskConfig = field(default_factory=KioskConfig)  # /kiosk page settings (app/kiosk.py)
     tts: str | None = None  # Qwen3-TTS checkpoint serving /v1/audio/speech (app/speech.py); None: Piper
+    tts_graph: bool = False  # serve it on the TTS graph's stage processes (app/speech_graph.py)
     drain_timeout_s: float = 30.0  # SIGTERM: longest wait for replies in flight before closing (app/drain.py)
 
 
@@ -187,6 +188,9 @@ class ServerState:
         await asyncio.gather(*(p.close("server shutdown") for p in list(self.sessions.values())))
         if self.orchestrator is not None:
             await self.orchestrator.stop()
+        speech = getattr(self, "speech", None)  # /v1/audio/speech's Qwen3-TTS (app/realtime/routes.py)
+        if speech is not None and getattr(self, "speech_owned", False):  # loaded by the route, not given
+            await asyncio.to_thread(speech.close)
 
     async def open(self, sdp: str) -> tuple[str, str]:
         """Answer an offer with a new session; returns ``(session_id, answer_sdp)``.

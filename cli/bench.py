@@ -175,12 +175,21 @@ def bench_tts(
     ),
     concurrency: str = typer.Option("1,16,64", help="Comma-separated concurrent utterance counts."),
     frames: int = typer.Option(50, help="Codec frames per utterance (12.5 frames = 1 s of audio)."),
-    threads: int = typer.Option(2, help="torch intra-op threads."),
+    threads: int | None = typer.Option(
+        None, help="torch intra-op threads (default: 1 per stage process; 2 in-process)."
+    ),
+    processes: bool = typer.Option(
+        True,
+        "--processes/--in-process",
+        help="Talker and codec decoder as two stage processes joined by the relay (the served graph), "
+        "or both in this one process.",
+    ),
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
 ) -> None:
     """Qwen3-TTS: TTFP, RTF and audio-seconds per second per concurrency, talker vs codec split."""
     from omniduplex.app.respond import cache_dir
     from omniduplex.benchmarks.tts import run
+    from omniduplex.benchmarks.tts_graph import run_processes
     from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
 
     if model is None:
@@ -190,7 +199,10 @@ def bench_tts(
     levels = _levels(concurrency)
     if frames < 1 or min(levels) < 1:
         raise typer.BadParameter("--frames and every --concurrency level must be >= 1")
-    run(model, levels, frames, threads, json_out)
+    if processes:
+        run_processes(model, levels, frames, threads or 1, json_out)
+    else:
+        run(model, levels, frames, threads or 2, json_out)
 
 
 @bench.command("realtime")

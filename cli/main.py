@@ -138,6 +138,12 @@ def serve(
     tts: Path | None = typer.Option(
         None, "--tts", help="Qwen3-TTS checkpoint serving POST /v1/audio/speech (default: the Piper voice)."
     ),
+    tts_graph: bool = typer.Option(
+        False,
+        "--tts-graph",
+        help="Serve --tts on the Qwen3-TTS graph: talker and codec decoder in two stage processes, "
+        "concurrent requests' chunks decoded together (default: one engine thread in the server).",
+    ),
     drain_timeout: float = typer.Option(
         30.0, "--drain-timeout", min=0, help="SIGTERM: wait for replies in flight this long (s)."
     ),
@@ -189,6 +195,7 @@ def serve(
         speaker=speaker,
         system_prompt=system_prompt,
         tts=str(tts) if tts else None,
+        tts_graph=tts_graph,
         media_timeout_s=media_timeout,
         drain_timeout_s=drain_timeout,
     )

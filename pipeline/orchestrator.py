@@ -147,6 +147,30 @@ class Orchestrator:
         self.backend.send(StageMessage(rid, {"waveform": wav}, dict(meta or {}), last=True))
         return rid
 
+    def speak(self, text: str, meta: dict | None = None, request_id: str | None = None) -> str:
+        """Start an utterance on a text-to-speech graph (:data:`.topology.QWEN3_TTS`); returns its id.
+
+        ``meta``: the voice fields of :mod:`.stages.qwen3_tts_talker` (``voice``, ``instructions``,
+        ``language``, ``ref_text``, ``sampling``); a ``ref_audio`` float32 ``[n]`` 24 kHz array in it
+        travels as a tensor. Its events: ``audio`` pieces, then ``done`` (metrics as for a turn, with the
+        TTFP split ``talker_first_frame_ms`` / ``codec_first_chunk_ms``) or ``error``.
+
+        Raises:
+            ValueError: the id is in use.
+        """
+        rid = request_id or f"speech-{next(self._ids)}"
+        if rid in self.turns:
+            raise ValueError(f"request {rid!r} is already running")
+        meta = dict(meta or {})
+        tensors = {}
+        if meta.get("ref_audio") is not None:
+            ref = np.ascontiguousarray(meta.pop("ref_audio"), dtype=np.float32).reshape(-1)
+            tensors["ref_audio"] = torch.from_numpy(ref)
+        meta.pop("ref_audio", None)
+        self.turns[rid] = self._new_turn(rid)
+        self.backend.send(StageMessage(rid, tensors, {**meta, "text": text}, last=True))
+        return rid
+
     def feed(
         self,
         request_id: str,
@@ -307,10 +331,15 @@ class Orchestrator:
 
     @staticmethod
     def _split_ttfp(turn: _Turn, meta: dict) -> None:
-        """Cascade TTFP split (ms): ``asr_ms`` (the ASR stage's compute; ``asr_wall_ms``: submit → transcript,
+        """TTFP split (ms). Qwen3-TTS graph: ``talker_first_frame_ms`` (the talker stage: admission → first
+        frame) and ``codec_first_chunk_ms`` (the decode call of the first piece); the rest is relay hops and
+        queueing. Cascade: ``asr_ms`` (the ASR stage's compute; ``asr_wall_ms``: submit → transcript,
         waits and relay hops included), ``tts_first_chunk_ms`` (synthesis of
         the first clause) and ``llm_first_clause_ms`` (transcript out → first clause audio, less that
         synthesis: the LLM's prefill and the tokens of its first clause, plus relay hops)."""
+        if "talker_ms" in meta:  # the Qwen3-TTS graph: the talker's first frame, then its 1-frame decode
+            turn.stage_ms["talker_first_frame_ms"] = float(meta["talker_ms"])
+            turn.stage_ms["codec_first_chunk_ms"] = float(meta.get("codec_ms", 0.0))
         if "tts_ms" not in meta or turn.t_transcript is None:
             return
         tts = float(meta["tts_ms"])

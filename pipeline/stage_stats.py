@@ -26,14 +26,7 @@ def worker_stats(worker) -> dict[str, int]:
         return stats()
     engine = getattr(worker, "engine", None)
     if engine is not None:  # thinker, talker, unified, cascade LLM
-        sched = engine.scheduler
-        alloc = sched.allocator
-        return {
-            "queue_depth": len(sched.waiting),
-            "batch_size": len(sched.running),
-            "kv_blocks_used": alloc.num_blocks - alloc.num_free,
-            "kv_blocks_free": alloc.num_free,
-        }
+        return engine_stats(engine)
     pending = getattr(worker, "pending", None)
     if pending is not None:  # encoder, codec_encoder, asr: batches of whole turns
         cap = max(1, int(getattr(worker, "max_batch", 1)))
@@ -42,6 +35,18 @@ def worker_stats(worker) -> dict[str, int]:
     if streams is None:
         streams = getattr(worker, "turns", {})  # tts
     return {"queue_depth": 0, "batch_size": len(streams)}
+
+
+def engine_stats(engine) -> dict[str, int]:
+    """The :func:`worker_stats` gauges of a stage on our engine (:class:`~.engine.engine.Engine`)."""
+    sched = engine.scheduler
+    alloc = sched.allocator
+    return {
+        "queue_depth": len(sched.waiting),
+        "batch_size": len(sched.running),
+        "kv_blocks_used": alloc.num_blocks - alloc.num_free,
+        "kv_blocks_free": alloc.num_free,
+    }
 
 
 def producer_stats(producer) -> dict[str, int]:

@@ -14,7 +14,12 @@ same :class:`Topology`, picked from the checkpoint's ``architectures`` or the ca
   the turn (the transcript also goes to the orchestrator: user captions and history), the text LLM streams
   its reply tokens with their text, Piper speaks it clause by clause; each PCM chunk carries the text it
   speaks (the alignment used to truncate an interrupted reply).
+* ``qwen3-tts``: ``tts_talker → tts_codec`` (issue 25): text to speech alone, for a Qwen3-TTS checkpoint. The
+  talker stage builds each utterance's prompt (text + voice, meta of the turn's message) and runs the talker
+  and code predictor on our engine; the codec stage streams the 12 Hz decoder, one state per utterance, and
+  decodes the chunks that several utterances complete in one batched call.
 """
+
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from pathlib import Path
 
 from omniduplex.models.cascade.manifest import is_cascade
 from omniduplex.models.checkpoint import read_config
+from omniduplex.models.qwen3_tts.config import ARCHITECTURE as QWEN3_TTS_ARCHITECTURE
 
 ORCHESTRATOR = "orchestrator"
 QWEN3_OMNI_OUTPUT_RATE = 24_000
@@ -129,7 +135,17 @@ CASCADE = Topology(
         ("tts", ORCHESTRATOR): ("pcm",),
     },
 )
-SHAPES = (QWEN3_OMNI, UNIFIED, CASCADE)
+QWEN3_TTS = Topology(
+    name="qwen3-tts",
+    stages=("tts_talker", "tts_codec"),
+    to_orchestrator=frozenset({"tts_codec"}),
+    edge_tensors={
+        (ORCHESTRATOR, "tts_talker"): ("ref_audio",),  # the text and voice travel in the meta
+        ("tts_talker", "tts_codec"): ("codes",),
+        ("tts_codec", ORCHESTRATOR): ("pcm",),
+    },
+)
+SHAPES = (QWEN3_OMNI, UNIFIED, CASCADE, QWEN3_TTS)
 ALL_STAGES = tuple(dict.fromkeys(s for t in SHAPES for s in t.stages))
 CASCADE_OUTPUT_RATE = 24_000
 """Rate the TTS stage resamples Piper's voice to (Hz): the same as Code2Wav and the Realtime API's PCM."""
@@ -151,7 +167,7 @@ def with_side_asr(topo: Topology) -> Topology:
 
 def topology_for(model: str | Path) -> Topology:
     """:data:`CASCADE` for a cascade manifest, :data:`UNIFIED` for an ``OmniduplexUnifiedLM`` checkpoint,
-    else :data:`QWEN3_OMNI`.
+    :data:`QWEN3_TTS` for a Qwen3-TTS checkpoint, else :data:`QWEN3_OMNI`.
 
     Raises:
         CheckpointError: ``config.json`` missing or unreadable.
@@ -159,12 +175,14 @@ def topology_for(model: str | Path) -> Topology:
     if is_cascade(model):
         return CASCADE
     archs = read_config(model).get("architectures") or []
+    if QWEN3_TTS_ARCHITECTURE in archs:
+        return QWEN3_TTS
     return UNIFIED if "OmniduplexUnifiedLM" in archs else QWEN3_OMNI
 
 
 def output_rate(model: str | Path) -> int:
-    """Sample rate (Hz) of the PCM the graph of ``model`` emits: 24 kHz for Code2Wav and the cascade's
-    TTS, the DAC ``codec_config.sampling_rate`` for unified checkpoints."""
+    """Sample rate (Hz) of the PCM the graph of ``model`` emits: 24 kHz for Code2Wav, Qwen3-TTS and the
+    cascade's TTS, the DAC ``codec_config.sampling_rate`` for unified checkpoints."""
     if is_cascade(model):
         return CASCADE_OUTPUT_RATE
     cfg = read_config(model)

@@ -27,7 +27,7 @@ from omniduplex.pipeline.stages.talker import TalkerWorker
 from omniduplex.pipeline.stages.thinker import ThinkerWorker
 from omniduplex.pipeline.stages.unified import UnifiedWorker
 from omniduplex.pipeline.stages.vocoder import VocoderWorker
-from omniduplex.pipeline.topology import CASCADE, CASCADE_OUTPUT_RATE
+from omniduplex.pipeline.topology import CASCADE, CASCADE_OUTPUT_RATE, QWEN3_TTS
 
 PARTS = {
     "encoder": ("audio_tower",),
@@ -85,6 +85,8 @@ def build_worker(
         return _asr_worker(_side_asr_dir(side_asr), cfg)
     if stage in CASCADE.stages:
         return _cascade_worker(stage, load_manifest(model_dir), cfg, chunking)
+    if stage in QWEN3_TTS.stages:
+        return _tts_graph_worker(stage, model_dir, cfg, chunking)
     model = load_model(model_dir, parts=PARTS[stage], dtype=_dtype(cfg.dtype), device=cfg.device)
     if stage in ENGINE_STAGES:
         _prepack(getattr(model, "unified" if stage == "unified" else stage), cfg)
@@ -120,6 +122,40 @@ def build_worker(
             enable_prefix_caching=cfg.enable_prefix_caching,
         )
     return VocoderWorker(lambda: Code2WavStream(model.code2wav), chunking)
+
+
+TTS_TALKER_PARTS = ("talker", "speaker_encoder", "codec_encoder")
+"""Qwen3-TTS parts the talker stage loads: the talker, and what voice cloning needs (Base checkpoints)."""
+
+
+def _tts_graph_worker(stage: str, model_dir, cfg: StageConfig, chunking: ChunkingConfig):
+    """A stage of the Qwen3-TTS graph: the talker (+ code predictor) on our engine, or the streamed, batched
+    codec decoder (``max_num_seqs`` utterances per decode call)."""
+    from omniduplex.models.qwen3_tts.model import load_qwen3_tts
+
+    dtype = _dtype(cfg.dtype)
+    if stage == "tts_codec":
+        from omniduplex.pipeline.stages.qwen3_tts_codec import Qwen3TTSCodecWorker
+
+        model = load_qwen3_tts(model_dir, parts=("codec",), dtype=dtype, device=cfg.device)
+        return Qwen3TTSCodecWorker(
+            model.codec, chunking.tts_first_chunk_frames, chunking.tts_chunk_frames, cfg.max_num_seqs
+        )
+    from omniduplex.models.qwen3_tts.voice import VoicePrompter
+    from omniduplex.models.tokenizer import load_tokenizer
+    from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
+    from omniduplex.pipeline.stages.qwen3_tts_talker import Qwen3TTSTalkerWorker
+
+    model = load_qwen3_tts(model_dir, parts=TTS_TALKER_PARTS, dtype=dtype, device=cfg.device)
+    tts = Qwen3TTSEngine(
+        model,
+        num_blocks=cfg.num_kv_blocks,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+    )
+    context = min(model.config.talker.max_position_embeddings, cfg.num_kv_blocks * BLOCK_SIZE)
+    return Qwen3TTSTalkerWorker(tts, VoicePrompter(model, load_tokenizer(model_dir), context))
 
 
 def _qwen3_tts_worker(manifest, cfg: StageConfig, chunking: ChunkingConfig):

@@ -243,7 +243,13 @@ def _qwen3_speech(state):
         if getattr(state, "speech", None) is None:
             from omniduplex.app.speech import Qwen3Speech
 
-            state.speech = Qwen3Speech(state.speech_dir)
+            if getattr(state.cfg, "tts_graph", False):
+                from omniduplex.app.speech_graph import Qwen3GraphSpeech
+
+                state.speech = Qwen3GraphSpeech(state.speech_dir)
+            else:
+                state.speech = Qwen3Speech(state.speech_dir)
+            state.speech_owned = True  # the server's shutdown closes it
     return state.speech
 
 
@@ -283,9 +289,19 @@ async def speech(req: SpeechRequest, request: Request):
             )
         except SpeechError as e:
             return _error(400, str(e), e.code, e.param)
+        pieces = qwen3.stream(prompt)
+        try:  # a request refused once queued (the TTS graph checks voices in its talker stage) gets its 400
+            first = await anext(pieces)
+        except SpeechError as e:
+            return _error(400, str(e), e.code, e.param)
+        except StopAsyncIteration:
+            first = None
 
         async def pcm_chunks():
-            async for piece in qwen3.stream(prompt):
+            if first is None:
+                return
+            yield _int16(first)
+            async for piece in pieces:
                 yield _int16(piece)
 
     else:

@@ -111,10 +111,8 @@ class StreamingDecoder:
             have -= sizes[-1]
         return sizes
 
-    @torch.no_grad()
-    def push(self, frames: torch.Tensor, final: bool = False) -> list[torch.Tensor]:
-        """Add ``frames`` int ``[1, Q, n]`` (n may be 0); returns the waveform pieces ``[1, 1, k·1920]``
-        completed (with ``final``, also the last partial piece; the stream then ends).
+    def feed(self, frames: torch.Tensor) -> None:
+        """Queue ``frames`` int ``[1, Q, n]`` (n may be 0) without decoding them.
 
         Raises ValueError as :meth:`CodecStream.push` (the frames are then not kept).
         """
@@ -124,15 +122,39 @@ class StreamingDecoder:
             if frames.shape[0] != 1:
                 raise ValueError(f"codec: one utterance's frames must be [1, Q, n], got {list(frames.shape)}")
             self.pending.append(frames)
-        sizes = self._sizes(self.pending_frames, final)
-        pieces = []
-        if sizes:
-            codes = torch.cat(self.pending, dim=-1)
-            n = sum(sizes)
-            self.pending = [codes[..., n:]] if codes.shape[-1] > n else []
-            # every piece's frames in one call: the output is the same as piece by piece
-            pieces = list(self.stream.push(codes[..., :n]).split([k * self.hop for k in sizes], dim=-1))
-            self.pieces += len(sizes)
+
+    def due(self, final: bool = False) -> list[int]:
+        """Frames of each piece the pending frames complete now (with ``final``, the rest too)."""
+        return self._sizes(self.pending_frames, final)
+
+    def take(self, final: bool = False) -> tuple[torch.Tensor | None, list[int]]:
+        """Pop the pending frames of the pieces due now: ``(codes [1, Q, sum(sizes)] or None, sizes)``.
+        The caller decodes ``codes`` on :attr:`stream` (alone, or batched with other utterances:
+        :func:`~.codec_batch.push_together`) and cuts the samples with :meth:`split`."""
+        sizes = self.due(final)
+        if not sizes:
+            return None, []
+        codes = torch.cat(self.pending, dim=-1)
+        n = sum(sizes)
+        self.pending = [codes[..., n:]] if codes.shape[-1] > n else []
+        self.pieces += len(sizes)
+        return codes[..., :n], sizes
+
+    def split(self, samples: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+        """Cut the decoded ``samples`` ``[1, 1, sum(sizes)·hop]`` into the pieces ``[1, 1, k·hop]``."""
+        return list(samples.split([k * self.hop for k in sizes], dim=-1))
+
+    @torch.no_grad()
+    def push(self, frames: torch.Tensor, final: bool = False) -> list[torch.Tensor]:
+        """Add ``frames`` int ``[1, Q, n]`` (n may be 0); returns the waveform pieces ``[1, 1, k·1920]``
+        completed (with ``final``, also the last partial piece; the stream then ends).
+
+        Raises ValueError as :meth:`CodecStream.push` (the frames are then not kept).
+        """
+        self.feed(frames)
+        codes, sizes = self.take(final)
+        # every piece's frames in one call: the output is the same as piece by piece
+        pieces = self.split(self.stream.push(codes), sizes) if sizes else []
         if final:
             self.stream.flush()
         return pieces
