@@ -20,7 +20,7 @@ from omniduplex.models.weights import cache_dir
 from omniduplex.pipeline.audio_io import AudioInputError, load_audio, write_wav
 from omniduplex.pipeline.config import load_graph
 from omniduplex.pipeline.orchestrator import Orchestrator
-from omniduplex.pipeline.topology import CASCADE, UNIFIED, output_rate, topology_for
+from omniduplex.pipeline.topology import CASCADE, QWEN3_TTS, UNIFIED, output_rate, topology_for
 
 CASCADE_SYSTEM_PROMPT = (
     "You are a friendly voice assistant. Always answer in English, in one or two short, plain sentences. "
@@ -84,8 +84,17 @@ def resolve_model(model: str | Path | None) -> str:
 
 def new_orchestrator(pcfg, processes: bool, record: bool = False) -> Orchestrator:
     """An :class:`Orchestrator` over the stages of ``pcfg.model`` (processes or in-process); the cascade's
-    LLM stage sends its own text deltas, the other shapes are detokenized with their tokenizer."""
+    LLM stage sends its own text deltas, the other shapes are detokenized with their tokenizer.
+
+    Raises:
+        ValueError: ``pcfg.model`` is a Qwen3-TTS checkpoint (text to speech: it cannot hold a conversation).
+    """
     topo = pcfg.topology()
+    if topo.name == QWEN3_TTS.name:
+        raise ValueError(
+            f"{pcfg.model} is a Qwen3-TTS checkpoint (text to speech), not a conversation model: give it as "
+            "the cascade's voice (init-cascade --tts) or serve it for POST /v1/audio/speech (serve --tts)"
+        )
     return Orchestrator(
         make_backend(pcfg, processes),
         None if topo.name == CASCADE.name else load_tokenizer(pcfg.model),

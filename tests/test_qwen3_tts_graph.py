@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from omniduplex.app.respond import new_orchestrator
 from omniduplex.models.qwen3_tts.codec_batch import push_together
 from omniduplex.models.qwen3_tts.codec_stream import CodecStream, StreamingDecoder
 from omniduplex.models.qwen3_tts.model import load_qwen3_tts
@@ -179,6 +180,8 @@ def test_graph_in_process_speaks_and_fails_bad_requests_alone(ckpt, model):
             await orch.stop()
 
     (good, metrics), (bad, _) = asyncio.run(main())
+    with pytest.raises(ValueError, match=r"is a Qwen3-TTS checkpoint \(text to speech\), not a conversation"):
+        new_orchestrator(pcfg, processes=False)  # serve / respond --model on it: refused, one line
     pcm = np.concatenate([e.pcm for e in good if e.kind == "audio"])
     np.testing.assert_allclose(pcm, streamed, rtol=0, atol=1e-5)
     np.testing.assert_allclose(pcm, one_shot, rtol=0, atol=1e-5)
