@@ -103,9 +103,10 @@ def piper_16k(text: str) -> np.ndarray:
 
 
 def test_second_turn_uses_the_first_turns_transcript(orch):
-    # (a 135M model: "what is my name?" defeats it; the dog's name it carries over)
+    # (a 135M model: "what is my name?" defeats it; the dog's name it carries over. "What is my dog called?"
+    # is a near-tie for it: a 1-ulp change of RMSNorm flips its greedy reply to "I'm not a dog-specific AI")
     first = piper_16k("I have a dog called Max.")
-    second = piper_16k("What is my dog called?")
+    second = piper_16k("What is the name of my dog?")
 
     async def two_turns(o):
         r1 = await turn(o, first)
