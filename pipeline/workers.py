@@ -141,12 +141,19 @@ def _tts_graph_worker(stage: str, model_dir, cfg: StageConfig, chunking: Chunkin
         return Qwen3TTSCodecWorker(
             model.codec, chunking.tts_first_chunk_frames, chunking.tts_chunk_frames, cfg.max_num_seqs
         )
-    from omniduplex.models.qwen3_tts.voice import VoicePrompter
-    from omniduplex.models.tokenizer import load_tokenizer
-    from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
     from omniduplex.pipeline.stages.qwen3_tts_talker import Qwen3TTSTalkerWorker
 
     model = load_qwen3_tts(model_dir, parts=TTS_TALKER_PARTS, dtype=dtype, device=cfg.device)
+    return Qwen3TTSTalkerWorker(*_qwen3_tts_engine(model, model_dir, cfg))
+
+
+def _qwen3_tts_engine(model, model_dir, cfg: StageConfig):
+    """``(Qwen3TTSEngine, VoicePrompter)`` of a loaded Qwen3-TTS ``model`` with the stage's engine settings;
+    the prompter's context is what the model's positions and the stage's KV blocks both hold."""
+    from omniduplex.models.qwen3_tts.voice import VoicePrompter
+    from omniduplex.models.tokenizer import load_tokenizer
+    from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
+
     tts = Qwen3TTSEngine(
         model,
         num_blocks=cfg.num_kv_blocks,
@@ -155,28 +162,18 @@ def _tts_graph_worker(stage: str, model_dir, cfg: StageConfig, chunking: Chunkin
         enable_prefix_caching=cfg.enable_prefix_caching,
     )
     context = min(model.config.talker.max_position_embeddings, cfg.num_kv_blocks * BLOCK_SIZE)
-    return Qwen3TTSTalkerWorker(tts, VoicePrompter(model, load_tokenizer(model_dir), context))
+    return tts, VoicePrompter(model, load_tokenizer(model_dir), context)
 
 
 def _qwen3_tts_worker(manifest, cfg: StageConfig, chunking: ChunkingConfig):
     """The cascade's TTS stage on a Qwen3-TTS checkpoint, speaking in the manifest's voice (checked here: a
     bad voice fails the stage's start with the reason)."""
     from omniduplex.models.qwen3_tts.model import load_qwen3_tts
-    from omniduplex.models.qwen3_tts.voice import VoicePrompter, read_ref_audio
-    from omniduplex.models.tokenizer import load_tokenizer
-    from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
+    from omniduplex.models.qwen3_tts.voice import read_ref_audio
     from omniduplex.pipeline.stages.qwen3_tts_stage import Qwen3TTSStageWorker
 
     model = load_qwen3_tts(manifest.tts, device=cfg.device)
-    tts = Qwen3TTSEngine(
-        model,
-        num_blocks=cfg.num_kv_blocks,
-        max_num_seqs=cfg.max_num_seqs,
-        max_num_batched_tokens=cfg.max_num_batched_tokens,
-        enable_prefix_caching=cfg.enable_prefix_caching,
-    )
-    context = min(model.config.talker.max_position_embeddings, cfg.num_kv_blocks * BLOCK_SIZE)
-    prompter = VoicePrompter(model, load_tokenizer(manifest.tts), context)
+    tts, prompter = _qwen3_tts_engine(model, manifest.tts, cfg)
     name = manifest.tts_voice
     if name is None and model.config.variant == "custom_voice":
         name = prompter.voices[0]
