@@ -1,14 +1,51 @@
 """Word error rate for the speech benchmarks and tests: word-level Levenshtein distance over lower-cased
-words, punctuation dropped (the usual ASR WER, e.g. NIST sclite, without its text normalisation)."""
+words, punctuation dropped, whole numbers below 100 spelled out (the usual ASR WER, e.g. NIST sclite, with
+only that much of its text normalisation: a TTS voice says "1." as "one"; an ASR model may write either)."""
 
 from __future__ import annotations
 
 import re
 
+_ONES = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+]
+_TENS = ["_", "_", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+
+
+def _spelled(token: str) -> list[str]:
+    """``token`` as spoken words when it is a whole number below 100 ("24" → ``["twenty", "four"]``, the
+    split that :func:`words_of` gives "twenty-four"); any other token unchanged."""
+    if not token.isdigit() or len(token) > 2:
+        return [token]
+    n = int(token)
+    if n < 20:
+        return [_ONES[n]]
+    return [_TENS[n // 10]] + ([_ONES[n % 10]] if n % 10 else [])
+
 
 def words_of(text: str) -> list[str]:
-    """Lower-case words of ``text``, punctuation dropped (hyphens split words, apostrophes stay)."""
-    return re.findall(r"[a-z0-9']+", text.lower())
+    """Lower-case words of ``text``, punctuation dropped (hyphens split words, apostrophes stay), whole
+    numbers below 100 spelled out ("2." → ``["two"]``)."""
+    return [w for tok in re.findall(r"[a-z0-9']+", text.lower()) for w in _spelled(tok)]
 
 
 def edit_distance(ref: list[str], hyp: list[str]) -> int:
