@@ -14,6 +14,12 @@ text↔audio alignment when its chunks carry their words
 (:func:`~omniduplex.app.history.truncate_reply`). Either way the kept text is a prefix of the generated
 text, whitespace included. :meth:`Conversation.truncate` (a client saying how much it really played) may
 come at any time: while the reply plays (it is stopped first), while it is ending, or after it ended.
+
+Preemptive generation (:meth:`Conversation.speculate`): during a pause that may end the user's turn, the
+reply to the turn so far is started and its events are held. If the turn then ends with the same audio and
+the same context, that reply is adopted as the turn's (:meth:`Conversation.adopt`) and its held events play
+out as if it had started then, only sooner; otherwise (speech resumed, the history changed) it is cancelled
+and nothing of it is seen.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import asyncio
 import itertools
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -45,6 +51,7 @@ from omniduplex.app.playout import PlayoutBuffer
 from omniduplex.app.replies import (
     ReplyAudioChunk,
     ReplyDone,
+    ReplyEvent,
     ReplyFailed,
     ReplyTextDelta,
     Responder,
@@ -79,6 +86,21 @@ class _Reply:
     def full_text(self) -> str:
         """The reply's text as generated (its deltas joined; its chunks' words when it sent no text)."""
         return "".join(self.text) or " ".join(said for _, said in self.chunks)
+
+
+@dataclass
+class _Speculation:
+    """A reply started before its turn ended: its request, and its events held until it is adopted."""
+
+    turn_id: str
+    wav: np.ndarray
+    history: list[list[str]]
+    options: dict
+    held: asyncio.Queue
+    task: asyncio.Task | None = None
+
+
+_END = object()  # closes a speculation's held events
 
 
 @dataclass(frozen=True)
@@ -123,6 +145,7 @@ class Conversation:
         self.history = History(cfg.history_entries)
         self.reply: _Reply | None = None  # the reply playing or stopping
         self.pending: tuple[str, np.ndarray] | None = None  # a committed turn not answered yet
+        self.speculation: _Speculation | None = None  # a reply started before its turn ended
         self.replies: OrderedDict[str, _Reply] = OrderedDict()  # recent replies, newest last (truncate)
         self.keys: dict[tuple[str, str], int] = {}  # (turn id, role) → its history entry's key
         self.tasks: set[asyncio.Task] = set()
@@ -211,10 +234,13 @@ class Conversation:
         self._end_stopped_reply()
         options = self._options(instructions, metadata)
         history = self.history.snapshot()
+        spec, self.speculation = self.speculation, None
         if self.pending is not None:
             (turn_id, wav), self.pending = self.pending, None
             key = self.keys.get((turn_id, "user"))
             history = [[e.role, e.text] for e in self.history.entries if e.key != key]
+            if spec is not None and (spec.turn_id, spec.history, spec.options) == (turn_id, history, options):
+                return self._start_reply(turn_id, wav, now, speech_end, metadata, self._held_events(spec))
         else:
             turn_id, wav = f"{self.name}-{next(self._turn_numbers)}", np.zeros(0, np.float32)
             last = self.history.entries[-1] if history and history[-1][0] == "user" else None
@@ -222,12 +248,19 @@ class Conversation:
             if last is not None:
                 history = history[:-1]
                 self.keys[(turn_id, "user")] = last.key
+        if spec is not None:
+            self.responder.cancel(spec.turn_id)
         try:
             self.responder.start(turn_id, wav, history, options)
         except Exception as e:
             log.exception("%s: could not start turn", turn_id)
             self.emit(SessionError(self.name, message=f"could not start turn: {e}"))
             return None
+        return self._start_reply(turn_id, wav, now, speech_end, metadata, self.responder.events(turn_id))
+
+    def _start_reply(self, turn_id: str, wav: np.ndarray, now: float, speech_end: float | None,
+                     metadata: dict | None, stream: AsyncIterator[ReplyEvent]) -> str:
+        """Make the started request ``turn_id`` the reply in flight, consuming ``stream`` (its events)."""
         self.stats.turns += 1
         end = speech_end if speech_end is not None and wav.size else now
         r = self.reply = _Reply(turn_id, t_commit=now, t_speech_end=end)
@@ -235,10 +268,68 @@ class Conversation:
         while len(self.replies) > max(1, self.cfg.history_entries):
             self.replies.popitem(last=False)
         self.emit(ReplyStarted(self.name, turn_id, metadata=dict(metadata or {})))
-        task = asyncio.get_running_loop().create_task(self._consume(r), name=f"reply-{turn_id}")
+        task = asyncio.get_running_loop().create_task(self._consume(r, stream), name=f"reply-{turn_id}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return turn_id
+
+    # -- preemptive generation -----------------------------------------------------------------------
+    def speculate(self, turn_id: str, wav: np.ndarray) -> bool:
+        """Start the reply to a spoken turn that has not ended yet (``wav``: its audio so far, 16 kHz mono
+        float32), holding its events; :meth:`respond` adopts it if the turn is committed under ``turn_id``
+        with the same audio and context, :meth:`drop_speculation` cancels it. ``False`` (nothing started)
+        while a reply or a committed turn is in flight, a speculation is held, or the responder refused."""
+        if self.replying or self.pending is not None or self.speculation is not None or self.closed:
+            return False
+        self._end_stopped_reply()
+        history, options = self.history.snapshot(), self._options()
+        try:
+            self.responder.start(turn_id, wav, history, options)
+        except Exception:
+            log.exception("%s: could not start the preemptive reply; the turn starts when it ends", turn_id)
+            return False
+        spec = self.speculation = _Speculation(turn_id, wav.copy(), history, options, asyncio.Queue())
+        spec.task = asyncio.get_running_loop().create_task(self._hold(spec), name=f"preempt-{turn_id}")
+        self.tasks.add(spec.task)
+        spec.task.add_done_callback(self.tasks.discard)
+        return True
+
+    def adoptable(self, wav: np.ndarray) -> str | None:
+        """The turn id of the held speculation when a turn ending now with audio ``wav`` is the one it
+        answers (same samples, same history and options); otherwise the speculation is cancelled and
+        ``None`` returned."""
+        spec = self.speculation
+        if spec is None:
+            return None
+        same = spec.history == self.history.snapshot() and spec.options == self._options()
+        if same and spec.wav.shape == wav.shape and np.array_equal(spec.wav, wav):
+            return spec.turn_id
+        self.drop_speculation()
+        return None
+
+    def drop_speculation(self) -> bool:
+        """Cancel the held speculation (its events are drained and discarded); ``False`` when none."""
+        spec, self.speculation = self.speculation, None
+        if spec is None:
+            return False
+        self.responder.cancel(spec.turn_id)
+        return True
+
+    async def _hold(self, spec: _Speculation) -> None:
+        """Drain a speculation's stream to its end (the responder's contract) into its queue."""
+        try:
+            async for ev in self.responder.events(spec.turn_id):
+                spec.held.put_nowait(ev)
+        except Exception as e:
+            log.exception("%s: preemptive reply stream failed", spec.turn_id)
+            spec.held.put_nowait(ReplyFailed(str(e)))
+        finally:
+            spec.held.put_nowait(_END)
+
+    @staticmethod
+    async def _held_events(spec: _Speculation) -> AsyncIterator[ReplyEvent]:
+        while (ev := await spec.held.get()) is not _END:
+            yield ev
 
     def barge_in(self, now: float, speech_ms: float) -> None:
         """Stop the reply playing now: playout flushed, pipeline turn cancelled, the history keeps what was
@@ -324,6 +415,7 @@ class Conversation:
         if self.closed:
             return
         self.closed = True
+        self.drop_speculation()
         r = self.reply
         if r is not None:
             self.responder.cancel(r.turn_id)
@@ -349,10 +441,10 @@ class Conversation:
         if r is not None and r.interrupted_at is not None:  # its stop frame never pulled
             self._end_reply(r, "interrupted", stop_ms=1000.0 * (self.clock() - r.interrupted_at))
 
-    async def _consume(self, r: _Reply) -> None:
+    async def _consume(self, r: _Reply, stream: AsyncIterator[ReplyEvent]) -> None:
         """Move one reply's stream into the playout buffer; drains to the end even after a barge-in."""
         try:
-            async for ev in self.responder.events(r.turn_id):
+            async for ev in stream:
                 if isinstance(ev, UserTranscript):  # what the user said stands even if the reply is cut
                     self._user_transcript(r, ev)
                     continue

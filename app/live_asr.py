@@ -88,6 +88,8 @@ class LiveTranscriber:
         self.supported = callable(getattr(responder, "feed_audio", None))
         self.turn_id: str | None = None
         self.fed = 0  # frames of the open segment fed so far
+        self.agreed = AgreedPrefix()
+        self._segment: list[np.ndarray] | None = None  # the segment ``agreed`` belongs to (its frame list)
 
     def update(
         self, frames: list[np.ndarray], in_speech: bool, wanted: bool = True, pause: bool = False
@@ -105,7 +107,9 @@ class LiveTranscriber:
         if new < self.every and not (pause and new > 0):
             return
         if self.turn_id is None:
-            self.turn_id, self.fed, self.agreed = self.new_turn_id(), 0, AgreedPrefix()
+            self.turn_id, self.fed = self.new_turn_id(), 0
+            if frames is not self._segment:  # a new segment; the same one goes on after a preemptive reply
+                self.agreed, self._segment = AgreedPrefix(), frames  # was dropped: its captions go on
         turn_id = self.turn_id
         samples = np.concatenate(frames[self.fed :]).astype(np.float32) / 32768.0
         context = self.context() if self.context is not None and self.fed == 0 else None

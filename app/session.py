@@ -36,7 +36,7 @@ from omniduplex.app.live_asr import PAUSE_FRAMES, LiveTranscriber
 from omniduplex.app.replies import Responder
 from omniduplex.app.turn_detection import TurnModel
 from omniduplex.app.turns import TurnTaker
-from omniduplex.app.vad import FRAME_SAMPLES, SAMPLE_RATE, FrameVad, TurnConfig, WebRtcVad, to_int16
+from omniduplex.app.vad import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, FrameVad, TurnConfig, WebRtcVad, to_int16
 
 log = logging.getLogger("omniduplex.session")
 
@@ -192,10 +192,13 @@ class Session:
         if pcm.size != FRAME_SAMPLES:
             raise ValueError(f"input frame must be {FRAME_SAMPLES} samples (20 ms at {SAMPLE_RATE} Hz)")
         self._turns.push(pcm)
-        if not self.closed:
-            wanted = self.cfg.vad_commit and self.cfg.auto_respond
-            pause = self._turns.unvoiced_tail == PAUSE_FRAMES
-            self._live.update(self._turns.frames, self._turns.in_speech, wanted, pause)
+        if self.closed:
+            return
+        wanted = self.cfg.vad_commit and self.cfg.auto_respond
+        self._preempt(wanted)
+        pause = self._turns.unvoiced_tail == PAUSE_FRAMES
+        held = self._conv.speculation is not None  # the turn so far went with it: nothing new to feed
+        self._live.update(self._turns.frames, self._turns.in_speech, wanted and not held, pause)
 
     # -- session → transport -----------------------------------------------------------------------
     def pull_audio(
@@ -251,11 +254,13 @@ class Session:
         """
         self._turns.configure(turn, turn_model)
         self._live.drop()
+        self._conv.drop_speculation()
         self.cfg.turn = turn
 
     def drop_speech(self) -> bool:
         """Forget the open speech segment (it will not become a turn); ``False`` when none is open."""
         self._live.drop()
+        self._conv.drop_speculation()
         return self._turns.drop_speech()
 
     # -- typed input, explicit responses, truncation (Realtime API, LiveKit) ----------------------
@@ -334,11 +339,30 @@ class Session:
     def _speech_started(self, now: float) -> None:
         self.emit(UserSpeechStarted(self.id, at_ms=1000.0 * (now - self._conv.t0)))
 
+    def _preempt(self, wanted: bool) -> None:
+        """Preemptive generation (``cfg.turn.preemptive_ms``): when the open segment's pause reaches it,
+        start the reply to the turn so far (held until the turn ends); when speech resumes, or the segment
+        ends without becoming a turn, cancel it."""
+        turns, frames_ms = self._turns, self.cfg.turn.preemptive_ms // FRAME_MS
+        if self._conv.speculation is not None:
+            if not turns.in_speech or turns.unvoiced_tail == 0:
+                self._conv.drop_speculation()
+            return
+        if not (wanted and frames_ms and turns.in_speech and turns.unvoiced_tail == frames_ms):
+            return
+        frames = turns.turn_so_far()
+        if frames is not None:
+            turn_id = self._live.take() or self._conv.new_turn_id()
+            self._conv.speculate(turn_id, np.concatenate(frames).astype(np.float32) / 32768.0)
+
     def _turn_ended(self, frames: list[np.ndarray], speech_ms: float, now: float) -> None:
         if not self.cfg.vad_commit:
             return
         wav = np.concatenate(frames).astype(np.float32) / 32768.0
-        turn_id = self._live.take() if self.cfg.auto_respond else None  # else the next update drops it
+        turn_id = None
+        if self.cfg.auto_respond:  # else the next live update drops the fed turn
+            # the preemptive reply's turn if it answers this audio, else the id the ASR was fed under
+            turn_id = self._conv.adoptable(wav) or self._live.take()
         self._conv.commit(
             wav, speech_ms, self._turns.last_voiced_at, respond=self.cfg.auto_respond, turn_id=turn_id
         )

@@ -183,11 +183,23 @@ class TurnTaker:
         self._end_of_turn(self.clock())
         return p
 
+    def turn_so_far(self) -> list[np.ndarray] | None:
+        """The frames the open segment would give as a user turn if it ended now (its trailing silence cut
+        to :data:`TRAILING_SILENCE_FRAMES`), or ``None`` when it would not be a turn (none open, speech over
+        a reply, or shorter than ``min_turn_ms``)."""
+        if not self.segmenter.in_speech:
+            return None
+        return self._turn_frames(self.frames)
+
+    def _turn_frames(self, frames: list[np.ndarray]) -> list[np.ndarray] | None:
+        if self.replying() or self.segmenter.speech_ms < self.turn.min_turn_ms:
+            return None  # speech over the reply that did not barge in, or noise
+        keep = max(1, len(frames) - max(0, self.unvoiced_tail - TRAILING_SILENCE_FRAMES))
+        return frames[:keep]
+
     def _end_segment(self, now: float) -> None:
         self._check = self._verdict = None
         frames, self.frames = self.frames, []
-        speech_ms = self.segmenter.speech_ms
-        if self.replying() or speech_ms < self.turn.min_turn_ms:
-            return  # speech over the reply that did not barge in, or noise
-        keep = max(1, len(frames) - max(0, self.unvoiced_tail - TRAILING_SILENCE_FRAMES))
-        self.on_turn(frames[:keep], speech_ms, now)
+        turn = self._turn_frames(frames)
+        if turn is not None:
+            self.on_turn(turn, self.segmenter.speech_ms, now)

@@ -58,6 +58,9 @@ class TurnConfig:
         smart_check_ms: trailing silence after which the model is asked whether the turn is complete.
         smart_max_silence_ms: trailing silence that ends the turn whatever the model said.
         smart_threshold: probability (0–1) at or above which the model's "complete" ends the turn.
+        preemptive_ms: trailing silence after which the reply to the segment so far is started before
+            the turn has ended (preemptive generation, LiveKit Agents' ``preemptive_generation``): held back
+            until the turn ends with the same audio and context, cancelled if speech resumes; 0 = off.
     """
 
     start_ms: int = 60
@@ -70,6 +73,7 @@ class TurnConfig:
     smart_check_ms: int = 200
     smart_max_silence_ms: int = 2000
     smart_threshold: float = 0.5
+    preemptive_ms: int = 200
 
     def __post_init__(self) -> None:
         positive = ("start_ms", "endpoint_ms", "barge_in_ms", "min_turn_ms", "max_turn_ms", "smart_check_ms")
@@ -78,6 +82,8 @@ class TurnConfig:
                 raise ValueError(f"{name} must be > 0 ms")
         if self.preroll_ms < 0:
             raise ValueError("preroll_ms must be >= 0 ms")
+        if self.preemptive_ms < 0 or self.preemptive_ms % FRAME_MS:
+            raise ValueError(f"preemptive_ms must be 0 (off) or a positive multiple of {FRAME_MS} ms")
         if self.turn_detection not in ("silence", "smart"):
             raise ValueError(f"turn_detection must be 'silence' or 'smart', got {self.turn_detection!r}")
         if self.smart_max_silence_ms <= self.smart_check_ms:

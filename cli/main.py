@@ -128,6 +128,9 @@ def serve(
         "model: commits as soon as the sentence sounds finished, waits through mid-sentence pauses).",
     ),
     endpoint_ms: int = typer.Option(500, help="Silence that ends a user turn (ms)."),
+    preemptive_ms: int = typer.Option(
+        200, help="Silence after which the reply starts before the turn ends, held until then (ms, 0 = off)."
+    ),
     barge_in_ms: int = typer.Option(300, help="Speech over a reply that interrupts it (ms)."),
     min_turn_ms: int = typer.Option(200, help="Shortest speech committed as a turn (ms)."),
     vad_aggressiveness: int = typer.Option(2, min=0, max=3, help="webrtcvad mode, 0 (lenient) … 3 (strict)."),
@@ -180,6 +183,7 @@ def serve(
             raise typer.BadParameter(f"--tts {tts}: not a Qwen3-TTS checkpoint (config.json architectures)")
     turn = TurnConfig(
         endpoint_ms=endpoint_ms,
+        preemptive_ms=preemptive_ms,
         barge_in_ms=barge_in_ms,
         min_turn_ms=min_turn_ms,
         turn_detection=turn_detection,

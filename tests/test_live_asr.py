@@ -89,6 +89,25 @@ def test_live_transcriber_feeds_every_feed_ms_and_cancels_a_segment_that_is_no_t
     assert live.take() == "s-2" and r.cancelled == ["s-1"]  # a turn: committed under its fed id
 
 
+def test_captions_of_a_segment_go_on_after_its_fed_turn_was_taken_by_a_preemptive_reply():
+    events, ids = [], iter(["s-1", "s-2", "s-3"])
+    r = FakeFeeder()
+    live = LiveTranscriber("s", r, events.append, lambda: next(ids), feed_ms=100)
+    frames = [np.ones(320, np.int16)] * 5
+    live.update(frames, in_speech=True)
+    r.partial["s-1"]("what is the", "what is")
+    assert live.take() == "s-1"  # a preemptive reply took the turn so far; then the user went on
+    frames += [np.ones(320, np.int16)] * 5
+    live.update(frames, in_speech=True)
+    assert [len(x) for x in r.fed["s-2"]] == [10 * 320]  # the whole segment again, under a new id
+    r.partial["s-2"]("what is the weather", "what is the")
+    assert [(e.turn_id, e.delta) for e in events] == [("s-1", "what is"), ("s-2", " the")]  # no repeat
+    assert live.take() == "s-2"
+    live.update([np.ones(320, np.int16)] * 5, in_speech=True)  # a new segment: captions start afresh
+    r.partial["s-3"]("hello", "hello")
+    assert events[-1].delta == "hello"
+
+
 def test_live_transcriber_feeds_at_once_when_a_pause_begins():
     r = FakeFeeder()
     live = LiveTranscriber("s", r, lambda e: None, lambda: "s-1", feed_ms=400)
@@ -231,7 +250,8 @@ def test_partials_come_before_the_final_transcript_and_the_reply_uses_the_final_
         orch = Orchestrator(backend, None, output_rate=24000)
         await orch.start()
         events = []
-        cfg = SessionConfig(turn=TurnConfig(endpoint_ms=700), output_rate=24000)
+        # one fed turn, one final (no preemptive reply in the pauses: tests/test_preemptive.py)
+        cfg = SessionConfig(turn=TurnConfig(endpoint_ms=700, preemptive_ms=0), output_rate=24000)
         responder = CountingResponder(orch)
         session = Session("s", responder, events.append, cfg, WebRtcVad(2))
         try:

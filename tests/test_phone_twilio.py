@@ -23,6 +23,7 @@ from omniduplex.app.phone.routes import connect_stream_twiml, twilio_signature
 from omniduplex.app.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
 from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.app.session import SessionConfig
+from omniduplex.app.vad import TurnConfig
 from omniduplex.pipeline.audio_io import load_audio
 
 START = {
@@ -150,6 +151,10 @@ def test_voice_webhook_answers_twiml_and_checks_the_signature():
     assert post_voice(cfg, body, {**form, "X-Twilio-Signature": sig}).status_code == 200
 
 
+NO_PREEMPT = TurnConfig(preemptive_ms=0)
+"""Turn-taking without preemptive generation: the replies here are those of committed turns only."""
+
+
 class ToneReply:
     """Replies with four 0.5 s tones (one word each); cancel ends the stream."""
 
@@ -202,7 +207,9 @@ def test_bridge_paces_reply_with_marks_then_clears_on_barge_in_and_truncates_to_
                 assert time.monotonic() < deadline, "timed out"
                 await asyncio.sleep(0.01)
 
-        bridge = twilio.TwilioBridge("tw-test", ToneReply(), SessionConfig(), send, lead_ms=100, mark_ms=100)
+        bridge = twilio.TwilioBridge(
+            "tw-test", ToneReply(), SessionConfig(turn=NO_PREEMPT), send, lead_ms=100, mark_ms=100
+        )
         assert bridge.handle(media(silence))  # before start: logged, skipped
         assert bridge.errors == 1
         assert bridge.handle(json.dumps(START))

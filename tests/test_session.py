@@ -8,6 +8,7 @@ per frame; the test pulls one 20 ms output frame per input frame, as the WebRTC 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
 import numpy as np
@@ -81,13 +82,16 @@ class ScriptedResponder:
 
 
 class Harness:
-    """Drives a session frame by frame on a fake clock; records events and output audio."""
+    """Drives a session frame by frame on a fake clock; records events and output audio. Preemptive
+    generation is off unless ``preemptive_ms`` is given (tests of it: test_preemptive.py), so that each
+    test here sees only the replies of committed turns."""
 
-    def __init__(self, turn: TurnConfig | None = None) -> None:
+    def __init__(self, turn: TurnConfig | None = None, preemptive_ms: int = 0) -> None:
         self.t = 100.0
         self.events = []
         self.responder = ScriptedResponder()
-        cfg = SessionConfig(turn=turn or TurnConfig(), output_rate=OUT_RATE)
+        turn = dataclasses.replace(turn or TurnConfig(), preemptive_ms=preemptive_ms)
+        cfg = SessionConfig(turn=turn, output_rate=OUT_RATE)
         self.session = Session("s", self.responder, self.events.append, cfg, LoudVad(), lambda: self.t)
         self.out: list[np.ndarray] = []
 

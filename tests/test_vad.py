@@ -73,7 +73,8 @@ def test_session_with_webrtcvad_commits_one_turn_for_a_spoken_question():
 
     async def main():
         events, responder = [], _NoReplies()
-        s = Session("v", responder, events.append, SessionConfig(turn=TurnConfig(endpoint_ms=500)))
+        turn = TurnConfig(endpoint_ms=500, preemptive_ms=0)  # only the committed turn's reply starts
+        s = Session("v", responder, events.append, SessionConfig(turn=turn))
         for f in frames(audio):
             s.push_audio(f)
             s.pull_audio(960)

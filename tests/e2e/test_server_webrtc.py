@@ -157,7 +157,9 @@ def test_client_vanishing_mid_turn_cancels_the_turn_and_frees_everything(ckpt, u
     extra = {"talker_max_tokens": 1200} if shape == "unified" else {}
     committed, cancelled, peer = run_server(config(model, 2, media_timeout_s=1.0, **extra), body)
     assert committed["audio_ms"] > 3000  # the whole spoken question
-    assert cancelled == [committed["turn_id"]]  # the 12 s reply was cut off in the pipeline
+    # the 12 s reply was cut off in the pipeline; any earlier cancel was a preemptive reply to the question so
+    # far, dropped when the speaker went on after a pause
+    assert cancelled[-1] == committed["turn_id"] and committed["turn_id"] not in cancelled[:-1]
     assert peer.session.closed and peer.session.reply_turn_id is None and peer.pc.connectionState == "closed"
 
 
