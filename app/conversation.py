@@ -17,9 +17,9 @@ come at any time: while the reply plays (it is stopped first), while it is endin
 
 Preemptive generation (:meth:`Conversation.speculate`): during a pause that may end the user's turn, the
 reply to the turn so far is started and its events are held. If the turn then ends with the same audio and
-the same context, that reply is adopted as the turn's (:meth:`Conversation.adopt`) and its held events play
-out as if it had started then, only sooner; otherwise (speech resumed, the history changed) it is cancelled
-and nothing of it is seen.
+the same context (:meth:`Conversation.adoptable`), :meth:`Conversation.respond` adopts that reply as the
+turn's, and its held events play out as if it had started then, only sooner; otherwise (speech resumed, the
+history changed) it is cancelled and nothing of it is seen.
 """
 
 from __future__ import annotations
@@ -97,7 +97,6 @@ class _Speculation:
     history: list[list[str]]
     options: dict
     held: asyncio.Queue
-    task: asyncio.Task | None = None
 
 
 _END = object()  # closes a speculation's held events
@@ -289,9 +288,9 @@ class Conversation:
             log.exception("%s: could not start the preemptive reply; the turn starts when it ends", turn_id)
             return False
         spec = self.speculation = _Speculation(turn_id, wav.copy(), history, options, asyncio.Queue())
-        spec.task = asyncio.get_running_loop().create_task(self._hold(spec), name=f"preempt-{turn_id}")
-        self.tasks.add(spec.task)
-        spec.task.add_done_callback(self.tasks.discard)
+        task = asyncio.get_running_loop().create_task(self._hold(spec), name=f"preempt-{turn_id}")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
         return True
 
     def adoptable(self, wav: np.ndarray) -> str | None:

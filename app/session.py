@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from omniduplex.app.audio.pcm import to_float32
 from omniduplex.app.conversation import Conversation, ReplyRecord
 from omniduplex.app.events import SessionClosed, SessionEvent, SessionStarted, UserSpeechStarted
 from omniduplex.app.history import Entry, History
@@ -353,12 +354,12 @@ class Session:
         frames = turns.turn_so_far()
         if frames is not None:
             turn_id = self._live.take() or self._conv.new_turn_id()
-            self._conv.speculate(turn_id, np.concatenate(frames).astype(np.float32) / 32768.0)
+            self._conv.speculate(turn_id, to_float32(np.concatenate(frames)))
 
     def _turn_ended(self, frames: list[np.ndarray], speech_ms: float, now: float) -> None:
         if not self.cfg.vad_commit:
             return
-        wav = np.concatenate(frames).astype(np.float32) / 32768.0
+        wav = to_float32(np.concatenate(frames))  # the same samples as a preemptive reply's
         turn_id = None
         if self.cfg.auto_respond:  # else the next live update drops the fed turn
             # the preemptive reply's turn if it answers this audio, else the id the ASR was fed under
