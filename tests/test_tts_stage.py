@@ -11,6 +11,7 @@ import soxr
 from speech import wer
 
 from omniduplex.models.cascade.asr import SAMPLE_RATE, WhisperASR
+from omniduplex.models.cascade.piper_stream import FIRST_PIECE_FRAMES
 from omniduplex.models.cascade.tts import PiperTTS
 from omniduplex.models.weights import PIPER_JOE, PIPER_JOE_CONFIG, WHISPER_TINY_EN, locate
 from omniduplex.pipeline.clauses import MARKDOWN, count_words
@@ -32,19 +33,24 @@ def test_wer_helper():
 
 
 class Recording:
-    """The real voice, keeping what each call produced (at the voice's rate)."""
+    """The real voice, keeping what each clause's stream produced (at the voice's rate, pieces joined)."""
 
     def __init__(self, tts: PiperTTS) -> None:
-        self.tts, self.calls = tts, []
+        self.tts, self.pieces = tts, []
 
     @property
     def sample_rate(self) -> int:
         return self.tts.sample_rate
 
-    def synthesize(self, text: str) -> np.ndarray:
-        pcm = self.tts.synthesize(text)
-        self.calls.append((text, pcm))
-        return pcm
+    def stream(self, text: str, first_frames: int | None):
+        self.pieces.append((text, []))
+        for p in self.tts.stream(text, first_frames):
+            self.pieces[-1][1].append(p.pcm)
+            yield p
+
+    @property
+    def calls(self) -> list[tuple[str, np.ndarray]]:
+        return [(text, np.concatenate(pcm)) for text, pcm in self.pieces]
 
 
 @pytest.fixture(scope="module")
@@ -107,15 +113,19 @@ def test_streamed_reply_chunks_align_with_text_and_audio(tts, asr):
     w.submit(StageMessage("r", meta={"text": ""}, last=True))
     outs += drain(w)
 
-    *chunks, final = outs
+    *pieces, final = outs
     assert final.last and final.meta["text"] == "" and final.tensors["pcm"].numel() == 0
-    assert not any(m.last for m in chunks)
-    assert [m.meta["chunk"] for m in chunks] == list(range(len(chunks)))
+    assert not any(m.last for m in pieces)
     assert all(m.meta["skipped"] is False for m in outs)
+    # a clause's pieces are consecutive; its text rides on its last piece
+    chunks = [m for m in pieces if m.meta["text"]]
+    assert [m.meta["chunk"] for m in chunks] == list(range(len(chunks)))
+    assert [m.meta["chunk"] for m in pieces] == sorted(m.meta["chunk"] for m in pieces)
+    assert len(pieces) > len(chunks)  # the first clause came in more than one piece
     # every character of the reply is spoken by exactly one chunk, in order
     texts = [m.meta["text"] for m in chunks]
     assert norm("".join(texts)) == norm(REPLY)
-    assert texts == [t for t, _ in rec.calls]  # each chunk's pcm is the synthesis of its own text
+    assert texts == [t for t, _ in rec.calls]  # each clause's audio is the synthesis of its own text
     assert texts[0] == "Sure!" and all(count_words(t) >= 3 for t in texts[1:])
     assert count_words(texts[0]) <= 6  # a short first clause: early first audio
     # the chunks are one continuous 24 kHz waveform: the turn's 22.05 kHz audio resampled in one go
@@ -125,27 +135,34 @@ def test_streamed_reply_chunks_align_with_text_and_audio(tts, asr):
     whole = soxr.ResampleStream(tts.sample_rate, OUT_RATE, 1, dtype="float32", quality="HQ")
     np.testing.assert_allclose(pcm, whole.resample_chunk(raw, last=True), atol=1e-6)
     assert abs(pcm.size - raw.size * OUT_RATE / tts.sample_rate) <= 2
-    for m, (_, p) in zip(chunks, rec.calls):  # each chunk carries its own clause's samples, shifted by
+    for i, (_, p) in enumerate(rec.calls):  # each clause's pieces carry its own samples, shifted by
         # the resampler's delay (~37 ms for soxr HQ at 22.05 → 24 kHz)
-        assert abs(m.tensors["pcm"].numel() - p.size * OUT_RATE / tts.sample_rate) < 0.05 * OUT_RATE
+        n = sum(m.tensors["pcm"].numel() for m in pieces if m.meta["chunk"] == i)
+        assert abs(n - p.size * OUT_RATE / tts.sample_rate) < 0.05 * OUT_RATE
     # and it says the reply
     heard = asr.transcribe(soxr.resample(pcm, OUT_RATE, SAMPLE_RATE).astype(np.float32)).text
     assert wer(REPLY, heard) <= 0.2, heard
 
 
-def test_first_chunk_is_cut_early(tts):
+def test_first_clause_is_cut_early_and_starts_with_a_short_piece(tts):
     w = TTSWorker(tts)
     feed(w, "r", "I would be very happy to help you plan a trip to the seaside next week.")
     outs = drain(w)
-    assert outs[0].meta["text"] == "I would be very happy to"
-    assert outs[0].meta["tts_ms"] > 0 and outs[0].tensors["pcm"].numel() > 0.5 * OUT_RATE
+    first = [m for m in outs if m.meta.get("chunk") == 0]
+    assert [m.meta["text"] for m in first][-1] == "I would be very happy to"
+    assert all(m.meta["text"] == "" for m in first[:-1]) and len(first) >= 2
+    # the first piece: FIRST_PIECE_FRAMES latent frames (256 samples each at 22.05 kHz) less the
+    # resampler's delay, so the listener hears the turn after the acoustic part and one short decode
+    full = FIRST_PIECE_FRAMES * 256 * OUT_RATE / tts.sample_rate
+    assert outs[0].meta["tts_ms"] > 0 and 0.8 * full < outs[0].tensors["pcm"].numel() <= full
+    assert sum(m.tensors["pcm"].numel() for m in first) > 0.5 * OUT_RATE
 
 
 def test_abort_mid_turn_emits_nothing_more(tts):
     w = TTSWorker(tts)
     feed(w, "r", "First, a short clause. Then a second sentence comes here. And a third one", last=False)
     first = w.step()
-    assert [m.meta["text"] for m in first] == ["First,"]
+    assert [m.meta["chunk"] for m in first] == [0] and first[0].tensors["pcm"].numel() > 0
     w.abort("r")
     assert not w.has_work() and w.step() == []
     feed(w, "r", " arrives late from the language model.")  # text already in flight when the abort landed
@@ -160,12 +177,12 @@ def test_concurrent_turns_alternate(tts):
     assert [m.request_id for m in w.step()] == ["long"]
     feed(w, "new", "Hello! Nice to meet you, how can I help today?")
     step = w.step()
-    assert [m.request_id for m in step] == ["new"]  # a new turn's first clause goes first, alone
-    assert step[0].meta["text"] == "Hello!"
+    assert [m.request_id for m in step] == ["new"]  # a new turn's first piece goes first, alone
+    assert step[0].meta["chunk"] == 0 and step[0].tensors["pcm"].numel() > 0
     order = []
     while w.has_work():
         step = w.step()
-        assert len([m for m in step if not m.last]) <= 1  # one clause per step: its audio leaves at once
+        assert len([m for m in step if not m.last]) <= 1  # one piece per step: its audio leaves at once
         order += [m.request_id for m in step if not m.last]
     assert order[:4] == ["long", "new", "long", "new"]  # then they take turns
     assert order[-1] == "long"

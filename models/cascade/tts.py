@@ -4,18 +4,26 @@ Piper (rhasspy/piper, OHF-Voice/piper1-gpl) turns text into espeak-ng phonemes a
 (Kim et al. 2021, "Conditional Variational Autoencoder with Adversarial Learning for End-to-End
 Text-to-Speech") exported to ONNX; each voice has a ``.onnx.json`` config with its sample rate, phoneme
 map and inference scales. ``PiperVoice.load`` builds the onnxruntime session with default options (all
-cores); a stage process gets a fixed thread budget, so :class:`PiperTTS` builds the session itself.
+cores); a stage process gets a fixed thread budget, so :class:`PiperTTS` builds its sessions itself, with
+the graph split at its decoder (:mod:`~.piper_stream`) so a clause can be spoken in pieces.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime
-from piper import PiperVoice, SynthesisConfig
+from piper import PiperVoice
 from piper.config import PiperConfig
+
+from omniduplex.models.cascade.piper_stream import FIRST_PIECE_FRAMES, Piece, SplitVoice
+
+log = logging.getLogger("omniduplex.tts")
 
 
 class PiperTTS:
@@ -46,16 +54,16 @@ class PiperTTS:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         opts.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-        session = onnxruntime.InferenceSession(
-            str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"]
-        )
-        self.voice = PiperVoice(session=session, config=config)
-        self.syn_config = SynthesisConfig(
-            length_scale=config.length_scale,
-            noise_scale=config.noise_scale,
-            noise_w_scale=config.noise_w_scale,
-            normalize_audio=False,
-        )
+        try:
+            self.split: SplitVoice | None = SplitVoice(onnx.load(str(onnx_path)), opts)
+            session = None  # the split parts run it; the whole graph is not loaded a second time
+        except ValueError as e:  # not a Piper VITS export: whole utterances, no pieces
+            log.warning("%s: %s; speaking whole sentences", onnx_path.name, e)
+            self.split = None
+            session = onnxruntime.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+        self.voice = PiperVoice(session=session, config=config)  # type: ignore[arg-type]
+        self.scales = np.array([config.noise_scale, config.length_scale, config.noise_w_scale], np.float32)
+        self.speaker_id = config.default_speaker_id if config.num_speakers > 1 else None
 
     @property
     def sample_rate(self) -> int:
@@ -75,7 +83,33 @@ class PiperTTS:
         Piper synthesises each sentence espeak-ng finds in ``text`` separately; they are concatenated.
         Text with nothing to pronounce (punctuation only, "") gives ``[0]`` samples.
         """
-        parts = [c.audio_float_array for c in self.voice.synthesize(text, syn_config=self.syn_config)]
-        if not parts:
-            return np.zeros(0, dtype=np.float32)
+        parts = [p.pcm for p in self.stream(text, first_frames=None)]
         return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
+
+    def stream(self, text: str, first_frames: int | None = FIRST_PIECE_FRAMES) -> Iterator[Piece]:
+        """Speak ``text`` in pieces (:class:`~.piper_stream.Piece`, float32 at :attr:`sample_rate`, in
+        [-1, 1]); concatenated they are :meth:`synthesize`'s audio for the same noise. The first piece holds
+        ``first_frames`` latent frames (``None``: whole sentences), made as soon as the first sentence's
+        acoustic part and that much decoding are done (:mod:`~.piper_stream`). At least one piece: an
+        empty, last one when there is nothing to pronounce."""
+        sentences = [self._inputs(ph) for ph in self.voice.phonemize(text) if ph]
+        if not sentences:
+            yield Piece(np.zeros(0, np.float32), last=True)
+            return
+        if self.split is not None:
+            pieces = self.split.pieces(sentences, first_frames)
+        else:
+            pieces = (
+                Piece(self.voice.session.run(None, args)[0].reshape(-1), last=i == len(sentences) - 1)
+                for i, args in enumerate(sentences)
+            )
+        for p in pieces:
+            yield Piece(np.clip(p.pcm, -1.0, 1.0).astype(np.float32), p.last)
+
+    def _inputs(self, phonemes: list[str]) -> dict[str, np.ndarray]:
+        """The graph's inputs for one sentence (as ``PiperVoice.phoneme_ids_to_audio`` builds them)."""
+        ids = np.array([self.voice.phonemes_to_ids(phonemes)], dtype=np.int64)
+        args = {"input": ids, "input_lengths": np.array([ids.shape[1]], np.int64), "scales": self.scales}
+        if self.speaker_id is not None:
+            args["sid"] = np.array([self.speaker_id], np.int64)
+        return args

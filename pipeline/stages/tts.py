@@ -4,19 +4,22 @@ Input: one message per LLM token, meta ``text`` = the token's text delta (may be
 reply's text is complete. The turn's first message may carry options in its meta; ``skipped`` is passed
 through on every output message of the turn.
 
-Output, per clause (:class:`~omniduplex.pipeline.clauses.ClauseSplitter`): ``pcm`` float32 ``[n]`` at
-``output_rate`` (Hz), meta ``text`` = the exact clause these samples speak, ``chunk`` = its index in the
-turn (0, 1, ...) and ``tts_ms`` = its synthesis time (ms), ``last=False``; then one ``last=True`` message
-(``pcm`` possibly empty, meta ``text`` ""). The chunk texts, in order, are the reply without whitespace
-and markup: every spoken character belongs to exactly one chunk, which is the alignment the session uses
-to cut an interrupted reply back to what was played. Each turn resamples through its own
+Output, per clause (:class:`~omniduplex.pipeline.clauses.ClauseSplitter`), one message per piece of its
+audio (:meth:`~omniduplex.models.cascade.tts.PiperTTS.stream`: the turn's first clause starts with a short
+piece, ~0.3 s, for time to first audio; later pieces are up to ~1.9 s, so most later clauses are one
+piece): ``pcm`` float32 ``[n]`` at ``output_rate`` (Hz), meta ``text`` = the exact clause on the clause's
+last piece and "" on the others, ``chunk`` = the clause's index in the turn (0, 1, ...) and ``tts_ms`` = the
+piece's synthesis time (ms), ``last=False``; then one ``last=True`` message (``pcm`` possibly empty, meta
+``text`` ""). The texts, in order, are the reply without whitespace and markup: every spoken character
+belongs to exactly one message, the one ending the audio that speaks it, which is the alignment the
+session uses to cut an interrupted reply back to what was played. Each turn resamples through its own
 ``soxr.ResampleStream``, so the concatenated chunks are one continuous waveform (equal to resampling the
 turn's audio in one go); each chunk's samples lag its clause by the resampler's delay (~37 ms for soxr HQ
 at 22.05 → 24 kHz), inside the silence VITS leaves around an utterance.
 
-Scheduling: a step synthesises one clause, so its audio leaves as soon as it is made (a step's messages go
-out when it returns: four first clauses in one step would hold the first caller's audio for all four).
-Turns with no audio out yet go first, in arrival order (their first clause is their time to first audio; the
+Scheduling: a step synthesises one piece, so its audio leaves as soon as it is made (a step's messages go
+out when it returns: four first pieces in one step would hold the first caller's audio for all four).
+Turns with no audio out yet go first, in arrival order (their first piece is their time to first audio; the
 others have audio buffered at the client); otherwise the ready turns take turns (round robin), so a long
 reply never holds back a new one.
 """
@@ -25,12 +28,14 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import soxr
 import torch
 
+from omniduplex.models.cascade.piper_stream import FIRST_PIECE_FRAMES, PIECE_FRAMES, Piece
 from omniduplex.models.cascade.tts import PiperTTS
 from omniduplex.pipeline.clauses import ClauseSplitter
 from omniduplex.pipeline.messages import StageMessage
@@ -46,9 +51,10 @@ class _Turn:
     resampler: soxr.ResampleStream | None  # None when the voice already speaks at the output rate
     options: dict
     clauses: deque[str] = field(default_factory=deque)
+    speaking: tuple[str, Iterator[Piece]] | None = None  # the clause being spoken, and its pieces to come
     finished: bool = False  # the reply's text is complete
     started: bool = False  # some audio has gone out
-    chunk: int = 0  # clauses emitted
+    chunk: int = 0  # clauses spoken
 
 
 class TTSWorker:
@@ -96,12 +102,12 @@ class TTSWorker:
             self._aborted.popitem(last=False)
 
     def has_work(self) -> bool:
-        return any(t.clauses or t.finished for t in self.turns.values())
+        return any(t.clauses or t.speaking or t.finished for t in self.turns.values())
 
     def step(self) -> list[StageMessage]:
-        """One clause: the oldest turn with no audio out yet, else the next ready turn in round robin; plus
-        the ``last`` message of every turn whose text is all spoken (a turn's follows its final clause)."""
-        ready = [rid for rid, t in self.turns.items() if t.clauses]
+        """One piece: the oldest turn with no audio out yet, else the next ready turn in round robin; plus
+        the ``last`` message of every turn whose text is all spoken (a turn's follows its final piece)."""
+        ready = [rid for rid, t in self.turns.items() if t.clauses or t.speaking]
         first = [rid for rid in ready if not self.turns[rid].started]
         outs: list[StageMessage] = []
         if ready:
@@ -109,20 +115,26 @@ class TTSWorker:
             outs.append(self._speak(rid, self.turns[rid]))
             self.turns[rid] = self.turns.pop(rid)  # to the back of the round robin
         for rid, t in list(self.turns.items()):
-            if t.finished and not t.clauses:
+            if t.finished and not t.clauses and not t.speaking:
                 outs.append(StageMessage(rid, {"pcm": self._flush(t)}, {"text": "", **t.options}, last=True))
                 del self.turns[rid]
         return outs
 
     def _speak(self, rid: str, t: _Turn) -> StageMessage:
-        text = t.clauses.popleft()
         t0 = time.perf_counter()
-        pcm = self._resample(t, self.tts.synthesize(text), last=False)
-        if t.finished and not t.clauses:  # the turn's final clause keeps the resampler's tail
-            pcm = torch.cat([pcm, self._flush(t)])
+        if t.speaking is None:
+            text = t.clauses.popleft()
+            t.speaking = text, self.tts.stream(text, FIRST_PIECE_FRAMES if t.chunk == 0 else PIECE_FRAMES)
+        text, pieces = t.speaking
+        piece = next(pieces)
+        pcm = self._resample(t, piece.pcm, last=False)
+        if piece.last:
+            t.speaking = None
+            if t.finished and not t.clauses:  # the turn's final piece keeps the resampler's tail
+                pcm = torch.cat([pcm, self._flush(t)])
         tts_ms = 1000 * (time.perf_counter() - t0)
-        meta = {"text": text, "chunk": t.chunk, "tts_ms": tts_ms, **t.options}
-        t.chunk += 1
+        meta = {"text": text if piece.last else "", "chunk": t.chunk, "tts_ms": tts_ms, **t.options}
+        t.chunk += piece.last
         t.started = t.started or pcm.numel() > 0
         return StageMessage(rid, {"pcm": pcm}, meta, last=False)
 
