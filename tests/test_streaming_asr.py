@@ -200,7 +200,8 @@ def test_stage_asks_hypotheses_only_while_the_model_keeps_up(decode_ms, hypothes
     piece = StageMessage("t", {"waveform": torch.from_numpy(burst(1.0))}, {"asr_piece": True})
     worker.submit(piece)
     worker.stream_decode_ms = decode_ms  # as if that model's decodes took this long (running mean)
-    out = worker.step()
+    assert worker.step() == []  # a partial leaves at the next step
+    out = worker.step() if worker.has_work() else []
     assert bool(out) == hypotheses and bool(worker.asr.calls) == hypotheses  # the periodic one (≤ 200 ms)
     assert not any(goes_downstream(m) for m in out)  # no conversation given: captions only
     worker.stream_decode_ms = decode_ms
@@ -268,6 +269,27 @@ def test_stage_takes_the_turn_in_pieces(asr, speech):
     assert within_one_word(final[0].meta["transcript"], asr.transcribe(speech).text)
     assert partials[-1].meta["stable_transcript"] in final[0].meta["transcript"]
     assert worker.streams == {} and not worker.has_work()
+
+
+def test_a_partial_superseded_by_the_end_of_turn_is_never_sent():
+    """A partial waits one step; the turn's end arriving meanwhile (its audio all covered by that
+    hypothesis) sends the transcript alone, so the LLM stage does not prefill the same words first."""
+    worker = ASRWorker(CountingASR(), hypothesis_every_s=0.4)
+    context = {"prefill": {"system_prompt": "Be brief.", "history": []}}
+    wave = torch.from_numpy(burst(1.0))
+    worker.submit(StageMessage("t", {"waveform": wave}, {"asr_piece": True, **context}))
+    assert worker.step() == [] and worker.has_work() and worker.asr.calls == [1]  # its partial held
+    worker.submit(StageMessage("t", {"waveform": torch.zeros(0)}, {"x": 1}))  # end of turn, nothing new
+    (final,) = worker.step()
+    assert final.last and final.meta["x"] == 1 and final.meta["transcript"] == "said"
+    assert worker.asr.calls == [1] and not worker.has_work()  # covered: no decode, no partial
+    # without the end of turn the held partial goes out, with its prefill context
+    worker.submit(StageMessage("u", {"waveform": wave}, {"asr_piece": True, **context}))
+    assert worker.step() == []
+    (partial,) = worker.step()
+    assert not partial.last and partial.meta["partial_transcript"] == "said" and goes_downstream(partial)
+    worker.abort("u")
+    assert not worker.has_work()
 
 
 def test_stage_rejects_a_too_short_streamed_turn_and_aborts(asr):

@@ -20,7 +20,10 @@ the samples not yet sent (possibly none) and is answered as above, decoding only
 ``asr_ms`` is then the end-of-turn work only and ``asr_tail_s`` the audio it decoded (s). A piece whose meta
 holds ``prefill`` (``{system_prompt, history}``, the conversation the turn will be answered in) makes the
 turn's partials carry it too: they then also go downstream, where the LLM stage prefills the chat heard so far
-(:mod:`.llm`, "prefill while the user speaks").
+(:mod:`.llm`, "prefill while the user speaks"). A partial leaves at the start of the next step, after the
+stage has taken in what arrived during the decode: a turn that ended meanwhile (the pause hypothesis was
+the end of turn) sends its transcript alone, and the LLM stage never starts a prefill of the same words
+that the turn itself then waits behind (measured: 150 ms of SmolLM2 prefill on 2 busy cores).
 
 The hypotheses cost a decode each, and one still running when the turn ends delays its transcript: they
 run only while the model keeps up (running mean of the steps' decode time): the periodic ones while it is
@@ -88,6 +91,7 @@ class ASRWorker:
         self.stream_meta: dict[str, dict] = {}
         self.prefill: dict[str, dict] = {}  # open turns' conversation context, for the LLM's prefill hints
         self.dirty: list[str] = []  # streams with new audio since their last step
+        self.held: dict[str, StageMessage] = {}  # each stream's newest partial, sent at the next step
         self.stream_decode_ms = 0.0  # running mean of the steps' decode time (ms)
 
     def submit(self, msg: StageMessage) -> None:
@@ -142,10 +146,11 @@ class ASRWorker:
         self.streams.pop(rid, None)
         self.stream_meta.pop(rid, None)
         self.prefill.pop(rid, None)
+        self.held.pop(rid, None)
         self.dirty = [r for r in self.dirty if r != rid]
 
     def has_work(self) -> bool:
-        return bool(self.pending or self.dirty)
+        return bool(self.pending or self.dirty or self.held)
 
     def step(self) -> list[StageMessage]:
         """Transcribe up to ``max_batch`` pending turns together; one ``last`` message per turn."""
@@ -158,10 +163,12 @@ class ASRWorker:
                 )
                 for m in typed
             ]
+        held = [m for rid, m in self.held.items() if not self.streams[rid].finished]  # else superseded
+        self.held = {}
         batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch :]
         streamed, self.dirty = self.dirty[: self.max_batch], self.dirty[self.max_batch :]
         if not batch and not streamed:
-            return []
+            return held
         waves = [_numpy(m.tensors["waveform"]) for m in batch]
         periodic = self.hypothesis_every_s is not None and (
             self.stream_decode_ms <= self.hypothesis_budget * 1000 * self.hypothesis_every_s
@@ -176,7 +183,7 @@ class ASRWorker:
         if results:  # every decode counts: a model too slow for hypotheses must be seen to get faster
             self.stream_decode_ms = 0.7 * self.stream_decode_ms + 0.3 * asr_ms
         transcripts, at = results[: len(waves)], len(waves)
-        out = self._stream_out(streamed, jobs, results, at, asr_ms)
+        out = held + self._stream_out(streamed, jobs, results, at, asr_ms)
         return out + [
             StageMessage(
                 m.request_id,
@@ -193,8 +200,8 @@ class ASRWorker:
         ]
 
     def _stream_out(self, streamed, jobs, results, at, asr_ms) -> list[StageMessage]:
-        """Messages of the streamed turns of a step: a partial per open turn whose text changed, the
-        transcript of each finished one."""
+        """Messages of the streamed turns of a step: the transcript of each finished one; a partial per
+        open turn whose text changed is held for the next step (module docstring)."""
         out = []
         for rid, job in zip(streamed, jobs):
             stream = self.streams[rid]
@@ -222,7 +229,7 @@ class ASRWorker:
                 meta = {"partial_transcript": partial.text, "stable_transcript": partial.stable}
                 if rid in self.prefill:
                     meta["prefill"] = self.prefill[rid]
-                out.append(StageMessage(rid, {}, meta, last=False))
+                self.held[rid] = StageMessage(rid, {}, meta, last=False)
         return out
 
 
