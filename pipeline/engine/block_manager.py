@@ -2,7 +2,8 @@
 
 Blocks are shared by reference count: requests with a common prefix (a session's next turn and its
 history, a repeated system prompt) hold one copy of it. A full block whose contents are known can be
-registered under its chain hash (:mod:`.prefix_cache`); when its last reference goes, it stays in the pool
+registered under its chain hash (:mod:`.prefix_cache`; so is a request's last, partly filled block when the
+request lets it go); when its last reference goes, it stays in the pool
 as a *cached free* block: still findable by hash, reusable by a later request, and evicted (its hash
 dropped) only when an allocation finds no never-cached block left, least recently released first.
 """
@@ -118,6 +119,18 @@ class BlockAllocator:
         self._by_hash[block_hash] = block_id
         self._hash_of[block_id] = block_hash
         return True
+
+    def unregister(self, block_id: int) -> None:
+        """Drop the hash of held ``block_id`` (its holder is about to change its contents).
+
+        Raises:
+            ValueError: the block is free.
+        """
+        if self._ref[block_id] <= 0:
+            raise ValueError(f"cannot unregister free block {block_id}")
+        h = self._hash_of.pop(block_id, None)
+        if h is not None:
+            del self._by_hash[h]
 
     def block_hash(self, block_id: int) -> bytes | None:
         """The hash ``block_id`` is registered under, if any."""

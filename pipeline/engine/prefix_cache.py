@@ -13,6 +13,14 @@ that at least its last input row is recomputed (its logits are needed) and at mo
 Thinker's hidden states for the Talker, limits it). After every forward, the request's newly completed
 blocks are registered. Blocks stay findable after release until the allocator evicts them
 (:class:`.block_manager.BlockAllocator`).
+
+The last, partly filled block of a request of plain token rows is kept too when the request drops its KV
+(finished, aborted, preempted): registered under the chain hash of the rows it holds and indexed by its
+parent's hash. A later request whose rows after its matched full blocks begin with some of those rows takes
+the block over (it leaves the registry; the newcomer overwrites the rows after the common ones), so a prompt
+that extends an earlier one by a few tokens (a prefill hint of the words heard so far, then the turn) reuses
+every row they share, not only whole blocks (token-granular reuse of the tail, as in SGLang's radix cache,
+Zheng et al. 2024; vLLM's automatic prefix caching reuses full blocks only).
 """
 
 from __future__ import annotations
@@ -78,6 +86,10 @@ class PrefixCache:
         self.allocator = allocator
         self.row_key = row_key or default_row_key
         self.cacheable_rows = cacheable_rows
+        # parent hash (b"" for block 0) -> [(hash, row ids)] of partly filled blocks offered at release;
+        # entries whose block was evicted or taken are dropped lazily
+        self._partials: dict[bytes, list[tuple[bytes, tuple[int, ...]]]] = {}
+        self._num_partials = 0
 
     def _hashes(self, req: Request, num_blocks: int) -> list[bytes]:
         """``req.block_hashes`` extended to ``num_blocks`` full blocks (rows must be known inputs)."""
@@ -99,21 +111,80 @@ class PrefixCache:
         limit = req.num_inputs - 1  # the last input row is always computed: its logits are sampled
         if self.cacheable_rows is not None:
             limit = min(limit, self.cacheable_rows(req))
-        n = max(0, limit) // BLOCK_SIZE
-        if n == 0:
-            return 0
+        limit = max(0, limit)
+        n = limit // BLOCK_SIZE
+        hs = self._hashes(req, n)
         found = []
-        for h in self._hashes(req, n):
+        for h in hs:
             b = self.allocator.lookup(h)
             if b is None:
                 break
             found.append(b)
         for b in found:
             self.allocator.touch(b)
+        k = len(found)
         req.blocks = found
-        req.num_computed = len(found) * BLOCK_SIZE
-        req.num_registered = len(found)
+        req.num_computed = k * BLOCK_SIZE
+        req.num_registered = k
+        if limit > k * BLOCK_SIZE:
+            self._take_partial(req, hs[k - 1] if k else b"", min(limit, (k + 1) * BLOCK_SIZE))
         return req.num_computed
+
+    def _take_partial(self, req: Request, parent: bytes, end: int) -> None:
+        """Append the cached partial block after ``parent`` that shares the most leading rows with ``req``'s
+        rows ``num_computed .. end`` (taken over: unregistered, one reference), if any."""
+        entries = self._partials.get(parent)
+        start = req.num_computed
+        if not entries or self.row_key(req, start, end) is not None:
+            return
+        ids = _row_ids(req, start, end)
+        best, best_m = None, 0
+        for entry in list(entries):
+            h, rows = entry
+            b = self.allocator.lookup(h)
+            if b is None:  # evicted since
+                entries.remove(entry)
+                continue
+            m = 0
+            for x, y in zip(rows, ids):
+                if x != y:
+                    break
+                m += 1
+            if m > best_m and self.allocator.refcount(b) == 0:
+                best, best_m = entry, m
+        if best is None:
+            return
+        entries.remove(best)
+        b = self.allocator.lookup(best[0])
+        self.allocator.touch(b)
+        self.allocator.unregister(b)
+        req.blocks.append(b)
+        req.num_computed += best_m
+
+    def release(self, req: Request) -> None:
+        """Before ``req`` drops its KV: keep its last, partly filled block findable (see the module
+        docstring). Only a block of plain token rows (no content key) that ``req`` alone holds."""
+        k, m = divmod(req.num_computed, BLOCK_SIZE)
+        if m == 0 or k >= len(req.blocks) or self.allocator.refcount(req.blocks[k]) != 1:
+            return
+        start, end = k * BLOCK_SIZE, req.num_computed
+        if self.row_key(req, start, end) is not None:
+            return
+        ids = _row_ids(req, start, end)
+        parent = self._hashes(req, k)[k - 1] if k else b""
+        h = chain_hash(parent or None, list(ids))
+        if not self.allocator.register(req.blocks[k], h):
+            return
+        self._partials.setdefault(parent, []).append((h, ids))
+        self._num_partials += 1
+        if self._num_partials > 2 * self.allocator.num_blocks:  # drop the entries of evicted blocks
+            self._partials = {
+                p: live for p, es in self._partials.items() if (live := [e for e in es if self._live(e[0])])
+            }
+            self._num_partials = sum(len(es) for es in self._partials.values())
+
+    def _live(self, h: bytes) -> bool:
+        return self.allocator.lookup(h) is not None
 
     def register(self, req: Request) -> None:
         """Register the request's blocks completed by its computed rows (call after every forward)."""
@@ -124,3 +195,12 @@ class PrefixCache:
         for k in range(req.num_registered, full):
             self.allocator.register(req.blocks[k], hs[k])
         req.num_registered = full
+
+
+def _row_ids(req: Request, start: int, end: int) -> tuple[int, ...]:
+    """Token ids of input rows ``start .. end`` of ``req`` (prompt rows, then fed output rows)."""
+    p = req.num_prompt
+    ids = list(req.prompt_ids[start : min(end, p)])
+    if end > p:
+        ids += req.output_ids[max(start, p) - p : end - p]
+    return tuple(ids)

@@ -178,7 +178,10 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def _release(self, r: Request) -> None:
-        """Drop the request's KV: tail blocks first, so the LRU evicts a chain from its end."""
+        """Drop the request's KV: tail blocks first, so the LRU evicts a chain from its end (its partly
+        filled last block stays findable with prefix caching)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.release(r)
         self.allocator.free(r.blocks[::-1])
         r.blocks = []
         r.num_computed = 0
