@@ -115,13 +115,25 @@ def test_transcribes_real_speech(asr, beckett):
 
 
 @pytest.mark.slow
-def test_same_tokens_as_the_reference_loader_on_the_shipped_ort(asr, model_dir, beckett):
-    """useful-moonshine-onnx's loader (oracle) on the untouched ``.ort`` files vs our converted graphs."""
+def test_same_tokens_as_the_reference_loader_on_the_shipped_ort(model_dir, beckett):
+    """useful-moonshine-onnx's loader (oracle) on the untouched ``.ort`` files vs our fp32 conversion."""
     from moonshine_onnx.model import MoonshineOnnxModel
 
     ref = MoonshineOnnxModel(models_dir=str(model_dir), model_name="base", model_format="ort")
     clip = beckett[: 4 * SAMPLE_RATE]
-    assert ref.generate(clip[None])[0][1:-1] == asr.token_ids(clip)
+    fp32 = MoonshineASR(model_dir, cpu_threads=1, int8_decoder=False)
+    assert len(fp32.steps) == 1  # the merged decoder
+    assert ref.generate(clip[None])[0][1:-1] == fp32.token_ids(clip)
+
+
+def test_int8_decoder_gives_the_fp32_decoders_words(asr, model_dir, beckett):
+    """The int8 split decoder (the default) against the fp32 merged one on real speech: the same words on
+    every 3 s piece of the Beckett clip and on the whole clip."""
+    fp32 = MoonshineASR(model_dir, cpu_threads=1, int8_decoder=False)
+    assert len(asr.steps) == 2 and len(fp32.steps) == 1
+    pieces = [beckett[i : i + 3 * SAMPLE_RATE] for i in range(0, beckett.size - SAMPLE_RATE, 3 * SAMPLE_RATE)]
+    for wave in [beckett, *pieces]:
+        assert words_of(asr.transcribe(wave).text) == words_of(fp32.transcribe(wave).text)
 
 
 def test_batch_equals_each_alone_and_silence_gives_nothing(asr, beckett):
@@ -144,11 +156,19 @@ def test_conversion_is_cached_and_atomic(tmp_path, model_dir):
     assert {p.name for p in out.iterdir()} == {
         "encoder_model.onnx",
         "decoder_model_merged.onnx",
+        "decoder_first.int8.onnx",
+        "decoder_cached.int8.onnx",
         "tokenizer.bin",
     }
     assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temporary folder left behind
     m = onnx.load(str(out / "encoder_model.onnx"), load_external_data=False)
     assert not any(t.data_type == TensorProto.INT8 for t in m.graph.initializer)
+    q = onnx.load(str(out / "decoder_cached.int8.onnx"), load_external_data=False)
+    weights = {t.name for t in q.graph.initializer if np.prod(t.dims) >= 416 * 416}  # not the rotary table
+    weight_matmuls = [n.name for n in q.graph.node if n.op_type == "MatMul" and set(n.input) & weights]
+    int8 = sum(n.op_type == "MatMulInteger" for n in q.graph.node)
+    assert weight_matmuls == [] and int8 >= 8 * 6 + 1  # every weight MatMul (the tied LM head's too) is int8
+    assert not any(i.name == "use_cache_branch" for i in q.graph.input)
     mtime = (out / "decoder_model_merged.onnx").stat().st_mtime_ns
     assert converted_dir(model_dir, tmp_path) == out
     assert (out / "decoder_model_merged.onnx").stat().st_mtime_ns == mtime  # not converted twice
