@@ -138,24 +138,21 @@ class PrefixCache:
         if not entries or self.row_key(req, start, end) is not None:
             return
         ids = _row_ids(req, start, end)
-        best, best_m = None, 0
+        best, best_block, best_m = None, -1, 0
         for entry in list(entries):
-            h, rows = entry
-            b = self.allocator.lookup(h)
+            b = self.allocator.lookup(entry[0])
             if b is None:  # evicted since
                 entries.remove(entry)
                 continue
-            m = 0
-            for x, y in zip(rows, ids):
-                if x != y:
-                    break
-                m += 1
+            m = next(
+                (i for i, (x, y) in enumerate(zip(entry[1], ids)) if x != y), min(len(entry[1]), len(ids))
+            )
             if m > best_m and self.allocator.refcount(b) == 0:
-                best, best_m = entry, m
+                best, best_block, best_m = entry, b, m
         if best is None:
             return
         entries.remove(best)
-        b = self.allocator.lookup(best[0])
+        b = best_block
         self.allocator.touch(b)
         self.allocator.unregister(b)
         req.blocks.append(b)
@@ -178,13 +175,12 @@ class PrefixCache:
         self._partials.setdefault(parent, []).append((h, ids))
         self._num_partials += 1
         if self._num_partials > 2 * self.allocator.num_blocks:  # drop the entries of evicted blocks
-            self._partials = {
-                p: live for p, es in self._partials.items() if (live := [e for e in es if self._live(e[0])])
+            live = {
+                p: [e for e in es if self.allocator.lookup(e[0]) is not None]
+                for p, es in self._partials.items()
             }
+            self._partials = {p: es for p, es in live.items() if es}
             self._num_partials = sum(len(es) for es in self._partials.values())
-
-    def _live(self, h: bytes) -> bool:
-        return self.allocator.lookup(h) is not None
 
     def register(self, req: Request) -> None:
         """Register the request's blocks completed by its computed rows (call after every forward)."""
