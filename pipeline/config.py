@@ -31,9 +31,10 @@ VLLM_ONLY = (
 
 
 class StageConfig(BaseModel):
-    """One stage process: device, dtype, batch and token limits, KV cache size. ``dtype: auto`` = bf16 where
-    the CPU has native bf16 matrix units, else fp32 (:func:`.graph.auto_dtype`). ``enable_prefix_caching``:
-    engine stages share the KV blocks of common prompt prefixes across turns (:mod:`.engine.prefix_cache`).
+    """One stage process: device, dtype, batch and token limits, KV cache size. ``dtype: auto`` = bf16 on a
+    GPU; on the CPU bf16 where it has native bf16 matrix units, else fp32 (:func:`.workers.auto_dtype`).
+    ``enable_prefix_caching``: engine stages share the KV blocks of common prompt prefixes across turns
+    (:mod:`.engine.prefix_cache`).
 
     ``backend``: ``omniduplex`` (our engine, :mod:`.engine`) or ``vllm`` (the ``llm`` stage only:
     :mod:`.stages.vllm_llm`). The vLLM-only keys: ``tensor_parallel_size`` / ``pipeline_parallel_size``

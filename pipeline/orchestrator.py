@@ -311,7 +311,7 @@ class Orchestrator:
                 turn.t_first_audio = time.perf_counter()
                 self._split_ttfp(turn, msg.meta)
             turn.samples += pcm.numel()
-            put(TurnEvent("audio", msg.request_id, pcm=pcm.numpy(), text=str(msg.meta.get("text", ""))))
+            put(TurnEvent("audio", msg.request_id, pcm=pcm.cpu().numpy(), text=str(msg.meta.get("text", ""))))
         if msg.last:
             now = time.perf_counter()
             audio_s = turn.samples / self.output_rate

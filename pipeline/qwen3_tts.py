@@ -70,6 +70,7 @@ class Qwen3TTSEngine:
             max_num_seqs,
             max_num_batched_tokens,
             dtype=self.talker.codec_head.weight.dtype,
+            device=self.talker.codec_head.weight.device,
             enable_prefix_caching=enable_prefix_caching,
         )
 

@@ -40,10 +40,11 @@ PARTS = {
 }
 
 
-def _dtype(name: str) -> torch.dtype:
-    if name == "auto":
-        return auto_dtype()
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+def _dtype(cfg: StageConfig) -> torch.dtype:
+    """The stage's parameter dtype: ``auto`` is bf16 on an accelerator, :func:`auto_dtype` on the CPU."""
+    if cfg.dtype == "auto":
+        return auto_dtype() if torch.device(cfg.device).type == "cpu" else torch.bfloat16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
 
 
 def auto_dtype(cpuinfo: str | None = None) -> torch.dtype:
@@ -87,7 +88,7 @@ def build_worker(
         return _cascade_worker(stage, load_manifest(model_dir), cfg, chunking)
     if stage in QWEN3_TTS.stages:
         return _tts_graph_worker(stage, model_dir, cfg, chunking)
-    model = load_model(model_dir, parts=PARTS[stage], dtype=_dtype(cfg.dtype), device=cfg.device)
+    model = load_model(model_dir, parts=PARTS[stage], dtype=_dtype(cfg), device=cfg.device)
     if stage in ENGINE_STAGES:
         _prepack(getattr(model, "unified" if stage == "unified" else stage), cfg)
     if stage == "codec_encoder":
@@ -133,7 +134,7 @@ def _tts_graph_worker(stage: str, model_dir, cfg: StageConfig, chunking: Chunkin
     codec decoder (``max_num_seqs`` utterances per decode call)."""
     from omniduplex.models.qwen3_tts.model import load_qwen3_tts
 
-    dtype = _dtype(cfg.dtype)
+    dtype = _dtype(cfg)
     if stage == "tts_codec":
         from omniduplex.pipeline.stages.qwen3_tts_codec import Qwen3TTSCodecWorker
 
@@ -208,10 +209,10 @@ def _cascade_worker(stage: str, manifest, cfg: StageConfig, chunking: ChunkingCo
     if cfg.backend == "vllm":
         from omniduplex.pipeline.stages.vllm_llm import VLLMLLMWorker
 
-        return VLLMLLMWorker(llm_dir, cfg, _dtype(cfg.dtype))
+        return VLLMLLMWorker(llm_dir, cfg, _dtype(cfg))
     from omniduplex.pipeline.stages.llm import LLMWorker
 
-    model = load_model(llm_dir, parts=("thinker",), dtype=_dtype(cfg.dtype), device=cfg.device)
+    model = load_model(llm_dir, parts=("thinker",), dtype=_dtype(cfg), device=cfg.device)
     if manifest.llm_quantized:  # GGUF blocks on our quantized kernels (models/cascade/gguf_quantized.py)
         from omniduplex.models.cascade.gguf_quantized import quantize_from_gguf
 
@@ -268,7 +269,8 @@ def talker_specials(model, model_dir) -> TalkerTextEmbeds:
     name = "thinker.model.embed_tokens.weight"
     ((_, table),) = iter_tensors(files, [name])
     ids = [cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id]
-    rows = table[ids].to(model.talker.codec_head.weight.dtype)
+    weight = model.talker.codec_head.weight
+    rows = table[ids].to(device=weight.device, dtype=weight.dtype)
     bos, eos, pad = model.talker.text_projection(rows).unbind(0)
     return TalkerTextEmbeds(bos, eos, pad)
 

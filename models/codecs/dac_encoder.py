@@ -181,7 +181,8 @@ class DacCodecEncoder(nn.Module):
             raise ValueError("wav has no samples")
         if not wav.is_floating_point():
             raise ValueError(f"wav must be floating point, got {wav.dtype}")
-        wav = wav.to(self.encoder.conv1.weight.dtype)
+        weight = self.encoder.conv1.weight
+        wav = wav.to(device=weight.device, dtype=weight.dtype)
         return F.pad(wav, (0, -wav.shape[-1] % self.hop_length))
 
     def encode_latents(self, wav: torch.Tensor) -> torch.Tensor:

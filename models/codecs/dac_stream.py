@@ -85,6 +85,7 @@ class DacDecodeStream(OneShotEnd):
 
     @torch.no_grad()
     def push(self, codes: torch.Tensor) -> torch.Tensor:
+        codes = codes.to(self.no_latents.device)  # codes may land on the host (relay)
         self._check(codes)
         return self.chain.push(self.codec.quantizer.from_codes(codes) if codes.shape[-1] else self.no_latents)
 

@@ -100,8 +100,8 @@ class PreTransformerStream:
         self.kv[i] = (k[:, :, drop:], v[:, :, drop:])
         # query j sits at position pos + j, key m at pos − cached + m; attend iff 0 <= distance < window
         cached = k.shape[2] - t
-        dist = torch.arange(t)[:, None] + cached - torch.arange(k.shape[2])[None, :]
-        mask = ((dist >= 0) & (dist < self.window)).to(x.device)
+        dist = torch.arange(t, device=x.device)[:, None] + cached - torch.arange(k.shape[2], device=x.device)
+        mask = (dist >= 0) & (dist < self.window)
         groups = a.heads // a.kv_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -144,7 +144,7 @@ class Code2WavStream(OneShotEnd):
         self.check_open("push")
         if codes.dim() == 3 and codes.shape[-1] == 0:
             return self.no_samples
-        x = self.model.embed(codes)  # validates the codes
+        x = self.model.embed(codes.to(self.no_samples.device))  # validates the codes (landed on any device)
         if x.shape[0] != self.batch:
             raise ValueError(f"codes must be [{self.batch}, Q, n], got shape {list(codes.shape)}")
         return self.convs.push(self.transformer.push(x).transpose(1, 2))

@@ -111,7 +111,7 @@ def talker_prefill_embeds(
             tcfg.codec_pad_id,
             tcfg.codec_bos_id,
         ],
-        device=prompt_ids.device,
+        device=talker.model.codec_embedding.weight.device,
     )
     codec = torch.cat((torch.zeros_like(text[:3]), talker.model.codec_embedding(codec_ids)), dim=0)
     return torch.cat((user_rows, text + codec), dim=0)

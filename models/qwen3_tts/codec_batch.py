@@ -148,7 +148,8 @@ def push_together(streams: list[CodecStream], codes: torch.Tensor) -> torch.Tens
     batched = CodecStream(decoder, len(streams))
     _stack_convs([s.pre_conv for s in streams], batched.pre_conv)
     _stack_convs([s.convs for s in streams], batched.convs)
-    x = batched.pre_conv.push(decoder.quantizer.decode(codes.long())).transpose(1, 2)  # [B, n, latent]
+    codes = codes.to(batched.no_samples.device, torch.long)  # once per call, not per codebook lookup
+    x = batched.pre_conv.push(decoder.quantizer.decode(codes)).transpose(1, 2)  # [B, n, latent]
     ft = decoder.pre_transformer
     x = ft.output_proj(_transformer_push([s.transformer for s in streams], ft.input_proj(x)))
     out = batched.convs.push(x.transpose(1, 2))

@@ -294,7 +294,8 @@ class CodecEncoder(nn.Module):
 
     @torch.no_grad()
     def encode(self, wav: torch.Tensor) -> torch.Tensor:
-        """Mono waveform fp ``[S]`` in [-1, 1] at 24 kHz → int64 codes ``[ceil(S / 1920), valid_quantizers]``.
+        """Mono waveform fp ``[S]`` in [-1, 1] at 24 kHz (any device) → int64 codes ``[ceil(S / 1920),
+        valid_quantizers]`` on the weights' device.
 
         Raises ValueError for a non-1-D or empty waveform.
         """
@@ -303,7 +304,7 @@ class CodecEncoder(nn.Module):
                 f"codec encoder: expected a non-empty mono waveform [samples], got {tuple(wav.shape)}"
             )
         w = next(self.parameters())
-        x = self.encoder(wav.to(w.dtype)[None, None])
+        x = self.encoder(wav.to(w.device, w.dtype)[None, None])
         x = self.encoder_transformer(x.transpose(1, 2)).transpose(1, 2)
         x = self.downsample(x)
         q = self.quantizer

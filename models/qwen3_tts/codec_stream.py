@@ -61,7 +61,8 @@ class CodecStream(OneShotEnd):
         if codes.shape[0] != self.batch:
             raise ValueError(f"codec: codes must be [{self.batch}, Q, n], got {list(codes.shape)}")
         d = self.decoder
-        x = self.pre_conv.push(d.quantizer.decode(codes.long())).transpose(1, 2)  # [B, n, latent]
+        codes = codes.to(self.no_samples.device, torch.long)  # once per call, not per codebook lookup
+        x = self.pre_conv.push(d.quantizer.decode(codes)).transpose(1, 2)  # [B, n, latent]
         ft = d.pre_transformer
         x = ft.output_proj(self.transformer.push(ft.input_proj(x)))
         return self.convs.push(x.transpose(1, 2))

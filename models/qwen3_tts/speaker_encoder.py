@@ -171,9 +171,9 @@ class SpeakerEncoder(nn.Module):
 
     @torch.no_grad()
     def embed(self, wav: torch.Tensor) -> torch.Tensor:
-        """Mono 24 kHz waveform ``[S]`` → x-vector ``[enc_dim]`` (weight dtype).
+        """Mono 24 kHz waveform ``[S]`` (any device) → x-vector ``[enc_dim]`` (weight dtype and device).
 
         Raises ValueError as :func:`speaker_mel`."""
-        mel = speaker_mel(wav, self.cfg.mel_dim, self.cfg.sample_rate)
         w = next(self.parameters())
+        mel = speaker_mel(wav.to(w.device), self.cfg.mel_dim, self.cfg.sample_rate)
         return self(mel[None].to(w.dtype))[0]

@@ -63,16 +63,18 @@ class Talker(nn.Module):
         return self.codec_head(hidden)
 
     def text_embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Text token ids int ``[...]`` → projected embeddings ``[..., H]``.
+        """Text token ids int ``[...]`` (any device) → projected embeddings ``[..., H]`` on the model's.
 
         Raises ValueError for an id outside ``[0, text_vocab_size)``."""
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.text_vocab_size):
             raise ValueError(f"text token id outside [0, {self.cfg.text_vocab_size})")
-        return self.text_projection(self.model.text_embedding(ids))
+        table = self.model.text_embedding
+        return self.text_projection(table(ids.to(table.weight.device)))
 
     def codec_embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Codebook-0 / control ids int ``[...]`` → ``[..., H]``."""
-        return self.model.codec_embedding(ids)
+        """Codebook-0 / control ids int ``[...]`` (any device) → ``[..., H]`` on the model's device."""
+        table = self.model.codec_embedding
+        return table(ids.to(table.weight.device))
 
     def frame_embedding(self, codes: torch.Tensor) -> torch.Tensor:
         """Sum of the embeddings of one frame's codes: int64 ``[B, G]`` → ``[B, H]`` (codebook order)."""

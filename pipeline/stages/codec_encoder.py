@@ -70,12 +70,12 @@ class CodecEncoderWorker:
         return outs
 
     def _encode(self, wav16k: torch.Tensor) -> torch.Tensor | None:
-        """16 kHz ``[samples]`` → local codes ``[S, F]`` (``None`` for no speech)."""
+        """16 kHz ``[samples]`` (any device) → local codes int64 ``[S, F]`` on the host, where the prompt is
+        built (``None`` for no speech)."""
         if wav16k.numel() == 0:
             return None
-        x = wav16k.float().numpy()
+        x = wav16k.detach().to("cpu", torch.float32).numpy()
         if self.rate != MODEL_INPUT_RATE:
             x = soxr.resample(x, MODEL_INPUT_RATE, self.rate, quality="HQ")
         w = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))[None, None]
-        w = w.to(next(self.encoder.parameters()).dtype)
-        return self.encoder.encode(w, self.cfg.num_streams)[0]
+        return self.encoder.encode(w, self.cfg.num_streams)[0].cpu()

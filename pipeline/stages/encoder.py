@@ -23,7 +23,8 @@ class EncoderWorker:
     def __init__(self, model: LoadedModel, max_batch: int = 16) -> None:
         self.model, self.max_batch = model, max_batch
         self.tower = model.thinker.audio_tower
-        self.mel = LogMelFrontEnd(_preprocessor(model))
+        self.device = next(self.tower.parameters()).device
+        self.mel = LogMelFrontEnd(_preprocessor(model)).to(self.device)  # the log-mel runs beside the tower
         self.tok = load_tokenizer(model.path)
         self.pending: list[StageMessage] = []
 
@@ -54,7 +55,7 @@ class EncoderWorker:
         batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch :]
         if not batch:
             return []
-        feats, lens = self.mel([m.tensors["waveform"].float() for m in batch])
+        feats, lens = self.mel([m.tensors["waveform"].to(self.device, torch.float32) for m in batch])
         embeds, out_lens = self.tower(feats.to(self.tower_dtype), lens)
         outs, at = [], 0
         for m, n in zip(batch, out_lens.tolist()):
@@ -87,7 +88,7 @@ class EncoderWorker:
             user_text=m.meta["user_text"],
         )
         hidden = self.model.config.thinker.text.hidden_size
-        embeds = torch.zeros(0, hidden, dtype=self.tower_dtype)
+        embeds = torch.zeros(0, hidden, dtype=self.tower_dtype, device=self.device)
         t = {"prompt_ids": torch.tensor(ids, dtype=torch.int64), "audio_embeds": embeds}
         return StageMessage(m.request_id, t, dict(m.meta), last=True)
 

@@ -40,6 +40,7 @@ class TalkerWorker:
             max_num_seqs,
             max_num_batched_tokens,
             dtype=model.talker.codec_head.weight.dtype,
+            device=model.talker.codec_head.weight.device,
             enable_prefix_caching=enable_prefix_caching,
         )
         self.live: dict[str, Request] = {}
@@ -69,13 +70,14 @@ class TalkerWorker:
         speaker = str(msg.meta.get("speaker", "ethan")).lower()
         if speaker not in tcfg.speaker_id:
             raise ValueError(f"unknown speaker {speaker!r}; this checkpoint has {sorted(tcfg.speaker_id)}")
+        dev = self.engine.device  # the Thinker's tensors may land on the host (relay)
         prefill = talker_prefill_embeds(
             self.talker,
             self.cfg,
-            t["prompt_ids"],
-            t["prompt_embeds"],
-            t["prompt_hidden"],
-            t["token_embed"],
+            t["prompt_ids"].cpu(),
+            t["prompt_embeds"].to(dev),
+            t["prompt_hidden"].to(dev),
+            t["token_embed"].to(dev),
             self.specials,
             tcfg.speaker_id[speaker],
         )
@@ -122,9 +124,8 @@ class TalkerWorker:
         raw = [(i, e) for i, (_, e) in enumerate(queue) if e is not None and e is not self.specials.tts_eos]
         projected = {}
         if raw:
-            rows = self.talker.text_projection(
-                torch.stack([e for _, e in raw]).to(self.talker.codec_head.weight.dtype)
-            )
+            w = self.talker.codec_head.weight
+            rows = self.talker.text_projection(torch.stack([e for _, e in raw]).to(w.device, w.dtype))
             projected = {i: rows[k] for k, (i, _) in enumerate(raw)}
         for i, (rid, e) in enumerate(queue):
             req = self.live.get(rid)

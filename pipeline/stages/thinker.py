@@ -47,14 +47,17 @@ class ThinkerWorker:
             max_num_seqs,
             max_num_batched_tokens,
             dtype=model.thinker.lm_head.weight.dtype,
+            device=model.thinker.lm_head.weight.device,
             enable_prefix_caching=enable_prefix_caching,
         )
         self.prompts: dict[str, tuple[torch.Tensor, torch.Tensor, dict]] = {}
 
     @torch.no_grad()
     def submit(self, msg: StageMessage) -> None:
-        ids = msg.tensors["prompt_ids"]
-        embeds = self.thinker.embed(ids, msg.tensors.get("audio_embeds"))
+        ids = msg.tensors["prompt_ids"].cpu()  # read on the host (token lists, the capture row)
+        audio = msg.tensors.get("audio_embeds")
+        dev = self.engine.device
+        embeds = self.thinker.embed(ids.to(dev), None if audio is None else audio.to(dev))
         sp = dict(msg.meta.get("sampling", {}))
         sp.setdefault("stop_token_ids", (self.eos,))
         sp["stop_token_ids"] = tuple(sp["stop_token_ids"])

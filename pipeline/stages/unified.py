@@ -39,6 +39,7 @@ class UnifiedWorker:
             max_num_seqs,
             max_num_batched_tokens,
             dtype=lm.lm_head.weight.dtype,
+            device=lm.lm_head.weight.device,
             enable_prefix_caching=enable_prefix_caching,
         )
 
