@@ -122,6 +122,7 @@ run_part() {  # name command...: run under the part's time budget, output to the
 
 GPU_TEST_FILES=$(grep -rlE --include='test_*.py' 'pytest\.mark\.gpu|mark\.gpu\b' tests | sort | tr '\n' ' ')
 PYTEST=(python3 -m pytest -q -rs -p no:cacheprovider)
+python3 -c 'import pytest_timeout' 2>/dev/null && PYTEST+=(--timeout 150)  # one hung test fails alone
 
 for part in "${PARTS[@]}"; do
   case $part in

@@ -182,7 +182,8 @@ def test_cascade_llm_stage_keeps_its_tensors_on_its_device(tmp_path):
     d = write_checkpoint(tmp_path / "text", "tiny", seed=1, text_only=True)
     (d / "chat_template.jinja").write_text(CHATML)
     acc = FakeAccelerator()
-    sampling = {"max_tokens": 5, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "repetition_penalty": 1.1}
+    sampling = {"max_tokens": 5, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "repetition_penalty": 1.1,
+                "ignore_eos": True}
     with acc:
         model = load_model(d, parts=("thinker",), device="privateuseone")
         w = LLMWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)

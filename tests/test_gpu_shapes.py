@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 ROOT = Path(__file__).resolve().parents[1]
 GPU_GRAPH = ROOT / "deploy" / "graph-gpu.yaml"
 QUESTION = ROOT / "examples" / "question.wav"
-TURN_TIMEOUT_S = 120
+TURN_TIMEOUT_S = 60
 GREEDY = {
     "sampling": {"temperature": 0.0, "max_tokens": 10},
     "talker_sampling": {"temperature": 0.0, "max_tokens": 24},
@@ -133,7 +133,8 @@ def test_cascade_llm_stage_on_cuda(tmp_path):
     )
     model = load_model(d, parts=("thinker",), dtype=torch.bfloat16, device="cuda")
     w = LLMWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
-    w.submit(StageMessage("t1", {}, {"transcript": "hello there", "sampling": {"max_tokens": 6, "top_k": 5}}))
+    sampling = {"max_tokens": 6, "top_k": 5, "ignore_eos": True}
+    w.submit(StageMessage("t1", {}, {"transcript": "hello there", "sampling": sampling}))
     outs = []
     for _ in range(100):
         if not w.has_work():
