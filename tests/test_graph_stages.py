@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from omniduplex.kernels import moe
 from omniduplex.models.qwen3_omni.code2wav_stream import Code2WavStream
 from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.registry import load_model
@@ -67,9 +68,11 @@ def test_talker_decode_and_code_predictor_replays_equal_eager(omni):
     want, _ = _talker_run(omni.talker, "off", requests)
     got, engine = _talker_run(omni.talker, "twin", requests)
     assert got == want and sum(map(len, want.values())) > 30
-    predictor = engine.adapter.predictor_graphs
-    assert predictor.runner.hits > 10 and engine.graphs.runner.hits > 10
-    assert engine.graph_stats()["cuda_graph_hits"] == predictor.runner.hits + engine.graphs.runner.hits
+    predictor, decode = engine.adapter.predictor_graphs, engine.graphs.runner
+    assert predictor.runner.hits > 10 and predictor.runner.buckets == [1, 2, 4]
+    # the Talker is MoE (4 experts, top 2): decode graphs for batches of <= 2 (moe_batch_limit), others eager
+    assert decode.buckets == [1, 2] and decode.hits > 0 and decode.misses > 0
+    assert engine.graph_stats()["cuda_graph_hits"] == predictor.runner.hits + decode.hits
 
 
 @torch.no_grad()
@@ -96,6 +99,20 @@ def test_code_predictor_replay_keeps_its_buffers_and_counts_misses(omni):
     assert pg.predict(*three, [0.0] * 3, [0] * 3, [0] * 3) is None  # no bucket of 3 (max_frames 2)
     assert pg.runner.stats() == {"cuda_graph_hits": 3, "cuda_graph_misses": 1}
     assert [t.data_ptr() for t in pg.static_buffers()] == ptrs
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 8])
+def test_sync_free_moe_dispatch_equals_the_grouped_one(tokens):
+    g = torch.Generator().manual_seed(tokens)
+    e, h, i, k = 6, 16, 24, 2
+    x = torch.randn(tokens, h, generator=g)
+    gate_up, down = torch.randn(e, 2 * i, h, generator=g), torch.randn(e, h, i, generator=g)
+    weights = torch.rand(tokens, k, generator=g)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(tokens)])
+    want = moe.moe_experts(x, gate_up, down, weights, ids)
+    with moe.sync_free():
+        got = moe.moe_experts(x, gate_up, down, weights, ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def _req(temp: float, seed: int, frame: int) -> Request:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from omniduplex.kernels import moe
 from omniduplex.pipeline.engine.graph_runner import GraphRunner, bucket_sizes
 from omniduplex.pipeline.engine.sampler import SamplingBatch, sample_static
 from omniduplex.pipeline.engine.step_inputs import PackedUpload
@@ -64,7 +65,8 @@ class PredictorGraphs:
 
         def run() -> torch.Tensor:
             embed = talker.model.codec_embedding(code0)
-            return talker.code_predictor.predict(hidden, code0, embed, sample=pick)
+            with moe.sync_free():  # a dense predictor: no MoE; kept so a MoE one could not sync
+                return talker.code_predictor.predict(hidden, code0, embed, sample=pick)
 
         return run
 
