@@ -11,6 +11,7 @@ import random
 import pytest
 import torch
 
+from omniduplex.benchmarks.engine_device import model_config, write_random_qwen3
 from omniduplex.models.forward_batch import BLOCK_SIZE
 from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.registry import load_model
@@ -30,7 +31,16 @@ from omniduplex.pipeline.engine.step_inputs import BlockTables, StepInputs
 
 @pytest.fixture(scope="module")
 def thinker(tmp_path_factory):
-    d = write_checkpoint(tmp_path_factory.mktemp("text"), "tiny", seed=5, text_only=True)
+    """A dense 2-layer Qwen3 written by transformers (every bucket is captured)."""
+    out, cpu = tmp_path_factory.mktemp("dense"), torch.device("cpu")
+    d = write_random_qwen3(out, model_config(tiny=True), cpu, seed=5)
+    return load_model(d).thinker
+
+
+@pytest.fixture(scope="module")
+def moe_thinker(tmp_path_factory):
+    """The tiny Qwen3-MoE preset (4 experts, top 2: decode graphs for batches of <= 2 tokens)."""
+    d = write_checkpoint(tmp_path_factory.mktemp("moe"), "tiny", seed=5, text_only=True)
     return load_model(d).thinker
 
 
@@ -110,10 +120,11 @@ def _schedule(seed: int) -> tuple[list, dict]:
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("seed", range(4))
-def test_replayed_steps_equal_eager_steps(thinker, seed):
+@pytest.mark.parametrize("seed,model", [(0, "dense"), (1, "dense"), (2, "dense"), (3, "moe"), (4, "moe")])
+def test_replayed_steps_equal_eager_steps(thinker, moe_thinker, seed, model):
     """Same tokens for every request under joins, finishes, aborts and (a 24-block cache) preemptions; and at
     every replayed step the hidden states equal an eager forward of the same batch."""
+    thinker = thinker if model == "dense" else moe_thinker
     sched, aborts = _schedule(seed)
     eager, twin = _engines(thinker)
     want = _drive(eager, sched, aborts)
@@ -133,6 +144,7 @@ def test_replayed_steps_equal_eager_steps(thinker, seed):
     assert got == want
     assert twin.graphs.runner.hits > 0 and seen
     assert twin.scheduler.num_preemptions == eager.scheduler.num_preemptions
+    assert twin.graphs.runner.buckets == ([1, 2, 4, 8] if model == "dense" else [1, 2])
 
 
 @torch.no_grad()

@@ -11,7 +11,6 @@ the draw and the gathers it would need) without a device sync.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from omniduplex.pipeline.engine.request import Request, SamplingParams
@@ -37,9 +36,9 @@ class SamplingTables:
         self.seeds = torch.zeros(0, dtype=torch.int64, device=dev)
         self.counts = torch.zeros((0, vocab), dtype=torch.int32, device=dev)
         self.suppress: torch.Tensor | None = None
-        self._random = np.zeros(0, dtype=bool)  # host mirrors: temperature > 0, penalty != 1, suppressed ids
-        self._penalised = np.zeros(0, dtype=bool)
-        self._suppressed = np.zeros(0, dtype=bool)
+        self._random: list[bool] = []  # host mirrors: temperature > 0, penalty != 1, suppressed ids
+        self._penalised: list[bool] = []
+        self._suppressed: list[bool] = []
         self._upload: PackedUpload | None = None
         self._cap = 0
         self._zeros_f = self._zeros_i = self._ones_f = self._ones_count = None
@@ -58,10 +57,8 @@ class SamplingTables:
         self.counts = pad(self.counts)
         if self.suppress is not None:
             self.suppress = pad(self.suppress)
-        self._random, self._penalised, self._suppressed = (
-            np.concatenate((a, np.zeros(extra, dtype=bool)))
-            for a in (self._random, self._penalised, self._suppressed)
-        )
+        for flags in (self._random, self._penalised, self._suppressed):
+            flags += [False] * extra
         self.rows = rows
 
     def set(self, slot: int, sp: SamplingParams) -> None:
@@ -103,14 +100,14 @@ class SamplingTables:
         device, and whether any of them uses the repetition penalty (then :meth:`count` must follow)."""
         n = len(reqs)
         buf = self._buffers(n)
-        slots = np.fromiter((r.slot for r in reqs), np.int64, n)
+        slots = [r.slot for r in reqs]
         buf.writable()
         buf.host["slots"][:n] = slots
-        buf.host["counters"][:n] = np.fromiter((len(r.output_ids) for r in reqs), np.int64, n)
+        buf.host["counters"][:n] = [len(r.output_ids) for r in reqs]
         buf.upload(buf.end("counters", n))
         d_slots, counters = buf.device_views["slots"][:n], buf.device_views["counters"][:n]
-        greedy = not self._random[slots].any()
-        penalised = bool(self._penalised[slots].any())
+        greedy = not any(self._random[s] for s in slots)
+        penalised = any(self._penalised[s] for s in slots)
         if greedy:
             temperature, top_p, seeds = self._zeros_f[:n], self._ones_f[:n], self._zeros_i[:n]
             top_k = self._zeros_i[:n]
@@ -125,7 +122,7 @@ class SamplingTables:
             seeds=seeds,
             counters=counters,
             counts=self.counts[d_slots] if penalised else None,
-            suppress=self.suppress[d_slots] if self._suppressed[slots].any() else None,
+            suppress=self.suppress[d_slots] if any(self._suppressed[s] for s in slots) else None,
             all_greedy=greedy,
         )
         return sb, d_slots, penalised

@@ -174,32 +174,39 @@ class StepInputs:
         """The :class:`ForwardBatch` of ``items`` (``(request, rows)`` in batch order, rows from each
         request's ``num_computed``): its tensors are views of the device buffer, valid until the next step."""
         s = len(items)
-        starts = np.fromiter((r.num_computed for r, _ in items), np.int64, s)
-        ns = np.fromiter((n for _, n in items), np.int64, s)
-        rows = np.fromiter((r.slot for r, _ in items), np.int64, s)
+        starts = [r.num_computed for r, _ in items]
+        ns = [n for _, n in items]
         for r, _ in items:
             self.tables.sync(r)
-        ends = starts + ns
-        t = int(ns.sum())
-        width = max(1, -(-int(ends.max()) // BLOCK_SIZE))
+        ends = [a + n for a, n in zip(starts, ns)]
+        t, max_end = sum(ns), max(ends)
+        width = max(1, -(-max_end // BLOCK_SIZE))
         buf = self._eager_buffer(t, s, s * width)
         buf.writable()
         h = buf.host
-        qsl = h["query_start_loc"][: s + 1]
-        qsl[0] = 0
-        np.cumsum(ns, out=qsl[1:])
-        if t == s:  # one row per sequence (decodes): no repeat needed
-            pos = starts
-            tok_rows = rows
+        if t == s:  # one row per sequence (decodes): Python lists, no array work for a few scalars
+            h["positions"][:t] = starts
+            h["slot_mapping"][:t] = [
+                r.blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for (r, _), p in zip(items, starts)
+            ]
+            h["query_start_loc"][: s + 1] = np.arange(s + 1)
         else:
+            qsl = h["query_start_loc"][: s + 1]
+            qsl[0] = 0
+            np.cumsum(ns, out=qsl[1:])
             tok_seq = np.repeat(np.arange(s), ns)
-            pos = np.arange(t) - qsl[:-1][tok_seq] + starts[tok_seq]
-            tok_rows = rows[tok_seq]
-        table = self.tables.table
-        h["positions"][:t] = pos
-        np.add(table[tok_rows, pos // BLOCK_SIZE] * BLOCK_SIZE, pos % BLOCK_SIZE, out=h["slot_mapping"][:t])
+            pos = np.arange(t) - qsl[:-1][tok_seq] + np.asarray(starts)[tok_seq]
+            tok_rows = np.asarray([r.slot for r, _ in items])[tok_seq]
+            h["positions"][:t] = pos
+            slots = self.tables.table[tok_rows, pos // BLOCK_SIZE] * BLOCK_SIZE
+            np.add(slots, pos % BLOCK_SIZE, out=h["slot_mapping"][:t])
         h["seq_lens"][:s] = ends
-        h["block_tables"][: s * width].reshape(s, width)[:] = table[rows, :width]
+        table = self.tables.table
+        if s == 1:
+            h["block_tables"][:width] = table[items[0][0].slot, :width]
+        else:
+            rows = [r.slot for r, _ in items]
+            h["block_tables"][: s * width].reshape(s, width)[:] = table[rows, :width]
         buf.upload(buf.end("block_tables", s * width))
         d = buf.device_views
         return ForwardBatch(
@@ -208,8 +215,8 @@ class StepInputs:
             block_tables=d["block_tables"][: s * width].view(s, width),
             seq_lens=d["seq_lens"][:s],
             query_start_loc=d["query_start_loc"][: s + 1],
-            max_seq_len=int(ends.max()),
-            max_query_len=int(ns.max()),
+            max_seq_len=max_end,
+            max_query_len=max(ns),
         )
 
     # -- the static inputs of replayed decode steps -----------------------------------------------------
@@ -269,17 +276,22 @@ class StepInputs:
                 return False
         for r, _ in items:
             self.tables.sync(r)
-        pos = np.fromiter((r.num_computed for r, _ in items), np.int64, n)
-        rows = np.fromiter((r.slot for r, _ in items), np.int64, n)
+        pos = [r.num_computed for r, _ in items]
         buf = self.graph
         buf.writable()
         h, table = buf.host, self.tables.table
         if ids is not None:
             h["input_ids"][:n] = ids
         h["positions"][:n] = pos
-        np.add(table[rows, pos // BLOCK_SIZE] * BLOCK_SIZE, pos % BLOCK_SIZE, out=h["slot_mapping"][:n])
-        h["seq_lens"][:n] = pos + 1
-        h["block_tables"][: n * w].reshape(n, w)[:] = table[rows, :w]
-        self._pad(n, bucket)
+        h["slot_mapping"][:n] = [
+            r.blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for (r, _), p in zip(items, pos)
+        ]
+        h["seq_lens"][:n] = [p + 1 for p in pos]
+        if n == 1:
+            h["block_tables"][:w] = table[items[0][0].slot, :w]
+        else:
+            h["block_tables"][: n * w].reshape(n, w)[:] = table[[r.slot for r, _ in items], :w]
+        if n < bucket:
+            self._pad(n, bucket)
         buf.upload(buf.end("block_tables", bucket * w))
         return True
