@@ -36,7 +36,7 @@ def _gathered(x, gate_up_proj, down_proj, weights, ids) -> torch.Tensor:
     """The dispatch of :func:`moe_experts` with no host sync: each pair's expert weights gathered, batched."""
     t, k = ids.shape
     flat = ids.reshape(-1)
-    xs = x.repeat_interleave(k, dim=0)[:, None, :]  # [P, 1, H]
+    xs = x[:, None, :].expand(t, k, x.shape[1]).reshape(t * k, 1, x.shape[1])  # [P, 1, H], no host sync
     gate, up = torch.bmm(xs, gate_up_proj.index_select(0, flat).transpose(1, 2)).chunk(2, dim=-1)
     y = torch.bmm(F.silu(gate) * up, down_proj.index_select(0, flat).transpose(1, 2))[:, 0]  # [P, H]
     return (y * weights.reshape(-1, 1)).view(t, k, -1).sum(dim=1)

@@ -79,6 +79,15 @@ def conv_chain(layers: list[nn.Module], batch: int) -> Chain:
     return Chain([conv_stream(m, batch) for m in layers] + [Pointwise(lambda x: x.clamp(-1.0, 1.0))])
 
 
+def _repeat_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[B, kv_heads, L, D]`` → ``[B, kv_heads · groups, L, D]``, head ``h`` reading kv head ``h // groups``
+    (``repeat_interleave`` on dim 1, as a broadcast: no host sync, capturable in a CUDA graph)."""
+    if groups == 1:
+        return x
+    b, h, n, d = x.shape
+    return x[:, :, None].expand(b, h, groups, n, d).reshape(b, h * groups, n, d)
+
+
 class PreTransformerStream:
     """One stream's state of a :class:`~.code2wav.PreTransformer`: the sliding-window KV cache of every
     layer (the last ``sliding_window − 1`` frames, keys after RoPE at their absolute positions).
@@ -111,7 +120,7 @@ class PreTransformerStream:
         drop = max(0, k.shape[2] - (self.window - 1))  # keys no later query can reach
         self.kv[i] = (k[:, :, drop:], v[:, :, drop:])
         groups = a.heads // a.kv_heads
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        k, v = _repeat_heads(k, groups), _repeat_heads(v, groups)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return a.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
