@@ -335,3 +335,24 @@ def main_or_exit(**kw) -> dict:
     except DeviceUnavailable as e:
         print(str(e), file=sys.stderr)
         raise SystemExit(2) from None
+
+
+if __name__ == "__main__":  # the device check's entry point: no typer, no server packages needed
+    import argparse
+
+    ap = argparse.ArgumentParser(description="omniduplex bench engine --device cuda (module docstring)")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--no-baselines", action="store_true")
+    a = ap.parse_args()
+    main_or_exit(
+        cs=[int(c) for c in a.concurrency.split(",")],
+        device=a.device,
+        json_out=a.json,
+        tiny=a.tiny,
+        layers=a.layers,
+        baseline=not a.no_baselines,
+    )
