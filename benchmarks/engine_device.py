@@ -88,7 +88,7 @@ def write_random_qwen3(out: Path, cfg: dict, device: torch.device, seed: int = 0
     if (out / "model.safetensors").is_file() and done.is_file() and done.read_text() == stamp:
         return out
     torch.manual_seed(seed)
-    config = Qwen3Config(**cfg, torch_dtype="bfloat16")
+    config = Qwen3Config(**cfg)
     with torch.device(device):
         model = Qwen3ForCausalLM(config)
     model.to(torch.bfloat16).save_pretrained(out)

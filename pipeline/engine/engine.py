@@ -249,7 +249,7 @@ class Engine:
                 reqs.append(req)
         if not reqs:
             return []
-        h = hidden[rows]
+        h = hidden if len(rows) == hidden.shape[0] else hidden[rows]  # decode steps: every row samples
         if hasattr(self.adapter, "decode"):  # models that sample several streams / pair CFG rows
             token_list, finishing, extras = self.adapter.decode(reqs, h)
         else:
