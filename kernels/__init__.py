@@ -5,8 +5,8 @@ The package imports without Triton installed: ``paged_attention`` then runs the 
 """
 
 from omniduplex.kernels import custom_ops
-from omniduplex.kernels.attention import BACKEND_ENV, paged_attention, select_backend
-from omniduplex.kernels.paged_attention_ref import paged_attention_torch, write_kv_cache
+from omniduplex.kernels.attention import BACKEND_ENV, paged_attention, select_backend, write_kv_cache
+from omniduplex.kernels.paged_attention_ref import paged_attention_torch
 from omniduplex.kernels.paged_decode_attention import (
     HAS_TRITON,
     choose_num_splits,

@@ -11,6 +11,9 @@ chunks), :func:`paged_attention_torch`.
 batch to the Triton kernel and raises if it cannot run (Triton missing, or ``q`` on CPU without
 ``TRITON_INTERPRET=1``); ``=cpp`` sends every decode-only CPU batch to the C++ kernel (building it if need
 be); batches with a query longer than 1 still take the torch path, since there is no prefill kernel.
+
+The paged KV write (:func:`write_kv_cache`) is one Triton launch on CUDA where Triton is importable (unless
+the variable says ``torch``), :func:`~.paged_attention_ref.write_kv_cache` elsewhere; both skip slot ``-1``.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import os
 import torch
 
 from omniduplex.kernels import cpu_ops
-from omniduplex.kernels.paged_attention_ref import paged_attention_torch, write_kv_cache
+from omniduplex.kernels.paged_attention_ref import paged_attention_torch
+from omniduplex.kernels.paged_attention_ref import write_kv_cache as write_kv_cache_torch
 from omniduplex.kernels.paged_decode_attention import HAS_TRITON, paged_decode_attention_triton
+from omniduplex.kernels.paged_kv_write import write_kv_cache_triton
 
 __all__ = ["BACKEND_ENV", "paged_attention", "select_backend", "write_kv_cache"]
 
@@ -55,6 +60,22 @@ def select_backend(device: torch.device, decode_only: bool) -> str:
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(f"{BACKEND_ENV}=triton on {device.type} needs TRITON_INTERPRET=1 (tests only)")
     return "triton"
+
+
+def write_kv_cache(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write ``k``/``v`` ``[T, Hkv, D]`` into the paged caches at ``slot_mapping`` (``-1``: skip), in place:
+    :func:`~.paged_kv_write.write_kv_cache_triton` on CUDA with Triton, else
+    :func:`~.paged_attention_ref.write_kv_cache` (arguments, contract and errors as there)."""
+    if k_cache.device.type == "cuda" and HAS_TRITON and os.environ.get(BACKEND_ENV, "").strip() != "torch":
+        write_kv_cache_triton(k_cache, v_cache, k, v, slot_mapping)
+    else:
+        write_kv_cache_torch(k_cache, v_cache, k, v, slot_mapping)
 
 
 def paged_attention(

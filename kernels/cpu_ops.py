@@ -6,7 +6,7 @@ Ops (namespace ``torch.ops.omniduplex_cpu``):
   seq_lens int32 [S], scale) -> [S, Hq, D]``: one query per sequence over the paged cache (layout of
   :mod:`.paged_attention_ref`), fp32 accumulation; the dtype of ``q`` (fp32, bf16 or fp16).
 - ``write_kv_cache(k_cache, v_cache, k, v, slot_mapping)``: in place, as :func:`.paged_attention_ref
-  .write_kv_cache`; raises on a slot outside the cache.
+  .write_kv_cache` (slot ``-1`` writes nothing); raises on a slot outside the cache.
 - ``register_packed(packed) -> key`` / ``packed_linear(x [T, in], key, bias, out_features) -> [T, out]``:
   a oneDNN-packed weight (:mod:`.cpu_linear`) kept by key, so compiled graphs can name it.
 - ``moe_experts(x [T, H], gate_up_proj [E, 2I, H], down_proj [E, H, I], weights [T, k], ids [T, k],

@@ -22,9 +22,8 @@ import torch
 from torch.library import Library, infer_schema, register_fake
 
 from omniduplex.kernels import cpu_linear
-from omniduplex.kernels.attention import paged_attention
+from omniduplex.kernels.attention import paged_attention, write_kv_cache
 from omniduplex.kernels.moe import moe_experts
-from omniduplex.kernels.paged_attention_ref import write_kv_cache
 
 _LIB = Library("omniduplex", "FRAGMENT")
 
@@ -85,7 +84,8 @@ def _write_kv_cache_fake(k_cache, v_cache, k, v, slot_mapping):
 def write_kv_cache_op(
     k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """:func:`~.paged_attention_ref.write_kv_cache` as an op (writes ``k``/``v`` ``[T, Hkv, D]`` in place)."""
+    """:func:`~.attention.write_kv_cache` as an op (writes ``k``/``v`` ``[T, Hkv, D]`` in place, slot ``-1``
+    skipped)."""
     write_kv_cache(k_cache, v_cache, k, v, slot_mapping)
 
 

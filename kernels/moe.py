@@ -1,11 +1,45 @@
-"""Mixture-of-experts dispatch on a CPU: each token's top-k SwiGLU experts (Qwen3-MoE), grouped by expert."""
+"""Mixture-of-experts dispatch on a CPU: each token's top-k SwiGLU experts (Qwen3-MoE), grouped by expert.
+
+Grouping reads the expert ids on the host. Inside :func:`sync_free` (a step being captured as a CUDA
+graph, or its CPU twin) :func:`moe_experts` instead gathers each (token, expert) pair's weights on the device
+and runs them as batched GEMMs: no host sync, at the price of reading one expert's weights per pair (so the
+graph runner captures MoE models only at batch sizes of at most ``num_experts / top_k`` tokens, where that is
+at most the whole layer's weights).
+"""
 
 from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 
 from omniduplex.kernels import cpu_linear
+
+_mode = threading.local()
+
+
+@contextlib.contextmanager
+def sync_free() -> Iterator[None]:
+    """Within the block, :func:`moe_experts` dispatches without reading anything on the host."""
+    before = getattr(_mode, "sync_free", False)
+    _mode.sync_free = True
+    try:
+        yield
+    finally:
+        _mode.sync_free = before
+
+
+def _gathered(x, gate_up_proj, down_proj, weights, ids) -> torch.Tensor:
+    """The dispatch of :func:`moe_experts` with no host sync: each pair's expert weights gathered, batched."""
+    t, k = ids.shape
+    flat = ids.reshape(-1)
+    xs = x[:, None, :].expand(t, k, x.shape[1]).reshape(t * k, 1, x.shape[1])  # [P, 1, H], no host sync
+    gate, up = torch.bmm(xs, gate_up_proj.index_select(0, flat).transpose(1, 2)).chunk(2, dim=-1)
+    y = torch.bmm(F.silu(gate) * up, down_proj.index_select(0, flat).transpose(1, 2))[:, 0]  # [P, H]
+    return (y * weights.reshape(-1, 1)).view(t, k, -1).sum(dim=1)
 
 SMALL_DISPATCH = 4
 """Most (token, expert) pairs a step may have for :func:`moe_experts` to run them one by one (decode of one
@@ -33,8 +67,11 @@ def moe_experts(
     Returns ``[T, H]``. Every expert's GEMM runs only on the rows routed to it: few pairs (decode of one or
     two sequences, at most :data:`SMALL_DISPATCH`) run one by one on views of their expert's weights;
     more are sorted by expert into contiguous groups, one GEMM per expert hit, and summed back per token.
-    The expert ids are read on the host (free on a CPU, where there is no device to wait for).
+    The expert ids are read on the host (free on a CPU, where there is no device to wait for), except inside
+    :func:`sync_free` (module docstring), where ``packed`` is not used.
     """
+    if getattr(_mode, "sync_free", False):
+        return _gathered(x, gate_up_proj, down_proj, weights, ids)
     t, k = ids.shape
     flat = ids.reshape(-1)
     if packed is None:

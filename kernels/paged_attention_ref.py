@@ -42,10 +42,16 @@ def write_kv_cache(
     Args:
         k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, contiguous, any float dtype.
         k, v: ``[num_tokens, num_kv_heads, head_dim]``; cast to the cache dtype if they differ.
-        slot_mapping: int64 (int32 accepted) ``[num_tokens]``, ``slot = block_id * block_size + row``.
-            Every slot must be a valid index (``0 <= slot < num_blocks * block_size``): there is no
-            "skip" value like vLLM's ``-1``, so padding tokens must not be passed. Duplicate slots leave
-            an unspecified one of the written rows.
+        slot_mapping: int64 (int32 accepted) ``[num_tokens]``, ``slot = block_id * block_size + row``, or
+            ``-1``: the token writes nothing (vLLM's ``PAD_SLOT_ID``: the padding rows of a batch replayed
+            as a CUDA graph of a larger bucket). Any other slot must be a valid index
+            (``0 <= slot < num_blocks * block_size``). Duplicate slots leave an unspecified one of the
+            written rows.
+
+    On the CPU the skipped rows are dropped before the write (a host check is free there); elsewhere the
+    write has no host sync (it may be captured in a CUDA graph): a skipped row is written to the slot of the
+    batch's first written row with that row's own values, so every slot still receives one value, and
+    when no row is written, slot 0 receives what it holds.
 
     Raises:
         ValueError: on mismatched shapes.
@@ -59,8 +65,33 @@ def write_kv_cache(
         raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} must be {expected}")
     slots = slot_mapping if slot_mapping.dtype == torch.int64 else slot_mapping.long()
     flat = (num_blocks * block_size, num_kv_heads, head_dim)
-    k_cache.view(flat).index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.view(flat).index_copy_(0, slots, v.to(v_cache.dtype))
+    k_flat, v_flat = k_cache.view(flat), v_cache.view(flat)
+    if slots.device.type != "cpu":
+        _write_skipping(k_flat, v_flat, k, v, slots)
+        return
+    if slots.numel() and int(slots.min()) < 0:
+        keep = slots >= 0
+        slots, k, v = slots[keep], k[keep], v[keep]
+    k_flat.index_copy_(0, slots, k.to(k_cache.dtype))
+    v_flat.index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def _write_skipping(
+    k_flat: torch.Tensor, v_flat: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """The write of :func:`write_kv_cache` with ``-1`` slots and no host sync (see its docstring)."""
+    t = slots.shape[0]
+    if t == 0:
+        return
+    valid = slots >= 0
+    first = torch.argmax(valid.to(torch.int32))  # the first written row (0 when there is none)
+    rows = torch.where(valid, torch.arange(t, device=slots.device), first)
+    target = slots[rows]  # -1 only when no row is written at all
+    written = (target >= 0)[:, None, None]
+    target = target.clamp(min=0)
+    for cache, src in ((k_flat, k), (v_flat, v)):
+        value = torch.where(written, src[rows].to(cache.dtype), cache[target])
+        cache.index_copy_(0, target, value)
 
 
 def _gather_kv(

@@ -145,3 +145,49 @@ class OneShotEnd:
     def close(self) -> None:
         self.check_open("flush")
         self.done = True
+
+
+def state_tensors(stream) -> list[torch.Tensor]:
+    """The tensors a conv-side stream carries between pushes, in a fixed order (halos of :class:`ConvStream`,
+    tails of :class:`ConvTransposeStream`, skips of :class:`Residual`, through :class:`Chain`): what a caller
+    must save and restore to replay a push on other buffers (CUDA graphs). Their shapes do not change from
+    push to push."""
+    if isinstance(stream, ConvStream):
+        return [stream.buf]
+    if isinstance(stream, ConvTransposeStream):
+        return [stream.tail]
+    if isinstance(stream, Residual):
+        return [stream.skip, *state_tensors(stream.branch)]
+    if isinstance(stream, Chain):
+        return [t for part in stream.parts for t in state_tensors(part)]
+    return []
+
+
+def load_state(stream, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Set the state of ``stream`` to the first tensors of ``tensors`` (the order of :func:`state_tensors`);
+    returns the rest."""
+    if isinstance(stream, ConvStream):
+        stream.buf = tensors[0]
+        return tensors[1:]
+    if isinstance(stream, ConvTransposeStream):
+        stream.tail = tensors[0]
+        return tensors[1:]
+    if isinstance(stream, Residual):
+        stream.skip = tensors[0]
+        return load_state(stream.branch, tensors[1:])
+    if isinstance(stream, Chain):
+        for part in stream.parts:
+            tensors = load_state(part, tensors)
+    return tensors
+
+
+def cropping(stream) -> bool:
+    """Whether a transposed conv of ``stream`` still drops output samples (before its first output): a push
+    then has host-side state (the crop counter) besides its tensors."""
+    if isinstance(stream, ConvTransposeStream):
+        return stream.crop > 0
+    if isinstance(stream, Residual):
+        return cropping(stream.branch)
+    if isinstance(stream, Chain):
+        return any(cropping(part) for part in stream.parts)
+    return False

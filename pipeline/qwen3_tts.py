@@ -47,6 +47,7 @@ class Qwen3TTSEngine:
     Args:
         model: a checkpoint loaded with at least the talker.
         num_blocks, max_num_seqs, max_num_batched_tokens, enable_prefix_caching: see :class:`Engine`.
+        cuda_graphs: decode steps and the code predictor replay as CUDA graphs on a CUDA device.
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class Qwen3TTSEngine:
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 1024,
         enable_prefix_caching: bool = True,
+        cuda_graphs: bool = True,
     ) -> None:
         if model.talker is None:
             raise ValueError("Qwen3TTSEngine needs the talker loaded")
@@ -72,6 +74,8 @@ class Qwen3TTSEngine:
             dtype=self.talker.codec_head.weight.dtype,
             device=self.talker.codec_head.weight.device,
             enable_prefix_caching=enable_prefix_caching,
+            graphs="auto" if cuda_graphs else "off",
+            name="tts_talker",
         )
 
     def add(self, request_id: str, prompt: TalkerPrompt, sampling: dict | None = None) -> None:

@@ -20,6 +20,8 @@ def worker_stats(worker) -> dict[str, int]:
     ``batch_size``: requests the next step works on (an engine's running requests, a batching worker's next
     batch, a streaming worker's open streams). ``queue_depth``: requests waiting beyond that batch.
     ``kv_blocks_used`` / ``kv_blocks_free``: the paged KV cache, for stages on the engine only.
+    ``cuda_graph_hits`` / ``cuda_graph_misses``: steps (engine stages; the Talker's code predictor included)
+    and pushes (Code2Wav) replayed as CUDA graphs / run eagerly, for stages that captured graphs only.
     """
     stats = getattr(worker, "stats", None)
     if callable(stats):  # workers that keep their own gauges (the LLM stage on vLLM)
@@ -27,6 +29,9 @@ def worker_stats(worker) -> dict[str, int]:
     engine = getattr(worker, "engine", None)
     if engine is not None:  # thinker, talker, unified, cascade LLM
         return engine_stats(engine)
+    graphs = getattr(worker, "graph_stats", None)
+    if callable(graphs):  # the vocoder: its open streams, and its CUDA graphs' hits when it has some
+        return {"queue_depth": 0, "batch_size": len(worker.streams), **graphs()}
     pending = getattr(worker, "pending", None)
     if pending is not None:  # encoder, codec_encoder, asr: batches of whole turns
         cap = max(1, int(getattr(worker, "max_batch", 1)))
@@ -46,6 +51,7 @@ def engine_stats(engine) -> dict[str, int]:
         "batch_size": len(sched.running),
         "kv_blocks_used": alloc.num_blocks - alloc.num_free,
         "kv_blocks_free": alloc.num_free,
+        **getattr(engine, "graph_stats", dict)(),
     }
 
 

@@ -75,6 +75,18 @@ def _prepack(model: torch.nn.Module, cfg: StageConfig) -> None:
         warm_up(model, min(WARM_UP_ROWS, cfg.max_num_batched_tokens))
 
 
+def code2wav_graphs(model, cfg: StageConfig, chunking: ChunkingConfig):
+    """The Code2Wav stage's CUDA graphs of pushes of ``initial_codec_chunk_frames`` and ``codec_chunk_frames``
+    frames, on a CUDA device with ``cuda_graphs`` on; else ``None`` (eager pushes)."""
+    from omniduplex.pipeline.engine.graph_runner import make_backend
+    from omniduplex.pipeline.stages.code2wav_graphs import Code2WavGraphs
+
+    backend = make_backend("auto" if cfg.cuda_graphs else "off", model.code_embedding.weight.device)
+    if backend is None:
+        return None
+    return Code2WavGraphs(model, backend, [chunking.initial_codec_chunk_frames, chunking.codec_chunk_frames])
+
+
 def build_worker(
     stage: str, model_dir: str | Path, cfg: StageConfig, chunking: ChunkingConfig, side_asr: str | None = None
 ):
@@ -100,6 +112,7 @@ def build_worker(
             cfg.max_num_seqs,
             cfg.max_num_batched_tokens,
             enable_prefix_caching=cfg.enable_prefix_caching,
+            cuda_graphs=cfg.cuda_graphs,
         )
     if stage == "codec":
         return VocoderWorker(lambda: DacDecodeStream(model.codec), chunking)
@@ -112,6 +125,7 @@ def build_worker(
             cfg.max_num_seqs,
             cfg.max_num_batched_tokens,
             enable_prefix_caching=cfg.enable_prefix_caching,
+            cuda_graphs=cfg.cuda_graphs,
         )
     if stage == "talker":
         return TalkerWorker(
@@ -121,8 +135,11 @@ def build_worker(
             cfg.max_num_seqs,
             cfg.max_num_batched_tokens,
             enable_prefix_caching=cfg.enable_prefix_caching,
+            cuda_graphs=cfg.cuda_graphs,
         )
-    return VocoderWorker(lambda: Code2WavStream(model.code2wav), chunking)
+    return VocoderWorker(
+        lambda: Code2WavStream(model.code2wav), chunking, code2wav_graphs(model.code2wav, cfg, chunking)
+    )
 
 
 TTS_TALKER_PARTS = ("talker", "speaker_encoder", "codec_encoder")
@@ -161,6 +178,7 @@ def _qwen3_tts_engine(model, model_dir, cfg: StageConfig):
         max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         enable_prefix_caching=cfg.enable_prefix_caching,
+        cuda_graphs=cfg.cuda_graphs,
     )
     context = min(model.config.talker.max_position_embeddings, cfg.num_kv_blocks * BLOCK_SIZE)
     return tts, VoicePrompter(model, load_tokenizer(model_dir), context)
@@ -224,6 +242,7 @@ def _cascade_worker(stage: str, manifest, cfg: StageConfig, chunking: ChunkingCo
         cfg.max_num_seqs,
         cfg.max_num_batched_tokens,
         enable_prefix_caching=cfg.enable_prefix_caching,
+        cuda_graphs=cfg.cuda_graphs,
     )
 
 

@@ -205,9 +205,11 @@ void write_kv_cache(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k,
   const char* ks = static_cast<const char*>(kc.data_ptr());
   const char* vs = static_cast<const char*>(vc.data_ptr());
   for (int64_t t = 0; t < T; ++t) {  // all checked before any write: a bad batch leaves the cache as it was
-    TORCH_CHECK(sp[t] >= 0 && sp[t] < slots, "slot_mapping[", t, "] = ", sp[t], " outside [0, ", slots, ")");
+    TORCH_CHECK(sp[t] >= -1 && sp[t] < slots, "slot_mapping[", t, "] = ", sp[t], " outside [0, ", slots,
+                ") and not -1 (skip)");
   }
   for (int64_t t = 0; t < T; ++t) {
+    if (sp[t] < 0) continue;  // -1: a padding row of a bucketed batch writes nothing (vLLM's PAD_SLOT_ID)
     std::memcpy(kd + sp[t] * bytes, ks + t * bytes, bytes);
     std::memcpy(vd + sp[t] * bytes, vs + t * bytes, bytes);
   }

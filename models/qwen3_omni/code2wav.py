@@ -431,9 +431,14 @@ class Code2Wav(nn.Module):
         """Mean code embedding: int ``[B, num_quantizers, F]`` → ``[B, F, hidden_size]`` (weight dtype).
 
         Raises:
-            ValueError: wrong shape or dtype, no frames, or a code id outside ``[0, codebook_size)``
-                (the message names the codebook and the bound).
+            ValueError: as :meth:`check_codes`.
         """
+        self.check_codes(codes)
+        return self.code_embedding(codes.long() + self.code_offset).mean(1)
+
+    def check_codes(self, codes: torch.Tensor) -> None:
+        """Raise ``ValueError`` for codes :meth:`embed` cannot take: wrong shape or dtype, no frames, or a
+        code id outside ``[0, codebook_size)`` (the message names the codebook and the bound)."""
         q, size = self.cfg.num_quantizers, self.cfg.codebook_size
         if codes.dim() != 3 or codes.shape[1] != q:
             raise ValueError(f"code2wav: codes must be [B, {q}, frames], got {tuple(codes.shape)}")
@@ -447,7 +452,6 @@ class Code2Wav(nn.Module):
             raise ValueError(
                 f"code2wav: codebook {book} has id {int(codes[b, book, f])} at frame {f}, outside [0, {size})"
             )
-        return self.code_embedding(codes.long() + self.code_offset).mean(1)
 
     def synthesize(self, hidden: torch.Tensor) -> torch.Tensor:
         """Frame embeddings ``[B, F, hidden_size]`` → waveform ``[B, 1, num_samples(F)]`` in [-1, 1]."""

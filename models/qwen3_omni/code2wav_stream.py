@@ -27,7 +27,10 @@ from omniduplex.models.conv_stream import (
     OneShotEnd,
     Pointwise,
     Residual,
+    cropping,
 )
+from omniduplex.models.conv_stream import load_state as load_conv_state
+from omniduplex.models.conv_stream import state_tensors as conv_state
 from omniduplex.models.qwen3_omni.code2wav import (
     CausalConv1d,
     CausalTransConv1d,
@@ -76,6 +79,15 @@ def conv_chain(layers: list[nn.Module], batch: int) -> Chain:
     return Chain([conv_stream(m, batch) for m in layers] + [Pointwise(lambda x: x.clamp(-1.0, 1.0))])
 
 
+def _repeat_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[B, kv_heads, L, D]`` → ``[B, kv_heads · groups, L, D]``, head ``h`` reading kv head ``h // groups``
+    (``repeat_interleave`` on dim 1, as a broadcast: no host sync, capturable in a CUDA graph)."""
+    if groups == 1:
+        return x
+    b, h, n, d = x.shape
+    return x[:, :, None].expand(b, h, groups, n, d).reshape(b, h * groups, n, d)
+
+
 class PreTransformerStream:
     """One stream's state of a :class:`~.code2wav.PreTransformer`: the sliding-window KV cache of every
     layer (the last ``sliding_window − 1`` frames, keys after RoPE at their absolute positions).
@@ -83,13 +95,22 @@ class PreTransformerStream:
     ``push(x)`` (``[batch, t, hidden]``, ``t >= 1``, frames ``pos .. pos + t − 1``) → the normed output
     ``[batch, t, hidden]``, equal to rows ``pos .. pos + t − 1`` of ``pre(all frames so far)`` (float
     rounding): attention reaches ``sliding_window − 1`` frames back, all of which are cached.
+
+    ``fixed``: the cache holds ``sliding_window − 1`` frames from the start (zeros before frame 0, masked
+    out), so the state has the same shapes after every push (a push can be replayed as a CUDA graph);
+    ``batch`` rows. Otherwise it grows to that size over the first frames.
     """
 
-    def __init__(self, pre: PreTransformer) -> None:
+    def __init__(self, pre: PreTransformer, batch: int = 1, fixed: bool = False) -> None:
         self.pre, self.window, self.pos = pre, pre.window, 0
         self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(pre.layers)
+        if fixed:
+            for i, layer in enumerate(pre.layers):
+                a = layer.self_attn
+                k = a.k_proj.weight.new_zeros(batch, a.kv_heads, self.window - 1, a.head_dim)
+                self.kv[i] = (k, torch.zeros_like(k))
 
-    def _attend(self, i: int, layer: TransformerLayer, x, cos, sin) -> torch.Tensor:
+    def _attend(self, i: int, layer: TransformerLayer, x, cos, sin, mask) -> torch.Tensor:
         a, (b, t, _) = layer.self_attn, x.shape
         q = apply_rope(a.q_proj(x).view(b, t, a.heads, a.head_dim), cos, sin).transpose(1, 2)
         k = apply_rope(a.k_proj(x).view(b, t, a.kv_heads, a.head_dim), cos, sin).transpose(1, 2)
@@ -98,20 +119,27 @@ class PreTransformerStream:
             k, v = torch.cat([self.kv[i][0], k], dim=2), torch.cat([self.kv[i][1], v], dim=2)
         drop = max(0, k.shape[2] - (self.window - 1))  # keys no later query can reach
         self.kv[i] = (k[:, :, drop:], v[:, :, drop:])
-        # query j sits at position pos + j, key m at pos − cached + m; attend iff 0 <= distance < window
-        cached = k.shape[2] - t
-        dist = torch.arange(t, device=x.device)[:, None] + cached - torch.arange(k.shape[2], device=x.device)
-        mask = (dist >= 0) & (dist < self.window)
         groups = a.heads // a.kv_heads
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        k, v = _repeat_heads(k, groups), _repeat_heads(v, groups)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return a.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
-    def push(self, x: torch.Tensor) -> torch.Tensor:
+    def push(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``positions``: int64 ``[t]`` on ``x``'s device, ``pos .. pos + t − 1`` (given by a caller that
+        replays the push as a CUDA graph, where the host's ``pos`` cannot be read); default from ``pos``."""
         pre, t = self.pre, x.shape[1]
-        cos, sin = rope(torch.arange(self.pos, self.pos + t, device=x.device), pre.head_dim, pre.theta)
+        if positions is None:
+            positions = torch.arange(self.pos, self.pos + t, device=x.device)
+        cos, sin = rope(positions, pre.head_dim, pre.theta)
+        # key m holds frame positions[0] − cached + m; query j attends iff 0 <= distance < window and the
+        # key is a real frame (a fixed cache starts with zeros before frame 0)
+        cached = 0 if self.kv[0] is None else self.kv[0][0].shape[2]
+        keys = positions[:1] - cached + torch.arange(cached + t, device=x.device)
+        dist = positions[:, None] - keys[None, :]
+        mask = (dist >= 0) & (dist < self.window) & (keys >= 0)[None, :]
         for i, layer in enumerate(pre.layers):
-            x = x + layer.self_attn_layer_scale(self._attend(i, layer, layer.input_layernorm(x), cos, sin))
+            h = self._attend(i, layer, layer.input_layernorm(x), cos, sin, mask)
+            x = x + layer.self_attn_layer_scale(h)
             x = x + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(x)))
         self.pos += t
         return pre.norm(x)
@@ -129,15 +157,49 @@ class Code2WavStream(OneShotEnd):
     trims the look-ahead tail too) and ends the stream; it exists so every vocoder stream has the same
     interface.
 
+    After its first push the stream's state (:meth:`state_tensors`: the pre-transformer's fixed-size KV
+    cache, the convs' halos and tails) keeps its shapes and :attr:`pos` is its only host-side state, so a
+    push of ``n`` frames can be replayed as a CUDA graph on buffers holding a copy of that state
+    (:meth:`push_embedded`, :mod:`omniduplex.pipeline.stages.code2wav_graphs`).
+
     Raises:
         ValueError: codes as :meth:`Code2Wav.embed` refuses them, a wrong batch, or a push after ``flush``.
     """
 
     def __init__(self, model: Code2Wav, batch: int = 1) -> None:
         self.model, self.batch = model, batch
-        self.transformer = PreTransformerStream(model.pre_transformer)
+        self.transformer = PreTransformerStream(model.pre_transformer, batch, fixed=True)
         self.no_samples = model.code_embedding.weight.new_zeros(batch, 1, 0)
         self.convs = conv_chain(model._layers(), batch)
+
+    @property
+    def pos(self) -> int:
+        """Frames pushed so far."""
+        return self.transformer.pos
+
+    @property
+    def steady(self) -> bool:
+        """Whether a push changes only tensors of fixed shape and :attr:`pos` (after the first push of a
+        frame, when every transposed conv has cropped its start)."""
+        return not cropping(self.convs)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The state between pushes: every layer's ``(k, v)`` then the convs' (:func:`.conv_stream
+        .state_tensors`)."""
+        kv = [t for pair in self.transformer.kv for t in pair]
+        return kv + conv_state(self.convs)
+
+    def load_state(self, tensors: list[torch.Tensor]) -> None:
+        """Set the state from tensors in the order of :meth:`state_tensors`."""
+        n = len(self.transformer.kv)
+        self.transformer.kv = [(tensors[2 * i], tensors[2 * i + 1]) for i in range(n)]
+        load_conv_state(self.convs, tensors[2 * n :])
+
+    def push_embedded(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The push of frames already embedded (``x`` ``[batch, n, hidden]``, :meth:`Code2Wav.embed`) at
+        ``positions`` int64 ``[n]`` on the device: no validation, no host sync (capturable in a CUDA graph);
+        advances :attr:`pos`."""
+        return self.convs.push(self.transformer.push(x, positions).transpose(1, 2))
 
     @torch.no_grad()
     def push(self, codes: torch.Tensor) -> torch.Tensor:

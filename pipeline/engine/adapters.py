@@ -6,6 +6,11 @@
 * :class:`TalkerAdapter` — the Talker: inputs are embeddings; after codebook 0 is sampled, the code
   predictor fills the residual codebooks of all the step's frames in one batched call, and the next
   input row (frame embedding + the next Thinker text row) is appended when that text is available.
+
+Both offer the engine a pure decode forward (``decode_forward``) so decode steps can replay as CUDA graphs
+(:mod:`.decode_graphs`); the Thinker's decode inputs are token ids embedded inside the graph
+(``decode_ids`` / ``embed_ids``), the Talker's are its input embeddings, and the Talker's code predictor has
+graphs of its own (:mod:`.predictor_graphs`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import torch
 from omniduplex.models.forward_batch import ForwardBatch
 from omniduplex.models.qwen3_omni.talker import Talker
 from omniduplex.models.thinker import Thinker
+from omniduplex.pipeline.engine.predictor_graphs import NOISE_BASE, PredictorGraphs
 from omniduplex.pipeline.engine.request import Request
 from omniduplex.pipeline.engine.sampler import SamplingBatch
 from omniduplex.pipeline.engine.sampler import sample as sample_batch
@@ -45,7 +51,8 @@ class ThinkerAdapter:
             cfg.num_key_value_heads,
             cfg.head_dim,
         )
-        self.vocab_size = cfg.vocab_size
+        self.vocab_size, self.hidden_size = cfg.vocab_size, cfg.hidden_size
+        self.max_position_embeddings = cfg.max_position_embeddings
         self._items: list[tuple[Request, int]] = []
 
     def input_embeds(self, items: list[tuple[Request, int]]) -> torch.Tensor:
@@ -63,6 +70,18 @@ class ThinkerAdapter:
         for at, rows in from_prompt:
             emb[at : at + rows.shape[0]] = rows.to(emb.dtype)
         return emb
+
+    def decode_ids(self, items: list[tuple[Request, int]]) -> list[int]:
+        """The input id of each decode row (a request's last sampled id)."""
+        return [req.output_ids[req.num_computed - req.num_prompt] for req, _ in items]
+
+    def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """int64 ``[n]`` → ``[n, hidden]``."""
+        return self.model.model.embed_tokens(ids)
+
+    def decode_forward(self, x: torch.Tensor, batch: ForwardBatch, kv) -> torch.Tensor:
+        """Final hidden states of decode rows (nothing recorded: decode rows have no prompt hidden states)."""
+        return self.model(x, batch, kv)[0]
 
     def cacheable_rows(self, req: Request) -> int:
         """Most leading input rows the prefix cache may skip (see the class docstring)."""
@@ -118,8 +137,20 @@ class TalkerAdapter:
             cfg.num_key_value_heads,
             cfg.head_dim,
         )
-        self.vocab_size = cfg.vocab_size
+        self.vocab_size, self.hidden_size = cfg.vocab_size, cfg.hidden_size
+        self.max_position_embeddings = cfg.max_position_embeddings
         self.suppress_ids = tuple(torch.nonzero(talker.suppressed_token_mask()).flatten().tolist())
+        self.predictor_graphs: PredictorGraphs | None = None
+
+    def capture_graphs(self, backend, max_num_seqs: int) -> list:
+        """Capture the code predictor per bucket of frames (the engine calls this with its graph backend)."""
+        self.predictor_graphs = PredictorGraphs(
+            self.model, backend, max_num_seqs, PREDICTOR_TOP_K, PREDICTOR_TOP_P
+        )
+        return [self.predictor_graphs.runner]
+
+    def graph_runners(self) -> list:
+        return [] if self.predictor_graphs is None else [self.predictor_graphs.runner]
 
     # -- text stream from the Thinker --------------------------------------------------------------
     def feed_text(self, req: Request, rows: torch.Tensor) -> None:
@@ -157,6 +188,9 @@ class TalkerAdapter:
     def forward(self, x: torch.Tensor, batch: ForwardBatch, kv) -> torch.Tensor:
         return self.model(x, batch, kv)
 
+    def decode_forward(self, x: torch.Tensor, batch: ForwardBatch, kv) -> torch.Tensor:
+        return self.model(x, batch, kv)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden)
 
@@ -165,16 +199,25 @@ class TalkerAdapter:
         keep = [i for i, f in enumerate(finishing) if not f]
         if not keep:
             return out
-        idx = torch.tensor(keep, device=tokens.device)
-        code0 = tokens[idx]
+        if len(keep) == len(reqs):
+            code0, h = tokens, hidden
+        else:
+            idx = torch.tensor(keep, device=tokens.device)
+            code0, h = tokens[idx], hidden[idx]
         live = [reqs[i] for i in keep]
-        frames = self.model.code_predictor.predict(
-            hidden[idx], code0, self.model.model.codec_embedding(code0), sample=self._predictor_sampler(live)
-        )
+        frames = None
+        if self.predictor_graphs is not None:
+            temps, seeds = [r.sampling.temperature for r in live], [r.sampling.seed for r in live]
+            frames = self.predictor_graphs.predict(h, code0, temps, seeds, [len(r.output_ids) for r in live])
+        if frames is None:
+            frames = self.model.code_predictor.predict(
+                h, code0, self.model.model.codec_embedding(code0), sample=self._predictor_sampler(live)
+            )
         embeds = self.model.frame_embedding(frames)
+        codes = frames.tolist()  # one device-to-host copy for every frame of the step
         for k, i in enumerate(keep):
             req = reqs[i]
-            out[i]["codes"] = frames[k].tolist()
+            out[i]["codes"] = codes[k]
             req.extra.setdefault("frame_embeds", []).append(embeds[k])
             self._complete_inputs(req)
         return out
@@ -189,7 +232,7 @@ class TalkerAdapter:
         top_k = torch.full((b,), PREDICTOR_TOP_K, device=dev)  # built once per frame, not per codebook
         top_p = torch.full((b,), PREDICTOR_TOP_P, device=dev)
         penalty = torch.ones(b, device=dev)
-        base = (1 << 40) + frame_idx * groups
+        base = NOISE_BASE + frame_idx * groups
 
         def pick(logits: torch.Tensor, g: int) -> torch.Tensor:
             sb = SamplingBatch(temps, top_k, top_p, penalty, seeds, counters=base + g)

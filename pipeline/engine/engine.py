@@ -1,23 +1,34 @@
 """The continuous-batching engine: schedule → one batched forward over the flat token batch → sample → stream.
 
 Model specifics (how input rows are embedded, what a sampled id produces downstream) live in a
-:class:`ModelAdapter`; the engine knows only requests, KV blocks and logits.
+:class:`ModelAdapter`; the engine knows only requests, KV blocks and logits. A step's metadata is built on
+the host from persistent buffers and sent with one copy (:mod:`.step_inputs`, :mod:`.sampling_tables`);
+decode-only steps replay a CUDA graph of their batch-size bucket where the adapter allows it
+(:mod:`.decode_graphs`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from typing import Protocol
 
 import torch
 
 from omniduplex.models.forward_batch import BLOCK_SIZE, ForwardBatch, allocate_kv_cache
 from omniduplex.pipeline.engine.block_manager import BlockAllocator
+from omniduplex.pipeline.engine.decode_graphs import DecodeGraphs, is_decode_only, supports_graphs
+from omniduplex.pipeline.engine.graph_runner import make_backend, resolve_mode
 from omniduplex.pipeline.engine.prefix_cache import PrefixCache
 from omniduplex.pipeline.engine.request import Request, RequestOutput, Status
-from omniduplex.pipeline.engine.sampler import SamplingBatch, sample
-from omniduplex.pipeline.engine.scheduler import ScheduledBatch, Scheduler
+from omniduplex.pipeline.engine.sampler import sample
+from omniduplex.pipeline.engine.sampling_tables import SamplingTables
+from omniduplex.pipeline.engine.scheduler import Scheduler
+from omniduplex.pipeline.engine.step_inputs import StepInputs
 from omniduplex.pipeline.engine.threads import ThreadGovernor
+
+log = logging.getLogger(__name__)
 
 
 class ModelAdapter(Protocol):
@@ -59,10 +70,20 @@ class Engine:
         adapt_threads: keep torch's intra-op threads at the cores other processes leave free
             (:class:`.threads.ThreadGovernor`; up to the count set when the engine is built). ``None``: on
             unless the environment sets ``OMNIDUPLEX_ADAPT_THREADS=0``.
+        graphs: decode steps as graphs per batch-size bucket (:mod:`.graph_runner` modes): ``auto`` (CUDA
+            graphs on a CUDA device, none on the CPU, where the C++ decode kernels and ``torch.compile``
+            are the fast paths and padding to a bucket would only add work), ``cuda``, ``twin`` (the CPU
+            twin: tests and the benchmark's dry run) or ``off``. Needs an adapter with ``decode_forward``;
+            others run eagerly. Captured here, when the engine is built.
+        max_model_len: longest context (tokens) a replayed decode step holds (the static block table's
+            width); default ``num_blocks * 16``, at most the adapter's ``max_position_embeddings``. Longer
+            requests still run, eagerly.
+        name: the engine's name in logs (``"thinker"``).
 
     Counters: ``num_prefill_tokens`` (prompt rows run through the model, recomputations after preemption
     included), ``num_cached_tokens`` (prompt rows taken from the prefix cache, summed over requests at their
-    first token).
+    first token), ``host_s`` (host time building eager steps' inputs: metadata, upload, embeddings; replayed
+    steps: ``self.graphs.host_s``).
     """
 
     def __init__(
@@ -75,8 +96,11 @@ class Engine:
         device: str | torch.device = "cpu",
         enable_prefix_caching: bool = True,
         adapt_threads: bool | None = None,
+        graphs: str = "auto",
+        max_model_len: int | None = None,
+        name: str = "engine",
     ) -> None:
-        self.adapter, self.device = adapter, torch.device(device)
+        self.adapter, self.device, self.name = adapter, torch.device(device), name
         self.kv = allocate_kv_cache(
             adapter.num_layers, num_blocks, adapter.num_kv_heads, adapter.head_dim, dtype=dtype, device=device
         )
@@ -93,9 +117,56 @@ class Engine:
         if adapt_threads is None:
             adapt_threads = os.environ.get("OMNIDUPLEX_ADAPT_THREADS", "1") != "0"
         self.threads = ThreadGovernor() if adapt_threads else None
-        self._counts = torch.zeros((0, adapter.vocab_size), dtype=torch.int32, device=device)
+        mode = resolve_mode(graphs, self.device)
+        mirror = mode == "twin"  # the twin exercises the host-to-device copies too
+        self.inputs = StepInputs(self.device, max_num_seqs, max_num_batched_tokens, mirror=mirror)
+        self.sampling = SamplingTables(adapter.vocab_size, self.device, mirror=mirror)
+        self._num_slots = 0
         self._free_slots: list[int] = []
         self.num_steps = 0
+        self.host_s = 0.0
+        self.graphs: DecodeGraphs | None = None
+        if mode != "off" and supports_graphs(adapter):
+            self._capture(mode, max_num_seqs, num_blocks, max_model_len, dtype)
+
+    def _capture(self, mode: str, max_num_seqs: int, num_blocks: int, max_model_len, dtype) -> None:
+        """Capture the decode graphs and the adapter's own (the Talker's code predictor); one log line."""
+        backend = make_backend(mode, self.device)
+        if max_model_len is None:
+            limit = getattr(self.adapter, "max_position_embeddings", None) or num_blocks * BLOCK_SIZE
+            max_model_len = min(num_blocks * BLOCK_SIZE, limit)
+        self.graphs = DecodeGraphs(
+            f"{self.name} decode",
+            self.adapter,
+            self.kv,
+            self.inputs,
+            backend,
+            max_num_seqs,
+            max_model_len,
+            self.adapter.hidden_size,
+            dtype,
+        )
+        runners = [self.graphs.runner]
+        if hasattr(self.adapter, "capture_graphs"):
+            runners += self.adapter.capture_graphs(backend, max_num_seqs)
+        log.info(
+            "%s: %s graphs captured in %.2f s, %.1f MiB (%s)",
+            self.name,
+            backend.name,
+            sum(r.capture_s for r in runners),
+            sum(r.capture_bytes for r in runners) / 2**20,
+            "; ".join(f"{r.name}: batch sizes {','.join(map(str, r.buckets))}" for r in runners),
+        )
+
+    def graph_stats(self) -> dict[str, int]:
+        """``cuda_graph_hits`` / ``cuda_graph_misses`` over this engine's runners (empty without graphs)."""
+        if self.graphs is None:
+            return {}
+        runners = [self.graphs.runner] + list(getattr(self.adapter, "graph_runners", lambda: [])())
+        return {
+            "cuda_graph_hits": sum(r.hits for r in runners),
+            "cuda_graph_misses": sum(r.misses for r in runners),
+        }
 
     # -- request lifecycle -------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -113,6 +184,8 @@ class Engine:
             req.sampling.seed = int(torch.randint(0, 2**62, (1,)).item())
         if req.companion is not None:
             req.companion.sampling.seed = req.sampling.seed
+        for r in req.group:
+            self.sampling.set(r.slot, r.sampling)
         if hasattr(self.adapter, "on_added"):
             self.adapter.on_added(req)
 
@@ -129,18 +202,18 @@ class Engine:
 
     def _take_slot(self) -> int:
         if not self._free_slots:
-            n = self._counts.shape[0]
+            n = self._num_slots
             grow = max(8, n)
-            self._counts = torch.cat((self._counts, self._counts.new_zeros((grow, self._counts.shape[1]))))
+            self._num_slots = n + grow
+            self.sampling.grow(self._num_slots)
             self._free_slots = list(range(n + grow - 1, n - 1, -1))
-        slot = self._free_slots.pop()
-        self._counts[slot].zero_()
-        return slot
+        return self._free_slots.pop()
 
     def _finish(self, req: Request, status: Status) -> None:
         self.scheduler.finish(req, status)
         for r in req.group:
             if r.slot >= 0:
+                self.inputs.tables.release(r.slot)
                 self._free_slots.append(r.slot)
                 r.slot = -1
 
@@ -153,9 +226,15 @@ class Engine:
         self.num_steps += 1
         if self.threads is not None:
             self.threads.update()
-        batch = self._build_batch(plan)
-        x = self.adapter.input_embeds(plan.items)
-        hidden = self.adapter.forward(x, batch, self.kv)
+        hidden = None
+        if self.graphs is not None and is_decode_only(plan.items):
+            hidden = self.graphs.run(plan.items)
+        if hidden is None:
+            t0 = time.perf_counter()
+            batch = self.inputs.eager_batch(plan.items)
+            x = self.adapter.input_embeds(plan.items)
+            self.host_s += time.perf_counter() - t0
+            hidden = self.adapter.forward(x, batch, self.kv)
         rows, reqs = [], []
         end = 0
         for req, n in plan.items:
@@ -170,7 +249,7 @@ class Engine:
                 reqs.append(req)
         if not reqs:
             return []
-        h = hidden[rows]
+        h = hidden if len(rows) == hidden.shape[0] else hidden[rows]  # decode steps: every row samples
         if hasattr(self.adapter, "decode"):  # models that sample several streams / pair CFG rows
             token_list, finishing, extras = self.adapter.decode(reqs, h)
         else:
@@ -200,61 +279,13 @@ class Engine:
     def _sample(self, reqs: list[Request], h: torch.Tensor) -> tuple[list[int], list[bool], list[dict]]:
         """Primary-token sampling of single-stream models: logits → penalties → sample → adapter extras."""
         logits = self.adapter.compute_logits(h)
-        tokens = sample(logits, self._sampling_batch(reqs))
-        slots = torch.tensor([r.slot for r in reqs], device=self.device)
-        self._counts.index_put_((slots, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
+        sb, slots, penalised = self.sampling.batch(reqs)
+        tokens = sample(logits, sb)
+        if penalised:
+            self.sampling.count(slots, tokens)
         token_list = tokens.tolist()
         finishing = [
             tok in r.sampling.stop_token_ids or len(r.output_ids) + 1 >= r.sampling.max_tokens
             for r, tok in zip(reqs, token_list)
         ]
         return token_list, finishing, self.adapter.on_sampled(reqs, tokens, h, finishing)
-
-    def _build_batch(self, plan: ScheduledBatch) -> ForwardBatch:
-        positions, slots, tables, seq_lens, qsl = [], [], [], [], [0]
-        for req, n in plan.items:
-            start = req.num_computed
-            pos = range(start, start + n)
-            positions.extend(pos)
-            blocks = req.blocks
-            slots.extend(blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in pos)
-            tables.append(blocks)
-            seq_lens.append(start + n)
-            qsl.append(qsl[-1] + n)
-        width = max(len(t) for t in tables)
-        dev = self.device
-        return ForwardBatch(
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=torch.tensor(
-                [t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev
-            ),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            max_seq_len=max(seq_lens),
-            max_query_len=max(n for _, n in plan.items),
-        )
-
-    def _sampling_batch(self, reqs: list[Request]) -> SamplingBatch:
-        dev = self.device
-        sps = [r.sampling for r in reqs]
-        slots = torch.tensor([r.slot for r in reqs], device=dev)
-        suppress = None
-        if any(sp.never_sampled for sp in sps):
-            rows = [i for i, sp in enumerate(sps) for _ in sp.never_sampled]
-            cols = [t for sp in sps for t in sp.never_sampled]
-            suppress = torch.zeros((len(reqs), self.adapter.vocab_size), dtype=torch.bool, device=dev)
-            suppress[rows, cols] = True
-        penalised = any(sp.repetition_penalty != 1.0 for sp in sps)
-        return SamplingBatch(
-            temperature=torch.tensor([sp.temperature for sp in sps], dtype=torch.float32, device=dev),
-            top_k=torch.tensor([sp.top_k for sp in sps], dtype=torch.int64, device=dev),
-            top_p=torch.tensor([sp.top_p for sp in sps], dtype=torch.float32, device=dev),
-            repetition_penalty=torch.tensor(
-                [sp.repetition_penalty for sp in sps], dtype=torch.float32, device=dev
-            ),
-            seeds=torch.tensor([sp.seed for sp in sps], dtype=torch.int64, device=dev),
-            counters=torch.tensor([len(r.output_ids) for r in reqs], dtype=torch.int64, device=dev),
-            counts=self._counts[slots] if penalised else None,
-            suppress=suppress,
-        )

@@ -43,7 +43,9 @@ class SamplingBatch:
     """Per-row sampling controls of one step, all ``[B]`` tensors on the logits' device.
 
     ``counts`` (``[B, V]`` int32, optional) holds how often each id was generated, for the penalty;
-    ``suppress`` (``[B, V]`` bool, optional) marks ids that may never be sampled.
+    ``suppress`` (``[B, V]`` bool, optional) marks ids that may never be sampled. ``all_greedy`` (host
+    hint, optional): ``True`` when every temperature is 0, ``False`` when some is not; ``None`` makes
+    :func:`sample` find out from ``temperature`` (a device-to-host sync on a GPU).
     """
 
     temperature: torch.Tensor
@@ -54,6 +56,7 @@ class SamplingBatch:
     counters: torch.Tensor
     counts: torch.Tensor | None = None
     suppress: torch.Tensor | None = None
+    all_greedy: bool | None = None
 
 
 def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
@@ -76,8 +79,10 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     # max(dim).indices: the same first maximal index as argmax, ~3x faster on CPU (32 x 8192 fp32: 115 vs
     # 357 us on one core here)
     greedy = logits.max(dim=-1).indices
+    if b.all_greedy:
+        return greedy
     random_rows = b.temperature > 0
-    if not bool(random_rows.any()):
+    if b.all_greedy is None and not bool(random_rows.any()):
         return greedy
     t = torch.where(random_rows, b.temperature, torch.ones_like(b.temperature))
     scaled = logits / t[:, None]
@@ -86,6 +91,31 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
         drawn = _draw_top_k(scaled, b, k)
     else:
         scaled = _top_k_top_p(scaled, b.top_k, b.top_p)
+        u = counter_uniform(b.seeds, b.counters, scaled.shape[-1])
+        gumbel = -torch.log(-torch.log(u))
+        drawn = (scaled.double() + gumbel).argmax(dim=-1)
+    return torch.where(random_rows, drawn, greedy)
+
+
+def sample_static(
+    logits: torch.Tensor, b: SamplingBatch, top_k_max: int, every_top_k: bool, filtered: bool
+) -> torch.Tensor:
+    """:func:`sample` without a host sync, so it can be captured in a CUDA graph: every row's greedy id and
+    draw are computed and picked on the device. The host states what :func:`sample` would read from the
+    device: ``top_k_max`` = ``max(b.top_k)``, ``every_top_k`` = every row has ``top_k > 0``, ``filtered`` =
+    some row has ``0 < top_k < vocab`` or ``top_p < 1``. Equal to :func:`sample` (the same ops on the rows it
+    draws; greedy rows take the same argmax).
+    """
+    logits = apply_penalties(logits.float(), b)
+    greedy = logits.max(dim=-1).indices
+    random_rows = b.temperature > 0
+    t = torch.where(random_rows, b.temperature, torch.ones_like(b.temperature))
+    scaled = logits / t[:, None]
+    if 0 < top_k_max <= scaled.shape[-1] // TOP_K_FAST_FRACTION and every_top_k:
+        drawn = _draw_top_k(scaled, b, top_k_max)
+    else:
+        if filtered:
+            scaled = _top_k_top_p(scaled, b.top_k, b.top_p, always=True)
         u = counter_uniform(b.seeds, b.counters, scaled.shape[-1])
         gumbel = -torch.log(-torch.log(u))
         drawn = (scaled.double() + gumbel).argmax(dim=-1)
@@ -110,11 +140,14 @@ def _draw_top_k(scaled: torch.Tensor, b: SamplingBatch, k: int) -> torch.Tensor:
     return idx.gather(1, score.argmax(dim=-1, keepdim=True)).squeeze(1)
 
 
-def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask logits outside each row's top-k and nucleus (Holtzman et al. 2020) to ``-inf``."""
+def _top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, always: bool = False
+) -> torch.Tensor:
+    """Mask logits outside each row's top-k and nucleus (Holtzman et al. 2020) to ``-inf`` (``always``: the
+    caller knows some row filters, so the device is not asked)."""
     v = logits.shape[-1]
     k = torch.where(top_k > 0, top_k.clamp(max=v), torch.full_like(top_k, v))
-    if bool((k < v).any()) or bool((top_p < 1).any()):
+    if always or bool((k < v).any()) or bool((top_p < 1).any()):
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         rank = torch.arange(v, device=logits.device)[None, :]
         drop = rank >= k[:, None]

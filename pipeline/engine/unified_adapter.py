@@ -55,7 +55,8 @@ class UnifiedAdapter:
             d.num_key_value_heads,
             d.head_dim,
         )
-        self.vocab_size = self.cfg.vocab_size
+        self.vocab_size, self.hidden_size = self.cfg.vocab_size, d.hidden_size
+        self.max_position_embeddings = d.max_position_embeddings
         self.s = self.cfg.num_streams
         dev = model.lm_head.weight.device
         self.tables = PhaseTables.from_config(self.cfg, dev)
@@ -159,6 +160,10 @@ class UnifiedAdapter:
         return tensor_bytes(torch.cat([t.to(torch.int64).cpu() for t in parts])) if parts else b""
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, kv) -> torch.Tensor:
+        return self.model(x, batch, kv)
+
+    def decode_forward(self, x: torch.Tensor, batch: ForwardBatch, kv) -> torch.Tensor:
+        """The pure forward a decode step's CUDA graph captures (:mod:`.decode_graphs`)."""
         return self.model(x, batch, kv)
 
     def decode(self, reqs: list[Request], hidden: torch.Tensor) -> tuple[list[int], list[bool], list[dict]]:

@@ -220,6 +220,7 @@ class LLMWorker:
         num_blocks, max_num_seqs, max_num_batched_tokens: engine sizes (see :class:`Engine`).
         enable_prefix_caching: reuse the KV of a prompt prefix seen before (a session's next turn renders
             its history as the same tokens, so it computes only the new turn).
+        cuda_graphs: replay decode steps as CUDA graphs on a CUDA device (the engine's ``graphs="auto"``).
 
     Raises:
         CheckpointError: no ``tokenizer.json``, no eos token, or a model without a text decoder.
@@ -232,6 +233,7 @@ class LLMWorker:
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 1024,
         enable_prefix_caching: bool = True,
+        cuda_graphs: bool = True,
     ) -> None:
         if model.thinker is None or model.thinker.model is None:
             raise CheckpointError(f"{model.path}: not a text LM checkpoint (no decoder loaded)")
@@ -247,6 +249,8 @@ class LLMWorker:
             dtype=weight.dtype,
             device=weight.device,
             enable_prefix_caching=enable_prefix_caching,
+            graphs="auto" if cuda_graphs else "off",
+            name="llm",
         )
         self.turns: dict[str, TurnStream] = {}
         self._ready: list[StageMessage] = []  # skipped turns, emitted at the next step

@@ -21,7 +21,9 @@ DEFAULT_TALKER_SAMPLING = dict(temperature=0.9, top_k=50, top_p=1.0, repetition_
 
 
 class TalkerWorker:
-    """Continuous-batching Talker; ``specials`` are the projected ``tts_bos/eos/pad`` embeddings."""
+    """Continuous-batching Talker; ``specials`` are the projected ``tts_bos/eos/pad`` embeddings.
+    ``cuda_graphs``: decode steps and the code predictor replay as CUDA graphs on a CUDA device
+    (:mod:`.engine.decode_graphs`)."""
 
     def __init__(
         self,
@@ -31,6 +33,7 @@ class TalkerWorker:
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 1024,
         enable_prefix_caching: bool = True,
+        cuda_graphs: bool = True,
     ) -> None:
         self.model, self.cfg, self.talker, self.specials = model, model.config, model.talker, specials
         self.adapter = TalkerAdapter(model.talker, specials.tts_pad)
@@ -42,6 +45,8 @@ class TalkerWorker:
             dtype=model.talker.codec_head.weight.dtype,
             device=model.talker.codec_head.weight.device,
             enable_prefix_caching=enable_prefix_caching,
+            graphs="auto" if cuda_graphs else "off",
+            name="talker",
         )
         self.live: dict[str, Request] = {}
         self.text_queue: list[tuple[str, torch.Tensor]] = []

@@ -26,6 +26,8 @@ class ThinkerWorker:
     text history) up to the first audio row of a user turn, the first row whose hidden state the Talker
     reads (:func:`omniduplex.models.qwen3_omni.talker_prompt.talker_prefill_embeds`); prompt rows are keyed
     by their input embeddings, so audio rows match only on equal audio features.
+
+    ``cuda_graphs``: decode steps replay as CUDA graphs on a CUDA device (:mod:`.engine.decode_graphs`).
     """
 
     def __init__(
@@ -35,6 +37,7 @@ class ThinkerWorker:
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 1024,
         enable_prefix_caching: bool = True,
+        cuda_graphs: bool = True,
     ) -> None:
         cfg = model.config
         self.config = cfg
@@ -49,6 +52,8 @@ class ThinkerWorker:
             dtype=model.thinker.lm_head.weight.dtype,
             device=model.thinker.lm_head.weight.device,
             enable_prefix_caching=enable_prefix_caching,
+            graphs="auto" if cuda_graphs else "off",
+            name="thinker",
         )
         self.prompts: dict[str, tuple[torch.Tensor, torch.Tensor, dict]] = {}
 

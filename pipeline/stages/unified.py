@@ -20,7 +20,8 @@ DEFAULT_MAX_AUDIO_FRAMES = 256
 
 
 class UnifiedWorker:
-    """Continuous batching of every turn in flight over one :class:`UnifiedAdapter` engine."""
+    """Continuous batching of every turn in flight over one :class:`UnifiedAdapter` engine (``cuda_graphs``:
+    decode steps replay as CUDA graphs on a CUDA device, :mod:`.engine.decode_graphs`)."""
 
     def __init__(
         self,
@@ -30,6 +31,7 @@ class UnifiedWorker:
         max_num_batched_tokens: int = 2048,
         max_len: int = 4096,
         enable_prefix_caching: bool = True,
+        cuda_graphs: bool = True,
     ) -> None:
         lm = model.unified
         self.adapter = UnifiedAdapter(lm, max_len=max_len)
@@ -41,6 +43,8 @@ class UnifiedWorker:
             dtype=lm.lm_head.weight.dtype,
             device=lm.lm_head.weight.device,
             enable_prefix_caching=enable_prefix_caching,
+            graphs="auto" if cuda_graphs else "off",
+            name="unified",
         )
 
     def submit(self, msg: StageMessage) -> None:

@@ -46,12 +46,17 @@ class VocoderWorker:
     Args:
         new_stream: makes one turn's decoder stream (e.g. ``lambda: Code2WavStream(model)``).
         chunking: push cadence (``initial_codec_chunk_frames``, ``codec_chunk_frames``).
+        graphs: replays pushes as CUDA graphs where it can (``push(stream, codes) -> samples | None``,
+            :class:`~.code2wav_graphs.Code2WavGraphs`); ``None`` pushes eagerly.
     """
 
     def __init__(
-        self, new_stream: Callable[[], VocoderStream], chunking: ChunkingConfig | None = None
+        self,
+        new_stream: Callable[[], VocoderStream],
+        chunking: ChunkingConfig | None = None,
+        graphs=None,
     ) -> None:
-        self.new_stream, self.cfg = new_stream, chunking or ChunkingConfig()
+        self.new_stream, self.cfg, self.graphs = new_stream, chunking or ChunkingConfig(), graphs
         self.streams: dict[str, _Turn] = {}
 
     def submit(self, msg: StageMessage) -> None:
@@ -68,6 +73,10 @@ class VocoderWorker:
 
     def abort(self, request_id: str) -> None:
         self.streams.pop(request_id, None)
+
+    def graph_stats(self) -> dict[str, int]:
+        """``cuda_graph_hits`` / ``cuda_graph_misses`` of the pushes (empty without graphs)."""
+        return {} if self.graphs is None else self.graphs.stats()
 
     def _ready(self, t: _Turn) -> bool:
         need = self.cfg.codec_chunk_frames if t.started else self.cfg.initial_codec_chunk_frames
@@ -89,7 +98,9 @@ class VocoderWorker:
         for rid, t in first or ready:
             parts = []
             if t.pending:
-                parts.append(t.decoder.push(torch.stack(t.pending, dim=1)[None])[0, 0])
+                codes = torch.stack(t.pending, dim=1)[None]
+                out = None if self.graphs is None else self.graphs.push(t.decoder, codes)
+                parts.append((t.decoder.push(codes) if out is None else out)[0, 0])
                 t.pending.clear()
             if t.finished:
                 parts.append(t.decoder.flush()[0, 0])
