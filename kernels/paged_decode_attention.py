@@ -67,6 +67,7 @@ from omniduplex.kernels.paged_decode_config import (
 __all__ = [
     "HAS_TRITON",
     "DecodeConfig",
+    "fits_triton_decode",
     "choose_config",
     "choose_num_splits",
     "paged_decode_attention_triton",
@@ -273,6 +274,12 @@ def _device_traits(device: torch.device) -> tuple[int, tuple[int, int] | None]:
         props = torch.cuda.get_device_properties(device)
         return props.multi_processor_count, (props.major, props.minor)
     return os.cpu_count() or 1, None
+
+
+def fits_triton_decode(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether :func:`paged_decode_attention_triton` takes these dtypes: ``q`` and the cache of one dtype
+    among fp32, bf16 and fp16 (any head size). The dispatcher keeps other batches on the torch path."""
+    return q.dtype in _DTYPES and k_cache.dtype == q.dtype
 
 
 _workspaces: dict[tuple, torch.Tensor] = {}

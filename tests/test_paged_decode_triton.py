@@ -271,6 +271,19 @@ def test_dispatcher_forced_triton_decode(decode, monkeypatch):
     assert attention.select_backend(torch.device(DEVICE), decode_only=False) == "torch"
 
 
+def test_dispatcher_keeps_other_dtypes_on_torch(decode, monkeypatch):
+    """float64 (no Triton kernel for it) goes to the torch path even with triton forced."""
+    calls = []
+    monkeypatch.setattr(attention, "paged_decode_attention_triton", lambda *a, **k: calls.append(1))
+    monkeypatch.setenv(attention.BACKEND_ENV, "triton")
+    case = mixed_case()
+    for name in ("q", "k_cache", "v_cache"):
+        case[name] = case[name].double()
+    out = attention.paged_attention(**case, max_query_len=1)
+    assert calls == [] and out.dtype == torch.float64
+    torch.testing.assert_close(out.cpu(), expected(case))
+
+
 def test_dispatcher_torch_paths(monkeypatch):
     case = mixed_case()
     monkeypatch.setenv(attention.BACKEND_ENV, "torch")
