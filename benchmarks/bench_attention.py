@@ -1,7 +1,7 @@
 """Paged decode attention on CUDA: our Triton kernel beside cuDNN SDPA, and the fused element-wise ops
 beside their torch code.
 
-    python3 -m omniduplex.benchmarks.bench_attention [--json PATH] [--batches 1 8 ...] [--contexts 1024 ...]
+    python3 -m omniduplex.benchmarks.bench_attention [--json PATH] [--sweep] [--batches 1 8 ...]
 
 Workload (issue 33): bf16, 16 query / 8 KV heads x 128, KV block 16, every sequence ``context`` tokens long.
 Ours reads a paged cache through a shuffled block table; SDPA (cuDNN, else flash / efficient / math, the
@@ -18,8 +18,11 @@ Prints a table and writes JSON (``--json``): ``device``, ``capability``, ``torch
 ``cases`` (per case: ``batch``, ``context``, ``num_splits``, ``block_n``, ``ours_ms``, ``ours_GBps``,
 ``ours_graph_GBps``, ``eager_us``, ``sdpa_backend``, ``sdpa_ms``, ``sdpa_GBps``, ``ratio``, ``max_abs_err``,
 ``graph_ok``), ``targets`` (``name``, ``value``, ``threshold``, ``status`` met / missed / not measured),
-``elementwise`` (``op``, ``tokens``, ``ours_us``, ``torch_us``, ``speedup``, ``max_abs_err``, ``ok``), ``ok``
-(every correctness check passed). Exit status 1 when a correctness check fails, 2 without CUDA.
+``elementwise`` (``op``, ``tokens``, ``ours_us``, ``torch_us``, ``speedup``, ``max_abs_err``, ``ok``),
+``sweep`` (with ``--sweep``: ``batch``, ``context``, ``block_n``, ``num_warps``, ``num_stages``,
+``num_splits``, ``GBps``; else empty), ``errors`` (a part that raised: the others still run), ``ok`` (no
+error and every correctness check passed). The JSON is rewritten after each part. Exit status 1 when a
+check fails, 2 without CUDA.
 """
 
 from __future__ import annotations
@@ -29,13 +32,15 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
 from omniduplex.kernels import paged_decode_attention as pda
 from omniduplex.kernels import triton_ops
-from omniduplex.kernels.paged_decode_config import choose_config, choose_num_splits
+from omniduplex.kernels.paged_decode_config import DecodeConfig, choose_config, choose_num_splits
 from omniduplex.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
 
 HQ, HKV, D, BLOCK = 16, 8, 128, 16
@@ -106,13 +111,25 @@ def _graph_check(q, kc, vc, bt, sl, ctx, scale, gen) -> tuple[bool, object]:
     return ok, graph
 
 
-def attention_case(batch: int, ctx: int, gen: torch.Generator) -> dict:
+def _paged(batch: int, ctx: int, gen: torch.Generator):
+    """``(q, k_cache, v_cache, block_tables, seq_lens)``: ``batch`` sequences of ``ctx`` tokens over blocks
+    handed out in a random permutation."""
     blocks = ctx // BLOCK
     kc = torch.randn(batch * blocks, BLOCK, HKV, D, device=DEV, dtype=DTYPE, generator=gen)
-    vc = torch.randn_like(kc)
+    vc = torch.randn(batch * blocks, BLOCK, HKV, D, device=DEV, dtype=DTYPE, generator=gen)
     bt = torch.randperm(batch * blocks, device=DEV, generator=gen).view(batch, blocks).to(torch.int32)
     sl = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
     q = torch.randn(batch, HQ, D, device=DEV, dtype=DTYPE, generator=gen)
+    return q, kc, vc, bt, sl
+
+
+def _nbytes(batch: int, ctx: int) -> int:
+    """K and V read plus q and the output written, bf16."""
+    return (2 * batch * ctx * HKV * D + 2 * batch * HQ * D) * DTYPE.itemsize
+
+
+def attention_case(batch: int, ctx: int, gen: torch.Generator) -> dict:
+    q, kc, vc, bt, sl = _paged(batch, ctx, gen)
     scale = D**-0.5
     # the same values as contiguous [B, Hkv, ctx, D] for SDPA
     k_sd = kc[bt.long()].reshape(batch, ctx, HKV, D).transpose(1, 2).contiguous()
@@ -129,7 +146,7 @@ def attention_case(batch: int, ctx: int, gen: torch.Generator) -> dict:
         ours()
     torch.cuda.synchronize()
     eager_us = (time.perf_counter() - start) / 50 * 1e6
-    nbytes = (2 * batch * ctx * HKV * D + 2 * batch * HQ * D) * kc.element_size()
+    nbytes = _nbytes(batch, ctx)
     cfg = choose_config(D, HQ // HKV, DTYPE, torch.cuda.get_device_capability())
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     return dict(
@@ -148,6 +165,30 @@ def attention_case(batch: int, ctx: int, gen: torch.Generator) -> dict:
         max_abs_err=err,
         graph_ok=graph_ok,
     )
+
+
+SWEEP = [DecodeConfig(64, 4, 2), DecodeConfig(64, 4, 3), DecodeConfig(32, 4, 3), DecodeConfig(128, 8, 3)]
+"""Configs :func:`sweep` tries (the heuristic picks ``DecodeConfig(64, 4, 3)`` for bf16 x 128 on sm80/90)."""
+SWEEP_CASES = ((1, 4096), (8, 4096), (128, 4096))
+
+
+def sweep(gen: torch.Generator) -> list[dict]:
+    """Our kernel's GB/s over :data:`SWEEP` configs and split counts (half, the heuristic's, double) at
+    1, 8 and 128 x 4096: evidence for retuning :mod:`omniduplex.kernels.paged_decode_config`."""
+    rows = []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for batch, ctx in SWEEP_CASES:
+        case = _paged(batch, ctx, gen)
+        for cfg in SWEEP:
+            auto = choose_num_splits(batch, HKV, ctx // cfg.block_n, sms)
+            for splits in sorted({max(1, auto // 2), auto, min(64, 2 * auto)}):
+                call = partial(pda.paged_decode_attention_triton, *case, D**-0.5, splits, max_seq_len=ctx)
+                gbps = _nbytes(batch, ctx) / _bench_ms(partial(call, config=cfg)) / 1e6
+                rows.append(dict(batch=batch, context=ctx, **asdict(cfg), num_splits=splits, GBps=gbps))
+                print(f"sweep {batch:>4} x {ctx} {cfg} splits={splits:<3} {gbps:8.0f} GB/s")
+        del case
+        torch.cuda.empty_cache()
+    return rows
 
 
 def targets(cases: list[dict]) -> list[dict]:
@@ -224,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--sweep", action="store_true", help="also time other tile/stage/split choices")
     args = parser.parse_args(argv)
     reason = _fail_without_cuda()
     if reason:
@@ -231,59 +273,78 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import triton
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=DEV).manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     print(
         f"{props.name} sm{props.major}{props.minor} {props.multi_processor_count} SMs, "
         f"torch {torch.__version__}, triton {triton.__version__}; bf16, {HQ} q / {HKV} kv heads x {D}, "
         f"block {BLOCK}"
     )
-    head = f"{'batch':>5} {'ctx':>5} {'splits':>6} {'ours GB/s':>9} {'graph':>6} {'eager us':>8} "
-    print(head + f"{'sdpa GB/s':>9} {'ratio':>5} {'err':>7} graph_ok sdpa backend")
-    cases = []
-    for ctx in args.contexts:
-        for batch in args.batches:
-            r = attention_case(batch, ctx, gen)
-            cases.append(r)
-            print(
-                f"{batch:>5} {ctx:>5} {r['num_splits']:>6} {r['ours_GBps']:>9.0f} "
-                f"{r['ours_graph_GBps']:>6.0f} {r['eager_us']:>8.1f} {r['sdpa_GBps']:>9.0f} "
-                f"{r['ratio']:>5.2f} {r['max_abs_err']:>7.1e} "
-                f"{r['graph_ok']!s:>8} {r['sdpa_backend']}"
-            )
-            torch.cuda.empty_cache()
-    goals = targets(cases)
-    for t in goals:
-        value = "-" if t["value"] is None else f"{t['value']:.2f}"
-        print(f"target {t['name']} >= {t['threshold']}: {value} {t['status']}")
-    ew = elementwise(1, gen) + elementwise(128, gen)
-    print(f"{'op':<14} {'tokens':>6} {'ours us':>8} {'torch us':>8} {'speedup':>7} {'err':>7} ok")
-    for r in ew:
-        print(
-            f"{r['op']:<14} {r['tokens']:>6} {r['ours_us']:>8.2f} {r['torch_us']:>8.2f} {r['speedup']:>7.2f} "
-            f"{r['max_abs_err']:>7.1e} {r['ok']}"
-        )
-    ok = all(r["graph_ok"] and r["max_abs_err"] < 2e-2 for r in cases) and all(r["ok"] for r in ew)
     result = dict(
         device=props.name,
         capability=[props.major, props.minor],
         torch=torch.__version__,
         triton=triton.__version__,
         shape=dict(q_heads=HQ, kv_heads=HKV, head_dim=D, block_size=BLOCK, dtype="bf16"),
-        cases=cases,
-        targets=goals,
-        elementwise=ew,
-        ok=ok,
+        cases=[],
+        targets=[],
+        elementwise=[],
+        sweep=[],
+        errors=[],
+        ok=False,
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    print(
-        "all correctness checks passed"
-        if ok
-        else "CORRECTNESS CHECK FAILED (see max_abs_err / graph_ok / ok)"
+
+    def section(name: str, fn, *fn_args):
+        """Run one part; an exception is recorded (and fails ``ok``) and the rest still runs. The JSON is
+        rewritten after every part, so a run cut short keeps what it measured."""
+        try:
+            return fn(*fn_args)
+        except Exception as e:  # a device check reports every failure, then goes on
+            result["errors"].append(f"{name}: {type(e).__name__}: {e}")
+            print(f"ERROR {result['errors'][-1]}")
+            return None
+        finally:
+            torch.cuda.empty_cache()
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(result, f, indent=2)
+
+    head = f"{'batch':>5} {'ctx':>5} {'splits':>6} {'ours GB/s':>9} {'graph':>6} {'eager us':>8} "
+    print(head + f"{'sdpa GB/s':>9} {'ratio':>5} {'err':>7} graph_ok sdpa backend")
+    for ctx in args.contexts:
+        for batch in args.batches:
+            r = section(f"attention {batch}x{ctx}", attention_case, batch, ctx, gen)
+            if r is None:
+                continue
+            result["cases"].append(r)
+            print(
+                f"{batch:>5} {ctx:>5} {r['num_splits']:>6} {r['ours_GBps']:>9.0f} "
+                f"{r['ours_graph_GBps']:>6.0f} {r['eager_us']:>8.1f} {r['sdpa_GBps']:>9.0f} "
+                f"{r['ratio']:>5.2f} {r['max_abs_err']:>7.1e} {r['graph_ok']!s:>8} {r['sdpa_backend']}"
+            )
+    result["targets"] = targets(result["cases"])
+    for t in result["targets"]:
+        value = "-" if t["value"] is None else f"{t['value']:.2f}"
+        print(f"target {t['name']} >= {t['threshold']}: {value} {t['status']}")
+    print(f"{'op':<14} {'tokens':>6} {'ours us':>8} {'torch us':>8} {'speedup':>7} {'err':>7} ok")
+    for tokens in (1, 128):
+        for r in section(f"elementwise {tokens}", elementwise, tokens, gen) or []:
+            result["elementwise"].append(r)
+            print(
+                f"{r['op']:<14} {r['tokens']:>6} {r['ours_us']:>8.2f} {r['torch_us']:>8.2f} "
+                f"{r['speedup']:>7.2f} {r['max_abs_err']:>7.1e} {r['ok']}"
+            )
+    if args.sweep:
+        result["sweep"] = section("sweep", sweep, gen) or []
+    cases, ew = result["cases"], result["elementwise"]
+    result["ok"] = (
+        not result["errors"]
+        and all(r["graph_ok"] and r["max_abs_err"] < 2e-2 for r in cases)
+        and all(r["ok"] for r in ew)
     )
-    return 0 if ok else 1
+    section("write", lambda: None)
+    print("all correctness checks passed" if result["ok"] else "CORRECTNESS CHECK FAILED (see the JSON)")
+    return 0 if result["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ Dao 2023, arXiv:2307.08691; Flash-Decoding split-KV, Dao et al. 2023):
   straight from the block table: one block id per token (``pos // block_size``), row addresses
   ``block_id * stride_block + (pos % block_size) * stride_row``, each row ``head_dim`` contiguous elements,
   so loads are 16-byte vectors and 32 KiB of K+V are in flight per program per iteration; K and V are both
-  issued before the first dot, and ``num_stages`` lets Triton prefetch the next tile.
+  issued before the first dot. Compiled (Triton 3.7.1, sm90): K/V tiles go to shared memory by ``cp.async``,
+  the next tile's copy issued at the end of each iteration and the block ids two tiles ahead; dots are
+  ``mma.sync`` (M = 16 is below wgmma's 64); 127 registers and 39 KiB of shared memory a program.
 - Dots in the cache dtype on tensor cores with fp32 accumulation (bf16 x bf16 -> fp32; the softmax weights
   are rounded to the cache dtype for the P.V dot, as FlashAttention does); softmax statistics in fp32;
   fp32 caches use exact fp32 dots (``input_precision="ieee"``). Under the interpreter bf16 operands are
@@ -37,14 +39,16 @@ measures with ``python3 -m omniduplex.benchmarks.bench_attention``):
 - Old design (one 16-token block per iteration, fp32 up-cast dots): 8 KiB in flight per program behind a
   block-id -> K -> dot -> V dependency chain, and fp32 FMA dots padded to 16 rows (34 GFLOP at this shape,
   ~0.5 ms of H100 fp32 FMA throughput on its own): measured 325 GB/s.
-- Predicted for this design: 64-token tiles (32 KiB K+V per iteration) with 2-3 stages and 2-4 resident
-  programs per SM put 100+ KiB in flight per SM (Little's law needs ~20 KiB at ~0.7 us latency) ->
-  bandwidth-bound; bf16 tensor-core dots cost ~2 GFLOP-equivalent -> negligible. Expect 2.4-2.8 TB/s on
-  H100, 3.4-4.0 TB/s on H200 at 128 x 4096 (70-85% of peak; GQA padding to 16 rows costs compute only).
-- Batch 8 x 4096 (134 MB, 45 us floor on H100): 64 programs x 4 splits fill the SMs -> ~2-2.5 TB/s.
-- Batch 1 x 4096 (16.8 MB, 5.6 us floor): latency-bound; 33 splits of 2 tiles + the combine kernel
-  ~12-20 us -> ~0.8-1.4 TB/s (cuDNN measured 675 GB/s on H200).
-- fp32 caches: exact fp32 FMA dots, 32-token tiles: compute-bound near ~1.5 TB/s at large batch.
+- Predicted for this design: 4 programs resident per SM (register-bound) with 32 KiB of K+V in flight each
+  while waiting: ~100 KiB per SM, where Little's law needs ~25 KiB (3.35 TB/s x ~1 us / 132 SMs) ->
+  bandwidth-bound; at the floor the bf16 dots (34 GFLOP, 16-row padded) use <10% of the mma.sync rate.
+  Expect 2.4-2.8 TB/s on H100, 3.4-4.0 TB/s on H200 at 128 x 4096 (~75-85% of peak; padding the GQA group
+  of 2 to 16 rows costs compute only). Waves: 1024 programs over 528 slots.
+- Batch 8 x 4096 (134 MB, 45 us floor on H100): 64 programs x 8 splits = 512 (one wave), 8 tiles each
+  -> ~2-2.5 TB/s; the combine adds one ~3 us kernel and 0.5 MB of partials.
+- Batch 1 x 4096 (16.8 MB, 5.6 us floor): latency-bound; 64 splits of one tile + the combine kernel
+  ~10-15 us -> ~1.1-1.7 TB/s (cuDNN measured 675 GB/s on H200).
+- fp32 caches: exact fp32 FMA dots (4 FMA per K/V byte), 32-token tiles: ~1.5-2.5 TB/s at large batch.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
+    "PROGRAMS_PER_SM",
     "TILE_BYTES",
     "DecodeConfig",
     "choose_config",
@@ -81,21 +82,25 @@ def choose_config(
     return DecodeConfig(block_n=block_n, num_warps=num_warps, num_stages=stages)
 
 
+PROGRAMS_PER_SM = 4
+"""Decode programs resident per SM with the default bf16 x 128 config, as compiled for sm80/sm90 by Triton
+3.7.1 (``tests/test_triton_compile.py``): 127 registers x 128 threads and 39 KiB of shared memory each, so the
+65,536 registers of an SM hold 4."""
+
+
 def choose_num_splits(
     num_seqs: int, num_kv_heads: int, max_tiles: int, num_sms: int, max_splits: int = 64
 ) -> int:
-    """Split-KV factor (Flash-Decoding): 1 when the ``num_seqs * num_kv_heads`` programs already fill every
-    SM; otherwise as many splits as fit two programs per SM (``2 * num_sms // programs``, whole waves),
-    at most one per ``block_n``-token tile of the longest possible sequence (``max_tiles``, from the
-    host-side upper bound) and at most ``max_splits``. Pure; never looks at device data.
+    """Split-KV factor (Flash-Decoding): as many splits as keep the ``num_seqs * num_kv_heads * splits``
+    programs within one wave of ``PROGRAMS_PER_SM * num_sms`` resident programs (1 once the batch alone
+    fills it), at most one per ``block_n``-token tile of the longest possible sequence (``max_tiles``, from
+    the host-side upper bound) and at most ``max_splits``. Pure; never looks at device data.
 
-    E.g. 132 SMs (H100), 8 KV heads, 4096-token bound in 64-token tiles: batch 1 -> 33 splits, 8 -> 4,
-    16 -> 2, >= 17 -> 1.
+    E.g. 132 SMs (H100), 8 KV heads, a 4096-token bound in 64-token tiles: batch 1 -> 64 splits (one tile
+    each), 8 -> 8, 16 -> 4, 32 -> 2, >= 34 -> 1.
     """
     programs = max(num_seqs * num_kv_heads, 1)
-    if programs >= num_sms:
-        return 1
-    return max(1, min(2 * num_sms // programs, max_tiles, max_splits))
+    return max(1, min(PROGRAMS_PER_SM * num_sms // programs, max_tiles, max_splits))
 
 
 def split_workspace_numel(num_seqs: int, num_q_heads: int, num_splits: int, head_dim: int) -> int:

@@ -228,13 +228,12 @@ def test_rejects_bad_inputs(decode):
 
 
 def test_choose_num_splits():
-    assert choose_num_splits(128, 8, 64, num_sms=132) == 1  # batch fills the device
-    assert choose_num_splits(17, 8, 64, num_sms=132) == 1
-    assert choose_num_splits(16, 8, 64, num_sms=132) == 2  # 264 // 128
-    assert choose_num_splits(8, 8, 64, num_sms=132) == 4  # whole waves: 256 programs
-    assert choose_num_splits(1, 8, 64, num_sms=132) == 33
+    assert choose_num_splits(128, 8, 64, num_sms=132) == 1  # 1024 programs: the batch fills a wave (528)
+    assert choose_num_splits(34, 8, 64, num_sms=132) == 1
+    assert choose_num_splits(32, 8, 64, num_sms=132) == 2  # 528 // 256
+    assert choose_num_splits(8, 8, 64, num_sms=132) == 8  # 512 programs: one wave
+    assert choose_num_splits(1, 8, 64, num_sms=132) == 64  # capped by max_splits and by the tiles
     assert choose_num_splits(1, 8, 16, num_sms=132) == 16  # capped by the tiles of the bound
-    assert choose_num_splits(1, 1, 4096, num_sms=132) == 64  # capped by max_splits
     assert choose_num_splits(1, 8, 0, num_sms=132) == 1
 
 
