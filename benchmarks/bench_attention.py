@@ -67,6 +67,13 @@ def _bench_ms(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
 
 
+def _graph_us(fn) -> float:
+    """Median microseconds per call of ``fn`` replayed as a CUDA graph (no L2 flush: tiny ops)."""
+    import triton.testing
+
+    return 1e3 * float(triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median"))
+
+
 def _sdpa(q, k, v, scale):
     """``(fn, backend name)`` of the first SDPA backend that runs this GQA decode shape."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -211,7 +218,6 @@ def targets(cases: list[dict]) -> list[dict]:
 
 def elementwise(tokens: int, gen: torch.Generator) -> list[dict]:
     """Ours beside the torch code of models/layers.py, each replayed as a CUDA graph."""
-    import triton.testing
 
     def new(*shape):
         return torch.randn(*shape, device=DEV, dtype=DTYPE, generator=gen)
@@ -251,8 +257,7 @@ def elementwise(tokens: int, gen: torch.Generator) -> list[dict]:
         qkv.copy_(saved)
         err = (got - want).abs().max().item()
         ok = err <= 0.02 * want.abs().max().item() + 1e-3  # ~2 bf16 roundings of the largest value
-        ours_us = 1e3 * triton.testing.do_bench_cudagraph(ours, rep=20, return_mode="median")
-        torch_us = 1e3 * triton.testing.do_bench_cudagraph(ref, rep=20, return_mode="median")
+        ours_us, torch_us = _graph_us(ours), _graph_us(ref)
         qkv.copy_(saved)
         speedup = torch_us / ours_us
         rows.append(dict(op=name, tokens=tokens, ours_us=ours_us, torch_us=torch_us, speedup=speedup))
