@@ -291,10 +291,11 @@ _MAX_WORKSPACES = 64
 
 
 def _workspace(device: torch.device, numel: int) -> torch.Tensor:
-    """A cached fp32 buffer of ``numel`` elements on ``device``: the same memory for every call of one shape
-    (so a CUDA graph's replays read what its kernels wrote). Calls on one stream use it in order; callers
-    running the kernel on several streams at once pass their own ``workspace``."""
-    key = (device, numel)
+    """A cached fp32 buffer of ``numel`` elements for ``device`` and its current stream: the same memory for
+    every call of one size on one stream (so a CUDA graph's replays read what its kernels wrote), used in
+    stream order; another stream gets its own, so concurrent streams never share partials."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream, numel)
     buf = _workspaces.get(key)
     if buf is None:
         if len(_workspaces) >= _MAX_WORKSPACES:
