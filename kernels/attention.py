@@ -2,7 +2,9 @@
 torch path elsewhere.
 
 Selection (``OMNIDUPLEX_ATTENTION_BACKEND`` unset or ``auto``), for batches where every query length is 1:
-the Triton decode kernel when ``q`` is on CUDA and Triton is importable; the C++ decode kernel
+the Triton decode kernel when ``q`` is on CUDA and Triton is importable (``q`` and the cache of one dtype of
+fp32/bf16/fp16; ``max_seq_len`` is passed on as the kernel's host-side upper bound, so the call never syncs
+and can be captured in a CUDA graph); the C++ decode kernel
 (:mod:`.cpu_ops`) when ``q`` is on the CPU and the kernels are loaded (a model prepared for CPU serving,
 :func:`.cpu_linear.prepack_linears`, loads them). Otherwise, and for every batch with a longer query (prefill
 chunks), :func:`paged_attention_torch`.
@@ -25,7 +27,11 @@ import torch
 from omniduplex.kernels import cpu_ops
 from omniduplex.kernels.paged_attention_ref import paged_attention_torch
 from omniduplex.kernels.paged_attention_ref import write_kv_cache as write_kv_cache_torch
-from omniduplex.kernels.paged_decode_attention import HAS_TRITON, paged_decode_attention_triton
+from omniduplex.kernels.paged_decode_attention import (
+    HAS_TRITON,
+    fits_triton_decode,
+    paged_decode_attention_triton,
+)
 from omniduplex.kernels.paged_kv_write import write_kv_cache_triton
 
 __all__ = ["BACKEND_ENV", "paged_attention", "select_backend", "write_kv_cache"]
@@ -118,7 +124,7 @@ def paged_attention(
     if is_decode_only:
         max_query_len = 1
     backend = select_backend(q.device, is_decode_only)
-    if backend == "triton":
+    if backend == "triton" and fits_triton_decode(q, k_cache):
         return paged_decode_attention_triton(
             q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len=max_seq_len
         )

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omniduplex.kernels import cpu_linear, cpu_ops, custom_ops, paged_attention, write_kv_cache
+from omniduplex.kernels import cpu_linear, cpu_ops, custom_ops, paged_attention, triton_ops, write_kv_cache
 from omniduplex.kernels.moe import moe_experts
 from omniduplex.models.config import DecoderConfig
 from omniduplex.models.forward_batch import ForwardBatch
@@ -30,14 +30,22 @@ class RMSNorm(nn.Module):
         self.use_cpu_ops = False
         """One C++ op (``omniduplex_cpu::rms_norm``) instead of ~8 ATen calls (set by
         :func:`omniduplex.kernels.cpu_ops.attach`); the sum of squares is in another order (~1 ulp)."""
+        self.use_triton_ops = False
+        """The same as one Triton kernel on CUDA (set by :func:`omniduplex.kernels.triton_ops.attach`)."""
 
     def fused(self, x: torch.Tensor) -> bool:
         """Whether ``x`` goes through the C++ op (attached, eager, ``x`` in the weight's dtype)."""
         return self.use_cpu_ops and x.dtype == self.weight.dtype and not torch.compiler.is_compiling()
 
+    def fused_triton(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` goes through the Triton kernels (attached, eager, ``x`` in the weight's dtype)."""
+        return self.use_triton_ops and x.dtype == self.weight.dtype and not torch.compiler.is_compiling()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused(x):
             return torch.ops.omniduplex_cpu.rms_norm(x, self.weight, self.eps)
+        if self.fused_triton(x):
+            return triton_ops.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -120,6 +128,14 @@ class Attention(nn.Module):
         self.use_cpu_ops = False
         """Write the KV cache (and attend, for one token) with the C++ ops (set by
         :func:`omniduplex.kernels.cpu_ops.attach`)."""
+        self.use_triton_ops = False
+        """q/k norm and RoPE as one in-place Triton kernel on CUDA (set by
+        :func:`omniduplex.kernels.triton_ops.attach`)."""
+
+    def fused_triton(self, q: torch.Tensor, compiling: bool) -> bool:
+        """Whether q/k norm + RoPE go through the Triton kernel (attached, eager, norms in ``q``'s dtype)."""
+        norm_ok = self.q_norm is None or self.q_norm.weight.dtype == self.k_norm.weight.dtype == q.dtype
+        return self.use_triton_ops and not compiling and norm_ok
 
     def forward(
         self,
@@ -134,15 +150,20 @@ class Attention(nn.Module):
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        # compiled: the registered ops, one opaque node each, no graph break (kernels/custom_ops.py); the
-        # attention dispatcher picks the C++ decode kernel where it is loaded (kernels/attention.py)
         compiling = torch.compiler.is_compiling()
-        if self.use_cpu_ops and not compiling:
-            torch.ops.omniduplex_cpu.rotary_(q, k, *rope)  # in place (q, k: views of this step's qkv)
+        if self.fused_triton(q, compiling):
+            # q/k norm + RoPE in place (q, k: views of this step's qkv), one kernel for both
+            norms = () if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+            triton_ops.rotary_(q, k, *rope, *norms)
         else:
-            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            # compiled: the registered ops, one opaque node each, no graph break (kernels/custom_ops.py); the
+            # attention dispatcher picks the C++ decode kernel where it is loaded (kernels/attention.py)
+            if self.use_cpu_ops and not compiling:
+                torch.ops.omniduplex_cpu.rotary_(q, k, *rope)  # in place (q, k: views of this step's qkv)
+            else:
+                q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         k_cache, v_cache = kv
         if self.use_cpu_ops:
             write = torch.ops.omniduplex_cpu.write_kv_cache
@@ -180,10 +201,14 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.use_cpu_ops = False
         """SiLU·up as one C++ op, the same values (set by :func:`omniduplex.kernels.cpu_ops.attach`)."""
+        self.use_triton_ops = False
+        """SiLU·up as one Triton kernel on CUDA (set by :func:`omniduplex.kernels.triton_ops.attach`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.use_cpu_ops and not torch.compiler.is_compiling():
             return self.down_proj(torch.ops.omniduplex_cpu.silu_and_mul(self.gate_up_proj(x)))
+        if self.use_triton_ops and not torch.compiler.is_compiling():
+            return self.down_proj(triton_ops.silu_and_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -308,6 +333,12 @@ class DecoderLayer(nn.Module):
         if norm.fused(x):
             # the residual add and the second norm in one C++ pass
             x, h = torch.ops.omniduplex_cpu.add_rms_norm(
+                x, self.self_attn(self.input_layernorm(x), rope, batch, kv), norm.weight, norm.eps
+            )
+            return x + self.mlp(h)
+        if norm.fused_triton(x):
+            # the same on CUDA: one Triton kernel
+            x, h = triton_ops.add_rms_norm(
                 x, self.self_attn(self.input_layernorm(x), rope, batch, kv), norm.weight, norm.eps
             )
             return x + self.mlp(h)
