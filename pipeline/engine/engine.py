@@ -16,6 +16,7 @@ from typing import Protocol
 
 import torch
 
+from omniduplex.kernels import triton_ops
 from omniduplex.models.forward_batch import BLOCK_SIZE, ForwardBatch, allocate_kv_cache
 from omniduplex.pipeline.engine.block_manager import BlockAllocator
 from omniduplex.pipeline.engine.decode_graphs import DecodeGraphs, is_decode_only, supports_graphs
@@ -117,6 +118,9 @@ class Engine:
         if adapt_threads is None:
             adapt_threads = os.environ.get("OMNIDUPLEX_ADAPT_THREADS", "1") != "0"
         self.threads = ThreadGovernor() if adapt_threads else None
+        for module in vars(adapter).values():  # fused norm/RoPE/SiLU Triton kernels for weights on CUDA
+            if isinstance(module, torch.nn.Module):
+                triton_ops.attach(module)
         mode = resolve_mode(graphs, self.device)
         mirror = mode == "twin"  # the twin exercises the host-to-device copies too
         self.inputs = StepInputs(self.device, max_num_seqs, max_num_batched_tokens, mirror=mirror)
