@@ -270,12 +270,20 @@ def run(
     model_dir = write_random_qwen3(workdir / name, cfg, dev)
     write_s = time.perf_counter() - t0
     graph_mode = "cuda" if dev.type == "cuda" else "twin"
-    res = {
-        "ours eager": ours(model_dir, cs, "off", dev, dtype),
-        "ours CUDA graphs": ours(model_dir, cs, graph_mode, dev, dtype),
+    settings = {
+        "ours eager": lambda: ours(model_dir, cs, "off", dev, dtype),
+        "ours CUDA graphs": lambda: ours(model_dir, cs, graph_mode, dev, dtype),
     }
     if baseline:
-        res["transformers static+compile"] = transformers_static_compiled(model_dir, cs, dev, dtype)
+        settings["transformers static+compile"] = lambda: transformers_static_compiled(
+            model_dir, cs, dev, dtype
+        )
+    res: dict = {}
+    for label, run in settings.items():  # each setting's figures printed (and saved) as soon as it is done,
+        res[label] = run()  # so a run cut short by a device lease still leaves the settings it finished
+        print(f"{label}: " + json.dumps({str(c): v for c, v in res[label].items()}), flush=True)
+        if json_out:
+            json_out.write_text(json.dumps({"partial": True, "settings": res}, indent=2, default=str))
     summary = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (dry run)",
         "torch": torch.__version__,

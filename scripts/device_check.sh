@@ -130,7 +130,7 @@ for part in "${PARTS[@]}"; do
       if [ "$HAS_CUDA" != 1 ]; then
         note_only triton_tests "CUDA required: the decode kernel's compiled tests need a GPU (not run)"
       else
-        run_part triton_tests env -u TRITON_INTERPRET "${PYTEST[@]}" tests/test_paged_decode_triton.py \
+        run_part triton_tests env TRITON_INTERPRET=0 "${PYTEST[@]}" tests/test_paged_decode_triton.py tests/test_triton_ops.py \
           --junitxml="$OUTDIR/triton_tests.xml"
       fi ;;
     gpu_tests)
