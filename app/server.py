@@ -33,19 +33,19 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from omniduplex.app import logs
-from omniduplex.app.auth import AuthConfig, EdgeGate, TokenStore
-from omniduplex.app.heap import release_free_memory
-from omniduplex.app.kiosk import KioskConfig
-from omniduplex.app.kiosk_routes import router as kiosk_router
-from omniduplex.app.metrics import CONTENT_TYPE, MeteredResponder, ServerMetrics
-from omniduplex.app.phone.config import SipConfig, TwilioConfig
-from omniduplex.app.phone.routes import router as phone_router
-from omniduplex.app.readiness import RETRY_AFTER_S, readiness, unready_reason
-from omniduplex.app.realtime.routes import router as realtime_router
-from omniduplex.app.replies import OrchestratorResponder, Responder
-from omniduplex.app.session import SessionConfig
-from omniduplex.app.webrtc import OfferError, PeerSession, check_offer
+from omniduplex.app.core.replies import OrchestratorResponder, Responder
+from omniduplex.app.core.session import SessionConfig
+from omniduplex.app.host import logs
+from omniduplex.app.host.auth import AuthConfig, EdgeGate, TokenStore
+from omniduplex.app.host.heap import release_free_memory
+from omniduplex.app.host.metrics import CONTENT_TYPE, MeteredResponder, ServerMetrics
+from omniduplex.app.host.readiness import RETRY_AFTER_S, readiness, unready_reason
+from omniduplex.app.surfaces.browser.webrtc import OfferError, PeerSession, check_offer
+from omniduplex.app.surfaces.kiosk.config import KioskConfig
+from omniduplex.app.surfaces.kiosk.routes import router as kiosk_router
+from omniduplex.app.surfaces.phone.config import SipConfig, TwilioConfig
+from omniduplex.app.surfaces.phone.routes import router as phone_router
+from omniduplex.app.surfaces.realtime.routes import router as realtime_router
 
 log = logging.getLogger("omniduplex.server")
 
@@ -153,12 +153,12 @@ class ServerState:
 
     async def _start(self) -> None:
         """Load the end-of-turn model; build and start the pipeline unless a responder was given."""
-        from omniduplex.app.turn_detection import load_turn_model
+        from omniduplex.app.core.turn_detection import load_turn_model
 
         self.turn_model = await asyncio.to_thread(load_turn_model, self.cfg.session.turn)
         if self.responder is not None:
             return
-        from omniduplex.app.respond import new_orchestrator, resolve_model, serving_meta
+        from omniduplex.app.host.pipeline import new_orchestrator, resolve_model, serving_meta
         from omniduplex.pipeline.config import load_graph
         from omniduplex.pipeline.topology import topology_for
 
@@ -302,7 +302,7 @@ def create_app(cfg: ServerConfig | None = None, responder: Responder | None = No
         await state.start()
         sip = None
         if cfg.sip is not None:
-            from omniduplex.app.phone.sip import start_sip
+            from omniduplex.app.surfaces.phone.sip import start_sip
 
             sip = await start_sip(state, cfg.sip)
         app.state.sip = sip
@@ -422,7 +422,7 @@ def serve(
     """
     import uvicorn
 
-    from omniduplex.app.drain import DrainingServer
+    from omniduplex.app.host.drain import DrainingServer
 
     check_graph(cfg)
     logs.configure(log_level, log_json)

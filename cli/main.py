@@ -69,8 +69,8 @@ def respond(
     max_audio_frames: int = typer.Option(64, help="Unified checkpoints: max codec frames."),
 ) -> None:
     """Answer one spoken turn: prints the transcript as it streams, then TTFP, E2EL, RTF, audio seconds."""
-    from omniduplex.app.respond import TurnOptions
-    from omniduplex.app.respond import respond as run
+    from omniduplex.app.host.pipeline import TurnOptions
+    from omniduplex.app.host.pipeline import respond as run
 
     opts = TurnOptions(
         greedy=greedy,
@@ -167,12 +167,12 @@ def serve(
     """Serve the browser voice chat (WebRTC, full duplex, barge-in) at http://HOST:PORT/, the OpenAI
     Realtime API at /v1/realtime, the Twilio media-stream bridge at /phone/twilio/* ($TWILIO_AUTH_TOKEN:
     check signatures), with --sip SIP calls. Beyond loopback it needs API keys (or --insecure)."""
-    from omniduplex.app.auth import AuthConfig, AuthConfigError, check_bind, load_keys
-    from omniduplex.app.phone.config import SipConfig
+    from omniduplex.app.core.session import SessionConfig
+    from omniduplex.app.core.vad import TurnConfig
+    from omniduplex.app.host.auth import AuthConfig, AuthConfigError, check_bind, load_keys
     from omniduplex.app.server import ServerConfig
     from omniduplex.app.server import serve as run
-    from omniduplex.app.session import SessionConfig
-    from omniduplex.app.vad import TurnConfig
+    from omniduplex.app.surfaces.phone.config import SipConfig
 
     if turn_detection not in ("silence", "smart"):
         raise typer.BadParameter(f"--turn-detection {turn_detection!r}: choose silence or smart")
@@ -247,9 +247,15 @@ def kiosk(
 ) -> None:
     """Serve the full-screen, hands-free voice kiosk at http://HOST:PORT/kiosk (serve with kiosk defaults)
     and print the Chromium command line that opens it unattended. With API keys the page needs ?token=KEY."""
-    from omniduplex.app.auth import AuthConfig, AuthConfigError, check_bind, load_keys
-    from omniduplex.app.kiosk import chromium_command, kiosk_url, load_kiosk_config, server_config, shell_line
+    from omniduplex.app.host.auth import AuthConfig, AuthConfigError, check_bind, load_keys
     from omniduplex.app.server import serve as run
+    from omniduplex.app.surfaces.kiosk.config import (
+        chromium_command,
+        kiosk_url,
+        load_kiosk_config,
+        server_config,
+        shell_line,
+    )
 
     try:
         kcfg = load_kiosk_config(
@@ -311,7 +317,7 @@ def agent(
     import os
 
     try:
-        from omniduplex.app.livekit.worker import run as run_worker
+        from omniduplex.app.surfaces.livekit.worker import run as run_worker
     except ImportError as e:
         typer.echo(f"error: livekit-agents is missing ({e}): pip install 'omniduplex[livekit]'", err=True)
         raise typer.Exit(2) from None
@@ -327,13 +333,13 @@ def agent(
 
 
 def main() -> None:
-    """Entry point of the ``omniduplex`` console script: a known error (:mod:`omniduplex.app.errors`: bad
+    """Entry point of the ``omniduplex`` console script: a known error (:mod:`omniduplex.cli.errors`: bad
     checkpoint, config, weights, audio, auth setup, a stage that did not start) is printed as one line,
     without a traceback, and exits with code 1."""
     try:
         cli()
     except Exception as e:
-        from omniduplex.app.errors import one_line
+        from omniduplex.cli.errors import one_line
 
         line = one_line(e)
         if line is None:

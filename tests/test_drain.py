@@ -1,4 +1,4 @@
-"""Graceful drain (app/drain.py): while draining, every surface refuses new sessions and /readyz is 503;
+"""Graceful drain (app/host/drain.py): while draining, every surface refuses new sessions and /readyz is 503;
 the drain waits for replies in flight and gives up at its deadline.
 
 The whole path (SIGTERM to ``omniduplex serve`` mid-reply) runs in tests/e2e/test_sigterm_drain.py.
@@ -14,9 +14,9 @@ import httpx
 import pytest
 from test_server import BROWSER_LIKE_OFFER, IdleResponder
 
-from omniduplex.app.drain import busy_sessions, drain
+from omniduplex.app.host.admission import CallsFull, admit
+from omniduplex.app.host.drain import busy_sessions, drain
 from omniduplex.app.server import ServerConfig, SessionFull, create_app
-from omniduplex.app.slots import CallsFull, admit
 
 
 def _state(**sessions) -> SimpleNamespace:

@@ -11,7 +11,11 @@ import pytest
 from test_session import ScriptedResponder
 from typer.testing import CliRunner
 
-from omniduplex.app.kiosk import (
+from omniduplex.app.core.replies import ReplyDone
+from omniduplex.app.core.session import SessionConfig
+from omniduplex.app.server import ServerConfig, create_app
+from omniduplex.app.surfaces.browser.webrtc import PeerSession
+from omniduplex.app.surfaces.kiosk.config import (
     KioskColors,
     KioskConfig,
     chromium_command,
@@ -22,10 +26,6 @@ from omniduplex.app.kiosk import (
     page_config,
     server_config,
 )
-from omniduplex.app.replies import ReplyDone
-from omniduplex.app.server import ServerConfig, create_app
-from omniduplex.app.session import SessionConfig
-from omniduplex.app.webrtc import PeerSession
 from omniduplex.cli.main import cli
 
 

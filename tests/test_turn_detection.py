@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omniduplex.app.turn_detection import (
+from omniduplex.app.core.turn_detection import (
     SMART_TURN_FRAMES,
     SMART_TURN_MELS,
     SMART_TURN_SAMPLES,
@@ -22,7 +22,7 @@ from omniduplex.app.turn_detection import (
     load_turn_model,
     window,
 )
-from omniduplex.app.vad import SpeechSegmenter, TurnConfig
+from omniduplex.app.core.vad import SpeechSegmenter, TurnConfig
 
 needs_espeak = pytest.mark.skipif(
     shutil.which("espeak-ng") is None or shutil.which("sox") is None, reason="needs espeak-ng and sox"

@@ -16,8 +16,8 @@ pytest.importorskip("livekit.agents")
 from livekit.agents import Agent, AgentSession  # noqa: E402
 from livekit_io import RATE, MicInput, SpeakerOutput, speech  # noqa: E402
 
-from omniduplex.app.livekit.remote import RemoteOptions, RemoteRealtimeModel  # noqa: E402
 from omniduplex.app.server import ServerConfig, create_app  # noqa: E402
+from omniduplex.app.surfaces.livekit.remote import RemoteOptions, RemoteRealtimeModel  # noqa: E402
 from omniduplex.benchmarks.local_server import LocalServer
 
 pytestmark = pytest.mark.slow
