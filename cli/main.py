@@ -70,7 +70,7 @@ def respond(
 ) -> None:
     """Answer one spoken turn: prints the transcript as it streams, then TTFP, E2EL, RTF, audio seconds."""
     from omniduplex.app.host.pipeline import TurnOptions
-    from omniduplex.app.host.pipeline import respond as run
+    from omniduplex.cli.respond import respond as run
 
     opts = TurnOptions(
         greedy=greedy,
@@ -248,12 +248,12 @@ def kiosk(
     """Serve the full-screen, hands-free voice kiosk at http://HOST:PORT/kiosk (serve with kiosk defaults)
     and print the Chromium command line that opens it unattended. With API keys the page needs ?token=KEY."""
     from omniduplex.app.host.auth import AuthConfig, AuthConfigError, check_bind, load_keys
+    from omniduplex.app.server import kiosk_server_config
     from omniduplex.app.server import serve as run
     from omniduplex.app.surfaces.kiosk.config import (
         chromium_command,
         kiosk_url,
         load_kiosk_config,
-        server_config,
         shell_line,
     )
 
@@ -271,7 +271,7 @@ def kiosk(
         )
     except (OSError, ValueError) as e:
         raise typer.BadParameter(str(e)) from None
-    cfg = server_config(
+    cfg = kiosk_server_config(
         kcfg, max_sessions=max_sessions, model=str(model) if model else None, processes=processes
     )
     try:

@@ -21,7 +21,8 @@ from openai import AsyncOpenAI
 from test_server import BROWSER_LIKE_OFFER, IdleResponder
 from websockets.exceptions import ConnectionClosed
 
-from omniduplex.app.server import ServerConfig, ServerState, create_app
+from omniduplex.app.host.state import ServerState
+from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.app.surfaces.livekit.remote_link import RealtimeLink, RetryPolicy
 from omniduplex.app.surfaces.phone.config import SipConfig
 from omniduplex.app.surfaces.phone.sip import message as sipmsg

@@ -169,10 +169,10 @@ def test_voice_design_needs_instructions(services):
 
 def test_piper_stays_the_default():
     """Without ``tts`` the route never loads Qwen3-TTS (the Piper path is tested in test_openai_rest.py)."""
-    from omniduplex.app.surfaces.realtime.routes import _qwen3_speech
+    from omniduplex.app.host.speech.services import qwen3_tts_dir
 
     state = create_app(ServerConfig(max_sessions=1), responder=IdleResponder()).state.server
-    assert _qwen3_speech(state) is None and getattr(state, "speech", None) is None
+    assert qwen3_tts_dir(state.cfg) is None and state.speech is None
 
 
 def test_leaving_a_stream_early_aborts_its_request(services):

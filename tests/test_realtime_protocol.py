@@ -685,7 +685,7 @@ def test_server_vad_keeps_hearing_past_the_buffer_limit_and_manual_mode_is_told_
     for _ in range(6):
         conn.handle(append)
     sent = [conn.outbox.get_nowait().type for _ in range(conn.outbox.qsize())]
-    assert "error" not in sent and conn.buffered <= 16000
+    assert "error" not in sent and conn.buffer.samples <= 16000
     assert 148 <= len(pushed) <= 150  # all 3 s went to the VAD in 20 ms frames (less the resampler delay)
     conn.handle(
         json.dumps(

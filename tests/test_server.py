@@ -14,7 +14,8 @@ from aiortc import RTCPeerConnection
 from prometheus_client.parser import text_string_to_metric_families
 
 from omniduplex.app.core.events import ReplyAudioStarted, ReplyEnded, UserTurnCommitted
-from omniduplex.app.server import ServerConfig, ServerState, create_app, summarize
+from omniduplex.app.host.state import ServerState, summarize
+from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.app.surfaces.browser.webrtc import OfferError, check_offer
 
 BROWSER_LIKE_OFFER = (

@@ -30,7 +30,6 @@ import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -57,10 +56,8 @@ from omniduplex.app.core.replies import (
     Responder,
     UserTranscript,
 )
+from omniduplex.app.core.session_config import SessionConfig, SessionStats
 from omniduplex.app.core.vad import SAMPLE_RATE
-
-if TYPE_CHECKING:
-    from omniduplex.app.core.session import SessionConfig, SessionStats
 
 log = logging.getLogger("omniduplex.session")
 

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from omniduplex.app.core.events import SessionClosed, SessionEvent, SessionStart
 from omniduplex.app.core.history import Entry, History
 from omniduplex.app.core.live_asr import PAUSE_FRAMES, LiveTranscriber
 from omniduplex.app.core.replies import Responder
+from omniduplex.app.core.session_config import OPTIONS, SessionConfig, SessionStats
 from omniduplex.app.core.turn_detection import TurnModel
 from omniduplex.app.core.turns import TurnTaker
 from omniduplex.app.core.vad import (
@@ -52,41 +53,6 @@ log = logging.getLogger("omniduplex.session")
 
 Clock = Callable[[], float]
 """Monotonic time in seconds."""
-
-
-@dataclass
-class SessionConfig:
-    """Per-session settings. ``output_rate``: rate of :meth:`Session.pull_audio` (Hz).
-
-    ``user_text``: what the history records for a spoken user turn until (or unless) the pipeline sends
-    its transcript; ``{seconds}`` is replaced by the turn's speech length. ``instructions``: this
-    session's system prompt (``None`` = the server's). ``voice``: the voice its replies ask the TTS for
-    (Realtime ``session.audio.output.voice``; a Qwen3-TTS stage speaks a speaker of that name, any other
-    TTS ignores it; ``None`` = the server's). ``auto_respond``: a turn committed by the VAD
-    starts its reply at once (else it waits for :meth:`Session.respond`). ``vad_commit``: the VAD
-    commits turns (``False``: only :meth:`Session.commit_audio` does, as with the Realtime API's
-    ``turn_detection: null``; speech events and barge-in still follow the VAD).
-    """
-
-    turn: TurnConfig = field(default_factory=TurnConfig)
-    output_rate: int = 48000
-    vad_aggressiveness: int = 2
-    history_entries: int = 16
-    user_text: str = "[spoken turn, {seconds:.1f} s]"
-    instructions: str | None = None
-    voice: str | None = None
-    auto_respond: bool = True
-    vad_commit: bool = True
-
-
-@dataclass
-class SessionStats:
-    """Measurements of a session, one entry per event (ms)."""
-
-    turns: int = 0
-    barge_ins: int = 0
-    latency_ms: list[float] = field(default_factory=list)
-    stop_ms: list[float] = field(default_factory=list)
 
 
 class Session:
@@ -254,7 +220,21 @@ class Session:
         Tests call it after each frame to make smart endpointing deterministic in audio frames."""
         await self._turns.settle()
 
-    # -- turn-taking settings ----------------------------------------------------------------------
+    # -- settings ----------------------------------------------------------------------------------
+    def set_options(self, **options) -> None:
+        """Change this session's reply options from now on (the :class:`SessionConfig` fields
+        :data:`OPTIONS`: ``instructions``, ``voice``, ``auto_respond``, ``vad_commit``); the Realtime
+        ``session.update`` and LiveKit's ``update_instructions`` come here.
+
+        Raises:
+            TypeError: an option that is not one of :data:`OPTIONS`.
+        """
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise TypeError(f"not a session option: {', '.join(unknown)} (options: {', '.join(OPTIONS)})")
+        for name, value in options.items():
+            setattr(self.cfg, name, value)
+
     def set_turn_config(self, turn: TurnConfig, turn_model: TurnModel | None = None) -> None:
         """Use ``turn`` for turn-taking from now on (Realtime ``session.update``); an open speech segment is
         dropped.

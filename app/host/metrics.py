@@ -58,7 +58,7 @@ def pipeline_stats(orchestrator) -> dict | None:
 
 
 class ServerMetrics:
-    """The metrics of one server (``state``: its :class:`~omniduplex.app.server.ServerState`)."""
+    """The metrics of one server (``state``: its :class:`~.state.ServerState`)."""
 
     def __init__(self, state) -> None:
         self.state = state

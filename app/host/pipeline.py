@@ -1,26 +1,18 @@
-"""``omniduplex respond``: answer one spoken turn from a WAV/FLAC file, streaming the transcript.
-
-Also the pieces every entry point shares: which model runs by default (the cascade on the packaged real
-weights), the orchestrator over either backend, and the per-turn meta of each graph shape.
+"""The pipeline factory every entry point shares (the server's host, ``omniduplex respond``, the LiveKit
+in-process plugin, the benchmarks): which model runs by default (the cascade on the packaged real weights),
+the orchestrator over either backend, and the per-turn meta of each graph shape.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.models.weights import cache_dir
-from omniduplex.pipeline.audio_io import AudioInputError, load_audio, write_wav
-from omniduplex.pipeline.config import load_graph
 from omniduplex.pipeline.orchestrator import Orchestrator
-from omniduplex.pipeline.topology import CASCADE, QWEN3_TTS, UNIFIED, output_rate, topology_for
+from omniduplex.pipeline.topology import CASCADE, QWEN3_TTS, UNIFIED, output_rate
 
 CASCADE_SYSTEM_PROMPT = (
     "You are a friendly voice assistant. Always answer in English, in one or two short, plain sentences. "
@@ -188,70 +180,3 @@ def serving_meta(
         "max_audio_frames": talker_max_tokens,
         "cfg_scale": cfg_scale,
     }
-
-
-def respond(
-    input_path: Path | None,
-    output_path: Path,
-    model: Path | None,
-    graph: Path | None,
-    opts: TurnOptions,
-    dump_tokens: Path | None = None,
-    processes: bool = True,
-) -> int:
-    """Run one turn; returns the process exit code (0 ok, 2 bad input, 1 pipeline error).
-
-    ``input_path`` may be ``None`` only for a unified checkpoint with ``opts.user_text`` (a text turn).
-    """
-    pcfg = load_graph(graph, model=str(model) if model else None)
-    pcfg.model = resolve_model(pcfg.model)
-    shape = topology_for(pcfg.model)
-    unified = shape is UNIFIED
-    if input_path is None and not (unified and opts.user_text):
-        print("error: --input is required (a spoken question)", file=sys.stderr)
-        return 2
-    try:
-        wav = load_audio(input_path) if input_path is not None else np.zeros(0, np.float32)
-    except AudioInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return asyncio.run(_run(pcfg, wav, opts.meta(shape.name), output_path, dump_tokens, processes))
-
-
-async def _run(pcfg, wav, meta, output_path, dump_tokens, processes) -> int:
-    orch = new_orchestrator(pcfg, processes, record=dump_tokens is not None)
-    await orch.start()
-    pcm, code = [], 0
-    try:
-        rid = orch.submit(wav, meta)
-        record = None
-        async for ev in orch.events(rid):
-            if ev.kind == "transcript":
-                print(f"you: {ev.text or '(no words heard: no reply)'}\nassistant: ", end="", flush=True)
-            elif ev.kind == "text":
-                print(ev.text, end="", flush=True)
-            elif ev.kind == "audio":
-                pcm.append(ev.pcm)
-            elif ev.kind == "error":
-                print(f"\nerror: {ev.error}", file=sys.stderr)
-                code = 1
-            elif ev.kind == "done":
-                record = orch.turn_record(rid) if dump_tokens else None
-                samples = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
-                write_wav(output_path, samples, orch.output_rate)
-                m = ev.metrics
-                split = ""
-                if "tts_first_chunk_ms" in m:
-                    split = (
-                        f" (ASR {m['asr_ms']:.0f} + LLM first clause {m['llm_first_clause_ms']:.0f}"
-                        f" + TTS first chunk {m['tts_first_chunk_ms']:.0f})"
-                    )
-                print(
-                    f"\n\nTTFP {m['ttfp_ms']:.0f} ms{split} | E2EL {m['e2el_ms']:.0f} ms | "
-                    f"RTF {m['rtf']:.3f} | audio {m['audio_s']:.2f} s -> {output_path}"
-                )
-        if dump_tokens and record is not None:
-            Path(dump_tokens).write_text(json.dumps(record))
-    finally:
-        await orch.stop()
-    return code

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omniduplex.models.cascade.asr import SAMPLE_RATE, Transcript
+from omniduplex.models.cascade.transcript import SAMPLE_RATE, Transcript
 
 ENCODER = "encoder_model"
 DECODER = "decoder_model_merged"

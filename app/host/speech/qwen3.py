@@ -1,7 +1,8 @@
-"""Qwen3-TTS behind ``POST /v1/audio/speech``: request checks, and one continuous-batching engine shared by
-every request, stepped on a worker thread, each request's frames streamed through its own 12 Hz decoder.
+"""Qwen3-TTS behind ``POST /v1/audio/speech`` (a :class:`~.contract.SpeechService`): request checks, and one
+continuous-batching engine shared by every request, stepped on a worker thread, each request's frames
+streamed through its own 12 Hz decoder.
 
-Request fields (``app/realtime/routes.py``; names as vLLM-Omni's speech API for Qwen3-TTS):
+Request fields (``app/surfaces/rest/routes.py``; names as vLLM-Omni's speech API for Qwen3-TTS):
 
 - ``voice``: a CustomVoice speaker (``talker_config.spk_id``; case-insensitive). Ignored by VoiceDesign and
   Base checkpoints, which have no named speakers.
@@ -32,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from omniduplex.app.host.speech.contract import SpeechError, SpeechRequest, SpeechService
 from omniduplex.models.forward_batch import BLOCK_SIZE
 from omniduplex.models.qwen3_tts.codec_stream import StreamingDecoder
 from omniduplex.models.qwen3_tts.model import SAMPLE_RATE, load_qwen3_tts
@@ -42,8 +44,10 @@ from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
 
 log = logging.getLogger("omniduplex.speech")
 
-SpeechError = VoiceError
-"""A bad request: ``str(e)`` for the client, ``e.param`` the field at fault, ``e.code`` the error code."""
+
+def speech_error(e: VoiceError) -> SpeechError:
+    """The service's error for a request the checkpoint refused (same message, field and code)."""
+    return SpeechError(str(e), e.param, e.code)
 
 
 def decode_ref_audio(data: str) -> np.ndarray:
@@ -58,7 +62,10 @@ def decode_ref_audio(data: str) -> np.ndarray:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as e:
         raise SpeechError(f"ref_audio is not base64: {e}", "ref_audio") from e
-    return read_ref_audio(raw)
+    try:
+        return read_ref_audio(raw)
+    except VoiceError as e:
+        raise speech_error(e) from e
 
 
 class _Job:
@@ -72,7 +79,7 @@ class _Job:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
-class Qwen3Speech:
+class Qwen3Speech(SpeechService):
     """A loaded Qwen3-TTS checkpoint serving speech requests.
 
     Args:
@@ -116,20 +123,15 @@ class Qwen3Speech:
         """CustomVoice speaker names (empty for the other variants)."""
         return self.prompter.voices
 
-    def prompt(
-        self,
-        text: str,
-        voice: str | None = None,
-        instructions: str | None = None,
-        language: str = "auto",
-        ref_audio: str | None = None,
-        ref_text: str | None = None,
-    ) -> TalkerPrompt:
-        """Check one request and build its talker prompt (``ref_audio``: base64 WAV). Raises SpeechError
-        (see the module docstring)."""
-        wav = decode_ref_audio(ref_audio) if ref_audio is not None else None
-        v = self.prompter.voice(voice, instructions, language, wav, ref_text)
-        return self.prompter.prompt(text, v)
+    def prepare(self, request: SpeechRequest) -> TalkerPrompt:
+        """Check one request and build its talker prompt. Raises SpeechError (see the module docstring)."""
+        r = request
+        wav = decode_ref_audio(r.ref_audio) if r.ref_audio is not None else None
+        try:
+            v = self.prompter.voice(r.voice, r.instructions, r.language, wav, r.ref_text)
+            return self.prompter.prompt(r.text, v)
+        except VoiceError as e:
+            raise speech_error(e) from e
 
     async def stream(self, prompt: TalkerPrompt) -> AsyncIterator[np.ndarray]:
         """Speak ``prompt``: float32 24 kHz pieces ``[n]`` as the decoder completes them. Leaving the

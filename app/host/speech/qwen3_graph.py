@@ -2,13 +2,11 @@
 (+ code predictor) and the codec decoder in two stage processes joined by the relay
 (:data:`~omniduplex.pipeline.topology.QWEN3_TTS`), concurrent requests' chunks decoded in one batched call.
 
-The same interface as :class:`~omniduplex.app.host.speech.qwen3.Qwen3Speech` (``prompt`` then ``stream``), so
-the route
-serves either. The server process loads no weights: :meth:`Qwen3GraphSpeech.prompt` checks what it can
-without them (the reference clip's encoding, rate and length); the voice checks run in the talker stage, and
-a request they refuse ends its ``stream`` with :class:`~omniduplex.app.host.speech.qwen3.SpeechError` before
-any audio,
-which the route turns into a 400. The stages start with the first request (the graph's start-up time).
+The same contract as :class:`~.qwen3.Qwen3Speech` (:class:`~.contract.SpeechService`), so the route serves
+either. The server process loads no weights: :meth:`Qwen3GraphSpeech.prompt` checks what it can without them
+(the reference clip's encoding, rate and length); the voice checks run in the talker stage, and a request they
+refuse ends its ``stream`` with :class:`~.contract.SpeechError` before any audio, which the route turns into
+a 400. The stages start with the first request (the graph's start-up time).
 """
 
 from __future__ import annotations
@@ -21,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from omniduplex.app.host.speech.qwen3 import SpeechError, decode_ref_audio
+from omniduplex.app.host.pipeline import make_backend
+from omniduplex.app.host.speech.contract import SpeechError, SpeechRequest, SpeechService
+from omniduplex.app.host.speech.qwen3 import decode_ref_audio
 from omniduplex.models.checkpoint import read_config
 from omniduplex.models.qwen3_tts.config import TTSConfig
 from omniduplex.models.qwen3_tts.model import SAMPLE_RATE
@@ -40,7 +40,7 @@ class GraphRequest:
     meta: dict = field(default_factory=dict)
 
 
-class Qwen3GraphSpeech:
+class Qwen3GraphSpeech(SpeechService):
     """A Qwen3-TTS checkpoint served on its graph.
 
     Args:
@@ -75,41 +75,26 @@ class Qwen3GraphSpeech:
         self.orch: Orchestrator | None = None
         self._starting: asyncio.Lock | None = None
 
-    def prompt(
-        self,
-        text: str,
-        voice: str | None = None,
-        instructions: str | None = None,
-        language: str = "auto",
-        ref_audio: str | None = None,
-        ref_text: str | None = None,
-    ) -> GraphRequest:
-        """Check what the server process can and package the request (``ref_audio``: base64 WAV).
+    def prepare(self, request: SpeechRequest) -> GraphRequest:
+        """Check what the server process can and package the request.
 
         Raises SpeechError: a reference clip that is not base64 24 kHz audio of at least 1 s.
         """
-        meta: dict = {"language": language, "sampling": {**self.sampling, "max_tokens": self.max_frames}}
-        for key, value in (("voice", voice), ("instructions", instructions), ("ref_text", ref_text)):
+        r = request
+        meta: dict = {"language": r.language, "sampling": {**self.sampling, "max_tokens": self.max_frames}}
+        for key, value in (("voice", r.voice), ("instructions", r.instructions), ("ref_text", r.ref_text)):
             if value is not None:
                 meta[key] = value
-        if ref_audio is not None:
-            meta["ref_audio"] = decode_ref_audio(ref_audio)
-        return GraphRequest(text, meta)
+        if r.ref_audio is not None:
+            meta["ref_audio"] = decode_ref_audio(r.ref_audio)
+        return GraphRequest(r.text, meta)
 
     async def _orchestrator(self) -> Orchestrator:
         if self._starting is None:
             self._starting = asyncio.Lock()
         async with self._starting:
             if self.orch is None:
-                if self.processes:
-                    from omniduplex.pipeline.process_backend import ProcessBackend
-
-                    backend = ProcessBackend(self.pcfg)
-                else:
-                    from omniduplex.pipeline.local_backend import LocalBackend
-                    from omniduplex.pipeline.workers import build_all
-
-                    backend = LocalBackend(await asyncio.to_thread(build_all, self.pcfg))
+                backend = await asyncio.to_thread(make_backend, self.pcfg, self.processes)
                 orch = Orchestrator(backend, None, output_rate=SAMPLE_RATE)
                 await orch.start()
                 self.orch = orch

@@ -7,7 +7,7 @@
   it is due on the wire (real-time pacing, nothing buffered ahead), aiortc encodes it as Opus.
 * A data channel (opened by the client) carries the session's events as JSON, one per message.
   The client may send ``{"type": "bye"}`` (hang up) and ``{"type": "greet"}`` (the kiosk: have the
-  assistant welcome a visitor, :func:`~omniduplex.app.surfaces.kiosk.config.speak_greeting`).
+  assistant welcome a visitor, :func:`~omniduplex.app.core.greeting.speak_greeting`).
 * The session is closed when the connection fails or closes, when the client says ``bye``, or when
   no inbound audio arrives for ``media_timeout_s`` (a client that vanished without a goodbye).
 """
@@ -27,9 +27,10 @@ from aiortc.mediastreams import MediaStreamError
 
 from omniduplex.app.core.audio import AudioPort
 from omniduplex.app.core.events import SessionEvent
+from omniduplex.app.core.greeting import speak_greeting
 from omniduplex.app.core.replies import Responder
 from omniduplex.app.core.session import Session, SessionConfig
-from omniduplex.app.surfaces.kiosk.config import speak_greeting
+from omniduplex.app.core.tasks import Tasks
 
 log = logging.getLogger("omniduplex.webrtc")
 
@@ -95,6 +96,7 @@ class PeerSession:
         media_timeout_s: close when no inbound audio arrives for this long after the first frame.
         connect_timeout_s: close when no inbound audio arrives this long after the answer.
         turn_model: the shared end-of-turn model for ``turn_detection="smart"`` (see :class:`Session`).
+        greeting: what a ``{"type": "greet"}`` message has the assistant say.
     """
 
     def __init__(
@@ -106,6 +108,7 @@ class PeerSession:
         media_timeout_s: float = 5.0,
         connect_timeout_s: float = 20.0,
         turn_model=None,
+        greeting: str = "Hello! How can I help?",
     ) -> None:
         self.id, self.on_closed = session_id, on_closed
         self.media_timeout_s, self.connect_timeout_s = media_timeout_s, connect_timeout_s
@@ -116,13 +119,13 @@ class PeerSession:
         self.session = Session(session_id, responder, self._send_event, cfg, turn_model=turn_model)
         self.port = AudioPort(self.session, WIRE_RATE)
         self.out_track = SessionAudioTrack(self.port)
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks = Tasks(session_id)
         self.last_media = time.monotonic()
         self.got_media = False
         self.closing = False
         self.done = asyncio.Event()
         self.inbound_frames = 0
-        self.greeting = "Hello! How can I help?"  # spoken on a {"type": "greet"} message (app.kiosk)
+        self.greeting = greeting
 
     async def answer(self, sdp: str) -> str:
         """Apply the client's offer and return the answer SDP (ICE candidates included).
@@ -164,11 +167,7 @@ class PeerSession:
         try:
             await self.session.close(reason)
             self.out_track.stop()
-            current = asyncio.current_task()
-            for t in list(self.tasks):
-                if t is not current:
-                    t.cancel()
-            await asyncio.gather(*(t for t in self.tasks if t is not current), return_exceptions=True)
+            await self.tasks.cancel()
             await self.pc.close()
         finally:
             self.done.set()
@@ -243,7 +242,4 @@ class PeerSession:
             self.channel.send(text)
 
     def _spawn(self, coro, name: str) -> asyncio.Task:
-        t = asyncio.get_running_loop().create_task(coro, name=f"{self.id}-{name}")
-        self.tasks.add(t)
-        t.add_done_callback(self.tasks.discard)
-        return t
+        return self.tasks.spawn(coro, name)

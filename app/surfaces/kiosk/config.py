@@ -3,7 +3,8 @@
 :class:`KioskConfig` comes from the ``kiosk:`` section of a server config file (YAML) and from
 ``omniduplex kiosk`` flags; the page reads its public part from ``GET /kiosk/config.json``
 (:func:`page_config`), the server applies the rest (system prompt, voice, turn detection) to its
-sessions (:func:`server_config`). Example::
+sessions (:func:`omniduplex.app.server.kiosk_server_config`); the greeting itself is spoken by the core
+(:mod:`omniduplex.app.core.greeting`). Example::
 
     kiosk:
       title: Ask the museum
@@ -27,20 +28,13 @@ import re
 import shlex
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
-
-if TYPE_CHECKING:
-    from omniduplex.app.core.session import Session
-    from omniduplex.app.server import ServerConfig
 
 TEXT_CONTRAST = 4.5
 """Minimum contrast ratio of text against what is behind it (WCAG 2.1 AA, normal text)."""
 GRAPHIC_CONTRAST = 3.0
 """Minimum contrast ratio of the state visual against the background (WCAG 2.1 non-text contrast)."""
-VISITOR_OPENER = "Hello!"
-"""The user message a greeting answers: what a visitor walking up would say."""
 
 _HEX = re.compile(r"^#([0-9a-fA-F]{3}|[0-9a-fA-F]{6})$")
 
@@ -179,36 +173,6 @@ def page_config(cfg: KioskConfig) -> dict:
     out.pop("system_prompt")
     out.pop("voice")
     return out
-
-
-def server_config(kiosk: KioskConfig, **kwargs) -> ServerConfig:
-    """A :class:`~omniduplex.app.server.ServerConfig` for ``omniduplex kiosk``: ``kwargs`` as for ``serve``,
-    then the kiosk's system prompt, voice and turn detection on top."""
-    from omniduplex.app.server import ServerConfig
-
-    cfg = ServerConfig(**kwargs)
-    cfg.kiosk = kiosk
-    if kiosk.system_prompt:
-        cfg.system_prompt = kiosk.system_prompt
-    if kiosk.voice:
-        cfg.speaker = kiosk.voice
-    cfg.session.turn = replace(cfg.session.turn, turn_detection=kiosk.turn_detection)
-    return cfg
-
-
-def greeting_instructions(greeting: str) -> str:
-    """Per-reply instructions that make the assistant welcome a visitor with (about) ``greeting``."""
-    return f'A visitor has just walked up to this voice kiosk. Greet them by saying: "{greeting.strip()}"'
-
-
-def speak_greeting(session: Session, greeting: str) -> str | None:
-    """Have ``session`` greet a visitor: a typed turn (:data:`VISITOR_OPENER`) answered with
-    :func:`greeting_instructions`. Returns the reply's turn id; ``None`` when a reply is already in flight
-    (the visitor is being answered) or the session is closed."""
-    if session.closed or session.reply_turn_id is not None:
-        return None
-    session.add_user_text(VISITOR_OPENER)
-    return session.respond(instructions=greeting_instructions(greeting), metadata={"kiosk": "greeting"})
 
 
 def kiosk_url(host: str, port: int) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from typing import Literal
 
 from livekit import rtc
@@ -130,3 +131,24 @@ def model_error(label: str, error: Exception, recoverable: bool) -> llm.Realtime
     """The payload of a realtime session's ``error`` event. ``recoverable=False`` makes the AgentSession
     close (the agent leaves the room); recoverable errors are reported and the session goes on."""
     return llm.RealtimeModelError(timestamp=time.time(), label=label, error=error, recoverable=recoverable)
+
+
+class PipelineModel(llm.RealtimeModel):
+    """What both plugins' models share: the pipeline's capabilities (:func:`pipeline_capabilities`), the
+    name the framework reports, and the sessions the model made (closed by :meth:`aclose`)."""
+
+    def __init__(self, user_transcription: bool) -> None:
+        super().__init__(capabilities=pipeline_capabilities(user_transcription))
+        self.sessions: weakref.WeakSet[llm.RealtimeSession] = weakref.WeakSet()
+
+    @property
+    def model(self) -> str:
+        return "omniduplex"
+
+    @property
+    def provider(self) -> str:
+        return "omniduplex"
+
+    async def aclose(self) -> None:
+        """Close every session this model made."""
+        await asyncio.gather(*(s.aclose() for s in list(self.sessions)))

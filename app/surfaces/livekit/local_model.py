@@ -13,14 +13,11 @@ import itertools
 import logging
 import os
 import secrets
-import weakref
 from dataclasses import dataclass, field, replace
-
-from livekit.agents import llm
 
 from omniduplex.app.core.replies import OrchestratorResponder, Responder
 from omniduplex.app.core.session import SessionConfig
-from omniduplex.app.surfaces.livekit.generation import pipeline_capabilities
+from omniduplex.app.surfaces.livekit.generation import PipelineModel, pipeline_capabilities
 from omniduplex.app.surfaces.livekit.local_session import PipelineRealtimeSession
 
 log = logging.getLogger("omniduplex.livekit")
@@ -43,7 +40,7 @@ class PipelineOptions:
     session: SessionConfig = field(default_factory=SessionConfig)
 
 
-class PipelineRealtimeModel(llm.RealtimeModel):
+class PipelineRealtimeModel(PipelineModel):
     """omniduplex's pipeline behind LiveKit's realtime-model contract (capabilities:
     :func:`~.generation.pipeline_capabilities`).
 
@@ -65,21 +62,12 @@ class PipelineRealtimeModel(llm.RealtimeModel):
         turn_model=None,
         lead_s: float = 0.2,
     ) -> None:
-        super().__init__(capabilities=pipeline_capabilities(user_transcription))
+        super().__init__(user_transcription)
         self.options = options or PipelineOptions()
         self.responder, self.turn_model, self.lead_s = responder, turn_model, lead_s
         self.orchestrator = None  # the pipeline this model built (and stops)
-        self.sessions: weakref.WeakSet[PipelineRealtimeSession] = weakref.WeakSet()
         self._ids = itertools.count(1)
         self._prefix = f"lk{os.getpid()}-{secrets.token_hex(2)}"
-
-    @property
-    def model(self) -> str:
-        return "omniduplex"
-
-    @property
-    def provider(self) -> str:
-        return "omniduplex"
 
     async def start(self) -> None:
         """Build and start the pipeline unless a responder was given (model loading runs in a thread)."""
@@ -134,7 +122,7 @@ class PipelineRealtimeModel(llm.RealtimeModel):
 
     async def aclose(self) -> None:
         """Close every session, then stop the pipeline if this model built it."""
-        await asyncio.gather(*(s.aclose() for s in list(self.sessions)))
+        await super().aclose()
         if self.orchestrator is not None:
             await self.orchestrator.stop()
             self.orchestrator = None

@@ -4,9 +4,9 @@
 Framework → session (the contract of each method is in its docstring):
 ``push_audio`` → 20 ms 16 kHz frames into :meth:`Session.push_audio`; ``generate_reply`` →
 :meth:`Session.respond`; ``interrupt`` → :meth:`Session.cancel_reply`; ``truncate`` →
-:meth:`Session.truncate`; ``update_instructions`` → ``Session.cfg.instructions``; ``update_chat_ctx`` → the
+:meth:`Session.truncate`; ``update_instructions`` → :meth:`Session.set_options`; ``update_chat_ctx`` → the
 history (:mod:`.chat_sync`); ``commit_audio`` / ``clear_audio`` → a manual commit of the audio since the
-last turn / dropping it.
+last turn / dropping it (the core's :class:`~omniduplex.app.core.input_buffer.InputAudioBuffer`).
 
 Session → framework: ``UserSpeechStarted`` / ``BargeIn`` / ``UserTurnCommitted`` → ``input_speech_started``
 / ``input_speech_stopped`` (policy: :mod:`.turn_signals`); ``UserTranscriptEvent`` →
@@ -14,9 +14,9 @@ Session → framework: ``UserSpeechStarted`` / ``BargeIn`` / ``UserTurnCommitted
 message's text stream; reply audio → its audio stream; ``ReplyEnded`` → the streams end; a failed reply or
 ``SessionError`` → ``error`` (recoverable).
 
-Room audio goes through the session's :class:`~omniduplex.app.core.audio.AudioPort` (16 kHz, 20 ms frames).
-Reply audio is pulled from it on every tick of its 20 ms clock and forwarded at most
-``lead_s`` ahead of real time: the framework's audio output plays in real time, so the session's idea of
+Room audio goes through the session's :class:`~omniduplex.app.core.audio.AudioPort` (16 kHz, 20 ms
+frames). Reply audio is pulled from it on every tick of its 20 ms clock and forwarded at most ``lead_s`` ahead
+of real time: the framework's audio output plays in real time, so the session's idea of
 "played" stays within ``lead_s`` of the truth (its barge-in and history rules keep working), and the
 framework's ``truncate(audio_end_ms)`` then corrects the history to what the room really heard.
 """
@@ -35,18 +35,9 @@ from livekit.agents import llm
 from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.utils import is_given
 
-from omniduplex.app.core.audio import FRAME_MS, AudioPort, to_float32
-from omniduplex.app.core.events import (
-    BargeIn,
-    ReplyEnded,
-    ReplyStarted,
-    ReplyText,
-    SessionError,
-    SessionEvent,
-    UserSpeechStarted,
-    UserTranscriptEvent,
-    UserTurnCommitted,
-)
+from omniduplex.app.core import events as se
+from omniduplex.app.core.audio import AudioPort
+from omniduplex.app.core.input_buffer import InputAudioBuffer
 from omniduplex.app.core.replies import Responder
 from omniduplex.app.core.session import Session, SessionConfig
 from omniduplex.app.surfaces.livekit.audio import frame_pcm, pcm_frame
@@ -92,7 +83,7 @@ class PipelineRealtimeSession(llm.RealtimeSession):
         self._committed = False
         self._closed = False
         self._sink_end = 0.0  # monotonic time at which the forwarded reply audio has all played
-        self._manual: list[np.ndarray] = []  # 16 kHz frames since the last turn (commit_audio)
+        self._manual = InputAudioBuffer(MAX_MANUAL_S)  # audio since the last turn (commit_audio)
         self._signals = SpeechSignals()
         self._ids = ItemIds()
         self._warned_tools = False
@@ -131,7 +122,6 @@ class PipelineRealtimeSession(llm.RealtimeSession):
             self.session.push_audio(pcm)
             if in_speech and not self.session.in_speech and not self._committed:
                 self._signal(self._signals.dropped())
-        del self._manual[: max(0, len(self._manual) - int(1000 * MAX_MANUAL_S / FRAME_MS))]
 
     def push_video(self, frame: rtc.VideoFrame) -> None:
         """Ignored: the pipeline takes no video."""
@@ -190,7 +180,7 @@ class PipelineRealtimeSession(llm.RealtimeSession):
 
     async def update_instructions(self, instructions: str) -> None:
         """The system prompt of every reply from now on (``""`` → the pipeline's default)."""
-        self.session.cfg.instructions = instructions or None
+        self.session.set_options(instructions=instructions or None)
 
     async def update_chat_ctx(self, chat_ctx: llm.ChatContext) -> None:
         """Make the conversation ``chat_ctx``'s user and assistant text messages (see :mod:`.chat_sync`);
@@ -209,9 +199,9 @@ class PipelineRealtimeSession(llm.RealtimeSession):
     def commit_audio(self) -> None:
         """Commit the user audio since the last turn as a turn now (whatever the VAD says); the framework's
         ``generate_reply`` then answers it. Under 100 ms of audio: nothing happens."""
-        if len(self._manual) * FRAME_MS < 100:
+        wav = self._manual.take()
+        if wav is None:
             return
-        wav = to_float32(np.concatenate(self._manual))
         self.clear_audio()
         self.session.commit_audio(wav, respond=False)
 
@@ -235,25 +225,25 @@ class PipelineRealtimeSession(llm.RealtimeSession):
         self._gens.clear()
 
     # -- pipeline → framework -------------------------------------------------------------------------
-    def _on_event(self, e: SessionEvent) -> None:
-        if isinstance(e, UserSpeechStarted):
+    def _on_event(self, e: se.SessionEvent) -> None:
+        if isinstance(e, se.UserSpeechStarted):
             self._signal(self._signals.speech_started(self._replying()))
-        elif isinstance(e, BargeIn) and not self._own_cancel:
+        elif isinstance(e, se.BargeIn) and not self._own_cancel:
             self._signal(self._signals.barge_in())
-        elif isinstance(e, UserTurnCommitted):
+        elif isinstance(e, se.UserTurnCommitted):
             self._committed = True
             self._manual.clear()
             self._ids.name(self.session.entry(e.turn_id, "user"), f"{e.turn_id}-user")
             self._signal(self._signals.committed())
-        elif isinstance(e, UserTranscriptEvent):
+        elif isinstance(e, se.UserTranscriptEvent):
             self._transcript(e)
-        elif isinstance(e, ReplyStarted):
+        elif isinstance(e, se.ReplyStarted):
             self._start_generation(e.turn_id)
-        elif isinstance(e, ReplyText) and e.turn_id in self._gens:
+        elif isinstance(e, se.ReplyText) and e.turn_id in self._gens:
             self._gens[e.turn_id][1].push_text(e.text)
-        elif isinstance(e, ReplyEnded):
+        elif isinstance(e, se.ReplyEnded):
             self._end_generation(e)
-        elif isinstance(e, SessionError):
+        elif isinstance(e, se.SessionError):
             self.emit("error", model_error(self.realtime_model.label, llm.RealtimeError(e.message), True))
 
     def _signal(self, signals: list[str]) -> None:
@@ -267,7 +257,7 @@ class PipelineRealtimeSession(llm.RealtimeSession):
                     "input_speech_stopped", llm.InputSpeechStoppedEvent(user_transcription_enabled=enabled)
                 )
 
-    def _transcript(self, e: UserTranscriptEvent) -> None:
+    def _transcript(self, e: se.UserTranscriptEvent) -> None:
         item_id = f"{e.turn_id}-user"
         self._ids.name(self.session.entry(e.turn_id, "user"), item_id)
         if e.text:
@@ -288,7 +278,7 @@ class PipelineRealtimeSession(llm.RealtimeSession):
             fut.set_result(ev)
         self.emit("generation_created", ev)
 
-    def _end_generation(self, e: ReplyEnded) -> None:
+    def _end_generation(self, e: se.ReplyEnded) -> None:
         held = self._gens.pop(e.turn_id, None)
         if held is None:
             return

@@ -31,7 +31,6 @@ import base64
 import contextlib
 import logging
 import secrets
-import weakref
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -44,7 +43,7 @@ from livekit.agents.utils import is_given
 from omniduplex.app.core.audio import StreamResampler, to_int16
 from omniduplex.app.core.audio.pcm import mono
 from omniduplex.app.surfaces.livekit.audio import frame_pcm, pcm_frame
-from omniduplex.app.surfaces.livekit.generation import Generation, model_error, pipeline_capabilities
+from omniduplex.app.surfaces.livekit.generation import Generation, PipelineModel, model_error
 from omniduplex.app.surfaces.livekit.remote_items import RemoteConversation
 from omniduplex.app.surfaces.livekit.remote_link import RealtimeLink, RetryPolicy
 from omniduplex.app.surfaces.wire.realtime import server_events as se
@@ -80,31 +79,19 @@ class RemoteOptions:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
-class RemoteRealtimeModel(llm.RealtimeModel):
+class RemoteRealtimeModel(PipelineModel):
     """An omniduplex server as a LiveKit realtime model (capabilities:
     :func:`~.generation.pipeline_capabilities`)."""
 
     def __init__(self, options: RemoteOptions) -> None:
-        super().__init__(capabilities=pipeline_capabilities(options.user_transcription))
+        super().__init__(options.user_transcription)
         self.options = options
-        self.sessions: weakref.WeakSet[RemoteRealtimeSession] = weakref.WeakSet()
-
-    @property
-    def model(self) -> str:
-        return "omniduplex"
-
-    @property
-    def provider(self) -> str:
-        return "omniduplex"
 
     def session(self, *, turn_detection_disabled: bool = False) -> RemoteRealtimeSession:
         """A new session on its own connection. ``turn_detection_disabled`` is not supported and ignored."""
         s = RemoteRealtimeSession(self)
         self.sessions.add(s)
         return s
-
-    async def aclose(self) -> None:
-        await asyncio.gather(*(s.aclose() for s in list(self.sessions)))
 
 
 class RemoteRealtimeSession(llm.RealtimeSession):

@@ -1,4 +1,4 @@
-"""HTTP and WebSocket routes of the Twilio-compatible phone bridge (``app.include_router(router)``).
+"""HTTP and WebSocket routes of the Twilio-compatible phone bridge (:func:`router`).
 
 Routes:
     ``POST /phone/twilio/voice``   the incoming-call webhook: TwiML that connects the call to the stream
@@ -30,13 +30,13 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import PlainTextResponse, Response
 from starlette.websockets import WebSocketDisconnect
 
-from omniduplex.app.host.admission import CallsFull, admit, new_call_id, release
+from omniduplex.app.host.admission import Refused, new_call_id
 from omniduplex.app.host.readiness import CLOSE_TRY_AGAIN_LATER, RETRY_AFTER_S, close_reason, unready_reason
+from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.phone.config import TwilioConfig
 from omniduplex.app.surfaces.phone.twilio import TwilioBridge
 
 log = logging.getLogger("omniduplex.phone.routes")
-router = APIRouter(prefix="/phone", tags=["phone"])
 STREAM_PATH = "/phone/twilio/stream"
 
 
@@ -87,31 +87,6 @@ def connect_stream_twiml(stream_url: str, parameters: dict[str, str] | None = No
     return f'<?xml version="1.0" encoding="UTF-8"?><Response><Connect>{stream}</Connect></Response>'
 
 
-@router.post("/twilio/voice")
-async def twilio_voice(request: Request) -> Response:
-    """Answer Twilio's incoming-call webhook with TwiML connecting the call to our media stream."""
-    cfg: TwilioConfig = request.app.state.server.cfg.twilio
-    body = (await request.body()).decode("utf-8", "replace")
-    params = parse_qsl(body, keep_blank_values=True)
-    bases = _base_urls(cfg, request.headers, request.url.scheme)
-    if cfg.auth_token:
-        urls = [b + _with_query(request.url.path, request.url.query) for b in bases]
-        if not signature_ok(cfg.auth_token, request.headers.get("x-twilio-signature"), urls, params):
-            log.warning("twilio webhook from %s: bad or missing X-Twilio-Signature", request.client)
-            return PlainTextResponse("invalid X-Twilio-Signature", status_code=403)
-    reason = unready_reason(request.app.state.server)
-    if reason is not None:
-        log.warning("twilio call refused (503): %s", reason)
-        return PlainTextResponse(reason, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
-    form = dict(params)
-    stream_url = _ws_scheme(bases[0]) + STREAM_PATH
-    if not cfg.public_url and not stream_url.startswith("wss://"):
-        stream_url = "wss://" + stream_url.split("://", 1)[1]  # Twilio connects over TLS only
-    extra = {k: form[k] for k in ("From", "To", "CallSid") if k in form}
-    log.info("twilio call %s from %s: streaming to %s", form.get("CallSid"), form.get("From"), stream_url)
-    return Response(connect_stream_twiml(stream_url, extra), media_type="application/xml")
-
-
 class TwilioCall:
     """A media-stream WebSocket and its :class:`TwilioBridge`; closing it hangs up the stream."""
 
@@ -127,11 +102,31 @@ class TwilioCall:
                 await self.ws.close()
 
 
-@router.websocket("/twilio/stream")
-async def twilio_stream(ws: WebSocket) -> None:
+async def twilio_voice(host: ServerState, cfg: TwilioConfig, request: Request) -> Response:
+    """Answer Twilio's incoming-call webhook with TwiML connecting the call to our media stream."""
+    body = (await request.body()).decode("utf-8", "replace")
+    params = parse_qsl(body, keep_blank_values=True)
+    bases = _base_urls(cfg, request.headers, request.url.scheme)
+    if cfg.auth_token:
+        urls = [b + _with_query(request.url.path, request.url.query) for b in bases]
+        if not signature_ok(cfg.auth_token, request.headers.get("x-twilio-signature"), urls, params):
+            log.warning("twilio webhook from %s: bad or missing X-Twilio-Signature", request.client)
+            return PlainTextResponse("invalid X-Twilio-Signature", status_code=403)
+    reason = unready_reason(host)
+    if reason is not None:
+        log.warning("twilio call refused (503): %s", reason)
+        return PlainTextResponse(reason, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+    form = dict(params)
+    stream_url = _ws_scheme(bases[0]) + STREAM_PATH
+    if not cfg.public_url and not stream_url.startswith("wss://"):
+        stream_url = "wss://" + stream_url.split("://", 1)[1]  # Twilio connects over TLS only
+    extra = {k: form[k] for k in ("From", "To", "CallSid") if k in form}
+    log.info("twilio call %s from %s: streaming to %s", form.get("CallSid"), form.get("From"), stream_url)
+    return Response(connect_stream_twiml(stream_url, extra), media_type="application/xml")
+
+
+async def twilio_stream(host: ServerState, cfg: TwilioConfig, ws: WebSocket) -> None:
     """One Twilio media stream: runs until ``stop``, disconnect, media timeout or server shutdown."""
-    state = ws.app.state.server
-    cfg: TwilioConfig = state.cfg.twilio
     if not cfg.auth_token:
         log.warning("twilio stream accepted without a signature check: set TWILIO_AUTH_TOKEN")
     else:
@@ -142,7 +137,7 @@ async def twilio_stream(ws: WebSocket) -> None:
             await ws.close(code=1008)  # before accept: the handshake is refused with 403
             return
     await ws.accept()
-    reason = unready_reason(state)
+    reason = unready_reason(host)
     if reason is not None:  # before a Session exists: it would have no pipeline to run on
         log.warning("twilio stream refused: %s", reason)
         with contextlib.suppress(Exception):
@@ -150,17 +145,17 @@ async def twilio_stream(ws: WebSocket) -> None:
         return
     bridge = TwilioBridge(
         new_call_id("tw"),
-        state.responder,
-        replace(state.cfg.session),
+        host.responder,
+        replace(host.cfg.session),
         ws.send_text,
         cfg.lead_ms,
         cfg.mark_ms,
-        turn_model=getattr(state, "turn_model", None),
+        turn_model=host.turn_model,
     )
     call = TwilioCall(ws, bridge)
     try:
-        admit(state, call)
-    except CallsFull as e:
+        host.admit(call)
+    except Refused as e:
         log.warning("twilio stream refused: %s", e)
         await bridge.close("server full")
         await ws.close(code=CLOSE_TRY_AGAIN_LATER, reason=close_reason(str(e)))
@@ -182,4 +177,19 @@ async def twilio_stream(ws: WebSocket) -> None:
         try:
             await call.close(reason)
         finally:
-            release(state, call)
+            host.release(call)
+
+
+def router(host: ServerState, cfg: TwilioConfig) -> APIRouter:
+    """The Twilio routes (``/phone/twilio/voice``, ``/phone/twilio/stream``) over ``host``."""
+    r = APIRouter(prefix="/phone", tags=["phone"])
+
+    @r.post("/twilio/voice")
+    async def voice(request: Request) -> Response:
+        return await twilio_voice(host, cfg, request)
+
+    @r.websocket("/twilio/stream")
+    async def stream(ws: WebSocket) -> None:
+        await twilio_stream(host, cfg, ws)
+
+    return r

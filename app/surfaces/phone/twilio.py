@@ -46,6 +46,7 @@ from omniduplex.app.core.audio import AudioPort
 from omniduplex.app.core.events import BargeIn, SessionEvent
 from omniduplex.app.core.replies import Responder
 from omniduplex.app.core.session import Session, SessionConfig
+from omniduplex.app.core.tasks import Tasks
 from omniduplex.app.surfaces.wire.g711 import TELEPHONE_RATE, ulaw_decode, ulaw_encode
 
 log = logging.getLogger("omniduplex.phone.twilio")
@@ -219,7 +220,7 @@ class TwilioBridge:
         self.heard: dict[str, int] = {}  # ... up to the last mark echoed (what the caller heard)
         self.barge_in_at: float | None = None
         self.clear_ms: list[float] = []  # BargeIn event → clear handed to the socket (ms)
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks = Tasks(call_id)
         self.closed = False
 
     # -- Twilio → session --------------------------------------------------------------------------
@@ -349,16 +350,9 @@ class TwilioBridge:
         if self.closed:
             return
         self.closed = True
-        current = asyncio.current_task()
-        for t in list(self.tasks):
-            if t is not current:
-                t.cancel()
-        await asyncio.gather(*(t for t in self.tasks if t is not current), return_exceptions=True)
+        await self.tasks.cancel()
         await self.session.close(reason)
         log.info("%s: closed (%s); %d bad messages", self.id, reason, self.errors)
 
     def _spawn(self, coro, name: str) -> asyncio.Task:
-        t = asyncio.get_running_loop().create_task(coro, name=f"{self.id}-{name}")
-        self.tasks.add(t)
-        t.add_done_callback(self.tasks.discard)
-        return t
+        return self.tasks.spawn(coro, name)

@@ -1,11 +1,14 @@
 """One Realtime API connection: a WebSocket's client events drive a
-:class:`~omniduplex.app.core.session.Session`,
-and the session's events become the GA server events (wire shapes in :mod:`.events_server`, parsing in
-:mod:`.protocol`). No turn-taking lives here: VAD, end of turn, barge-in and history are the session's.
+:class:`~omniduplex.app.core.session.Session`, and the session's events become the GA server events (wire
+shapes in :mod:`omniduplex.app.surfaces.wire.realtime`). No turn-taking lives here: VAD, end of turn,
+barge-in and history are the session's. The connection is the loop and the dispatch; its items are
+:mod:`.items`' store, its responses :mod:`.responses`' lifecycle, its manual-commit audio the core's
+:class:`~omniduplex.app.core.input_buffer.InputAudioBuffer`.
 
 Mapping (client → session): ``input_audio_buffer.append`` → 20 ms frames at 16 kHz into
 :meth:`Session.push_audio` (server VAD), or into the connection's buffer when ``turn_detection`` is null;
-``input_audio_buffer.commit`` → :meth:`Session.commit_audio`; ``conversation.item.create`` →
+``input_audio_buffer.commit`` → :meth:`Session.commit_audio`; ``session.update`` → the session's turn
+config and :meth:`Session.set_options`; ``conversation.item.create`` →
 :meth:`Session.add_user_text` / :meth:`Session.commit_audio` (user audio) / the history (assistant text);
 ``response.create`` → :meth:`Session.respond` (``instructions`` add to the system prompt for that reply,
 ``metadata`` is echoed); ``response.cancel`` → :meth:`Session.cancel_reply`; ``conversation.item.truncate``
@@ -23,10 +26,10 @@ item itself is added at commit); ``UserTranscriptEvent`` →
 ``completed``, ``cancelled`` (``turn_detected`` on barge-in, ``client_cancelled``) or ``failed``.
 
 Audio goes through the connection's :class:`~omniduplex.app.core.audio.AudioPort`: appends are decoded and
-handed
-to it (16 kHz session frames); reply audio leaves at real-time pace, one 20 ms frame per tick of its clock:
-what was sent is what the client can have played, so a barge-in stops the deltas at once and the history keeps
-what was heard; the client's ``conversation.item.truncate`` corrects it to what it really played.
+handed to it (16 kHz session frames); reply audio leaves at real-time pace, one 20 ms frame per tick of its
+clock: what was sent is what the client can have played, so a barge-in stops the deltas at once and the
+history keeps what was heard; the client's ``conversation.item.truncate`` corrects it to what it really
+played.
 """
 
 from __future__ import annotations
@@ -35,12 +38,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from fastapi import WebSocket, WebSocketDisconnect
 
-from omniduplex.app.core.audio import AudioPort, StreamResampler, to_float32
+from omniduplex.app.core.audio import AudioPort, StreamResampler
 from omniduplex.app.core.events import (
     BargeIn,
     ReplyEnded,
@@ -53,11 +56,13 @@ from omniduplex.app.core.events import (
     UserTranscriptPartial,
     UserTurnCommitted,
 )
-from omniduplex.app.core.history import Entry
+from omniduplex.app.core.input_buffer import InputAudioBuffer
 from omniduplex.app.core.replies import Responder
 from omniduplex.app.core.session import Session, SessionConfig
-from omniduplex.app.core.vad import SAMPLE_RATE, TurnConfig
-from omniduplex.app.host.heap import release_free_memory
+from omniduplex.app.core.vad import SAMPLE_RATE
+from omniduplex.app.surfaces.realtime.items import ConversationItems, StoredItem
+from omniduplex.app.surfaces.realtime.responses import OUTPUT_RATE, ResponseLifecycle
+from omniduplex.app.surfaces.realtime.settings import session_options, turn_config
 from omniduplex.app.surfaces.wire.realtime import server_events as ev
 from omniduplex.app.surfaces.wire.realtime.audio import (
     FORMAT_RATE,
@@ -77,8 +82,6 @@ from omniduplex.app.surfaces.wire.realtime.client_events import (
     OutputAudioBufferClear,
     ResponseCancel,
     ResponseCreate,
-    SemanticVad,
-    ServerVad,
     SessionUpdate,
     SystemMessage,
     UserMessage,
@@ -89,9 +92,6 @@ from omniduplex.app.surfaces.wire.realtime.protocol import ProtocolError, parse_
 
 log = logging.getLogger("omniduplex.realtime")
 
-OUTPUT_RATE = 24_000
-"""The session's output rate for realtime clients (Hz): ``audio/pcm`` is 24 kHz (GA reference)."""
-
 
 @dataclass
 class RealtimeLimits:
@@ -100,20 +100,6 @@ class RealtimeLimits:
 
     max_append_bytes: int = 1 << 20
     max_buffer_s: float = 60.0
-
-
-@dataclass
-class _Response:
-    """The response in flight, mapped to the session's reply ``turn_id``."""
-
-    response_id: str
-    item_id: str
-    turn_id: str
-    metadata: dict
-    modality: str
-    transcript: list[str] = field(default_factory=list)
-    audio_ms: float = 0.0
-    cancel_reason: str = "turn_detected"
 
 
 class RealtimeConnection:
@@ -141,17 +127,13 @@ class RealtimeConnection:
         self.outbox: asyncio.Queue[dict | None] = asyncio.Queue()
         self.cfg = RealtimeConfig(id=session_id)
         self.base_turn = base.turn
-        scfg = replace(base, output_rate=OUTPUT_RATE, turn=self._turn_config(self.cfg))
+        scfg = replace(base, output_rate=OUTPUT_RATE, turn=turn_config(self.cfg, base.turn))
         self.session = Session(session_id, responder, self._on_event, scfg)
         self.port = AudioPort(self.session, self._input_rate)
-        self.out = OutputConverter(self.cfg.audio.output.format)
-        self.buffer: list[np.ndarray] = []  # audio since the last commit (16 kHz int16)
-        self.buffered = 0
+        self.buffer = InputAudioBuffer(self.limits.max_buffer_s)  # audio since the last commit
         self.speech_item: str | None = None  # the user item the open speech segment will become
-        self.items: dict[str, tuple[str, str]] = {}  # item id → (turn id, role)
-        self.typed: dict[str, Entry] = {}  # item id → history entry of a typed message
-        self.last_item: str | None = None
-        self.response: _Response | None = None
+        self.items = ConversationItems()
+        self.responses = ResponseLifecycle(self._send, "conv_" + session_id, self.items, lambda: self.cfg)
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -175,7 +157,6 @@ class RealtimeConnection:
             self.outbox.put_nowait(None)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer, timeout=2.0)
-            release_free_memory()
             writer.cancel()
 
     async def _writer(self) -> None:
@@ -203,15 +184,7 @@ class RealtimeConnection:
     def _pull(self, due: float) -> None:
         """One tick of the port's clock: one 20 ms frame of reply audio as one delta (the pull's events,
         held back by the session, follow it)."""
-        self.port.pull(None, self._send_audio)
-
-    def _send_audio(self, pcm: np.ndarray, filled: int) -> None:
-        r = self.response
-        if filled and r is not None and r.modality == "audio":
-            data = self.out.push(pcm[:filled])
-            r.audio_ms += 1000.0 * filled / OUTPUT_RATE
-            if data:
-                self._send(ev.response_output_audio_delta(r.response_id, r.item_id, data))
+        self.port.pull(None, self.responses.audio)
 
     # -- client events ---------------------------------------------------------------------------------
     def handle(self, raw: str | bytes) -> None:
@@ -227,38 +200,13 @@ class RealtimeConnection:
 
     def _session_update(self, e: SessionUpdate) -> None:
         cfg = apply_session_update(self.cfg, e.session)
-        turn = self._turn_config(cfg)
-        model = None
-        if turn.turn_detection == "smart":
-            model = self.turn_model()
-        self.session.set_turn_config(turn, model)
-        td = cfg.audio.input.turn_detection
-        self.session.cfg.vad_commit = td is not None
-        self.session.cfg.auto_respond = td is None or td.create_response
-        self.session.cfg.instructions = cfg.instructions or None
-        self.session.cfg.voice = cfg.audio.output.voice
+        turn = turn_config(cfg, self.base_turn)
+        self.session.set_turn_config(turn, self.turn_model() if turn.turn_detection == "smart" else None)
+        self.session.set_options(**session_options(cfg))
         if cfg.audio.output.format != self.cfg.audio.output.format:
-            self.out = OutputConverter(cfg.audio.output.format)
+            self.responses.out = OutputConverter(cfg.audio.output.format)
         self.cfg = cfg
         self._send(ev.session_updated(cfg))
-
-    def _turn_config(self, cfg: RealtimeConfig) -> TurnConfig:
-        """Server VAD → the silence endpoint; semantic VAD → Smart Turn. ``interrupt_response`` (default)
-        makes any speech that opens a segment during a reply a barge-in, as the API does."""
-        td, b = cfg.audio.input.turn_detection, self.base_turn
-        if isinstance(td, ServerVad):
-            return replace(
-                b,
-                turn_detection="silence",
-                endpoint_ms=max(100, td.silence_duration_ms),
-                preroll_ms=td.prefix_padding_ms,
-                barge_in_ms=b.start_ms if td.interrupt_response else 10**9,
-            )
-        if isinstance(td, SemanticVad):
-            return replace(
-                b, turn_detection="smart", barge_in_ms=b.start_ms if td.interrupt_response else 10**9
-            )
-        return replace(b, turn_detection="silence", barge_in_ms=10**9)
 
     def _append(self, e: InputAudioBufferAppend) -> None:
         wire = decode_payload(e.audio, self.cfg.audio.input.format, e.event_id)
@@ -272,52 +220,46 @@ class RealtimeConnection:
                 "audio",
             )
         vad = self.cfg.audio.input.turn_detection is not None
-        limit = self.limits.max_buffer_s * SAMPLE_RATE
-        if self.buffered + pcm.size > limit and not vad:
+        if not vad and not self.buffer.fits(pcm.size):
             raise ProtocolError(
                 "input_audio_buffer_too_large",
                 f"the input audio buffer holds over {self.limits.max_buffer_s:.0f} s; commit or clear it",
                 e.event_id,
             )
-        while self.buffer and self.buffered + pcm.size > limit:  # server VAD: a long silence between
-            self.buffered -= self.buffer.pop(0).size  # turns drops the oldest audio, never the new
-        self.buffer.append(pcm)
-        self.buffered += pcm.size
+        self.buffer.append(pcm)  # server VAD: a long silence between turns drops the oldest audio
         if vad:
             self.port.feed(pcm)
 
     def _commit(self, e: InputAudioBufferCommit) -> None:
-        wav = to_float32(np.concatenate(self.buffer)) if self.buffer else np.zeros(0, np.float32)
-        if wav.size < SAMPLE_RATE // 10:
+        held_ms = self.buffer.ms
+        wav = self.buffer.take()
+        if wav is None:
             raise ProtocolError(
                 "input_audio_buffer_commit_empty",
-                f"buffer too small: need 100 ms of audio or more, got {1000 * wav.size // SAMPLE_RATE} ms",
+                f"buffer too small: need 100 ms of audio or more, got {held_ms} ms",
                 e.event_id,
             )
-        self._clear_buffer()
         self.session.commit_audio(wav, respond=False)
 
     def _clear(self, e: InputAudioBufferClear) -> None:
-        self._clear_buffer()
+        self.buffer.clear()
         self._send(ev.input_audio_buffer_cleared())
-
-    def _clear_buffer(self) -> None:
-        self.buffer, self.buffered = [], 0
 
     def _item_create(self, e: ConversationItemCreate) -> None:
         item, item_id = e.item, e.item.id or ev.new_id("item")
-        if item_id in self.items or item_id in self.typed:
+        if item_id in self.items:
             raise ProtocolError("invalid_value", f"item {item_id} already exists", e.event_id, "item.id")
         if isinstance(item, SystemMessage):
             text = " ".join(c.text for c in item.content if getattr(c, "text", None))
-            self.session.cfg.instructions = "\n".join(x for x in (self.session.cfg.instructions, text) if x)
+            instructions = "\n".join(x for x in (self.session.cfg.instructions, text) if x)
+            self.session.set_options(instructions=instructions)
         elif isinstance(item, AssistantMessage):
             texts = [c.text for c in item.content if getattr(c, "text", None)]  # else audio transcripts
             texts = texts or [c.transcript for c in item.content if getattr(c, "transcript", None)]
             text = " ".join(texts)
             entry = self.session.add_message("assistant", text)
             if entry is not None:
-                self.typed[item_id] = entry
+                self.items.put(item_id, StoredItem(None, "assistant", entry=entry))
         elif isinstance(item, UserMessage):
             audio = [c for c in item.content if c.type == "input_audio" and c.audio]
             if audio:
@@ -326,13 +268,13 @@ class RealtimeConnection:
                     [StreamResampler(rate, SAMPLE_RATE).process(decode_payload(c.audio, fmt)) for c in audio]
                 )
                 turn_id = self._commit_audio_item(wav, item_id)
-                self.items[item_id] = (turn_id, "user")
+                self.items.put(item_id, StoredItem(turn_id, "user"))
                 return  # its item events come with the commit
             text = " ".join(c.text for c in item.content if c.type == "input_text" and c.text)
             entry = self.session.add_user_text(text)
             if entry is not None:
-                self.typed[item_id] = entry
-        prev, self.last_item = self.last_item, item_id
+                self.items.put(item_id, StoredItem(None, "user", entry=entry))
+        prev = self.items.append(item_id)
         done = ev.client_item(item, item_id)
         self._send(ev.conversation_item_added(done, prev))
         self._send(ev.conversation_item_done(done, prev))
@@ -342,22 +284,24 @@ class RealtimeConnection:
         return self.session.commit_audio(wav, respond=False)
 
     def _item_delete(self, e: ConversationItemDelete) -> None:
-        if e.item_id in self.typed:
-            self.session.remove_entry(self.typed.pop(e.item_id))
-        elif e.item_id in self.items:
-            self.session.forget(*self.items.pop(e.item_id))
-        else:
+        item = self.items.pop(e.item_id)
+        if item is None:
             raise ProtocolError("invalid_value", f"no item {e.item_id!r}", e.event_id, "item_id")
+        if item.entry is not None:
+            self.session.remove_entry(item.entry)
+        else:
+            self.session.forget(item.turn_id, item.role)
         self._send(ev.conversation_item_deleted(e.item_id))
 
     def _item_truncate(self, e: ConversationItemTruncate) -> None:
-        turn = self.items.get(e.item_id)
-        if turn is None or turn[1] != "assistant":
+        item = self.items.get(e.item_id)
+        if item is None or item.turn_id is None or item.role != "assistant":
             raise ProtocolError("invalid_value", f"no assistant item {e.item_id!r}", e.event_id, "item_id")
-        if self.response is not None and self.response.turn_id == turn[0]:
-            self.response.cancel_reason = "client_cancelled"  # truncating the playing reply stops it
+        playing = self.responses.of(item.turn_id)
+        if playing is not None:
+            playing.cancel_reason = "client_cancelled"  # truncating the playing reply stops it
         try:  # the session stops the reply if it still plays, then keeps what was played, in any order
-            kept = self.session.truncate(turn[0], e.audio_end_ms)
+            kept = self.session.truncate(item.turn_id, e.audio_end_ms)
         except ValueError as err:
             raise ProtocolError("invalid_value", str(err), e.event_id, "audio_end_ms") from err
         if kept is None:
@@ -365,23 +309,23 @@ class RealtimeConnection:
         self._send(ev.conversation_item_truncated(e.item_id, e.content_index, e.audio_end_ms))
 
     def _item_retrieve(self, e: ConversationItemRetrieve) -> None:
-        entry = self.typed.get(e.item_id)
-        if entry is None and e.item_id in self.items:
-            entry = self.session.entry(*self.items[e.item_id])
+        item = self.items.get(e.item_id)
+        entry = None if item is None else item.entry or self.session.entry(item.turn_id, item.role)
         if entry is None:
             raise ProtocolError("invalid_value", f"no item {e.item_id!r}", e.event_id, "item_id")
         part = ev.input_text(entry.text) if entry.role == "user" else ev.output_audio(entry.text)
         self._send(ev.conversation_item_retrieved(ev.message_item(e.item_id, entry.role, [part])))
 
     def _response_create(self, e: ResponseCreate) -> None:
-        if self.response is not None:
+        if self.responses.current is not None:
             raise ProtocolError(
                 "conversation_already_has_active_response",
-                f"response {self.response.response_id} is in progress; cancel it or wait for response.done",
+                f"response {self.responses.current.response_id} is in progress; cancel it or wait for "
+                "response.done",
                 e.event_id,
             )
         p = e.response
-        self._next_modality = (
+        self.responses.next_modality = (
             p.output_modalities if p and p.output_modalities else self.cfg.output_modalities
         )[0]
         metadata = dict(p.metadata or {}) if p else {}
@@ -389,17 +333,18 @@ class RealtimeConnection:
             raise ProtocolError("server_error", "the response could not start", e.event_id)
 
     def _response_cancel(self, e: ResponseCancel) -> None:
-        r = self.response
+        r = self.responses.current
         if r is None or (e.response_id and e.response_id != r.response_id):
             raise ProtocolError("response_cancel_not_active", "no active response to cancel", e.event_id)
         r.cancel_reason = "client_cancelled"
         self.session.cancel_reply()
 
     def _output_clear(self, e: OutputAudioBufferClear) -> None:
-        if self.response is not None:
-            self.response.cancel_reason = "client_cancelled"
+        r = self.responses.current
+        if r is not None:
+            r.cancel_reason = "client_cancelled"
             self.session.cancel_reply()
-            self._send(ev.output_audio_buffer_cleared(self.response.response_id))
+            self._send(ev.output_audio_buffer_cleared(r.response_id))
 
     _handlers = {
         SessionUpdate: _session_update,
@@ -414,7 +359,6 @@ class RealtimeConnection:
         ResponseCancel: _response_cancel,
         OutputAudioBufferClear: _output_clear,
     }
-    _next_modality: str | None = None
 
     # -- session events --------------------------------------------------------------------------------
     def _on_event(self, e: SessionEvent) -> None:
@@ -427,108 +371,27 @@ class RealtimeConnection:
             self.speech_item = None
             if vad and e.speech_end_at_ms:
                 self._send(ev.input_audio_buffer_speech_stopped(int(e.speech_end_at_ms), item_id))
-                self._clear_buffer()
-            self.items[item_id] = (e.turn_id, "user")
-            prev, self.last_item = self.last_item, item_id
+                self.buffer.clear()
+            prev = self.items.append(item_id, StoredItem(e.turn_id, "user"))
             self._send(ev.input_audio_buffer_committed(item_id, prev))
             item = ev.message_item(item_id, "user", [ev.input_audio(None)])
             self._send(ev.conversation_item_added(item, prev))
             self._send(ev.conversation_item_done(item, prev))
         elif isinstance(e, UserTranscriptPartial):
-            item_id = self._item_of(e.turn_id, "user") or self.speech_item
+            item_id = self.items.of_turn(e.turn_id, "user") or self.speech_item
             if e.delta and item_id is not None and self.cfg.audio.input.transcription is not None:
                 self._send(ev.conversation_item_input_audio_transcription_delta(item_id, e.delta))
         elif isinstance(e, UserTranscriptEvent):
-            item_id = self._item_of(e.turn_id, "user")
+            item_id = self.items.of_turn(e.turn_id, "user")
             if item_id is not None and self.cfg.audio.input.transcription is not None:
                 self._send(ev.conversation_item_input_audio_transcription_completed(item_id, e.text))
         elif isinstance(e, ReplyStarted):
-            self._start_response(e)
-        elif isinstance(e, ReplyText) and self.response is not None and self.response.turn_id == e.turn_id:
-            self._text_delta(e.text)
-        elif isinstance(e, BargeIn) and self.response is not None:
-            self._clear_buffer()
-        elif isinstance(e, ReplyEnded) and self.response is not None and self.response.turn_id == e.turn_id:
-            self._finish_response(e)
+            self.responses.start(e)
+        elif isinstance(e, ReplyText) and self.responses.of(e.turn_id) is not None:
+            self.responses.text(e.text)
+        elif isinstance(e, BargeIn) and self.responses.current is not None:
+            self.buffer.clear()
+        elif isinstance(e, ReplyEnded) and self.responses.of(e.turn_id) is not None:
+            self.responses.finish(e)
         elif isinstance(e, SessionError):
             self._send(ev.error(e.message, code="server_error", type="server_error"))
-
-    def _item_of(self, turn_id: str, role: str) -> str | None:
-        return next((i for i, t in self.items.items() if t == (turn_id, role)), None)
-
-    def _start_response(self, e: ReplyStarted) -> None:
-        modality, self._next_modality = self._next_modality or self.cfg.output_modalities[0], None
-        r = self.response = _Response(ev.new_id("resp"), ev.new_id("item"), e.turn_id, e.metadata, modality)
-        self.items[r.item_id] = (e.turn_id, "assistant")
-        self.out = OutputConverter(self.cfg.audio.output.format)
-        fmt = self.cfg.audio.output.format.model_dump(mode="json")
-        resp = ev.response_object(
-            r.response_id,
-            conversation_id="conv_" + self.session.id,
-            output_modalities=[modality],
-            metadata=r.metadata or None,
-            voice=self.cfg.audio.output.voice,
-            output_format=fmt,
-        )
-        self._send(ev.response_created(resp))
-        item = ev.message_item(r.item_id, "assistant", [], "in_progress")
-        self._send(ev.response_output_item_added(r.response_id, item))
-        prev, self.last_item = self.last_item, r.item_id
-        self._send(ev.conversation_item_added(item, prev))
-        part = ev.audio_part() if modality == "audio" else ev.text_part()
-        self._send(ev.response_content_part_added(r.response_id, r.item_id, part))
-
-    def _text_delta(self, text: str) -> None:
-        r = self.response
-        r.transcript.append(text)
-        if r.modality == "audio":
-            self._send(ev.response_output_audio_transcript_delta(r.response_id, r.item_id, text))
-        else:
-            self._send(ev.response_output_text_delta(r.response_id, r.item_id, text))
-
-    def _finish_response(self, e: ReplyEnded) -> None:
-        r, self.response = self.response, None
-        if e.reason == "completed":
-            status, details, text = "completed", None, e.text
-        elif e.reason == "error":
-            status, text = "failed", e.kept_text
-            details = ev.status_details(
-                "failed", error={"type": "server_error", "code": "pipeline_error", "message": e.error}
-            )
-        else:
-            status, text = "cancelled", e.kept_text
-            details = ev.status_details("cancelled", r.cancel_reason)
-        rid, iid = r.response_id, r.item_id
-        if r.modality == "audio":
-            tail = self.out.flush()
-            if tail and status == "completed":
-                self._send(ev.response_output_audio_delta(rid, iid, tail))
-            self._send(ev.response_output_audio_done(rid, iid))
-            self._send(ev.response_output_audio_transcript_done(rid, iid, text))
-            part, content = ev.audio_part(text), [ev.output_audio(text)]
-        else:
-            self._send(ev.response_output_text_done(rid, iid, text))
-            part, content = ev.text_part(text), [ev.output_text(text)]
-        self._send(ev.response_content_part_done(rid, iid, part))
-        item = ev.message_item(
-            iid, "assistant", content, "completed" if status == "completed" else "incomplete"
-        )
-        self._send(ev.response_output_item_done(rid, item))
-        self._send(ev.conversation_item_done(item, None))
-        usage = ev.usage_object(
-            output_text_tokens=len(r.transcript), output_audio_tokens=round(r.audio_ms / 50.0)
-        )
-        fmt = self.cfg.audio.output.format.model_dump(mode="json")
-        resp = ev.response_object(
-            rid,
-            status=status,
-            status_details=details,
-            output=[item],
-            conversation_id="conv_" + self.session.id,
-            output_modalities=[r.modality],
-            metadata=r.metadata or None,
-            usage=usage,
-            voice=self.cfg.audio.output.voice,
-            output_format=fmt,
-        )
-        self._send(ev.response_done(resp))

@@ -20,21 +20,25 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from omniduplex.app.core.audio import AudioPort
 from omniduplex.app.core.events import SessionEvent
 from omniduplex.app.core.session import Session, SessionConfig
+from omniduplex.app.core.tasks import Tasks
 from omniduplex.app.surfaces.phone.sip import message as sipmsg
 from omniduplex.app.surfaces.phone.sip.rtp import JitterBuffer, RtpEndpoint, RtpPacket, parse_dtmf
 from omniduplex.app.surfaces.phone.sip.sdp import Negotiated
 from omniduplex.app.surfaces.wire.g711 import CODECS, TELEPHONE_RATE
 
 if TYPE_CHECKING:
+    from omniduplex.app.core.replies import Responder
+    from omniduplex.app.core.turn_detection import TurnModel
+    from omniduplex.app.surfaces.phone.config import SipConfig
+    from omniduplex.app.surfaces.phone.sip.rtp import PortPool
     from omniduplex.app.surfaces.phone.sip.transport import Peer
-    from omniduplex.app.surfaces.phone.sip.uas import SipServer
 
 log = logging.getLogger("omniduplex.phone.sip.call")
 T1 = 0.5
@@ -42,18 +46,39 @@ T1 = 0.5
 T2 = 4.0
 
 
+class CallServer(Protocol):
+    """What a call needs of the UAS that answered it (:class:`~.uas.SipServer`)."""
+
+    cfg: SipConfig
+    ports: PortPool
+    """The RTP port pool: a call takes one port and gives it back when it ends."""
+
+    @property
+    def responder(self) -> Responder: ...
+
+    @property
+    def turn_model(self) -> TurnModel | None:
+        """The shared end-of-turn model (``turn_detection="smart"``)."""
+
+    def advertised(self, peer: Peer) -> str:
+        """``host:port[;transport=tcp]`` for our Via."""
+
+    def forget(self, call: SipCall) -> None:
+        """The call has ended: free its Call-ID and session slot."""
+
+
 class SipCall:
     """A confirmed or ringing dialog with its media. Created by the UAS for an acceptable INVITE.
 
     Args:
-        server: the :class:`SipServer` (sends our requests, frees our slot, owns the RTP port pool).
+        server: the UAS (:class:`CallServer`: frees our slot, owns the RTP port pool).
         call_id: the dialog's Call-ID; ``invite``: the initial INVITE; ``peer``: where it came from.
         neg: the negotiated audio stream; ``session_cfg``: copied, ``output_rate`` set to 8000 Hz.
     """
 
     def __init__(
         self,
-        server: SipServer,
+        server: CallServer,
         sid: str,
         invite: sipmsg.SipMessage,
         peer: Peer,
@@ -73,8 +98,9 @@ class SipCall:
         self.acked = asyncio.Event()
         self.bye_answered = asyncio.Event()
         cfg = replace(session_cfg, output_rate=TELEPHONE_RATE)
-        turn_model = getattr(server.state, "turn_model", None)  # shared end-of-turn model ("smart")
-        self.session = Session(sid, server.responder, self._on_event, cfg, clock=clock, turn_model=turn_model)
+        self.session = Session(
+            sid, server.responder, self._on_event, cfg, clock=clock, turn_model=server.turn_model
+        )
         self.jitter = JitterBuffer()
         self.audio = AudioPort(self.session, TELEPHONE_RATE, clock=clock)
         self.silence_in = np.zeros(self.audio.out_frame, np.int16)  # a frame the jitter buffer lacks
@@ -83,7 +109,7 @@ class SipCall:
         self.digits: list[str] = []
         self._last_dtmf_ts: int | None = None
         self.t_start = self.last_rtp = clock()
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks = Tasks(sid)
         self.closing = False
         self.done = asyncio.Event()
         self.ended_reason = ""
@@ -193,11 +219,7 @@ class SipCall:
             if send_bye and self.state == "confirmed":
                 await self._send_bye()
             self.state = "ended"
-            current = asyncio.current_task()
-            for t in list(self.tasks):
-                if t is not current:
-                    t.cancel()
-            await asyncio.gather(*(t for t in self.tasks if t is not current), return_exceptions=True)
+            await self.tasks.cancel()
             await self.session.close(reason)
         finally:
             self.rtp.close()
@@ -218,7 +240,4 @@ class SipCall:
             )
 
     def _spawn(self, coro, name: str) -> asyncio.Task:
-        t = asyncio.get_running_loop().create_task(coro, name=f"{self.id}-{name}")
-        self.tasks.add(t)
-        t.add_done_callback(self.tasks.discard)
-        return t
+        return self.tasks.spawn(coro, name)

@@ -30,8 +30,10 @@ import socket
 import time
 from dataclasses import replace
 
-from omniduplex.app.host.admission import CallsFull, admit, new_call_id, release
+from omniduplex.app.core.tasks import Tasks
+from omniduplex.app.host.admission import Refused, new_call_id
 from omniduplex.app.host.readiness import RETRY_AFTER_S, unready_reason
+from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.phone.config import SipConfig
 from omniduplex.app.surfaces.phone.sip import message as sipmsg
 from omniduplex.app.surfaces.phone.sip import sdp
@@ -47,23 +49,28 @@ TRANSACTION_TTL_S = 32.0
 
 
 class SipServer:
-    """The UAS: listens on ``cfg.host:cfg.port`` (UDP and TCP) and runs calls with ``state.responder``."""
+    """The UAS: listens on ``cfg.host:cfg.port`` (UDP and TCP) and runs calls over ``host``'s pipeline, each
+    admitted to its session table."""
 
-    def __init__(self, state, cfg: SipConfig) -> None:
-        self.state, self.cfg = state, cfg
+    def __init__(self, host: ServerState, cfg: SipConfig) -> None:
+        self.host, self.cfg = host, cfg
         self.ports = PortPool(*cfg.rtp_ports)
         self.gate = Gate(cfg.users, cfg.allow, cfg.realm)
         self.calls: dict[str, SipCall] = {}  # by Call-ID
         self.transactions: dict[tuple, tuple[float, bytes]] = {}  # (branch, cseq, method) → (time, response)
         self.awaiting_ack: dict[tuple[str, int], asyncio.Event] = {}  # (Call-ID, CSeq number)
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks = Tasks("sip")
         self.udp: asyncio.DatagramTransport | None = None
         self.tcp: asyncio.base_events.Server | None = None
         self.stats = {"invites": 0, "answered": 0, "rejected": {}, "malformed": 0}
 
     @property
     def responder(self):
-        return self.state.responder
+        return self.host.responder
+
+    @property
+    def turn_model(self):
+        return self.host.turn_model
 
     async def start(self) -> None:
         """Bind UDP and TCP. Raises ``OSError`` when the address is taken."""
@@ -90,9 +97,7 @@ class SipServer:
     async def stop(self) -> None:
         """Hang up every call (BYE), then close the sockets."""
         await asyncio.gather(*(c.close("server shutdown") for c in list(self.calls.values())))
-        for t in list(self.tasks):
-            t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.tasks.cancel()
         if self.udp is not None:
             self.udp.close()
         if self.tcp is not None:
@@ -253,7 +258,7 @@ class SipServer:
             hdrs = [("WWW-Authenticate", verdict.challenge)] if verdict.challenge else []
             self._respond(peer, req, verdict.status, headers=hdrs)
             return
-        reason = unready_reason(self.state)
+        reason = unready_reason(self.host)
         if reason is not None:  # before a call (and its Session) exists
             log.info("INVITE %s from %s refused (503): %s", req.call_id, peer.addr, reason)
             retry = [("Retry-After", str(RETRY_AFTER_S)), ("Warning", _warning(399, reason))]
@@ -274,15 +279,15 @@ class SipServer:
             self._respond(peer, req, e.status, headers=[("Warning", _warning(e.warning, e.reason))])
             return
         try:
-            call = SipCall(self, new_call_id("sip"), req, peer, neg, replace(self.state.cfg.session))
+            call = SipCall(self, new_call_id("sip"), req, peer, neg, replace(self.host.cfg.session))
         except RuntimeError as e:  # no RTP port
             self._respond(peer, req, 503, headers=[("Retry-After", "5"), ("Warning", _warning(399, str(e)))])
             return
         self.calls[req.call_id] = call
         try:
-            admit(self.state, call)
+            self.host.admit(call)
             await call.open_rtp(self.cfg.host)
-        except (CallsFull, OSError) as e:
+        except (Refused, OSError) as e:
             self._respond(peer, req, 503, headers=[("Retry-After", "5"), ("Warning", _warning(399, str(e)))])
             await call.close(str(e), send_bye=False)
             return
@@ -291,18 +296,10 @@ class SipServer:
             await asyncio.sleep(self.cfg.ring_s)
             if call.closing:
                 return  # cancelled while ringing
-        body = sdp.answer(neg, self.media_host(peer), call.port, id(call) & 0xFFFFFFFF, call.sdp_version)
         call.state = "confirmed"
         call.start_media()
         self.stats["answered"] += 1
-        self._respond(
-            peer,
-            req,
-            200,
-            to_tag=call.local_tag,
-            body=body.encode(),
-            headers=[("Contact", f"<sip:omniduplex@{self.advertised(peer)}>"), ("Allow", ALLOW)],
-        )
+        self._answer(peer, req, call, neg, [("Allow", ALLOW)])
         log.info(
             "call %s (%s) answered: %s/%d ↔ %s:%d, %s",
             call.id,
@@ -327,15 +324,13 @@ class SipServer:
             return
         call.apply(neg)
         call.sdp_version += 1
+        self._answer(peer, req, call, neg)
+
+    def _answer(self, peer: Peer, req, call: SipCall, neg: sdp.Negotiated, headers=()) -> None:
+        """200 OK to an (re-)INVITE with our SDP answer for ``neg`` and a Contact (then ``headers``)."""
         body = sdp.answer(neg, self.media_host(peer), call.port, id(call) & 0xFFFFFFFF, call.sdp_version)
-        self._respond(
-            peer,
-            req,
-            200,
-            to_tag=call.local_tag,
-            body=body.encode(),
-            headers=[("Contact", f"<sip:omniduplex@{self.advertised(peer)}>")],
-        )
+        contact = ("Contact", f"<sip:omniduplex@{self.advertised(peer)}>")
+        self._respond(peer, req, 200, to_tag=call.local_tag, body=body.encode(), headers=[contact, *headers])
 
     @staticmethod
     def _negotiate(req) -> sdp.Negotiated:
@@ -372,13 +367,10 @@ class SipServer:
         """Called by a call once it has ended: frees its Call-ID and session slot."""
         if self.calls.get(call.call_id) is call:
             del self.calls[call.call_id]
-        release(self.state, call)
+        self.host.release(call)
 
     def _spawn(self, coro, name: str) -> asyncio.Task:
-        t = asyncio.get_running_loop().create_task(coro, name=f"sip-{name}")
-        self.tasks.add(t)
-        t.add_done_callback(self.tasks.discard)
-        return t
+        return self.tasks.spawn(coro, name)
 
 
 def _warning(code: int, text: str) -> str:
@@ -386,8 +378,8 @@ def _warning(code: int, text: str) -> str:
     return f'{code} omniduplex "{text.replace(chr(34), chr(39))}"'
 
 
-async def start_sip(state, cfg: SipConfig) -> SipServer:
+async def start_sip(host: ServerState, cfg: SipConfig) -> SipServer:
     """Start the UAS for a running server (its responder must exist); ``await stop()`` it at shutdown."""
-    server = SipServer(state, cfg)
+    server = SipServer(host, cfg)
     await server.start()
     return server

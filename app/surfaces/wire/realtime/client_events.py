@@ -219,38 +219,40 @@ def _check_base64(v: str | None) -> str | None:
 Base64Audio = Annotated[str, Field(description="base64 audio bytes in the session's input format")]
 
 
-class InputText(_Model):
-    type: Literal["input_text"]
+class _TextContent(_Model):
+    type: str
     text: str
 
 
-class InputAudio(_Model):
+class _AudioContent(_Model):
+    """Audio, base64 in the session's format, and/or its transcript."""
+
+    type: str
+    audio: Base64Audio | None = None
+    transcript: str | None = None
+
+    @field_validator("audio")
+    @classmethod
+    def base64_audio(cls, v: str | None) -> str | None:
+        return _check_base64(v)
+
+
+class InputText(_TextContent):
+    type: Literal["input_text"]
+
+
+class InputAudio(_AudioContent):
     """User audio, base64 in the session's input format, and/or its transcript."""
 
     type: Literal["input_audio"]
-    audio: Base64Audio | None = None
-    transcript: str | None = None
-
-    @field_validator("audio")
-    @classmethod
-    def base64_audio(cls, v: str | None) -> str | None:
-        return _check_base64(v)
 
 
-class OutputText(_Model):
+class OutputText(_TextContent):
     type: Literal["output_text"]
-    text: str
 
 
-class OutputAudio(_Model):
+class OutputAudio(_AudioContent):
     type: Literal["output_audio"]
-    audio: Base64Audio | None = None
-    transcript: str | None = None
-
-    @field_validator("audio")
-    @classmethod
-    def base64_audio(cls, v: str | None) -> str | None:
-        return _check_base64(v)
 
 
 class _Message(_Model):

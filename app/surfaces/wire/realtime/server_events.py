@@ -176,32 +176,34 @@ class ConversationItemInputAudioTranscriptionDelta(_Event):
     logprobs: list | None = None
 
 
-class ResponseCreated(_Event):
+class _ResponseEvent(_Event):
+    response: Response
+
+
+class ResponseCreated(_ResponseEvent):
     """First event of a response (``in_progress``, no output)."""
 
     type: Literal["response.created"] = "response.created"
-    response: Response
 
 
-class ResponseDone(_Event):
+class ResponseDone(_ResponseEvent):
     """Last event of a response: final ``status``, ``status_details``, ``output`` items and ``usage``."""
 
     type: Literal["response.done"] = "response.done"
-    response: Response
 
 
-class ResponseOutputItemAdded(_Event):
+class _OutputItemEvent(_Event):
+    response_id: str
+    output_index: int = 0
+    item: Item
+
+
+class ResponseOutputItemAdded(_OutputItemEvent):
     type: Literal["response.output_item.added"] = "response.output_item.added"
-    response_id: str
-    output_index: int = 0
-    item: Item
 
 
-class ResponseOutputItemDone(_Event):
+class ResponseOutputItemDone(_OutputItemEvent):
     type: Literal["response.output_item.done"] = "response.output_item.done"
-    response_id: str
-    output_index: int = 0
-    item: Item
 
 
 class _PartEvent(_Event):

@@ -41,28 +41,34 @@ class SessionObject(SessionConfig):
     object: Literal["realtime.session"] = "realtime.session"
 
 
-class InputTextContent(WireModel):
-    type: Literal["input_text"] = "input_text"
+class _TextContent(WireModel):
+    type: str
     text: str
 
 
-class InputAudioContent(WireModel):
+class _TranscriptContent(WireModel):
+    type: str
+    transcript: str | None = None
+
+
+class InputTextContent(_TextContent):
+    type: Literal["input_text"] = "input_text"
+
+
+class InputAudioContent(_TranscriptContent):
     """User audio as items report it: the transcript only (``None`` until transcription completes)."""
 
     type: Literal["input_audio"] = "input_audio"
-    transcript: str | None = None
 
 
-class OutputTextContent(WireModel):
+class OutputTextContent(_TextContent):
     type: Literal["output_text"] = "output_text"
-    text: str
 
 
-class OutputAudioContent(WireModel):
+class OutputAudioContent(_TranscriptContent):
     """Assistant audio as items report it (the audio itself went out as deltas)."""
 
     type: Literal["output_audio"] = "output_audio"
-    transcript: str | None = None
 
 
 ItemContent = Annotated[
