@@ -15,11 +15,9 @@ text↔audio alignment when its chunks carry their words
 text, whitespace included. :meth:`Conversation.truncate` (a client saying how much it really played) may
 come at any time: while the reply plays (it is stopped first), while it is ending, or after it ended.
 
-Preemptive generation (:meth:`Conversation.speculate`): during a pause that may end the user's turn, the
-reply to the turn so far is started and its events are held. If the turn then ends with the same audio and
-the same context (:meth:`Conversation.adoptable`), :meth:`Conversation.respond` adopts that reply as the
-turn's, and its held events play out as if it had started then, only sooner; otherwise (speech resumed, the
-history changed) it is cancelled and nothing of it is seen.
+Preemptive generation (:meth:`Conversation.speculate`, :mod:`.preemptive`): during a pause that may end the
+user's turn, the reply to the turn so far is started and its events are held; :meth:`Conversation.respond`
+adopts it when the turn ends as it answers (:meth:`Conversation.adoptable`), else it is cancelled unseen.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -45,8 +42,9 @@ from omniduplex.app.core.events import (
     UserTranscriptEvent,
     UserTurnCommitted,
 )
-from omniduplex.app.core.history import Entry, History, truncate_aligned, truncate_reply
+from omniduplex.app.core.history import Entry, History
 from omniduplex.app.core.playout import PlayoutBuffer
+from omniduplex.app.core.preemptive import Speculation
 from omniduplex.app.core.replies import (
     ReplyAudioChunk,
     ReplyDone,
@@ -56,60 +54,11 @@ from omniduplex.app.core.replies import (
     Responder,
     UserTranscript,
 )
+from omniduplex.app.core.reply import Reply, ReplyRecord
 from omniduplex.app.core.session_config import SessionConfig, SessionStats
 from omniduplex.app.core.vad import SAMPLE_RATE
 
 log = logging.getLogger("omniduplex.session")
-
-
-@dataclass
-class _Reply:
-    """A reply: counters in samples at the output rate, times on the session clock (s)."""
-
-    turn_id: str
-    t_commit: float
-    t_speech_end: float
-    text: list[str] = field(default_factory=list)
-    chunks: list[tuple[int, str]] = field(default_factory=list)  # (generated at chunk end, words spoken)
-    spoken: int = 0  # chunks whose audio has started playing (ReplySpoken emitted)
-    generated: int = 0
-    played: int = 0
-    t_first_audio: float | None = None
-    generation_done: bool = False
-    interrupted_at: float | None = None
-    ended: bool = False
-
-    @property
-    def full_text(self) -> str:
-        """The reply's text as generated (its deltas joined; its chunks' words when it sent no text)."""
-        return "".join(self.text) or " ".join(said for _, said in self.chunks)
-
-
-@dataclass
-class _Speculation:
-    """A reply started before its turn ended: its request, and its events held until it is adopted."""
-
-    turn_id: str
-    wav: np.ndarray
-    history: list[list[str]]
-    options: dict
-    held: asyncio.Queue
-
-
-_END = object()  # closes a speculation's held events
-
-
-@dataclass(frozen=True)
-class ReplyRecord:
-    """What a reply became: ``text`` as generated, ``kept`` what the history keeps of it ("" = nothing),
-    ``played_ms`` / ``generated_ms`` of its audio, ``ended`` once it no longer plays."""
-
-    turn_id: str
-    text: str
-    kept: str
-    played_ms: float
-    generated_ms: float
-    ended: bool
 
 
 class Conversation:
@@ -139,10 +88,10 @@ class Conversation:
         self.t0 = clock()
         self.playout = PlayoutBuffer(responder.output_rate, cfg.output_rate)
         self.history = History(cfg.history_entries)
-        self.reply: _Reply | None = None  # the reply playing or stopping
+        self.reply: Reply | None = None  # the reply playing or stopping
         self.pending: tuple[str, np.ndarray] | None = None  # a committed turn not answered yet
-        self.speculation: _Speculation | None = None  # a reply started before its turn ended
-        self.replies: OrderedDict[str, _Reply] = OrderedDict()  # recent replies, newest last (truncate)
+        self.speculation: Speculation | None = None  # a reply started before its turn ended (.preemptive)
+        self.replies: OrderedDict[str, Reply] = OrderedDict()  # recent replies, newest last (truncate)
         self.keys: dict[tuple[str, str], int] = {}  # (turn id, role) → its history entry's key
         self.tasks: set[asyncio.Task] = set()
         self.closed = False
@@ -236,7 +185,7 @@ class Conversation:
             key = self.keys.get((turn_id, "user"))
             history = [[e.role, e.text] for e in self.history.entries if e.key != key]
             if spec is not None and (spec.turn_id, spec.history, spec.options) == (turn_id, history, options):
-                return self._start_reply(turn_id, wav, now, speech_end, metadata, self._held_events(spec))
+                return self._start_reply(turn_id, wav, now, speech_end, metadata, spec.events())
         else:
             turn_id, wav = f"{self.name}-{next(self._turn_numbers)}", np.zeros(0, np.float32)
             last = self.history.entries[-1] if history and history[-1][0] == "user" else None
@@ -259,7 +208,7 @@ class Conversation:
         """Make the started request ``turn_id`` the reply in flight, consuming ``stream`` (its events)."""
         self.stats.turns += 1
         end = speech_end if speech_end is not None and wav.size else now
-        r = self.reply = _Reply(turn_id, t_commit=now, t_speech_end=end)
+        r = self.reply = Reply(turn_id, t_commit=now, t_speech_end=end)
         self.replies[turn_id] = r
         while len(self.replies) > max(1, self.cfg.history_entries):
             self.replies.popitem(last=False)
@@ -284,8 +233,8 @@ class Conversation:
         except Exception:
             log.exception("%s: could not start the preemptive reply; the turn starts when it ends", turn_id)
             return False
-        spec = self.speculation = _Speculation(turn_id, wav.copy(), history, options, asyncio.Queue())
-        task = asyncio.get_running_loop().create_task(self._hold(spec), name=f"preempt-{turn_id}")
+        spec = self.speculation = Speculation(turn_id, wav.copy(), history, options)
+        task = asyncio.get_running_loop().create_task(spec.hold(self.responder), name=f"preempt-{turn_id}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return True
@@ -297,8 +246,7 @@ class Conversation:
         spec = self.speculation
         if spec is None:
             return None
-        same = spec.history == self.history.snapshot() and spec.options == self._options()
-        if same and spec.wav.shape == wav.shape and np.array_equal(spec.wav, wav):
+        if spec.answers(wav, self.history.snapshot(), self._options()):
             return spec.turn_id
         self.drop_speculation()
         return None
@@ -310,22 +258,6 @@ class Conversation:
             return False
         self.responder.cancel(spec.turn_id)
         return True
-
-    async def _hold(self, spec: _Speculation) -> None:
-        """Drain a speculation's stream to its end (the responder's contract) into its queue."""
-        try:
-            async for ev in self.responder.events(spec.turn_id):
-                spec.held.put_nowait(ev)
-        except Exception as e:
-            log.exception("%s: preemptive reply stream failed", spec.turn_id)
-            spec.held.put_nowait(ReplyFailed(str(e)))
-        finally:
-            spec.held.put_nowait(_END)
-
-    @staticmethod
-    async def _held_events(spec: _Speculation) -> AsyncIterator[ReplyEvent]:
-        while (ev := await spec.held.get()) is not _END:
-            yield ev
 
     def barge_in(self, now: float, speech_ms: float) -> None:
         """Stop the reply playing now: playout flushed, pipeline turn cancelled, the history keeps what was
@@ -437,7 +369,7 @@ class Conversation:
         if r is not None and r.interrupted_at is not None:  # its stop frame never pulled
             self._end_reply(r, "interrupted", stop_ms=1000.0 * (self.clock() - r.interrupted_at))
 
-    async def _consume(self, r: _Reply, stream: AsyncIterator[ReplyEvent]) -> None:
+    async def _consume(self, r: Reply, stream: AsyncIterator[ReplyEvent]) -> None:
         """Move one reply's stream into the playout buffer; drains to the end even after a barge-in."""
         try:
             async for ev in stream:
@@ -465,7 +397,7 @@ class Conversation:
                 self.playout.flush()
                 self._end_reply(r, "error", error=str(e))
 
-    def _user_transcript(self, r: _Reply, ev: UserTranscript) -> None:
+    def _user_transcript(self, r: Reply, ev: UserTranscript) -> None:
         text = ev.text.strip()
         key = self.keys.get((r.turn_id, "user"))
         if self.history.get(key) is not None:
@@ -474,27 +406,16 @@ class Conversation:
             self._set_key(r.turn_id, "user", self.history.add("user", text))
         self.emit(UserTranscriptEvent(self.name, r.turn_id, text=text, words=list(ev.words)))
 
-    def _kept_text(self, r: _Reply) -> str:
+    def _kept_text(self, r: Reply) -> str:
         """What the user heard of a stopped reply: a prefix of its generated text (module docstring)."""
-        text = r.full_text
-        if r.chunks:
-            kept = truncate_aligned(r.chunks, r.played, text)
-            if kept is not None:
-                return kept
-            log.warning("%s: the audio chunks' words are not the reply's text; truncating by time", r.turn_id)
-        return truncate_reply(text, self._ms(r.played), self._ms(r.generated))
+        return r.kept_text(self.cfg.output_rate)
 
-    def _captions(self, r: _Reply) -> None:
-        """Emit :class:`ReplySpoken` for each aligned chunk whose audio has started playing (captions in
-        step with the audio, not with generation)."""
-        while r.spoken < len(r.chunks):
-            start = r.chunks[r.spoken - 1][0] if r.spoken else 0
-            if r.played <= start:
-                return
-            self.emit(ReplySpoken(self.name, r.turn_id, text=r.chunks[r.spoken][1], at_ms=self._ms(start)))
-            r.spoken += 1
+    def _captions(self, r: Reply) -> None:
+        """Emit :class:`ReplySpoken` for each aligned chunk whose audio has started playing."""
+        for said, start in r.due_captions():
+            self.emit(ReplySpoken(self.name, r.turn_id, text=said, at_ms=self._ms(start)))
 
-    def _end_reply(self, r: _Reply, reason: str, stop_ms: float | None = None, error: str = "") -> None:
+    def _end_reply(self, r: Reply, reason: str, stop_ms: float | None = None, error: str = "") -> None:
         if self.reply is not r:
             return
         self.reply, r.ended = None, True

@@ -31,11 +31,12 @@ from dataclasses import asdict
 import numpy as np
 
 from omniduplex.app.core.audio.pcm import to_float32
-from omniduplex.app.core.conversation import Conversation, ReplyRecord
+from omniduplex.app.core.conversation import Conversation
 from omniduplex.app.core.events import SessionClosed, SessionEvent, SessionStarted, UserSpeechStarted
 from omniduplex.app.core.history import Entry, History
 from omniduplex.app.core.live_asr import PAUSE_FRAMES, LiveTranscriber
 from omniduplex.app.core.replies import Responder
+from omniduplex.app.core.reply import ReplyRecord
 from omniduplex.app.core.session_config import OPTIONS, SessionConfig, SessionStats
 from omniduplex.app.core.turn_detection import TurnModel
 from omniduplex.app.core.turns import TurnTaker
