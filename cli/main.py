@@ -67,6 +67,9 @@ def respond(
     ),
     cfg_scale: float = typer.Option(1.0, "--cfg-scale", help="Unified checkpoints: CFG guidance scale w."),
     max_audio_frames: int = typer.Option(64, help="Unified checkpoints: max codec frames."),
+    start_timeout: float = typer.Option(
+        180.0, "--start-timeout", min=1, help="Report a stage process not yet ready after this long (s)."
+    ),
 ) -> None:
     """Answer one spoken turn: prints the transcript as it streams, then TTFP, E2EL, RTF, audio seconds."""
     from omniduplex.app.host.pipeline import TurnOptions
@@ -82,7 +85,7 @@ def respond(
         cfg_scale=cfg_scale,
         max_audio_frames=max_audio_frames,
     )
-    raise typer.Exit(run(input, output, model, graph, opts, dump_tokens, processes))
+    raise typer.Exit(run(input, output, model, graph, opts, dump_tokens, processes, start_timeout))
 
 
 @cli.command()
@@ -150,6 +153,13 @@ def serve(
     drain_timeout: float = typer.Option(
         30.0, "--drain-timeout", min=0, help="SIGTERM: wait for replies in flight this long (s)."
     ),
+    start_timeout: float = typer.Option(
+        180.0,
+        "--start-timeout",
+        min=1,
+        help="A stage process not ready after this long is reported late in /readyz and the log; the server "
+        "keeps waiting for it, answering 'server not ready' meanwhile (s).",
+    ),
     sip: str | None = typer.Option(None, "--sip", help="Also answer SIP calls on HOST:PORT (UDP and TCP)."),
     rtp_ports: str = typer.Option("10000-10100", "--rtp-ports", help="SIP: local RTP port range LOW-HIGH."),
     max_calls: int = typer.Option(8, "--max-calls", min=1, help="SIP: concurrent calls; more get 503."),
@@ -202,6 +212,7 @@ def serve(
         tts_graph=tts_graph,
         media_timeout_s=media_timeout,
         drain_timeout_s=drain_timeout,
+        start_timeout_s=start_timeout,
     )
     if sip:
         users = dict(u.split(":", 1) for u in sip_user or [] if ":" in u)

@@ -24,10 +24,13 @@ def respond(
     opts: TurnOptions,
     dump_tokens: Path | None = None,
     processes: bool = True,
+    start_timeout_s: float = 180.0,
 ) -> int:
     """Run one turn; returns the process exit code (0 ok, 2 bad input, 1 pipeline error).
 
     ``input_path`` may be ``None`` only for a unified checkpoint with ``opts.user_text`` (a text turn).
+    ``start_timeout_s``: a stage process not ready after this long is reported late on stderr and waited for
+    (a first run builds and imports what later runs find cached; one that fails still ends the run).
     """
     pcfg = load_graph(graph, model=str(model) if model else None)
     pcfg.model = resolve_model(pcfg.model)
@@ -41,11 +44,13 @@ def respond(
     except AudioInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return asyncio.run(_run(pcfg, wav, opts.meta(shape.name), output_path, dump_tokens, processes))
+    run = _run(pcfg, wav, opts.meta(shape.name), output_path, dump_tokens, processes, start_timeout_s)
+    return asyncio.run(run)
 
 
-async def _run(pcfg, wav, meta, output_path, dump_tokens, processes) -> int:
-    orch = new_orchestrator(pcfg, processes, record=dump_tokens is not None)
+async def _run(pcfg, wav, meta, output_path, dump_tokens, processes, start_timeout_s) -> int:
+    start = {"start_timeout_s": start_timeout_s, "wait_when_late": True}
+    orch = new_orchestrator(pcfg, processes, record=dump_tokens is not None, **start)
     await orch.start()
     pcm, code = [], 0
     try:

@@ -21,6 +21,8 @@ class HostConfig:
     ``/readyz`` is 503 until the stages are up (``serve``). ``tts``: a Qwen3-TTS checkpoint serving
     ``/v1/audio/speech`` (``None``: Piper, :mod:`.speech`), on the TTS graph's stage processes with
     ``tts_graph``. ``drain_timeout_s``: SIGTERM's longest wait for replies in flight (:mod:`.drain`).
+    ``start_timeout_s``: how long a stage process has to report ready; past it a background start keeps
+    waiting, the server up and answering "not ready" (:mod:`.readiness`), a foreground start fails.
     """
 
     max_sessions: int = 8
@@ -38,3 +40,4 @@ class HostConfig:
     tts: str | None = None
     tts_graph: bool = False
     drain_timeout_s: float = 30.0
+    start_timeout_s: float = 180.0

@@ -74,9 +74,10 @@ def resolve_model(model: str | Path | None) -> str:
     return str(model)
 
 
-def new_orchestrator(pcfg, processes: bool, record: bool = False) -> Orchestrator:
+def new_orchestrator(pcfg, processes: bool, record: bool = False, **start) -> Orchestrator:
     """An :class:`Orchestrator` over the stages of ``pcfg.model`` (processes or in-process); the cascade's
-    LLM stage sends its own text deltas, the other shapes are detokenized with their tokenizer.
+    LLM stage sends its own text deltas, the other shapes are detokenized with their tokenizer. ``start``:
+    ``start_timeout_s`` / ``wait_when_late`` of the stage processes (:func:`make_backend`).
 
     Raises:
         ValueError: ``pcfg.model`` is a Qwen3-TTS checkpoint (text to speech: it cannot hold a conversation).
@@ -88,7 +89,7 @@ def new_orchestrator(pcfg, processes: bool, record: bool = False) -> Orchestrato
             "the cascade's voice (init-cascade --tts) or serve it for POST /v1/audio/speech (serve --tts)"
         )
     return Orchestrator(
-        make_backend(pcfg, processes),
+        make_backend(pcfg, processes, **start),
         None if topo.name == CASCADE.name else load_tokenizer(pcfg.model),
         record=record,
         output_rate=output_rate(pcfg.model),
@@ -96,12 +97,13 @@ def new_orchestrator(pcfg, processes: bool, record: bool = False) -> Orchestrato
     )
 
 
-def make_backend(pcfg, processes: bool):
-    """Stage processes joined by the relay (default), or all stages in this process."""
+def make_backend(pcfg, processes: bool, **start):
+    """Stage processes joined by the relay (default), or all stages in this process. ``start``: how the stage
+    processes start (``start_timeout_s``, ``wait_when_late``: ``pipeline.process_backend.ProcessBackend``)."""
     if processes:
         from omniduplex.pipeline.process_backend import ProcessBackend
 
-        return ProcessBackend(pcfg)
+        return ProcessBackend(pcfg, **start)
     from omniduplex.pipeline.local_backend import LocalBackend
     from omniduplex.pipeline.workers import build_all
 

@@ -35,18 +35,30 @@ CLOSE_TRY_AGAIN_LATER = 1013
 """WebSocket close code "Try Again Later" (IANA WebSocket close code registry)."""
 
 
+def _stats(orchestrator) -> dict:
+    """The backend's ``stats()``; ``{}`` while there is no backend yet (models still loading) or its gauges
+    cannot be read."""
+    backend = getattr(orchestrator, "backend", None)
+    try:
+        return dict(backend.stats()) if backend is not None else {}
+    except Exception:  # gauges of a backend that is being built or torn down
+        return {}
+
+
 def stage_states(orchestrator) -> dict[str, str]:
     """Stage → ``"up"``, ``"starting"`` or ``"restarting"`` (after a crash), from the backend's ``stats()``;
     ``{}`` while there is no backend yet (models still loading) or its gauges cannot be read."""
-    backend = getattr(orchestrator, "backend", None)
-    if backend is None:
-        return {}
-    try:
-        stats = backend.stats()
-        up, restarts = dict(stats.get("up", {})), dict(stats.get("restarts", {}))
-    except Exception:  # gauges of a backend that is being built or torn down
-        return {}
+    stats = _stats(orchestrator)
+    up, restarts = dict(stats.get("up", {})), dict(stats.get("restarts", {}))
     return {s: "up" if ok else "restarting" if restarts.get(s) else "starting" for s, ok in up.items()}
+
+
+def _late(orchestrator) -> str:
+    """`` (past the N s start limit: still waiting)`` when a stage missed the start limit, else ``""``."""
+    stats = _stats(orchestrator)
+    if not any(dict(stats.get("late", {})).values()):
+        return ""
+    return f" (past the {stats.get('start_timeout_s', 0):g} s start limit: still waiting)"
 
 
 def readiness(state) -> dict:
@@ -68,7 +80,7 @@ def readiness(state) -> dict:
     if not state.started:
         waiting = [s for s, st in stages.items() if st != "up"]
         reason = (
-            f"the server is starting: stage(s) {', '.join(waiting)} not up yet"
+            f"the server is starting: stage(s) {', '.join(waiting)} not up yet{_late(state.orchestrator)}"
             if waiting
             else "the server is starting: loading models"
         )

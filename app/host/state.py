@@ -125,7 +125,13 @@ class ServerState:
         log.info(
             "starting pipeline (%s) from %s", "stage processes" if processes else "in-process", pcfg.model
         )
-        self.orchestrator = await asyncio.to_thread(new_orchestrator, pcfg, processes)
+        self.orchestrator = await asyncio.to_thread(
+            new_orchestrator,
+            pcfg,
+            processes,
+            start_timeout_s=cfg.start_timeout_s,
+            wait_when_late=cfg.start_in_background,
+        )
         await self.orchestrator.start()
         meta = serving_meta(
             cfg.max_tokens,
