@@ -62,6 +62,10 @@ class ReplyFailed:
 
 
 ReplyEvent = UserTranscript | ReplyTextDelta | ReplyAudioChunk | ReplyDone | ReplyFailed
+OnPartial = Callable[[str, str], None]
+"""``on_partial(text, stable)``: a partial transcript of a turn being spoken; ``stable``: its fixed prefix."""
+TurnContext = tuple[list[list[str]], dict]
+"""``(history, options)`` as :meth:`Responder.start` gets them."""
 
 
 class Responder(Protocol):
@@ -104,11 +108,7 @@ class LiveTranscription(Protocol):
     """
 
     def feed_audio(
-        self,
-        turn_id: str,
-        samples: np.ndarray,
-        on_partial: Callable[[str, str], None],
-        context: tuple[list[list[str]], dict] | None = None,
+        self, turn_id: str, samples: np.ndarray, on_partial: OnPartial, context: TurnContext | None = None
     ) -> bool: ...
 
 
@@ -155,11 +155,7 @@ class OrchestratorResponder:
                 yield ReplyFailed(ev.error or "pipeline error")
 
     def feed_audio(
-        self,
-        turn_id: str,
-        samples: np.ndarray,
-        on_partial: Callable[[str, str], None],
-        context: tuple[list[list[str]], dict] | None = None,
+        self, turn_id: str, samples: np.ndarray, on_partial: OnPartial, context: TurnContext | None = None
     ) -> bool:
         """:class:`LiveTranscription` over :meth:`Orchestrator.feed` (cascade graphs only); ``context``
         becomes the turn's ``prefill`` (system prompt and history) for the LLM stage's prefill hints."""
