@@ -131,7 +131,7 @@ def run(
 ) -> dict:
     """Measure each engine at each ``c``, print a markdown table; returns ``{engine: {c: figures}}``
     (``llama.cpp`` absent when ``llama-cpp-python`` is not installed)."""
-    from omniduplex.app.respond import CASCADE_SYSTEM_PROMPT
+    from omniduplex.app.host.pipeline import CASCADE_SYSTEM_PROMPT
     from omniduplex.kernels import quant
 
     torch.set_num_threads(threads)

@@ -72,7 +72,7 @@ def run(
 ) -> dict:
     """Measure each backend at each ``c`` and print a markdown table; returns
     ``{backend: {c: {"tok_s", "ttft_p50_ms", "ttft_max_ms"}}}``."""
-    from omniduplex.app.respond import CASCADE_SYSTEM_PROMPT
+    from omniduplex.app.host.pipeline import CASCADE_SYSTEM_PROMPT
     from omniduplex.models.registry import load_model
     from omniduplex.pipeline.stages.llm import LLMWorker
     from omniduplex.pipeline.workers import _dtype

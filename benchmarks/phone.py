@@ -27,8 +27,8 @@ import numpy as np
 import soxr
 import websockets
 
-from omniduplex.app.audio import frame_samples
-from omniduplex.app.phone.narrowband import TELEPHONE_RATE, ULAW_SILENCE, ulaw_decode, ulaw_encode
+from omniduplex.app.core.audio import frame_samples
+from omniduplex.app.surfaces.wire.g711 import TELEPHONE_RATE, ULAW_SILENCE, ulaw_decode, ulaw_encode
 from omniduplex.benchmarks.local_server import LocalServer
 from omniduplex.pipeline.audio_io import load_audio
 

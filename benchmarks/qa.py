@@ -11,7 +11,7 @@ p50/p90 and the split's p50/p90. Replies are greedy by default, so a rerun score
 
 By default each question is fed to the ASR stage while it is "spoken" (real-time pace, 400 ms pieces, then
 the 0.5 s of silence a session feeds while it detects the end of turn), as a session does
-(:mod:`omniduplex.app.live_asr`); ``--whole`` sends each turn whole at its end instead.
+(:mod:`omniduplex.app.core.live_asr`); ``--whole`` sends each turn whole at its end instead.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def speak(q: Question, cache: Path) -> Path:
 
 # -- running ---------------------------------------------------------------------------------------------
 LIVE_PIECE_S = 0.4
-"""Live mode: the session's feed period (:data:`omniduplex.app.live_asr.FEED_MS`, s)."""
+"""Live mode: the session's feed period (:data:`omniduplex.app.core.live_asr.FEED_MS`, s)."""
 ENDPOINT_S = 0.5
 """Live mode: the silence after the question while the end of turn is detected (``TurnConfig.endpoint_ms``
 default, s); fed too, as the session feeds it."""
@@ -167,7 +167,7 @@ _live_ids = itertools.count(1)
 async def feed_live(orch, wav: np.ndarray, prefill: dict | None = None) -> str:
     """Feed ``wav`` (16 kHz) and :data:`ENDPOINT_S` of silence to ``orch`` as a session would while the user
     speaks (real-time pace): a :data:`LIVE_PIECE_S` piece once that much audio has been spoken, and what is
-    new when the pause after the question begins (100 ms in, ``app.live_asr.PAUSE_FRAMES``); ``prefill``
+    new when the pause after the question begins (100 ms in, ``app.core.live_asr.PAUSE_FRAMES``); ``prefill``
     (``{system_prompt, history}``) goes with the first piece, so the LLM prefills while the user speaks.
     Returns the turn id to submit at the end of the silence (the end of turn; the rest of the silence goes
     with it)."""
@@ -247,7 +247,7 @@ def run_manifest(
     """Every question through the stages of ``model`` (stage processes, or all in this process; one
     orchestrator, started and stopped here), after one warm-up turn (not counted); with ``verbose``, a
     table row is printed as each answer arrives."""
-    from omniduplex.app.respond import new_orchestrator
+    from omniduplex.app.host.pipeline import new_orchestrator
     from omniduplex.pipeline.config import load_graph
 
     pcfg = load_graph(None, model=model)
@@ -294,7 +294,7 @@ def run(
     Raises:
         ValueError: a model that is not a cascade manifest; ``RuntimeError``: espeak-ng or sox missing.
     """
-    from omniduplex.app.respond import TurnOptions
+    from omniduplex.app.host.pipeline import TurnOptions
     from omniduplex.models.cascade.manifest import is_cascade
     from omniduplex.models.weights import cache_dir
     from omniduplex.pipeline.audio_io import load_audio

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omniduplex.app.respond import serving_meta
+from omniduplex.app.host.pipeline import serving_meta
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.topology import CASCADE, topology_for

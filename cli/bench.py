@@ -67,7 +67,7 @@ def bench_engine(
             baseline=baselines,
         )
         return
-    from omniduplex.app.respond import cache_dir
+    from omniduplex.app.host.pipeline import cache_dir
     from omniduplex.benchmarks.engine import SETTINGS, run
     from omniduplex.models.qwen3_omni.presets import write_checkpoint
 
@@ -144,7 +144,7 @@ def bench_llm(
         gguf_llm.run(gguf, levels, json_out, new_tokens, rounds, threads)
         return
     if model is None:
-        from omniduplex.app.respond import default_model
+        from omniduplex.app.host.pipeline import default_model
 
         model = resolve_llm(load_manifest(default_model()), cache_dir())
     levels = _levels(concurrency)
@@ -171,7 +171,7 @@ def bench_serve(
     ),
 ) -> None:
     """TTFP / E2EL / RTF percentiles and audio throughput over a concurrency sweep of spoken turns."""
-    from omniduplex.app.respond import new_orchestrator, resolve_model
+    from omniduplex.app.host.pipeline import new_orchestrator, resolve_model
     from omniduplex.benchmarks.serve import run
     from omniduplex.pipeline.config import load_graph
 
@@ -212,7 +212,7 @@ def bench_tts(
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
 ) -> None:
     """Qwen3-TTS: TTFP, RTF and audio-seconds per second per concurrency, talker vs codec split."""
-    from omniduplex.app.respond import cache_dir
+    from omniduplex.app.host.pipeline import cache_dir
     from omniduplex.benchmarks.tts import run
     from omniduplex.benchmarks.tts_graph import run_processes
     from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
@@ -301,7 +301,7 @@ def bench_cfg(
     text_tokens: int = typer.Option(0, help="Text budget per turn before speech (0 = speech at once)."),
 ) -> None:
     """Audio-frame throughput with CFG (paired co-scheduling) vs without."""
-    from omniduplex.app.respond import cache_dir
+    from omniduplex.app.host.pipeline import cache_dir
     from omniduplex.benchmarks.cfg import run
     from omniduplex.models.unified.presets import write_unified_checkpoint
 
@@ -344,7 +344,7 @@ def bench_qa(
 ) -> None:
     """Spoken factual questions (espeak-ng voices) through the stage processes: accuracy, TTFP p50/p90 and
     its split (ASR, LLM first clause, TTS first chunk), per manifest."""
-    from omniduplex.app.respond import resolve_model
+    from omniduplex.app.host.pipeline import resolve_model
     from omniduplex.benchmarks.qa import run
 
     if limit is not None and limit < 1:

@@ -67,10 +67,13 @@ def respond(
     ),
     cfg_scale: float = typer.Option(1.0, "--cfg-scale", help="Unified checkpoints: CFG guidance scale w."),
     max_audio_frames: int = typer.Option(64, help="Unified checkpoints: max codec frames."),
+    start_timeout: float = typer.Option(
+        180.0, "--start-timeout", min=1, help="Report a stage process not yet ready after this long (s)."
+    ),
 ) -> None:
     """Answer one spoken turn: prints the transcript as it streams, then TTFP, E2EL, RTF, audio seconds."""
-    from omniduplex.app.respond import TurnOptions
-    from omniduplex.app.respond import respond as run
+    from omniduplex.app.host.pipeline import TurnOptions
+    from omniduplex.cli.respond import respond as run
 
     opts = TurnOptions(
         greedy=greedy,
@@ -82,7 +85,7 @@ def respond(
         cfg_scale=cfg_scale,
         max_audio_frames=max_audio_frames,
     )
-    raise typer.Exit(run(input, output, model, graph, opts, dump_tokens, processes))
+    raise typer.Exit(run(input, output, model, graph, opts, dump_tokens, processes, start_timeout))
 
 
 @cli.command()
@@ -150,6 +153,13 @@ def serve(
     drain_timeout: float = typer.Option(
         30.0, "--drain-timeout", min=0, help="SIGTERM: wait for replies in flight this long (s)."
     ),
+    start_timeout: float = typer.Option(
+        180.0,
+        "--start-timeout",
+        min=1,
+        help="A stage process not ready after this long is reported late in /readyz and the log; the server "
+        "keeps waiting for it, answering 'server not ready' meanwhile (s).",
+    ),
     sip: str | None = typer.Option(None, "--sip", help="Also answer SIP calls on HOST:PORT (UDP and TCP)."),
     rtp_ports: str = typer.Option("10000-10100", "--rtp-ports", help="SIP: local RTP port range LOW-HIGH."),
     max_calls: int = typer.Option(8, "--max-calls", min=1, help="SIP: concurrent calls; more get 503."),
@@ -167,12 +177,12 @@ def serve(
     """Serve the browser voice chat (WebRTC, full duplex, barge-in) at http://HOST:PORT/, the OpenAI
     Realtime API at /v1/realtime, the Twilio media-stream bridge at /phone/twilio/* ($TWILIO_AUTH_TOKEN:
     check signatures), with --sip SIP calls. Beyond loopback it needs API keys (or --insecure)."""
-    from omniduplex.app.auth import AuthConfig, AuthConfigError, check_bind, load_keys
-    from omniduplex.app.phone.config import SipConfig
+    from omniduplex.app.core.session import SessionConfig
+    from omniduplex.app.core.vad import TurnConfig
+    from omniduplex.app.host.auth import AuthConfig, AuthConfigError, check_bind, load_keys
     from omniduplex.app.server import ServerConfig
     from omniduplex.app.server import serve as run
-    from omniduplex.app.session import SessionConfig
-    from omniduplex.app.vad import TurnConfig
+    from omniduplex.app.surfaces.phone.config import SipConfig
 
     if turn_detection not in ("silence", "smart"):
         raise typer.BadParameter(f"--turn-detection {turn_detection!r}: choose silence or smart")
@@ -202,6 +212,7 @@ def serve(
         tts_graph=tts_graph,
         media_timeout_s=media_timeout,
         drain_timeout_s=drain_timeout,
+        start_timeout_s=start_timeout,
     )
     if sip:
         users = dict(u.split(":", 1) for u in sip_user or [] if ":" in u)
@@ -247,9 +258,15 @@ def kiosk(
 ) -> None:
     """Serve the full-screen, hands-free voice kiosk at http://HOST:PORT/kiosk (serve with kiosk defaults)
     and print the Chromium command line that opens it unattended. With API keys the page needs ?token=KEY."""
-    from omniduplex.app.auth import AuthConfig, AuthConfigError, check_bind, load_keys
-    from omniduplex.app.kiosk import chromium_command, kiosk_url, load_kiosk_config, server_config, shell_line
+    from omniduplex.app.host.auth import AuthConfig, AuthConfigError, check_bind, load_keys
+    from omniduplex.app.server import kiosk_server_config
     from omniduplex.app.server import serve as run
+    from omniduplex.app.surfaces.kiosk.config import (
+        chromium_command,
+        kiosk_url,
+        load_kiosk_config,
+        shell_line,
+    )
 
     try:
         kcfg = load_kiosk_config(
@@ -265,7 +282,7 @@ def kiosk(
         )
     except (OSError, ValueError) as e:
         raise typer.BadParameter(str(e)) from None
-    cfg = server_config(
+    cfg = kiosk_server_config(
         kcfg, max_sessions=max_sessions, model=str(model) if model else None, processes=processes
     )
     try:
@@ -311,7 +328,7 @@ def agent(
     import os
 
     try:
-        from omniduplex.app.livekit.worker import run as run_worker
+        from omniduplex.app.surfaces.livekit.worker import run as run_worker
     except ImportError as e:
         typer.echo(f"error: livekit-agents is missing ({e}): pip install 'omniduplex[livekit]'", err=True)
         raise typer.Exit(2) from None
@@ -327,13 +344,13 @@ def agent(
 
 
 def main() -> None:
-    """Entry point of the ``omniduplex`` console script: a known error (:mod:`omniduplex.app.errors`: bad
+    """Entry point of the ``omniduplex`` console script: a known error (:mod:`omniduplex.cli.errors`: bad
     checkpoint, config, weights, audio, auth setup, a stage that did not start) is printed as one line,
     without a traceback, and exits with code 1."""
     try:
         cli()
     except Exception as e:
-        from omniduplex.app.errors import one_line
+        from omniduplex.cli.errors import one_line
 
         line = one_line(e)
         if line is None:

@@ -87,10 +87,8 @@ def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1])
     if self.packed_in_cpp:
         y = torch.ops.omniduplex_cpu.packed_linear(rows, self.packed_key, self.bias, self.out_features)
-    elif torch.compiler.is_compiling():
-        from omniduplex.kernels.custom_ops import packed_linear_op
-
-        y = packed_linear_op(rows, self.packed_key, self.bias, self.out_features)
+    elif torch.compiler.is_compiling():  # registered by custom_ops.py (imported by kernels/__init__.py)
+        y = torch.ops.omniduplex.packed_linear.default(rows, self.packed_key, self.bias, self.out_features)
     else:
         y = packed_linear(rows, self.packed_weight, self.bias)
     return y.view(*lead, y.shape[-1])

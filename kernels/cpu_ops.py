@@ -41,6 +41,8 @@ from pathlib import Path
 
 import torch
 
+from omniduplex.kernels.once import announce
+
 log = logging.getLogger(__name__)
 
 ENV = "OMNIDUPLEX_CPU_OPS"
@@ -108,6 +110,8 @@ def load() -> None:
             with open(build_dir / "omniduplex.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 (build_dir / "lock").unlink(missing_ok=True)
+                built = (build_dir / f"{name}.so").is_file()
+                done = None if built else announce("building the C++ CPU kernels", str(root))
                 build(
                     name=name,
                     sources=[str(SOURCE)],
@@ -117,6 +121,8 @@ def load() -> None:
                     is_python_module=False,
                     verbose=False,
                 )
+                if done is not None:
+                    done()
         except (OSError, RuntimeError, ImportError) as e:
             raise CpuOpsBuildError(f"building {SOURCE.name} failed: {e}") from e
         _register_fakes()

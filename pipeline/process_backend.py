@@ -40,6 +40,7 @@ from omniduplex.relay import ConsumerDied, EdgeConsumer, EdgeProducer, RelayErro
 log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 180.0
+"""Default time a stage process has to report ready (s); ``ProcessBackend(start_timeout_s=...)``."""
 CHECK_EVERY_S = 1.0
 """Longest the backend thread blocks before it looks at the stage processes anyway (s); a stage's death
 wakes it at once (its process sentinel)."""
@@ -66,10 +67,24 @@ def kill_leftovers(proc: mp.Process) -> None:
 
 
 class ProcessBackend:
-    """Stage processes + relay edges. ``restart_on_crash`` restarts a dead stage (default on)."""
+    """Stage processes + relay edges. ``restart_on_crash`` restarts a dead stage (default on).
 
-    def __init__(self, pcfg: PipelineConfig, restart_on_crash: bool = True) -> None:
+    ``start_timeout_s``: how long a stage process has to report ready. A stage restarted after a crash that
+    misses it is killed and tried again. At the first start, a stage that misses it fails :meth:`start`
+    (``StageStartError``), unless ``wait_when_late``: then it is reported late (one log line; ``stats()``
+    ``late``) and waited for, since a loaded machine's first start can be slow (one-time model imports and
+    kernel builds), while a server answers "not ready" meanwhile.
+    """
+
+    def __init__(
+        self,
+        pcfg: PipelineConfig,
+        restart_on_crash: bool = True,
+        start_timeout_s: float = STARTUP_TIMEOUT_S,
+        wait_when_late: bool = False,
+    ) -> None:
         self.pcfg, self.restart_on_crash = pcfg, restart_on_crash
+        self.start_timeout_s, self.wait_when_late = start_timeout_s, wait_when_late
         self.topo = pcfg.topology()
         self.run_dir = tempfile.mkdtemp(prefix="omniduplex-")
         self.wiring = Wiring(self.run_dir)
@@ -86,6 +101,7 @@ class ProcessBackend:
         self.stage_stats: dict[str, dict] = {}  # last ``stats`` message of each stage
         self.entry_stats: dict[str, dict] = {}  # credits of the orchestrator's own edges (backend thread)
         self.up: set[str] = set()  # stages that reported ready and have not died since
+        self.late: set[str] = set()  # stages past start_timeout_s at the first start, still awaited
         self.thread: threading.Thread | None = None
         self.running = False
         self._poller: zmq.Poller | None = None
@@ -125,7 +141,7 @@ class ProcessBackend:
         for s in self.topo.all_stages:
             self._spawn(s)
         try:
-            self._wait_ready(set(self.topo.all_stages))
+            self._wait_ready(set(self.topo.all_stages), give_up=not self.wait_when_late)
         except BaseException:  # a stage failed to start: the others are killed, nothing is left behind
             for p in self.procs.values():
                 p.kill()
@@ -153,7 +169,8 @@ class ProcessBackend:
     def stats(self) -> dict:
         """Pipeline gauges: ``stages`` (stage → :func:`.stage_stats.worker_stats`, as last reported, about
         once a second while busy), ``edges`` (``"src->dst"`` → :func:`.stage_stats.producer_stats`),
-        ``restarts`` (stage → count) and ``up`` (stage → bool)."""
+        ``restarts`` (stage → count), ``up`` (stage → bool), ``late`` (stage → past ``start_timeout_s`` at
+        the first start and not up yet) and ``start_timeout_s``."""
         reports = list(self.stage_stats.values())
         edges = {e: dict(v) for r in reports for e, v in r.get("edges", {}).items()}
         edges.update(self.entry_stats)
@@ -162,6 +179,8 @@ class ProcessBackend:
             "edges": edges,
             "restarts": dict(self.restarts),
             "up": {s: s in self.up for s in self.topo.all_stages},
+            "late": {s: s in self.late and s not in self.up for s in self.topo.all_stages},
+            "start_timeout_s": self.start_timeout_s,
         }
 
     def stop(self) -> None:
@@ -219,13 +238,14 @@ class ProcessBackend:
             with contextlib.suppress(ValueError):
                 old.close()
 
-    def _wait_ready(self, stages: set[str]) -> None:
-        """Wait for ``stages`` to report ready.
+    def _wait_ready(self, stages: set[str], give_up: bool = True) -> None:
+        """Wait for ``stages`` to report ready, up to ``start_timeout_s`` (past it, with ``give_up`` off: as
+        long as they live, marked :attr:`late`).
 
         Raises:
-            StageStartError: a stage reported a fatal error, died or did not report in time.
+            StageStartError: a stage reported a fatal error, died, or (``give_up``) did not report in time.
         """
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        deadline = time.monotonic() + self.start_timeout_s
         while stages:
             while self.status.poll(100 if stages else 0):
                 self._on_status(self.status.recv_json())
@@ -237,8 +257,12 @@ class ProcessBackend:
                     raise StageStartError(
                         f"stage {s} exited with code {self.procs[s].exitcode} during start-up", s
                     )
-            if stages and time.monotonic() > deadline:
-                raise StageStartError(f"stages {sorted(stages)} not ready after {STARTUP_TIMEOUT_S:.0f} s")
+            if stages and time.monotonic() > deadline and not self.late >= stages:
+                limit = f"not ready after {self.start_timeout_s:g} s (the start limit: --start-timeout)"
+                if give_up:
+                    raise StageStartError(f"stages {sorted(stages)} {limit}")
+                log.warning("stages %s %s: still waiting for them", sorted(stages), limit)
+                self.late |= stages
 
     def _on_status(self, m: dict) -> None:
         """One status-bus message (see :mod:`.stage_process`)."""

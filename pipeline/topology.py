@@ -1,4 +1,4 @@
-"""The three stage-graph shapes: which stages a model runs, in what order, and what each edge carries.
+"""The four stage-graph shapes: which stages a model runs, in what order, and what each edge carries.
 
 A turn enters the first stage from the orchestrator and moves down the chain; the stages in
 ``to_orchestrator`` also report to it (transcript tokens, codec frames, PCM). The last stage emits PCM
@@ -6,7 +6,7 @@ and its ``last`` message ends the turn. Both backends (in-process and stage proc
 same :class:`Topology`, picked from the checkpoint's ``architectures`` or the cascade manifest
 (:func:`topology_for`).
 
-* ``qwen3-omni``: ``encoder → thinker → talker → code2wav`` (DESIGN.md shape 1).
+* ``qwen3-omni``: ``encoder → thinker → talker → code2wav`` (shape 1).
 * ``unified``: ``codec_encoder → unified → codec`` (shape 2): the DAC encoder turns the user's speech
   into delay-pattern codec steps of the prompt, the unified LM writes text then speaks (CFG pairs in its
   engine), the DAC decoder streams the waveform.
@@ -14,7 +14,7 @@ same :class:`Topology`, picked from the checkpoint's ``architectures`` or the ca
   the turn (the transcript also goes to the orchestrator: user captions and history), the text LLM streams
   its reply tokens with their text, Piper speaks it clause by clause; each PCM chunk carries the text it
   speaks (the alignment used to truncate an interrupted reply).
-* ``qwen3-tts``: ``tts_talker → tts_codec`` (issue 25): text to speech alone, for a Qwen3-TTS checkpoint. The
+* ``qwen3-tts``: ``tts_talker → tts_codec`` (shape 4): text to speech alone, for a Qwen3-TTS checkpoint. The
   talker stage builds each utterance's prompt (text + voice, meta of the turn's message) and runs the talker
   and code predictor on our engine; the codec stage streams the 12 Hz decoder, one state per utterance, and
   decodes the chunks that several utterances complete in one batched call.

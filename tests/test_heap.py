@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes.util
 
-from omniduplex.app import heap
+from omniduplex.app.host import heap
 
 
 def test_trim_runs_on_glibc_and_is_rate_limited(monkeypatch):

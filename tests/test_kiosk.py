@@ -11,21 +11,21 @@ import pytest
 from test_session import ScriptedResponder
 from typer.testing import CliRunner
 
-from omniduplex.app.kiosk import (
+from omniduplex.app.core.greeting import greeting_instructions
+from omniduplex.app.core.replies import ReplyDone
+from omniduplex.app.core.session import SessionConfig
+from omniduplex.app.server import ServerConfig, create_app
+from omniduplex.app.server import kiosk_server_config as server_config
+from omniduplex.app.surfaces.browser.webrtc import PeerSession
+from omniduplex.app.surfaces.kiosk.config import (
     KioskColors,
     KioskConfig,
     chromium_command,
     contrast_ratio,
-    greeting_instructions,
     kiosk_url,
     load_kiosk_config,
     page_config,
-    server_config,
 )
-from omniduplex.app.replies import ReplyDone
-from omniduplex.app.server import ServerConfig, create_app
-from omniduplex.app.session import SessionConfig
-from omniduplex.app.webrtc import PeerSession
 from omniduplex.cli.main import cli
 
 

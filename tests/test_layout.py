@@ -1,6 +1,11 @@
-"""The import rules between the top-level folders (ARCHITECTURE.md, "Layout"), read from the source with
-``ast``: no cycle between folders; the serving code (app, pipeline, models, kernels, relay) never imports
-benchmarks or the CLI; kernels import nothing of models, pipeline or app."""
+"""The import rules (ARCHITECTURE.md, "Layout"), read from the source with ``ast``: no cycle between
+top-level folders, and none between modules anywhere in the tree; the serving code (app, pipeline, models,
+kernels, relay) never imports benchmarks or the CLI; kernels import nothing of models, pipeline or app.
+Inside ``app/``: the core imports no host and no surface, the host no surface, a surface no other surface
+(``surfaces/wire`` holds the wire formats they share), and the top level holds at most six modules.
+
+Every import counts, wherever it stands: at the top of a module, inside a function, and under
+``if TYPE_CHECKING:`` (an import cycle there is still a knot a reader must untie)."""
 
 from __future__ import annotations
 
@@ -52,6 +57,25 @@ def _imported(module: str, path: Path) -> set[str]:
     return names
 
 
+def module_graph() -> dict[str, set[str]]:
+    """Module → the modules of the tree it imports (anywhere in it). ``from pkg import name`` is an edge to
+    ``pkg.name`` when that is a module, else to ``pkg``; ``import a.b`` to ``a.b``."""
+    modules = _modules()
+    graph = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
+                stem = ".".join([*base, node.module] if node.module else base) if node.level else node.module
+                out.update(f"{stem}.{a.name}" if f"{stem}.{a.name}" in modules else stem for a in node.names)
+        graph[module] = {m for m in out if m in modules and m != module}
+    return graph
+
+
 def _folder(name: str) -> str | None:
     parts = name.split(".")
     return parts[1] if len(parts) > 1 and parts[0] == "omniduplex" and parts[1] in TOP else None
@@ -70,7 +94,7 @@ def folder_edges() -> dict[tuple[str, str], list[str]]:
 
 
 def _cycle(edges) -> list[str] | None:
-    """One cycle of the folder graph as a path ``[a, b, ..., a]``, or ``None``."""
+    """One cycle of a graph given by its edges ``(a, b)`` as a path ``[a, b, ..., a]``, or ``None``."""
     graph: dict[str, set[str]] = {}
     for a, b in edges:
         graph.setdefault(a, set()).add(b)
@@ -126,3 +150,93 @@ def test_the_checker_sees_a_cycle_and_a_relative_import(tmp_path):
         "omniduplex.app.session",
         "omniduplex.relay.edge",
     }
+
+
+def test_no_import_cycle_between_modules():
+    """No module of the tree imports itself through others (the folder rule above is coarser)."""
+    graph = module_graph()
+    cycle = _cycle([(a, b) for a, bs in graph.items() for b in bs])
+    assert cycle is None, "cycle " + " -> ".join(cycle)
+
+
+APP_PARTS = ("core", "host", "surfaces")
+WIRE = "omniduplex.app.surfaces.wire"
+"""Wire formats shared by surfaces (not a surface): any surface may import them."""
+
+
+def app_part(module: str) -> str | None:
+    """``core``, ``host``, ``surfaces.<name>`` (``surfaces.wire`` for the shared wire formats) or ``top`` (a
+    module at the top of ``app/``) for a module of ``app``; ``None`` outside it."""
+    parts = module.split(".")
+    if parts[:2] != ["omniduplex", "app"]:
+        return None
+    if len(parts) == 2 or parts[2] not in APP_PARTS:
+        return "top"
+    if parts[2] == "surfaces":
+        return "surfaces" if len(parts) == 3 else f"surfaces.{parts[3]}"
+    return parts[2]
+
+
+def app_violations(graph: dict[str, set[str]]) -> list[str]:
+    """The imports that break the rules of ``app/``: the core imports no host, surface or top-level module;
+    the host no surface or top-level module; a surface no other surface (the wire formats excepted) and no
+    top-level module; the wire formats only the core."""
+    bad = []
+    for module, imported in sorted(graph.items()):
+        src = app_part(module)
+        if src is None or src == "top":
+            continue
+        for name in sorted(imported):
+            dst = app_part(name)
+            if dst is None or dst == src:
+                continue
+            if src == "core" and dst != "core":
+                bad.append(f"core imports {dst}: {module} -> {name}")
+            elif src == "host" and dst not in ("core", "host"):
+                bad.append(f"host imports {dst}: {module} -> {name}")
+            elif src == "surfaces.wire" and dst != "core":
+                bad.append(f"the wire formats import {dst}: {module} -> {name}")
+            elif src.startswith("surfaces") and dst not in ("core", "host", "surfaces.wire"):
+                bad.append(f"{src} imports {dst}: {module} -> {name}")
+    return bad
+
+
+def test_app_core_host_and_surfaces_keep_their_rules():
+    assert app_violations(module_graph()) == []
+
+
+def test_app_top_level_holds_at_most_six_modules():
+    top = sorted(p.name for p in (ROOT / "app").glob("*.py"))
+    assert len(top) <= 6, top
+
+
+def test_the_module_checkers_see_a_hand_drawn_cycle_and_each_broken_rule():
+    drawn = {
+        "omniduplex.app.core.session": {"omniduplex.app.core.conversation"},
+        "omniduplex.app.core.conversation": {"omniduplex.app.core.history"},
+        "omniduplex.app.core.history": {"omniduplex.app.core.session"},
+    }
+    cycle = _cycle([(a, b) for a, bs in drawn.items() for b in bs])
+    assert cycle is not None and cycle[0] == cycle[-1] and set(cycle) == set(drawn)
+    assert _cycle([("a", "b"), ("b", "c"), ("a", "c")]) is None
+    bad = app_violations(
+        {
+            "omniduplex.app.core.session": {"omniduplex.app.host.state"},
+            "omniduplex.app.host.state": {"omniduplex.app.surfaces.realtime.routes", "omniduplex.app.core.x"},
+            "omniduplex.app.surfaces.browser.webrtc": {
+                "omniduplex.app.surfaces.kiosk.config",
+                "omniduplex.app.surfaces.wire.g711",
+                "omniduplex.app.host.state",
+            },
+            "omniduplex.app.surfaces.wire.g711": {"omniduplex.app.surfaces.phone.routes"},
+        }
+    )
+    assert [b.split(":")[0] for b in bad] == [
+        "core imports host",
+        "host imports surfaces.realtime",
+        "surfaces.browser imports surfaces.kiosk",
+        "the wire formats import surfaces.phone",
+    ]
+    graph = module_graph()  # and the real graph resolves `from pkg import module` to the module
+    assert "omniduplex.app.surfaces.phone.sip.message" in graph["omniduplex.app.surfaces.phone.sip.uas"]
+    assert "omniduplex.app.surfaces.phone.sip" not in graph["omniduplex.app.surfaces.phone.sip.uas"]

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from omniduplex.app.events import UserTranscriptEvent, UserTranscriptPartial, UserTurnCommitted
-from omniduplex.app.live_asr import AgreedPrefix, LiveTranscriber
-from omniduplex.app.replies import OrchestratorResponder
-from omniduplex.app.session import Session, SessionConfig
-from omniduplex.app.vad import TurnConfig, WebRtcVad
+from omniduplex.app.core.events import UserTranscriptEvent, UserTranscriptPartial, UserTurnCommitted
+from omniduplex.app.core.live_asr import AgreedPrefix, LiveTranscriber
+from omniduplex.app.core.replies import OrchestratorResponder
+from omniduplex.app.core.session import Session, SessionConfig
+from omniduplex.app.core.vad import TurnConfig, WebRtcVad
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.local_backend import LocalBackend
 from omniduplex.pipeline.messages import StageMessage

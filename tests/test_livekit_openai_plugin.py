@@ -26,7 +26,7 @@ pytest.importorskip("livekit.plugins.openai")
 from livekit.plugins.openai.realtime import RealtimeModel  # noqa: E402
 from openai.types.realtime.realtime_audio_input_turn_detection import ServerVad  # noqa: E402
 
-from omniduplex.app.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta  # noqa: E402
+from omniduplex.app.core.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta  # noqa: E402
 from omniduplex.app.server import ServerConfig, create_app  # noqa: E402
 from omniduplex.benchmarks.local_server import LocalServer  # noqa: E402
 

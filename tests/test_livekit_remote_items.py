@@ -1,4 +1,5 @@
-"""The remote plugin's copy of the server's conversation (app/livekit/remote_items.py) on typed events: server
+"""The remote plugin's copy of the server's conversation (app/surfaces/livekit/remote_items.py) on typed
+events: server
 items parsed from the wire update it, and the client events it builds are what the server parses."""
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ pytest.importorskip("livekit.agents")
 
 from livekit.agents import llm  # noqa: E402
 
-from omniduplex.app.livekit.remote_items import RemoteConversation  # noqa: E402
-from omniduplex.app.realtime import server_events as S  # noqa: E402
-from omniduplex.app.realtime.client_events import ConversationItemCreate, ConversationItemDelete  # noqa: E402
-from omniduplex.app.realtime.protocol import client_event_json, parse_client_event, parse_server_event  # noqa: E402
+from omniduplex.app.surfaces.livekit.remote_items import RemoteConversation  # noqa: E402
+from omniduplex.app.surfaces.wire.realtime import server_events as S  # noqa: E402
+from omniduplex.app.surfaces.wire.realtime.client_events import ConversationItemCreate, ConversationItemDelete  # noqa: E402
+from omniduplex.app.surfaces.wire.realtime.protocol import (  # noqa: E402
+    client_event_json,
+    parse_client_event,
+    parse_server_event,
+)
 
 
 def received(event) -> S.WireModel:

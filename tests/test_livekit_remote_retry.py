@@ -20,9 +20,9 @@ from livekit.agents import Agent, AgentSession, APIConnectionError, llm  # noqa:
 from livekit_io import MicInput, SpeakerOutput  # noqa: E402
 from livekit_scripted import ScriptedPipeline  # noqa: E402
 
-from omniduplex.app.livekit.remote import RemoteOptions, RemoteRealtimeModel  # noqa: E402
-from omniduplex.app.livekit.remote_link import RetryPolicy  # noqa: E402
 from omniduplex.app.server import ServerConfig, create_app  # noqa: E402
+from omniduplex.app.surfaces.livekit.remote import RemoteOptions, RemoteRealtimeModel  # noqa: E402
+from omniduplex.app.surfaces.livekit.remote_link import RetryPolicy  # noqa: E402
 
 FAST = RetryPolicy(initial_s=0.1, max_delay_s=0.4, give_up_after_s=None, connect_timeout_s=3.0)
 

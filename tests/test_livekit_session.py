@@ -21,9 +21,9 @@ from livekit.agents.voice.room_io.room_io import RoomIO  # noqa: E402
 from livekit_io import RATE, MicInput, SpeakerOutput, speech  # noqa: E402
 from livekit_scripted import CHUNK_S, WORDS, ScriptedPipeline  # noqa: E402
 
-from omniduplex.app.history import truncate_aligned  # noqa: E402
-from omniduplex.app.livekit.local_model import PipelineRealtimeModel  # noqa: E402
-from omniduplex.app.livekit.worker import show_thinking  # noqa: E402
+from omniduplex.app.core.history import truncate_aligned  # noqa: E402
+from omniduplex.app.surfaces.livekit.local_model import PipelineRealtimeModel  # noqa: E402
+from omniduplex.app.surfaces.livekit.worker import show_thinking  # noqa: E402
 
 GREEN_TEA = Path(__file__).resolve().parents[1] / "examples" / "green_tea.wav"
 

@@ -12,12 +12,12 @@ pytest.importorskip("livekit.agents")
 from livekit import rtc  # noqa: E402
 from livekit.agents import llm  # noqa: E402
 
-from omniduplex.app.audio import AudioPort  # noqa: E402
-from omniduplex.app.history import History  # noqa: E402
-from omniduplex.app.livekit.audio import frame_pcm, pcm_frame  # noqa: E402
-from omniduplex.app.livekit.chat_sync import ItemIds, apply_chat_ctx, history_chat_ctx  # noqa: E402
-from omniduplex.app.livekit.remote_link import RetryPolicy  # noqa: E402
-from omniduplex.app.livekit.turn_signals import SpeechSignals  # noqa: E402
+from omniduplex.app.core.audio import AudioPort  # noqa: E402
+from omniduplex.app.core.history import History  # noqa: E402
+from omniduplex.app.surfaces.livekit.audio import frame_pcm, pcm_frame  # noqa: E402
+from omniduplex.app.surfaces.livekit.chat_sync import ItemIds, apply_chat_ctx, history_chat_ctx  # noqa: E402
+from omniduplex.app.surfaces.livekit.remote_link import RetryPolicy  # noqa: E402
+from omniduplex.app.surfaces.livekit.turn_signals import SpeechSignals  # noqa: E402
 
 
 def test_speech_over_a_reply_is_reported_only_when_it_barges_in():

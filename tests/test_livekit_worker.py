@@ -19,9 +19,9 @@ import uvicorn  # noqa: E402
 from fastapi import FastAPI, Request, Response  # noqa: E402
 from livekit import api  # noqa: E402
 
-from omniduplex.app.livekit import worker  # noqa: E402
-from omniduplex.app.livekit.local_model import PipelineRealtimeModel  # noqa: E402
-from omniduplex.app.livekit.remote import RemoteRealtimeModel  # noqa: E402
+from omniduplex.app.surfaces.livekit import worker  # noqa: E402
+from omniduplex.app.surfaces.livekit.local_model import PipelineRealtimeModel  # noqa: E402
+from omniduplex.app.surfaces.livekit.remote import RemoteRealtimeModel  # noqa: E402
 
 KEY, SECRET = "omniduplex", "a-secret-of-at-least-32-characters-long"
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("LIVEKIT_", "OMNIDUPLEX_"))}

@@ -10,10 +10,11 @@ import logging
 
 import pytest
 
-from omniduplex.app import logs
-from omniduplex.app.events import SessionStarted, UserTurnCommitted
-from omniduplex.app.metrics import MeteredResponder, ServerMetrics
-from omniduplex.app.server import ServerConfig, ServerState
+from omniduplex.app.core.events import SessionStarted, UserTurnCommitted
+from omniduplex.app.host import logs
+from omniduplex.app.host.metrics import MeteredResponder, ServerMetrics
+from omniduplex.app.host.state import ServerState
+from omniduplex.app.server import ServerConfig
 from omniduplex.pipeline.stage_stats import StatsReporter, worker_stats
 
 

@@ -24,7 +24,7 @@ from omniduplex.models.cascade.moonshine import (
     fold_dequantize,
     is_moonshine_dir,
 )
-from omniduplex.models.weights import locate_moonshine_base
+from omniduplex.models.weights import locate_moonshine_base, package_dir, packages_dir
 from omniduplex.pipeline.audio_io import load_audio
 
 BECKETT_TEXT = "ever tried ever failed no matter try again fail again fail better"
@@ -81,13 +81,11 @@ def test_fold_dequantize_keeps_the_graph_output(tmp_path):
 
 
 def test_tokenizer_matches_the_reference_tokenizer_json(model_dir):
-    spec = importlib.util.find_spec("moonshine_onnx")  # useful-moonshine-onnx: its tokenizer.json, an oracle
-    assert spec is not None, "pip install --no-deps useful-moonshine-onnx==20251121 (test oracle)"
+    root = package_dir("moonshine_onnx")  # useful-moonshine-onnx: its tokenizer.json, an oracle
+    assert root is not None, "bash scripts/install.sh test (installs the useful-moonshine-onnx oracle)"
     from tokenizers import Tokenizer
 
-    ref = Tokenizer.from_file(
-        str(Path(list(spec.submodule_search_locations)[0]) / "assets" / "tokenizer.json")
-    )
+    ref = Tokenizer.from_file(str(root / "assets" / "tokenizer.json"))
     ours = MoonshineTokenizer(model_dir / "tokenizer.bin")
     assert len(ours.pieces) == 32000
     for text in ["Ever tried. Ever failed.", "It's 7:30 — café, naïve; 東京!", "  two  spaces\tand tab"]:
@@ -115,8 +113,10 @@ def test_transcribes_real_speech(asr, beckett):
 
 
 @pytest.mark.slow
-def test_same_tokens_as_the_reference_loader_on_the_shipped_ort(model_dir, beckett):
+def test_same_tokens_as_the_reference_loader_on_the_shipped_ort(model_dir, beckett, monkeypatch):
     """useful-moonshine-onnx's loader (oracle) on the untouched ``.ort`` files vs our fp32 conversion."""
+    if importlib.util.find_spec("moonshine_onnx") is None:  # installed apart (scripts/install.sh)
+        monkeypatch.syspath_prepend(str(packages_dir()))
     from moonshine_onnx.model import MoonshineOnnxModel
 
     ref = MoonshineOnnxModel(models_dir=str(model_dir), model_name="base", model_format="ort")

@@ -1,5 +1,5 @@
 """Connecting while the server is not ready: every surface answers in its own protocol, before any session
-exists, in both windows (app/readiness.py): the stages still starting (``serve``'s background start, no
+exists, in both windows (app/host/readiness.py): the stages still starting (``serve``'s background start, no
 responder yet) and a crashed stage restarting (started, the backend not ready).
 
 Realtime: an ``error`` event then a close 1013; Twilio: 503 on the webhook, close 1013 on the media stream;
@@ -21,10 +21,11 @@ from openai import AsyncOpenAI
 from test_server import BROWSER_LIKE_OFFER, IdleResponder
 from websockets.exceptions import ConnectionClosed
 
-from omniduplex.app.livekit.remote_link import RealtimeLink, RetryPolicy
-from omniduplex.app.phone.config import SipConfig
-from omniduplex.app.phone.sip import message as sipmsg
-from omniduplex.app.server import ServerConfig, ServerState, create_app
+from omniduplex.app.host.state import ServerState
+from omniduplex.app.server import ServerConfig, create_app
+from omniduplex.app.surfaces.livekit.remote_link import RealtimeLink, RetryPolicy
+from omniduplex.app.surfaces.phone.config import SipConfig
+from omniduplex.app.surfaces.phone.sip import message as sipmsg
 from omniduplex.benchmarks.local_server import LocalServer
 
 

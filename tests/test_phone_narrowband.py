@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import soxr
 
-from omniduplex.app.audio import AudioPort
-from omniduplex.app.events import UserTurnCommitted
-from omniduplex.app.phone import narrowband as nb
-from omniduplex.app.replies import ReplyDone
-from omniduplex.app.session import Session, SessionConfig
+from omniduplex.app.core.audio import AudioPort
+from omniduplex.app.core.events import UserTurnCommitted
+from omniduplex.app.core.replies import ReplyDone
+from omniduplex.app.core.session import Session, SessionConfig
+from omniduplex.app.surfaces.wire import g711 as nb
 from omniduplex.pipeline.audio_io import load_audio
 
 with warnings.catch_warnings():

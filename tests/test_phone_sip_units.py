@@ -8,11 +8,18 @@ import struct
 
 import pytest
 
-from omniduplex.app.phone.config import SipConfig
-from omniduplex.app.phone.sip import message as sipmsg
-from omniduplex.app.phone.sip import sdp
-from omniduplex.app.phone.sip.auth import Gate, digest_response, parse_digest
-from omniduplex.app.phone.sip.rtp import JitterBuffer, PortPool, RtpEndpoint, build_rtp, parse_dtmf, parse_rtp
+from omniduplex.app.surfaces.phone.config import SipConfig
+from omniduplex.app.surfaces.phone.sip import message as sipmsg
+from omniduplex.app.surfaces.phone.sip import sdp
+from omniduplex.app.surfaces.phone.sip.auth import Gate, digest_response, parse_digest
+from omniduplex.app.surfaces.phone.sip.rtp import (
+    JitterBuffer,
+    PortPool,
+    RtpEndpoint,
+    build_rtp,
+    parse_dtmf,
+    parse_rtp,
+)
 
 INVITE = (
     b"INVITE sip:bot@example.com SIP/2.0\r\n"

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 import soxr
 
-from omniduplex.app.phone import twilio
-from omniduplex.app.phone.config import TwilioConfig
-from omniduplex.app.phone.narrowband import ulaw_encode
-from omniduplex.app.phone.routes import connect_stream_twiml, twilio_signature
-from omniduplex.app.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
+from omniduplex.app.core.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
+from omniduplex.app.core.session import SessionConfig
+from omniduplex.app.core.vad import TurnConfig
 from omniduplex.app.server import ServerConfig, create_app
-from omniduplex.app.session import SessionConfig
-from omniduplex.app.vad import TurnConfig
+from omniduplex.app.surfaces.phone import twilio
+from omniduplex.app.surfaces.phone.config import TwilioConfig
+from omniduplex.app.surfaces.phone.routes import connect_stream_twiml, twilio_signature
+from omniduplex.app.surfaces.wire.g711 import ulaw_encode
 from omniduplex.pipeline.audio_io import load_audio
 
 START = {

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_session import LOUD, QUIET, Harness, run, tone
 
-from omniduplex.app.events import (
+from omniduplex.app.core.events import (
     ReplyAudioStarted,
     ReplyEnded,
     ReplyStarted,
@@ -21,8 +21,8 @@ from omniduplex.app.events import (
     UserTranscriptEvent,
     UserTurnCommitted,
 )
-from omniduplex.app.replies import ReplyAudioChunk, ReplyDone, ReplyTextDelta, UserTranscript
-from omniduplex.app.vad import TurnConfig
+from omniduplex.app.core.replies import ReplyAudioChunk, ReplyDone, ReplyTextDelta, UserTranscript
+from omniduplex.app.core.vad import TurnConfig
 
 PREEMPT = 200
 

@@ -15,8 +15,9 @@ import torch
 from test_tts_stage import norm, tokens
 from typer.testing import CliRunner
 
-from omniduplex.app.respond import TurnOptions, respond
+from omniduplex.app.host.pipeline import TurnOptions
 from omniduplex.cli.main import cli
+from omniduplex.cli.respond import respond
 from omniduplex.models.cascade.manifest import load_manifest, write_manifest
 from omniduplex.models.qwen3_tts.generate import generate_codes
 from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
@@ -154,7 +155,7 @@ def test_turn_voice_picks_the_speaker(manifest):
 
 
 def test_speech_endpoint_uses_the_cascade_tts(manifest):
-    from omniduplex.app.realtime.routes import _tts_dir
+    from omniduplex.app.host.speech.services import qwen3_tts_dir as _tts_dir
     from omniduplex.app.server import ServerConfig
 
     assert _tts_dir(ServerConfig(model=str(manifest))) == str(load_manifest(manifest).tts)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from omniduplex.app.respond import new_orchestrator
+from omniduplex.app.host.pipeline import new_orchestrator
 from omniduplex.models.qwen3_tts.codec_batch import push_together
 from omniduplex.models.qwen3_tts.codec_stream import CodecStream, StreamingDecoder
 from omniduplex.models.qwen3_tts.model import load_qwen3_tts
@@ -235,8 +235,8 @@ def test_speech_endpoint_on_the_graph_streams_and_refuses_bad_voices(ckpt, model
     import httpx
     from test_server import IdleResponder
 
+    from omniduplex.app.host.speech.qwen3_graph import Qwen3GraphSpeech
     from omniduplex.app.server import ServerConfig, create_app
-    from omniduplex.app.speech_graph import Qwen3GraphSpeech
 
     voice = sorted(model.config.speakers)[0]
     _, one_shot = _reference(ckpt, model, voice, TEXTS[1], 12)

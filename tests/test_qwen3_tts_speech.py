@@ -1,4 +1,5 @@
-"""``POST /v1/audio/speech`` served by Qwen3-TTS (``serve --tts DIR``; app/speech.py), tiny presets: the
+"""``POST /v1/audio/speech`` served by Qwen3-TTS (``serve --tts DIR``; app/host/speech/qwen3.py), tiny
+presets: the
 streamed audio equals the one-shot decode of the greedy reference frames, concurrent requests batch without
 changing each other's audio, and every bad request gets its own 400 while good ones still speak."""
 
@@ -15,8 +16,8 @@ import pytest
 import soundfile as sf
 from test_server import IdleResponder
 
+from omniduplex.app.host.speech.qwen3 import Qwen3Speech
 from omniduplex.app.server import ServerConfig, create_app
-from omniduplex.app.speech import Qwen3Speech
 from omniduplex.models.qwen3_tts.generate import generate_codes
 from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
 
@@ -168,10 +169,10 @@ def test_voice_design_needs_instructions(services):
 
 def test_piper_stays_the_default():
     """Without ``tts`` the route never loads Qwen3-TTS (the Piper path is tested in test_openai_rest.py)."""
-    from omniduplex.app.realtime.routes import _qwen3_speech
+    from omniduplex.app.host.speech.services import qwen3_tts_dir
 
     state = create_app(ServerConfig(max_sessions=1), responder=IdleResponder()).state.server
-    assert _qwen3_speech(state) is None and getattr(state, "speech", None) is None
+    assert qwen3_tts_dir(state.cfg) is None and state.speech is None
 
 
 def test_leaving_a_stream_early_aborts_its_request(services):

@@ -23,10 +23,10 @@ from openai.types.realtime.response_create_event_with_references_param import (
 )
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from omniduplex.app.audio import to_float32
-from omniduplex.app.realtime import audio
-from omniduplex.app.realtime import server_events as S
-from omniduplex.app.realtime.client_events import (
+from omniduplex.app.core.audio import to_float32
+from omniduplex.app.surfaces.wire.realtime import audio
+from omniduplex.app.surfaces.wire.realtime import server_events as S
+from omniduplex.app.surfaces.wire.realtime.client_events import (
     CLIENT_EVENTS,
     ConversationItemTruncate,
     InputAudioBufferAppend,
@@ -36,7 +36,7 @@ from omniduplex.app.realtime.client_events import (
     SessionUpdate,
     apply_session_update,
 )
-from omniduplex.app.realtime.protocol import (
+from omniduplex.app.surfaces.wire.realtime.protocol import (
     ProtocolError,
     client_event_json,
     parse_client_event,
@@ -658,8 +658,8 @@ def test_converters_stream_client_formats():
 
 
 def test_runtime_does_not_import_openai():
-    code = "import sys, omniduplex.app.realtime.audio as a, omniduplex.app.realtime.protocol as p; "
-    code += "print('openai' in sys.modules)"
+    code = "import sys, omniduplex.app.surfaces.wire.realtime.audio as a, "
+    code += "omniduplex.app.surfaces.wire.realtime.protocol as p; print('openai' in sys.modules)"
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
         == "False\n"
@@ -669,8 +669,8 @@ def test_runtime_does_not_import_openai():
 def test_server_vad_keeps_hearing_past_the_buffer_limit_and_manual_mode_is_told_to_commit():
     """With server VAD a long silence between turns must not make the session deaf: the buffer drops its
     oldest audio and every append still reaches the VAD; without VAD the client is told to commit."""
-    from omniduplex.app.realtime.connection import RealtimeConnection, RealtimeLimits
-    from omniduplex.app.session import SessionConfig
+    from omniduplex.app.core.session import SessionConfig
+    from omniduplex.app.surfaces.realtime.connection import RealtimeConnection, RealtimeLimits
 
     class Silent:
         output_rate = 24000
@@ -685,7 +685,7 @@ def test_server_vad_keeps_hearing_past_the_buffer_limit_and_manual_mode_is_told_
     for _ in range(6):
         conn.handle(append)
     sent = [conn.outbox.get_nowait().type for _ in range(conn.outbox.qsize())]
-    assert "error" not in sent and conn.buffered <= 16000
+    assert "error" not in sent and conn.buffer.samples <= 16000
     assert 148 <= len(pushed) <= 150  # all 3 s went to the VAD in 20 ms frames (less the resampler delay)
     conn.handle(
         json.dumps(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from fastapi.testclient import TestClient
 
-from omniduplex.app.replies import OrchestratorResponder, ReplyDone
+from omniduplex.app.core.replies import OrchestratorResponder, ReplyDone
 from omniduplex.app.server import ServerConfig, create_app
 
 

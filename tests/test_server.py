@@ -13,9 +13,10 @@ import pytest
 from aiortc import RTCPeerConnection
 from prometheus_client.parser import text_string_to_metric_families
 
-from omniduplex.app.events import ReplyAudioStarted, ReplyEnded, UserTurnCommitted
-from omniduplex.app.server import ServerConfig, ServerState, create_app, summarize
-from omniduplex.app.webrtc import OfferError, check_offer
+from omniduplex.app.core.events import ReplyAudioStarted, ReplyEnded, UserTurnCommitted
+from omniduplex.app.host.state import ServerState, summarize
+from omniduplex.app.server import ServerConfig, create_app
+from omniduplex.app.surfaces.browser.webrtc import OfferError, check_offer
 
 BROWSER_LIKE_OFFER = (
     "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=ice-ufrag:x\r\n"

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from test_turn_detection import CUT_OFF, FINISHED, espeak, needs_espeak, silence
 
-from omniduplex.app.events import (
+from omniduplex.app.core.events import (
     BargeIn,
     ReplyAudioStarted,
     ReplyEnded,
@@ -24,12 +24,12 @@ from omniduplex.app.events import (
     UserSpeechStarted,
     UserTurnCommitted,
 )
-from omniduplex.app.history import History, truncate_reply
-from omniduplex.app.playout import PlayoutBuffer
-from omniduplex.app.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
-from omniduplex.app.session import Session, SessionConfig
-from omniduplex.app.turn_detection import SmartTurnModel
-from omniduplex.app.vad import TurnConfig, WebRtcVad
+from omniduplex.app.core.history import History, truncate_reply
+from omniduplex.app.core.playout import PlayoutBuffer
+from omniduplex.app.core.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
+from omniduplex.app.core.session import Session, SessionConfig
+from omniduplex.app.core.turn_detection import SmartTurnModel
+from omniduplex.app.core.vad import TurnConfig, WebRtcVad
 
 OUT_RATE = 48000
 OUT_FRAME = 960  # 20 ms at 48 kHz

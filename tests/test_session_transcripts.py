@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from test_session import LOUD, QUIET, Harness, run, tone
 
-from omniduplex.app.events import ReplyEnded, UserTranscriptEvent, UserTurnCommitted
-from omniduplex.app.history import History, truncate_aligned, truncate_reply
-from omniduplex.app.replies import ReplyAudioChunk, ReplyDone, ReplyTextDelta, UserTranscript
-from omniduplex.app.vad import TurnConfig
+from omniduplex.app.core.events import ReplyEnded, UserTranscriptEvent, UserTurnCommitted
+from omniduplex.app.core.history import History, truncate_aligned, truncate_reply
+from omniduplex.app.core.replies import ReplyAudioChunk, ReplyDone, ReplyTextDelta, UserTranscript
+from omniduplex.app.core.vad import TurnConfig
 
 
 @pytest.mark.parametrize(

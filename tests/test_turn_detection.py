@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omniduplex.app.turn_detection import (
+from omniduplex.app.core.turn_detection import (
     SMART_TURN_FRAMES,
     SMART_TURN_MELS,
     SMART_TURN_SAMPLES,
@@ -22,7 +22,8 @@ from omniduplex.app.turn_detection import (
     load_turn_model,
     window,
 )
-from omniduplex.app.vad import SpeechSegmenter, TurnConfig
+from omniduplex.app.core.vad import SpeechSegmenter, TurnConfig
+from omniduplex.models.weights import package_dir
 
 needs_espeak = pytest.mark.skipif(
     shutil.which("espeak-ng") is None or shutil.which("sox") is None, reason="needs espeak-ng and sox"
@@ -55,10 +56,10 @@ def silence(seconds: float) -> np.ndarray:
 def pipecat_features():
     """pipecat's vendored Whisper feature code, loaded from its file (the package ``__init__`` needs
     loguru, which is not installed; the feature module needs only numpy)."""
-    spec = importlib.util.find_spec("pipecat")
-    if spec is None or not spec.submodule_search_locations:
+    root = package_dir("pipecat")  # installed apart by scripts/install.sh (models/weights.py)
+    if root is None:
         pytest.skip("pipecat-ai is not installed")
-    path = Path(list(spec.submodule_search_locations)[0]) / "audio/turn/smart_turn/_whisper_features.py"
+    path = root / "audio/turn/smart_turn/_whisper_features.py"
     mod_spec = importlib.util.spec_from_file_location("pipecat_whisper_features", path)
     mod = importlib.util.module_from_spec(mod_spec)
     mod_spec.loader.exec_module(mod)

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omniduplex.app.events import UserTurnCommitted
-from omniduplex.app.session import Session, SessionConfig
-from omniduplex.app.vad import FRAME_SAMPLES, SpeechSegmenter, TurnConfig, WebRtcVad
+from omniduplex.app.core.events import UserTurnCommitted
+from omniduplex.app.core.session import Session, SessionConfig
+from omniduplex.app.core.vad import FRAME_SAMPLES, SpeechSegmenter, TurnConfig, WebRtcVad
 from omniduplex.pipeline.audio_io import load_audio
 
 QUESTION = Path(__file__).parents[1] / "examples" / "question.wav"

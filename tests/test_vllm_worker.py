@@ -12,7 +12,7 @@ import pytest
 import torch
 from turns import run_turn
 
-from omniduplex.app.respond import CASCADE_SYSTEM_PROMPT, default_model, new_orchestrator
+from omniduplex.app.host.pipeline import CASCADE_SYSTEM_PROMPT, default_model, new_orchestrator
 from omniduplex.models.cascade.gguf_import import cached_import
 from omniduplex.models.registry import load_model
 from omniduplex.models.weights import SMOLLM2_135M, WeightsError, cache_dir, locate

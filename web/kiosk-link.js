@@ -19,7 +19,7 @@ const HEALTH_TIMEOUT_MS = 1500;
 const STABLE_MS = 10000;            // live this long: the next loss retries from the shortest delay
 const BACKOFF_MIN_MS = 500;
 
-/** `path` with the page's ?token= (servers with API keys; app/auth.py), if it has one. */
+/** `path` with the page's ?token= (servers with API keys; app/host/auth.py), if it has one. */
 function withToken(path) {
   const token = new URLSearchParams(location.search).get("token");
   return token ? `${path}${path.includes("?") ? "&" : "?"}token=${encodeURIComponent(token)}` : path;

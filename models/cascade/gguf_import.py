@@ -39,6 +39,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
+from omniduplex.kernels.once import one_time_step
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.weights import sha256_file
 
@@ -450,4 +451,5 @@ def cached_import(gguf_path: str | Path, cache_root: str | Path) -> Path:
     target = Path(cache_root) / f"{src.stem}-{digest[:12]}"
     if is_complete(target):
         return target
-    return _import(src, target, sha256=digest, replace=False)
+    with one_time_step(f"importing {src.name}", str(Path(cache_root))):
+        return _import(src, target, sha256=digest, replace=False)

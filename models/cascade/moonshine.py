@@ -34,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from omniduplex.models.cascade.asr import SAMPLE_RATE, Transcript
+from omniduplex.kernels.once import one_time_step
+from omniduplex.models.cascade.transcript import SAMPLE_RATE, Transcript
 
 ENCODER = "encoder_model"
 DECODER = "decoder_model_merged"
@@ -216,6 +217,13 @@ def converted_dir(model_dir: str | Path, cache_root: str | Path) -> Path:
     target = Path(cache_root) / "moonshine" / f"{src.name}-{_digest(files)[:12]}"
     if is_moonshine_dir(target):
         return target
+    with one_time_step(f"converting the Moonshine model {src.name}", str(target.parent)):
+        _convert(src, target)
+    return target
+
+
+def _convert(src: Path, target: Path) -> None:
+    """:func:`converted_dir`'s conversion of ``src`` into ``target``."""
     import onnx
     import onnxruntime as ort
 
@@ -244,7 +252,6 @@ def converted_dir(model_dir: str | Path, cache_root: str | Path) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def split_decoder(model) -> tuple:

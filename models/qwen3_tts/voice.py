@@ -3,7 +3,8 @@
 A voice is what the checkpoint's variant takes (``tts_model_type``): a CustomVoice speaker name (with an
 optional style instruction), a VoiceDesign description, or for Base a reference clip to clone (24 kHz, at
 least :data:`MIN_REF_SECONDS`; its x-vector, and with its transcript the clip's codec frames in context).
-The speech API (``app/speech.py``) and the cascade's TTS stage (``pipeline/stages/qwen3_tts_stage.py``)
+The speech API (``app/host/speech/qwen3.py``) and the cascade's TTS stage
+(``pipeline/stages/qwen3_tts_stage.py``)
 share these checks; the conditioning (x-vector, reference codes) is computed once per voice, not per text.
 """
 

@@ -7,7 +7,8 @@ speaker), ``instructions``, ``language`` (default ``auto``), ``ref_text``, ``sam
 :class:`~omniduplex.pipeline.engine.request.SamplingParams` fields over the stage's; ``max_tokens`` is capped
 by the stage's ``max_frames`` and the context); tensor ``ref_audio`` float32 ``[n]`` at 24 kHz (Base
 checkpoints: the clip to clone). The request fields mean what they mean for ``POST /v1/audio/speech``
-(:mod:`omniduplex.app.speech`); a request the checkpoint cannot serve raises ValueError in ``submit``
+(:mod:`omniduplex.app.host.speech.qwen3`); a request the checkpoint cannot serve raises ValueError in
+``submit``
 (:class:`~omniduplex.models.qwen3_tts.voice.VoiceError`: the stage fails that utterance alone, with the
 reason).
 

@@ -19,10 +19,16 @@ import re
 
 import numpy as np
 
-from omniduplex.app.auth import AuthConfig
-from omniduplex.app.kiosk import KioskConfig
-from omniduplex.app.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta, UserTranscript
+from omniduplex.app.core.replies import (
+    ReplyAudioChunk,
+    ReplyDone,
+    ReplyFailed,
+    ReplyTextDelta,
+    UserTranscript,
+)
+from omniduplex.app.host.auth import AuthConfig
 from omniduplex.app.server import ServerConfig, create_app
+from omniduplex.app.surfaces.kiosk.config import KioskConfig
 
 RATE = 24000
 """Reply audio rate (Hz)."""
@@ -48,7 +54,7 @@ def voice(seconds: float, seed: int = 0) -> np.ndarray:
 
 
 class ScriptedReplies:
-    """A :class:`~omniduplex.app.replies.Responder` with a known reply (see the module docstring).
+    """A :class:`~omniduplex.app.core.replies.Responder` with a known reply (see the module docstring).
 
     ``think_s``: commit → first audio chunk (s), so "thinking" is visible; ``clause_s``: audio per clause (s).
     ``started``: ``(turn_id, audio_s, options)`` of every turn, for in-process tests.

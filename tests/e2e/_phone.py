@@ -13,7 +13,7 @@ import numpy as np
 import soundfile
 import soxr
 
-from omniduplex.app.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
+from omniduplex.app.core.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
 from omniduplex.benchmarks.local_server import LocalServer
 from omniduplex.benchmarks.phone import phone_audio
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omniduplex.app.phone.narrowband import ulaw_decode, ulaw_encode
+from omniduplex.app.surfaces.wire.g711 import ulaw_decode, ulaw_encode
 
 SIPP_DIR = Path(__file__).parent / "sipp"
 

@@ -11,7 +11,7 @@ import pytest
 import soxr
 from speech import wer, words_of
 
-from omniduplex.app.respond import CASCADE_SYSTEM_PROMPT, default_model, new_orchestrator
+from omniduplex.app.host.pipeline import CASCADE_SYSTEM_PROMPT, default_model, new_orchestrator
 from omniduplex.models.cascade.moonshine import MoonshineASR
 from omniduplex.models.cascade.tts import PiperTTS
 from omniduplex.models.weights import PIPER_JOE, PIPER_JOE_CONFIG, locate, locate_moonshine_base

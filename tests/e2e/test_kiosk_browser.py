@@ -21,7 +21,7 @@ import pytest
 from _kiosk_server import GREETING, REPLY_CLAUSES, TITLE, USER_WORDS, kiosk_app
 from test_browser_voice_chat import CHROMIUM, CHROMIUM_ARGS, free_port
 
-from omniduplex.app.kiosk import TEXT_CONTRAST, contrast_ratio
+from omniduplex.app.surfaces.kiosk.config import TEXT_CONTRAST, contrast_ratio
 from omniduplex.benchmarks.local_server import LocalServer
 
 pytestmark = pytest.mark.slow

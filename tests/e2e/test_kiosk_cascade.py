@@ -21,8 +21,8 @@ from test_kiosk_browser import (
     wait_until,
 )
 
-from omniduplex.app.kiosk import KioskConfig
 from omniduplex.app.server import ServerConfig, create_app
+from omniduplex.app.surfaces.kiosk.config import KioskConfig
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

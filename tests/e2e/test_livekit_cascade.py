@@ -15,8 +15,8 @@ pytest.importorskip("livekit.agents")
 from livekit.agents import Agent, AgentSession  # noqa: E402
 from livekit_io import RATE, MicInput, SpeakerOutput, speech  # noqa: E402
 
-from omniduplex.app.livekit.local_model import PipelineOptions, PipelineRealtimeModel  # noqa: E402
-from omniduplex.app.livekit.worker import show_thinking  # noqa: E402
+from omniduplex.app.surfaces.livekit.local_model import PipelineOptions, PipelineRealtimeModel  # noqa: E402
+from omniduplex.app.surfaces.livekit.worker import show_thinking  # noqa: E402
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -1,7 +1,9 @@
 """The remote plugin against a running ``omniduplex serve`` (default cascade, uvicorn on a loopback port, as
 tests/e2e/test_realtime.py runs it): an AgentSession whose model is the server's ``/v1/realtime``, with
 in-memory room audio. A spoken question is transcribed by the server's ASR and answered aloud; speech over
-the next reply interrupts it, and the server's history keeps only what the room played."""
+the next reply interrupts it, and the server's history keeps only what the room played. How fast the
+story's clauses come does not matter: the barge-in may land while one plays or in the gap before the next
+(the barge-in contract in app/surfaces/livekit/remote.py; tests/test_livekit_remote_barge_in.py pins both)."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ pytest.importorskip("livekit.agents")
 from livekit.agents import Agent, AgentSession  # noqa: E402
 from livekit_io import RATE, MicInput, SpeakerOutput, speech  # noqa: E402
 
-from omniduplex.app.livekit.remote import RemoteOptions, RemoteRealtimeModel  # noqa: E402
 from omniduplex.app.server import ServerConfig, create_app  # noqa: E402
+from omniduplex.app.surfaces.livekit.remote import RemoteOptions, RemoteRealtimeModel  # noqa: E402
 from omniduplex.benchmarks.local_server import LocalServer
 
 pytestmark = pytest.mark.slow
@@ -67,14 +69,18 @@ def test_remote_session_spoken_turn_and_barge_in(server):
         await asyncio.sleep(0.5)  # the truncate reaches the server
         position, interrupted = speaker.reports[1]
         server_history = [list(e) for e in call.session.history.entries]
+        barge_ins = call.session.stats.barge_ins
         await session.aclose()
-        return transcripts, answered_s, position, interrupted, server_history, errors
+        return transcripts, answered_s, position, interrupted, server_history, errors, barge_ins
 
-    transcripts, answered_s, position, interrupted, server_history, errors = asyncio.run(main())
+    transcripts, answered_s, position, interrupted, server_history, errors, barge_ins = asyncio.run(main())
     assert any("green tea" in t.lower() for t in transcripts), transcripts
     assert answered_s > 1.0
-    # interrupted ~1.4 s in (0.5 s + VAD onset + the session's minimum interruption duration)
-    assert interrupted and 0.2 <= position <= 4.0, (position, interrupted, server_history)
+    assert barge_ins >= 1  # the server stopped the story when the user spoke over it
+    # the room's playback stopped within the story: interrupted ~1.4 s in (0.5 s + VAD onset), or, when the
+    # room had already played all the story's audio the server had sent (its next clause slow to come),
+    # complete at the end of that audio: both are what the room heard
+    assert 0.2 <= position <= 4.0, (position, interrupted, server_history)
     # the server's history has the story cut to the words of the ~position s the room played
     asked = server_history.index(["user", "Tell me a long story about a brave cat."])
     role, kept = server_history[asked + 1]

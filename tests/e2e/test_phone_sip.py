@@ -16,10 +16,10 @@ import webrtcvad
 from _phone import ServedApp, SpeechResponder, ToneResponder, free_port, question_8k
 from _sip import LoopbackCapture, decode_stream, sipp, sipp_errors, thread_cpu_s, write_caller
 
-from omniduplex.app.phone.config import SipConfig
+from omniduplex.app.core.session import SessionConfig
+from omniduplex.app.core.vad import TurnConfig
 from omniduplex.app.server import ServerConfig, create_app
-from omniduplex.app.session import SessionConfig
-from omniduplex.app.vad import TurnConfig
+from omniduplex.app.surfaces.phone.config import SipConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("sipp") is None, reason="needs sipp")]
 

@@ -24,7 +24,7 @@ from _sip import (
 )
 from test_phone_sip import released, sip_server, sip_state, wait_until
 
-from omniduplex.app.phone.sip.auth import digest_response, parse_digest
+from omniduplex.app.surfaces.phone.sip.auth import digest_response, parse_digest
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("sipp") is None, reason="needs sipp")]
 

@@ -13,9 +13,9 @@ import webrtcvad
 import websockets
 from _phone import ServedApp, question_8k
 
+from omniduplex.app.core.session import SessionConfig
+from omniduplex.app.core.vad import TurnConfig
 from omniduplex.app.server import ServerConfig, create_app
-from omniduplex.app.session import SessionConfig
-from omniduplex.app.vad import TurnConfig
 from omniduplex.benchmarks.phone import TwilioCaller
 
 pytestmark = pytest.mark.slow

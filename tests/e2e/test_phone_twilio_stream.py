@@ -14,11 +14,11 @@ import websockets
 from _phone import QUESTION, WORD_S, WORDS, ServedApp, ToneResponder, question_8k
 from _sip import thread_cpu_s
 
-from omniduplex.app.phone.config import TwilioConfig
-from omniduplex.app.phone.routes import twilio_signature
+from omniduplex.app.core.session import SessionConfig
+from omniduplex.app.core.vad import TurnConfig
 from omniduplex.app.server import ServerConfig, create_app
-from omniduplex.app.session import SessionConfig
-from omniduplex.app.vad import TurnConfig
+from omniduplex.app.surfaces.phone.config import TwilioConfig
+from omniduplex.app.surfaces.phone.routes import twilio_signature
 from omniduplex.benchmarks.phone import TwilioCaller
 
 pytestmark = pytest.mark.slow

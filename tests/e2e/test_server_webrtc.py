@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import soxr
 
+from omniduplex.app.core.session import SessionConfig
+from omniduplex.app.core.vad import TurnConfig
 from omniduplex.app.server import ServerConfig, create_app
-from omniduplex.app.session import SessionConfig
-from omniduplex.app.vad import TurnConfig
 from omniduplex.benchmarks.webrtc_client import VoiceClient
 from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.pipeline.audio_io import load_audio

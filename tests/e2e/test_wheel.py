@@ -69,7 +69,7 @@ def test_wheel_holds_every_module_and_page_and_no_tests(wheel):
     missing = _shipped(ROOT) - inside
     assert not missing, sorted(missing)
     for must in (
-        "app/realtime/__init__.py",
+        "app/surfaces/realtime/__init__.py",
         "web/index.html",
         "web/kiosk.html",
         "pipeline/default_graph.yaml",

@@ -1,0 +1,172 @@
+"""The session ↔ orchestrator contract: start a reply to a user turn, stream it, cancel it.
+
+A :class:`Responder` turns one committed user turn (16 kHz mono float32 audio + history) into a
+stream of typed :data:`ReplyEvent` s. :class:`OrchestratorResponder` is the real one, over
+:class:`~omniduplex.pipeline.orchestrator.Orchestrator`; tests script their own.
+
+A responder may also transcribe a turn while it is spoken (:class:`LiveTranscription`): the session feeds
+it the open turn's audio and gets partial transcripts back; ``start`` then finishes that turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from omniduplex.models.tokenizer import DEFAULT_SYSTEM_PROMPT
+from omniduplex.pipeline.orchestrator import Orchestrator
+
+
+@dataclass
+class UserTranscript:
+    """What the user said in this turn (ASR stage), with ``words`` as ``[word, start_s, end_s]``."""
+
+    text: str
+    words: list = field(default_factory=list)
+
+
+@dataclass
+class ReplyTextDelta:
+    """A piece of the reply's transcript."""
+
+    text: str
+
+
+@dataclass
+class ReplyAudioChunk:
+    """Reply audio: float32 mono PCM at the responder's ``output_rate`` (Hz).
+
+    ``text``: the words these samples speak, when the audio stage knows them (the cascade's TTS speaks
+    clause by clause); "" otherwise. Chunk texts concatenate to the spoken reply: the alignment used to
+    keep only what was played of an interrupted reply."""
+
+    pcm: np.ndarray
+    text: str = ""
+
+
+@dataclass
+class ReplyDone:
+    """The reply is complete; pipeline ``metrics``: ``ttfp_ms``, ``e2el_ms``, ``rtf``, ``audio_s``."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ReplyFailed:
+    """The reply ended early: ``error`` is ``"cancelled"`` after :meth:`Responder.cancel`, else the cause."""
+
+    error: str
+
+
+ReplyEvent = UserTranscript | ReplyTextDelta | ReplyAudioChunk | ReplyDone | ReplyFailed
+OnPartial = Callable[[str, str], None]
+"""``on_partial(text, stable)``: a partial transcript of a turn being spoken; ``stable``: its fixed prefix."""
+TurnContext = tuple[list[list[str]], dict]
+"""``(history, options)`` as :meth:`Responder.start` gets them."""
+
+
+class Responder(Protocol):
+    """Where replies come from.
+
+    Contract: after :meth:`start`, :meth:`events` yields the turn's events and always ends with
+    exactly one :class:`ReplyDone` or :class:`ReplyFailed`; the caller must consume it to that end
+    (that is what frees the turn). :meth:`cancel` makes the stream end with ``ReplyFailed("cancelled")``
+    promptly and frees the turn's pipeline resources; it does nothing if the turn already ended.
+    """
+
+    output_rate: int
+    """Sample rate of :class:`ReplyAudioChunk` PCM (Hz)."""
+
+    def start(
+        self, turn_id: str, waveform: np.ndarray, history: list[list[str]], options: dict | None = None
+    ) -> None:
+        """Start a reply. ``waveform``: the user's turn, 16 kHz mono float32 (may be empty for a typed turn).
+        ``options``: ``user_text`` (a typed turn: the user's words; "" = answer the conversation as it
+        stands), ``system_prompt`` (the session's, replacing the server default), ``instructions`` (added
+        to the system prompt for this reply only), ``metadata`` (travels with the turn), ``voice`` (the
+        session's TTS voice)."""
+
+    def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]: ...
+
+    def cancel(self, turn_id: str) -> None: ...
+
+
+class LiveTranscription(Protocol):
+    """Optional half of a :class:`Responder`: transcribe a turn while the user speaks it.
+
+    ``feed_audio(turn_id, samples, on_partial, context)`` sends the next samples (16 kHz mono float32) of a
+    turn not started yet and returns ``True``, or returns ``False`` when it cannot (the graph has no ASR
+    entry; the caller then just calls :meth:`Responder.start` with the whole turn). ``on_partial(text,
+    stable)`` gets the partial transcripts (``stable``: the prefix that will not change). ``context``, given
+    with a turn's first samples: ``(history, options)`` as :meth:`Responder.start` would get them now, so the
+    LLM can prefill the conversation and the words heard before the turn ends. ``start(turn_id, waveform,
+    ...)`` gets the whole turn's audio (the fed samples its prefix) and sends only the rest;
+    ``cancel(turn_id)`` drops a fed turn that will not be started.
+    """
+
+    def feed_audio(
+        self, turn_id: str, samples: np.ndarray, on_partial: OnPartial, context: TurnContext | None = None
+    ) -> bool: ...
+
+
+class OrchestratorResponder:
+    """A :class:`Responder` over the pipeline orchestrator, shared by every session of a server.
+
+    ``meta``: per-turn pipeline options merged into each turn (``sampling``, ``talker_sampling``,
+    ``speaker``, ``system_prompt``); ``history`` is set per turn.
+    """
+
+    def __init__(self, orchestrator: Orchestrator, meta: dict | None = None) -> None:
+        self.orch, self.meta = orchestrator, dict(meta or {})
+        self.output_rate = orchestrator.output_rate
+
+    def start(
+        self, turn_id: str, waveform: np.ndarray, history: list[list[str]], options: dict | None = None
+    ) -> None:
+        meta = self._turn_meta(history, options or {})
+        if (options or {}).get("user_text") is not None and not waveform.size:
+            meta["user_text"] = options["user_text"]
+        self.orch.submit(waveform, meta, request_id=turn_id)
+
+    def _turn_meta(self, history: list[list[str]], opts: dict) -> dict:
+        meta = {**self.meta, "history": history}
+        prompt = opts.get("system_prompt") or meta.get("system_prompt") or DEFAULT_SYSTEM_PROMPT
+        if opts.get("instructions"):
+            prompt = f"{prompt}\n\n{opts['instructions']}"
+        meta["system_prompt"] = prompt
+        if opts.get("voice"):
+            meta["voice"] = opts["voice"]  # the cascade's LLM stage passes it on to the TTS stage
+        return meta
+
+    async def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]:
+        async for ev in self.orch.events(turn_id):
+            if ev.kind == "transcript":
+                yield UserTranscript(ev.text, ev.words)
+            elif ev.kind == "text":
+                yield ReplyTextDelta(ev.text)
+            elif ev.kind == "audio":
+                yield ReplyAudioChunk(ev.pcm, ev.text)
+            elif ev.kind == "done":
+                yield ReplyDone(dict(ev.metrics))
+            else:
+                yield ReplyFailed(ev.error or "pipeline error")
+
+    def feed_audio(
+        self, turn_id: str, samples: np.ndarray, on_partial: OnPartial, context: TurnContext | None = None
+    ) -> bool:
+        """:class:`LiveTranscription` over :meth:`Orchestrator.feed` (cascade graphs only); ``context``
+        becomes the turn's ``prefill`` (system prompt and history) for the LLM stage's prefill hints."""
+        if not self.orch.live_asr:
+            return False
+        prefill = None
+        if context is not None:
+            meta = self._turn_meta(*context)
+            prefill = {"system_prompt": meta["system_prompt"], "history": meta["history"]}
+        self.orch.feed(turn_id, samples, on_partial, prefill)
+        return True
+
+    def cancel(self, turn_id: str) -> None:
+        self.orch.cancel(turn_id)

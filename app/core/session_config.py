@@ -1,0 +1,47 @@
+"""A session's settings (:class:`SessionConfig`), the options a surface may change on a live session
+(:data:`OPTIONS`), and its measurements (:class:`SessionStats`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omniduplex.app.core.vad import TurnConfig
+
+
+@dataclass
+class SessionConfig:
+    """Per-session settings. ``output_rate``: rate of :meth:`Session.pull_audio` (Hz).
+
+    ``user_text``: what the history records for a spoken user turn until (or unless) the pipeline sends
+    its transcript; ``{seconds}`` is replaced by the turn's speech length. ``instructions``: this
+    session's system prompt (``None`` = the server's). ``voice``: the voice its replies ask the TTS for
+    (Realtime ``session.audio.output.voice``; a Qwen3-TTS stage speaks a speaker of that name, any other
+    TTS ignores it; ``None`` = the server's). ``auto_respond``: a turn committed by the VAD
+    starts its reply at once (else it waits for :meth:`Session.respond`). ``vad_commit``: the VAD
+    commits turns (``False``: only :meth:`Session.commit_audio` does, as with the Realtime API's
+    ``turn_detection: null``; speech events and barge-in still follow the VAD).
+    """
+
+    turn: TurnConfig = field(default_factory=TurnConfig)
+    output_rate: int = 48000
+    vad_aggressiveness: int = 2
+    history_entries: int = 16
+    user_text: str = "[spoken turn, {seconds:.1f} s]"
+    instructions: str | None = None
+    voice: str | None = None
+    auto_respond: bool = True
+    vad_commit: bool = True
+
+
+OPTIONS = ("instructions", "voice", "auto_respond", "vad_commit")
+"""The :class:`SessionConfig` fields a surface may change on a live session (:meth:`Session.set_options`)."""
+
+
+@dataclass
+class SessionStats:
+    """Measurements of a session, one entry per event (ms)."""
+
+    turns: int = 0
+    barge_ins: int = 0
+    latency_ms: list[float] = field(default_factory=list)
+    stop_ms: list[float] = field(default_factory=list)

@@ -1,0 +1,43 @@
+"""What the host needs to run (``ServerConfig`` in :mod:`omniduplex.app.server` adds the surfaces' own
+settings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omniduplex.app.core.session import SessionConfig
+from omniduplex.app.host.auth import AuthConfig
+
+
+@dataclass
+class HostConfig:
+    """The pipeline, the sessions and the services every surface shares.
+
+    Pipeline: ``model`` / ``graph`` (``None`` = defaults: the cascade on the packaged weights; ``"tiny"`` =
+    the tiny random Qwen3-Omni checkpoint), ``processes`` (``None`` = stage processes when the process
+    backend is available). Replies: ``max_tokens`` (Thinker / LLM), ``talker_max_tokens`` (codec frames,
+    12.5 per second of audio); ``ignore_eos`` makes every reply run to those budgets (benchmarks and tests;
+    see ``pipeline.engine.request.SamplingParams``). ``start_in_background``: ``/healthz`` answers at once,
+    ``/readyz`` is 503 until the stages are up (``serve``). ``tts``: a Qwen3-TTS checkpoint serving
+    ``/v1/audio/speech`` (``None``: Piper, :mod:`.speech`), on the TTS graph's stage processes with
+    ``tts_graph``. ``drain_timeout_s``: SIGTERM's longest wait for replies in flight (:mod:`.drain`).
+    ``start_timeout_s``: how long a stage process has to report ready; past it a background start keeps
+    waiting, the server up and answering "not ready" (:mod:`.readiness`), a foreground start fails.
+    """
+
+    max_sessions: int = 8
+    session: SessionConfig = field(default_factory=SessionConfig)
+    model: str | None = None
+    graph: str | None = None
+    processes: bool | None = None
+    max_tokens: int = 64
+    talker_max_tokens: int = 125
+    speaker: str = "ethan"
+    system_prompt: str | None = None
+    ignore_eos: bool = False
+    start_in_background: bool = False
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    tts: str | None = None
+    tts_graph: bool = False
+    drain_timeout_s: float = 30.0
+    start_timeout_s: float = 180.0

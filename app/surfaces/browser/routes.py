@@ -1,0 +1,111 @@
+"""HTTP routes of the browser voice chat (and of the kiosk page's media): WebRTC signalling.
+
+Routes:
+    ``POST /offer``      ``{"sdp", "type": "offer"}`` → ``{"sdp", "type": "answer", "session_id"}``;
+                         400 with ``{"error"}`` for a bad offer, 503 when ``max_sessions`` are open, and 503
+                         with ``{"error": reason, "status"}`` and ``Retry-After`` while the stages start or
+                         restart (:mod:`omniduplex.app.host.readiness`).
+    ``DELETE /sessions/{id}``, ``POST /sessions/{id}/bye``  hang up a session (the page also says
+                         ``bye`` on the data channel).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from omniduplex.app.host.admission import NotReady, SessionFull, check, new_call_id
+from omniduplex.app.host.readiness import RETRY_AFTER_S, readiness
+from omniduplex.app.host.state import ServerState
+from omniduplex.app.surfaces.browser.webrtc import OfferError, PeerSession, check_offer
+
+log = logging.getLogger("omniduplex.server")
+
+
+@dataclass
+class PeerOptions:
+    """A browser session's settings beyond the host's: ``greeting`` (what a ``{"type": "greet"}`` message has
+    the assistant say), ``media_timeout_s`` / ``connect_timeout_s`` (close without client audio, s)."""
+
+    greeting: str = "Hello! How can I help?"
+    media_timeout_s: float = 5.0
+    connect_timeout_s: float = 20.0
+
+
+async def open_peer(host: ServerState, sdp: str, opts: PeerOptions) -> tuple[str, str]:
+    """Answer an offer with a new session; returns ``(session_id, answer_sdp)``.
+
+    Raises:
+        NotReady / SessionFull: no session can be admitted now (:mod:`omniduplex.app.host.admission`).
+        OfferError: the offer cannot be answered.
+    """
+    check(host)  # before a peer connection and its session exist
+    sid = new_call_id("s")
+    peer = PeerSession(
+        sid,
+        host.responder,
+        replace(host.cfg.session),
+        _closed(host),
+        opts.media_timeout_s,
+        opts.connect_timeout_s,
+        host.turn_model,
+        opts.greeting,
+    )
+    try:
+        host.admit(peer)  # take the slot before awaiting, so concurrent offers count it
+    except (NotReady, SessionFull):
+        await peer.close("refused")
+        raise
+    try:
+        answer = await peer.answer(sdp)
+    except Exception:
+        host.release(peer)
+        raise
+    log.info("session %s opened (%d/%d)", sid, len(host.sessions), host.cfg.max_sessions)
+    return sid, answer
+
+
+def _closed(host: ServerState):
+    async def closed(peer: PeerSession) -> None:
+        host.release(peer)
+
+    return closed
+
+
+def router(host: ServerState, opts: PeerOptions) -> APIRouter:
+    """The signalling routes over ``host`` (see the module docstring)."""
+    r = APIRouter(tags=["browser"])
+
+    @r.post("/offer")
+    async def offer(request: Request):
+        try:
+            body = await request.json()
+        except ValueError:
+            return JSONResponse({"error": 'body must be JSON: {"sdp": ..., "type": "offer"}'}, 400)
+        if not isinstance(body, dict):
+            return JSONResponse({"error": "body must be a JSON object with 'sdp' and 'type'"}, 400)
+        try:
+            sdp = check_offer(body.get("sdp"), body.get("type"))
+            sid, answer = await open_peer(host, sdp, opts)
+        except NotReady as e:
+            retry = {"Retry-After": str(RETRY_AFTER_S)}
+            return JSONResponse({"error": str(e), "status": readiness(host)["status"]}, 503, headers=retry)
+        except SessionFull as e:
+            return JSONResponse({"error": str(e), "max_sessions": host.cfg.max_sessions}, 503)
+        except OfferError as e:
+            return JSONResponse({"error": f"bad offer: {e}"}, 400)
+        return {"sdp": answer, "type": "answer", "session_id": sid}
+
+    @r.delete("/sessions/{session_id}")
+    @r.post("/sessions/{session_id}/bye")  # navigator.sendBeacon on page unload
+    async def hang_up(session_id: str):
+        call = host.sessions.get(session_id)
+        if call is None:
+            return JSONResponse({"error": f"no session {session_id!r}"}, 404)
+        await call.close("client hung up")
+        return {"closed": session_id}
+
+    return r

@@ -1,0 +1,2 @@
+"""The OpenAI Realtime API (GA) wire protocol: client and server events as typed models, parsing, audio
+formats."""
