@@ -28,7 +28,9 @@ from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.engine.voxcpm2_adapter import STOP_ID, VoxCPM2Adapter
 
-DEFAULT_SAMPLING = dict(cfg_value=2.0, inference_timesteps=10, min_len=2, max_len=None, seed=None, ignore_stop=False)
+DEFAULT_SAMPLING = dict(
+    cfg_value=2.0, inference_timesteps=10, min_len=2, max_len=None, seed=None, ignore_stop=False
+)
 """``VoxCPM2Model.generate`` defaults (``max_len``: the prompt's budget; ``ignore_stop``: run to ``max_len``,
 for benchmarks on random weights)."""
 
@@ -91,8 +93,8 @@ class VoxCPM2Engine:
     def add(self, request_id: str, prompt: VoxPrompt, sampling: dict | None = None) -> None:
         """Queue one utterance. ``sampling``: :data:`DEFAULT_SAMPLING` keys.
 
-        Raises ValueError: an unknown key, ``inference_timesteps`` or ``max_len`` below 1, ``min_len`` below 0,
-        a duplicate id, or a prompt larger than the KV cache.
+        Raises ValueError: an unknown key, ``inference_timesteps`` or ``max_len`` below 1, ``min_len`` below
+        0, a duplicate id, or a prompt larger than the KV cache.
         """
         sp = {**DEFAULT_SAMPLING, **(sampling or {})}
         unknown = set(sp) - set(DEFAULT_SAMPLING)
@@ -105,7 +107,9 @@ class VoxCPM2Engine:
             max_tokens=max_len, stop_token_ids=(STOP_ID,), seed=sp["seed"], ignore_eos=bool(sp["ignore_stop"])
         )
         dtype = self.lm.stop_head.weight.dtype
-        req = Request(request_id, list(prompt.ids), params, prompt_embeds=prompt.embeds.to(dtype), embed_inputs=True)
+        req = Request(
+            request_id, list(prompt.ids), params, prompt_embeds=prompt.embeds.to(dtype), embed_inputs=True
+        )
         self.engine.add_request(req)  # draws a seed when none is given
         req.extra.update(
             audio=prompt.audio.clone(),

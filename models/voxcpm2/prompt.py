@@ -131,7 +131,9 @@ def check_clip(wav: np.ndarray, rate: int, expected: int) -> np.ndarray:
     if rate != expected:
         raise PromptError(f"a voice clip must be {expected} Hz; got {rate} Hz")
     if wav.shape[0] < MIN_CLIP_SECONDS * expected:
-        raise PromptError(f"a voice clip must be at least {MIN_CLIP_SECONDS:g} s; got {wav.shape[0] / expected:.2f} s")
+        raise PromptError(
+            f"a voice clip must be at least {MIN_CLIP_SECONDS:g} s; got {wav.shape[0] / expected:.2f} s"
+        )
     return wav
 
 
@@ -150,7 +152,9 @@ def make_voice(
     :func:`check_clip` refuses.
     """
     if reference is None and prompt is None:
-        raise PromptError(f"voice {name!r}: give a reference clip, a prompt clip with its transcript, or both")
+        raise PromptError(
+            f"voice {name!r}: give a reference clip, a prompt clip with its transcript, or both"
+        )
     if (prompt is None) != (not prompt_text):
         raise PromptError(f"voice {name!r}: a prompt clip and its transcript go together")
     v = Voice(name, prompt_text=prompt_text)
@@ -213,3 +217,41 @@ def build_prompt(
         )
     context_feats = feats_all[audio_t][-CONTEXT_PATCHES:] if audio[-1] else feats_all[:0]
     return VoxPrompt(ids, torch.cat(embeds), audio_t, feats_all[-1], context_feats, budget)
+
+
+class VoiceBank:
+    """The named voices of one checkpoint: :data:`DEFAULT_VOICE` (no prompt: the plain layout) and clips
+    registered under a name (the ``voice`` of a speech request)."""
+
+    def __init__(self, lm: VoxCPM2Model, vae: AudioVAE | None) -> None:
+        self.lm, self.vae = lm, vae
+        self._voices: dict[str, Voice] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return [DEFAULT_VOICE, *sorted(self._voices)]
+
+    def register(
+        self,
+        name: str,
+        reference: tuple[np.ndarray, int] | None = None,
+        prompt: tuple[np.ndarray, int] | None = None,
+        prompt_text: str = "",
+    ) -> Voice:
+        """Register (or replace) a voice (:func:`make_voice`). Raises PromptError: the default name, no
+        AudioVAE loaded, or what :func:`make_voice` refuses (nothing is registered then)."""
+        if not name or name == DEFAULT_VOICE:
+            raise PromptError(f"voice name {name!r} is reserved or empty")
+        if self.vae is None:
+            raise PromptError("registering a voice needs the AudioVAE encoder (load the 'vae' part)")
+        voice = make_voice(self.lm, self.vae, name, reference, prompt, prompt_text)
+        self._voices[name] = voice
+        return voice
+
+    def get(self, name: str | None) -> Voice | None:
+        """The voice called ``name`` (``None`` for the default). Raises PromptError for an unknown name."""
+        if name is None or name == DEFAULT_VOICE:
+            return None
+        if name not in self._voices:
+            raise PromptError(f"unknown voice {name!r}; this model has {self.names}")
+        return self._voices[name]

@@ -14,7 +14,16 @@ import torch
 from torch import nn
 
 from omniduplex.models.codecs.dac import Snake1d
-from omniduplex.models.conv_stream import Chain, ConvStream, ConvTransposeStream, OneShotEnd, Pointwise, Residual
+from omniduplex.models.conv_stream import (
+    Chain,
+    ConvStream,
+    ConvTransposeStream,
+    OneShotEnd,
+    Pointwise,
+    Residual,
+    stack_states,
+    unstack_states,
+)
 from omniduplex.models.voxcpm2.audio_vae import (
     AudioVAE,
     CausalConv,
@@ -59,14 +68,14 @@ class VAEStream(OneShotEnd):
         ValueError: latents of the wrong width, or a feed after ``flush``.
     """
 
-    def __init__(self, vae: AudioVAE, context: torch.Tensor | None = None) -> None:
+    def __init__(self, vae: AudioVAE, context: torch.Tensor | None = None, batch: int = 1) -> None:
         self.vae = vae
         dec = vae.decoder
         parts = []
         for layer, cond in zip(dec.model, dec.sr_cond_model):
             if cond is not None:
-                parts.append(_stream(cond, 1))
-            parts.append(_stream(layer, 1))
+                parts.append(_stream(cond, batch))
+            parts.append(_stream(layer, batch))
         self.chain = Chain(parts)
         self.frames = 0
         self.dtype = dec.model[0].weight.dtype
@@ -91,3 +100,45 @@ class VAEStream(OneShotEnd):
     def flush(self) -> torch.Tensor:
         self.close()
         return torch.zeros(0)
+
+
+@torch.no_grad()
+def feed_together(streams: list[VAEStream], latents: torch.Tensor) -> torch.Tensor:
+    """The next ``n`` patches of several streams in one batched decoder call (states stacked, then split).
+
+    Args:
+        streams: ``B`` distinct open :class:`VAEStream` objects over one AudioVAE.
+        latents: ``[B, n, P, D]``; row ``b`` continues ``streams[b]``.
+
+    Returns:
+        float32 ``[B, n·P·hop]``: row ``b`` equals ``streams[b].feed(latents[b])`` (float rounding), and each
+        stream's state moves on as that feed would move it.
+
+    Raises:
+        ValueError: a row count other than ``len(streams)``, a closed or repeated stream, streams of other
+            AudioVAEs, or latents of the wrong width. Nothing changes on an error.
+    """
+    if not streams or latents.dim() != 4 or latents.shape[0] != len(streams):
+        raise ValueError(f"feed_together: need [{len(streams)}, n, P, D] latents, got {list(latents.shape)}")
+    vae = streams[0].vae
+    for st in streams:
+        st.check_open("feed")
+        if st.vae is not vae:
+            raise ValueError("feed_together: streams of different AudioVAEs")
+    if len({id(st) for st in streams}) != len(streams):
+        raise ValueError("feed_together: a stream appears twice")
+    if len(streams) == 1:
+        return streams[0].feed(latents[0])[None]
+    d = vae.cfg.latent_dim
+    if latents.shape[-1] != d:
+        raise ValueError(f"feed_together: latents must be [B, n, P, {d}], got {list(latents.shape)}")
+    b = len(streams)
+    z = latents.reshape(b, -1, d).transpose(1, 2)
+    batched = VAEStream(vae, batch=b)
+    stack_states([st.chain for st in streams], batched.chain)
+    w = vae.decoder.model[0].weight
+    out = batched.chain.push(z.to(device=w.device, dtype=batched.dtype))
+    unstack_states(batched.chain, [st.chain for st in streams])
+    for st in streams:
+        st.frames += z.shape[-1]
+    return out.reshape(b, -1).float().cpu()

@@ -12,11 +12,11 @@ embedding (``fusion_concat_proj``) and runs the residual LM over the same batch;
 per row is ``[lm_hidden, res_hidden]`` ``[T, 2H]``.
 
 Decode (:meth:`VoxCPM2Adapter.decode`, once per engine step, for every request whose row was the last
-computed): the stop head reads ``lm_hidden``; the LocDiT's Euler solver (:func:`~omniduplex.models.voxcpm2.cfm.
-solve`) turns each request's noise (its own seeded generator) into the next patch, **all requests of the step
-in one solver call** (grouped by timestep count; ``batch_solver=False`` runs one call per request, the
-unbatched baseline); the LocEnc embeds the patches (one call) as the next decode rows. ``solver_calls``
-counts solver calls, ``decode_steps`` the steps that decoded.
+computed): the stop head reads ``lm_hidden``; the LocDiT's Euler solver
+(:func:`~omniduplex.models.voxcpm2.cfm.solve`) turns each request's noise (its own seeded generator) into the
+next patch, **all requests of the step in one solver call** (grouped by timestep count;
+``batch_solver=False`` runs one call per request, the unbatched baseline); the LocEnc embeds the patches (one
+call) as the next decode rows. ``solver_calls`` counts solver calls, ``decode_steps`` the steps that decoded.
 
 A request's ``output_ids`` get one id per patch: 1 when the stop head ended it (its stop id), else 0.
 """
@@ -82,7 +82,7 @@ class VoxCPM2Adapter:
 
     def decode(self, reqs: list[Request], hidden: torch.Tensor) -> tuple[list[int], list[bool], list[dict]]:
         """One patch for each of ``reqs`` from their rows' ``[lm_hidden, res_hidden]`` ``[B, 2H]``."""
-        lm, b = self.lm, len(reqs)
+        lm = self.lm
         lm_h, res_h = hidden[:, : self.hidden], hidden[:, self.hidden :]
         stop = lm.stop(lm_h).tolist()
         mu = lm.dit_condition(lm_h, res_h)
