@@ -94,6 +94,19 @@ def test_batched_equals_alone_and_lever_on_equals_off(setup):
     assert {r for _, r in alone.values()} == {"stop", "length"}
 
 
+def test_preempted_request_resumes_where_it_was(setup):
+    """Two requests that cannot both grow in 4 KV blocks: the younger is preempted, recomputed from its
+    prompt and patch rows (both LMs), and still makes the patches it makes alone (its noise goes on)."""
+    _, model, tok, _ = setup
+    p = build_prompt(model.lm, tok, "Hello the world!", None, model.config.context)
+    sp = {"ignore_stop": True, "max_len": 64 - len(p.ids)}  # 4 blocks of rows: the cache holds one at a time
+    want = _run(VoxCPM2Engine(model, num_blocks=8, max_num_seqs=1), {0: [("b", p, {**sp, "seed": 2})]})
+    engine = VoxCPM2Engine(model, num_blocks=4, max_num_seqs=2)
+    got = _run(engine, {0: [("a", p, {**sp, "seed": 1}), ("b", p, {**sp, "seed": 2})]})
+    assert engine.engine.scheduler.num_preemptions > 0
+    torch.testing.assert_close(got["b"][0], want["b"][0], rtol=0, atol=1e-5)
+
+
 def test_solver_calls_per_step_at_16_concurrent(setup):
     _, model, tok, _ = setup
     prompts = [build_prompt(model.lm, tok, TEXTS[i % 5], None, model.config.context) for i in range(16)]
@@ -183,6 +196,19 @@ def test_bad_input_fails_clearly_while_another_request_finishes(setup):
     torch.testing.assert_close(torch.cat([torch.stack(seen), got["ok"][0]]), want["ok"][0], rtol=0, atol=1e-5)
     assert got["ok"][1] == want["ok"][1]
     assert engine.engine.scheduler.allocator.num_free == 64  # every block back (the aborted one's too)
+
+
+def test_audiovae_pth_loads_as_published(setup, tmp_path):
+    """The published repository ships the AudioVAE as ``audiovae.pth`` (a pickled state dict)."""
+    path, model, _, _ = setup
+    (tmp_path / "m").mkdir()
+    for f in path.iterdir():
+        if f.name != "audiovae.safetensors":
+            (tmp_path / "m" / f.name).write_bytes(f.read_bytes())
+    torch.save({"state_dict": load_file(path / "audiovae.safetensors")}, tmp_path / "m" / "audiovae.pth")
+    vae = load_voxcpm2(tmp_path / "m", parts=("vae",)).vae
+    for name, t in model.vae.state_dict().items():
+        assert torch.equal(vae.state_dict()[name], t), name
 
 
 def test_missing_tensor_is_named(setup, tmp_path):
