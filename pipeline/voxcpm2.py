@@ -151,7 +151,8 @@ def synthesize(
     if model.vae is None:
         raise PromptError("speaking needs the AudioVAE (load the 'vae' part)")
     prompt = build_prompt(model.lm, tok, text, voice, model.config.context)
-    engine = engine or VoxCPM2Engine(model, num_blocks=max(64, len(prompt.ids) // 8 + 64), max_num_seqs=1)
+    rows = len(prompt.ids) + prompt.max_patches
+    engine = engine or VoxCPM2Engine(model, num_blocks=-(-rows // 16) + 1, max_num_seqs=1)
     stream = VAEStream(model.vae, prompt.context)
     rid = f"synth-{id(stream)}"
     engine.add(rid, prompt, sampling)

@@ -122,6 +122,7 @@ class VoxCPM2:
         return self.config.vae.out_sample_rate
 
     def num_parameters(self) -> dict[str, int]:
+        """Parameter count per loaded part."""
         return {n: sum(p.numel() for p in getattr(self, n).parameters()) for n in PARTS if getattr(self, n)}
 
 
@@ -149,9 +150,11 @@ def _vae_tensors(path: Path) -> dict[str, torch.Tensor]:
             state = load_file(str(path))
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
-            state = state.get("state_dict", state)
+            state = state.get("state_dict", state) if isinstance(state, dict) else state
     except Exception as e:  # safetensors, pickle and zip errors come in many types
         raise CheckpointError(f"{path.name}: unreadable ({e})") from e
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path.name}: not a state dict (got {type(state).__name__})")
     out, pairs = {}, {}
     for n, t in state.items():
         for suffix, part in ((".weight_g", "g"), (".weight_v", "v")):

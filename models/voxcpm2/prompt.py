@@ -175,7 +175,8 @@ def build_prompt(
 ) -> VoxPrompt:
     """The prompt of ``text`` in ``voice`` (``None``: the plain layout).
 
-    Raises PromptError: empty text, or a prompt plus its patch budget past ``context`` positions.
+    Raises PromptError: empty text, a text id past the vocabulary (tokenizer and model disagree), or a
+    prompt plus its patch budget past ``context`` positions.
     """
     target = tok(text)
     if not target:
@@ -186,6 +187,10 @@ def build_prompt(
     feat_shape = (cfg.patch_size, cfg.feat_dim)
     cont = voice is not None and voice.prompt_feats is not None
     text_ids = (tok(voice.prompt_text + text) if cont else target) + [AUDIO_START_ID]
+    if max(text_ids) >= cfg.lm.decoder.vocab_size:
+        raise PromptError(
+            f"text id {max(text_ids)} is outside the model's vocabulary ({cfg.lm.decoder.vocab_size})"
+        )
     rows: list[tuple[str, object]] = []  # ("text", ids) or ("audio", (feats, embeds))
     if voice is not None and voice.ref_feats is not None:
         rows += [("text", [REF_AUDIO_START_ID]), ("audio", (voice.ref_feats, voice.ref_embeds))]
