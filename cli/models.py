@@ -23,7 +23,8 @@ def init_model(
     arch: str = typer.Option(
         "qwen3-omni",
         "--arch",
-        help="qwen3-omni (Thinker-Talker), unified (delay-pattern speech LM + DAC) or qwen3-tts.",
+        help="qwen3-omni (Thinker-Talker), unified (delay-pattern speech LM + DAC), qwen3-tts, or "
+        "voxcpm2-tiny / voxcpm2-small (the preset in the name).",
     ),
     variant: str = typer.Option(
         "custom_voice",
@@ -36,6 +37,9 @@ def init_model(
     from omniduplex.models.registry import load_model
     from omniduplex.models.unified.presets import write_unified_checkpoint
 
+    if arch.startswith("voxcpm2-"):
+        _init_voxcpm2(out, arch.removeprefix("voxcpm2-"), seed)
+        return
     if arch not in ("qwen3-omni", "unified", "qwen3-tts"):
         raise typer.BadParameter(f"unknown --arch {arch!r}; choose qwen3-omni, unified or qwen3-tts")
     if arch != "qwen3-omni" and text_only:
@@ -87,6 +91,32 @@ def _init_qwen3_tts(out: Path, preset: str, seed: int, variant: str) -> None:
                 "preset": preset,
                 "architecture": "Qwen3TTSForConditionalGeneration",
                 "variant": variant,
+                "parameters": counts,
+                "total_parameters": sum(counts.values()),
+                "write_seconds": round(written, 3),
+                "load_seconds": round(loaded.load_seconds, 3),
+            }
+        )
+    )
+
+
+def _init_voxcpm2(out: Path, preset: str, seed: int) -> None:
+    from omniduplex.models.voxcpm2.model import load_voxcpm2
+    from omniduplex.models.voxcpm2.presets import PRESETS, write_voxcpm2_checkpoint
+
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"unknown --arch voxcpm2-{preset}; choose voxcpm2-{{{','.join(PRESETS)}}}")
+    t0 = time.perf_counter()
+    write_voxcpm2_checkpoint(out, preset, seed)
+    written = time.perf_counter() - t0
+    loaded = load_voxcpm2(out)
+    counts = loaded.num_parameters()
+    typer.echo(
+        json.dumps(
+            {
+                "out": str(out),
+                "preset": preset,
+                "architecture": "voxcpm2",
                 "parameters": counts,
                 "total_parameters": sum(counts.values()),
                 "write_seconds": round(written, 3),

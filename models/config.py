@@ -72,6 +72,11 @@ class DecoderConfig:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 32768
     qk_norm: bool = True
+    residual_scale: float = 1.0
+    """Multiplier of each sublayer's output before its residual add (MiniCPM's depth-scaled residuals with
+    ``use_mup``: ``scale_depth / sqrt(num_hidden_layers)``); not a ``config.json`` key."""
+    use_rope: bool = True
+    """``False``: no positional encoding (NoPE; VoxCPM2's residual LM, ``residual_lm_no_rope``)."""
 
     def __post_init__(self) -> None:
         if not self.head_dim:

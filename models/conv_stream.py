@@ -191,3 +191,42 @@ def cropping(stream) -> bool:
     if isinstance(stream, Chain):
         return any(cropping(part) for part in stream.parts)
     return False
+
+
+def stack_states(parts: list, into) -> None:
+    """Set ``into`` (a stream built for ``len(parts)`` rows) to the states of ``parts`` (single-row streams
+    of the same structure) stacked along the batch: several streams then advance in one batched push.
+
+    Raises ValueError when the states cannot stack (a transposed conv still cropping in some rows only),
+    TypeError for a part with no stacking."""
+    if isinstance(into, ConvStream):
+        into.buf = torch.cat([p.buf for p in parts])
+    elif isinstance(into, ConvTransposeStream):
+        if len({p.crop for p in parts}) != 1:
+            raise ValueError("streams at different transposed-conv crops cannot stack")
+        into.tail, into.crop = torch.cat([p.tail for p in parts]), parts[0].crop
+    elif isinstance(into, Residual):
+        into.skip = torch.cat([p.skip for p in parts])
+        stack_states([p.branch for p in parts], into.branch)
+    elif isinstance(into, Chain):
+        for i, sub in enumerate(into.parts):
+            stack_states([p.parts[i] for p in parts], sub)
+    elif not isinstance(into, Pointwise):
+        raise TypeError(f"no stacking for {type(into).__name__}")
+
+
+def unstack_states(stacked, parts: list) -> None:
+    """Give each of ``parts`` its row of ``stacked``'s state (the inverse of :func:`stack_states`)."""
+    if isinstance(stacked, ConvStream):
+        for b, p in enumerate(parts):
+            p.buf = stacked.buf[b : b + 1]
+    elif isinstance(stacked, ConvTransposeStream):
+        for b, p in enumerate(parts):
+            p.tail, p.crop = stacked.tail[b : b + 1], stacked.crop
+    elif isinstance(stacked, Residual):
+        for b, p in enumerate(parts):
+            p.skip = stacked.skip[b : b + 1]
+        unstack_states(stacked.branch, [p.branch for p in parts])
+    elif isinstance(stacked, Chain):
+        for i, sub in enumerate(stacked.parts):
+            unstack_states(sub, [p.parts[i] for p in parts])

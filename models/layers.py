@@ -140,18 +140,19 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
         batch: ForwardBatch,
         kv: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        """``x`` ``[T, hidden]`` → ``[T, hidden]``; writes this step's K/V into ``kv`` at ``slot_mapping``."""
+        """``x`` ``[T, hidden]`` → ``[T, hidden]``; writes this step's K/V into ``kv`` at ``slot_mapping``.
+        ``rope`` ``None``: no rotation (``cfg.use_rope`` off)."""
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         compiling = torch.compiler.is_compiling()
-        if self.fused_triton(q, compiling):
+        if rope is not None and self.fused_triton(q, compiling):
             # q/k norm + RoPE in place (q, k: views of this step's qkv), one kernel for both
             norms = () if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
             triton_ops.rotary_(q, k, *rope, *norms)
@@ -160,7 +161,9 @@ class Attention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
             # compiled: the registered ops, one opaque node each, no graph break (kernels/custom_ops.py); the
             # attention dispatcher picks the C++ decode kernel where it is loaded (kernels/attention.py)
-            if self.use_cpu_ops and not compiling:
+            if rope is None:
+                pass
+            elif self.use_cpu_ops and not compiling:
                 torch.ops.omniduplex_cpu.rotary_(q, k, *rope)  # in place (q, k: views of this step's qkv)
             else:
                 q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
@@ -299,7 +302,8 @@ class SparseMoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+    """Pre-norm transformer block: ``x + s·attn(norm(x))``, then ``x + s·mlp(norm(x))`` (``s`` =
+    ``cfg.residual_scale``, 1 but for MiniCPM's depth-scaled residuals)."""
 
     def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
         super().__init__()
@@ -309,6 +313,7 @@ class DecoderLayer(nn.Module):
         )
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.residual_scale = cfg.residual_scale
         self.quant_key = -1
         """Key of this layer in ``omniduplex_cpu::register_quant_layer`` (its GGUF blocks, norms and shapes),
         set by :func:`omniduplex.models.cascade.gguf_quantized.register_decode_layers`: a decode-only batch
@@ -329,21 +334,21 @@ class DecoderLayer(nn.Module):
             return torch.ops.omniduplex_cpu.quant_decode_layer(
                 x, self.quant_key, *rope, *kv, batch.slot_mapping, batch.block_tables, batch.seq_lens
             )
-        norm = self.post_attention_layernorm
+        norm, s = self.post_attention_layernorm, self.residual_scale
+        a = self.self_attn(self.input_layernorm(x), rope, batch, kv)
+        if s != 1.0:
+            a = a * s
         if norm.fused(x):
             # the residual add and the second norm in one C++ pass
-            x, h = torch.ops.omniduplex_cpu.add_rms_norm(
-                x, self.self_attn(self.input_layernorm(x), rope, batch, kv), norm.weight, norm.eps
-            )
-            return x + self.mlp(h)
-        if norm.fused_triton(x):
+            x, h = torch.ops.omniduplex_cpu.add_rms_norm(x, a, norm.weight, norm.eps)
+        elif norm.fused_triton(x):
             # the same on CUDA: one Triton kernel
-            x, h = triton_ops.add_rms_norm(
-                x, self.self_attn(self.input_layernorm(x), rope, batch, kv), norm.weight, norm.eps
-            )
-            return x + self.mlp(h)
-        x = x + self.self_attn(self.input_layernorm(x), rope, batch, kv)
-        return x + self.mlp(norm(x))
+            x, h = triton_ops.add_rms_norm(x, a, norm.weight, norm.eps)
+        else:
+            x = x + a
+            h = norm(x)
+        m = self.mlp(h)
+        return x + (m * s if s != 1.0 else m)
 
 
 class DecoderStack(nn.Module):
@@ -359,7 +364,7 @@ class DecoderStack(nn.Module):
         self.cfg = cfg
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta) if cfg.use_rope else None
 
     def forward(
         self,
@@ -370,7 +375,7 @@ class DecoderStack(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"got {len(kv_caches)} KV caches for {len(self.layers)} layers")
-        rope = self.rotary(batch.positions)
+        rope = self.rotary(batch.positions) if self.rotary is not None else None
         captured = x if capture_layer == 0 else None
         for i, layer in enumerate(self.layers, start=1):
             x = layer(x, rope, batch, kv_caches[i - 1])

@@ -20,47 +20,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from omniduplex.models.conv_stream import Chain, ConvStream, ConvTransposeStream, Pointwise, Residual
+from omniduplex.models.conv_stream import Chain, ConvTransposeStream, Residual
+from omniduplex.models.conv_stream import stack_states as _stack_convs
+from omniduplex.models.conv_stream import unstack_states as _unstack_convs
 from omniduplex.models.qwen3_omni.code2wav import rope
 from omniduplex.models.qwen3_omni.code2wav_stream import PreTransformerStream
 from omniduplex.models.qwen3_tts.codec_stream import CodecStream
-
-
-def _stack_convs(parts: list, into) -> None:
-    """Set ``into`` (a conv-side stream built for ``len(parts)`` rows) to the rows of ``parts`` stacked.
-
-    Raises ValueError when the states cannot stack (a transposed conv still cropping in some rows only)."""
-    if isinstance(into, ConvStream):
-        into.buf = torch.cat([p.buf for p in parts])
-    elif isinstance(into, ConvTransposeStream):
-        if len({p.crop for p in parts}) != 1:
-            raise ValueError("codec batch: streams at different transposed-conv crops cannot stack")
-        into.tail, into.crop = torch.cat([p.tail for p in parts]), parts[0].crop
-    elif isinstance(into, Residual):
-        into.skip = torch.cat([p.skip for p in parts])
-        _stack_convs([p.branch for p in parts], into.branch)
-    elif isinstance(into, Chain):
-        for i, sub in enumerate(into.parts):
-            _stack_convs([p.parts[i] for p in parts], sub)
-    elif not isinstance(into, Pointwise):
-        raise TypeError(f"codec batch: no stacking for {type(into).__name__}")
-
-
-def _unstack_convs(stacked, parts: list) -> None:
-    """Give each of ``parts`` its row of ``stacked``'s state (the inverse of :func:`_stack_convs`)."""
-    if isinstance(stacked, ConvStream):
-        for b, p in enumerate(parts):
-            p.buf = stacked.buf[b : b + 1]
-    elif isinstance(stacked, ConvTransposeStream):
-        for b, p in enumerate(parts):
-            p.tail, p.crop = stacked.tail[b : b + 1], stacked.crop
-    elif isinstance(stacked, Residual):
-        for b, p in enumerate(parts):
-            p.skip = stacked.skip[b : b + 1]
-        _unstack_convs(stacked.branch, [p.branch for p in parts])
-    elif isinstance(stacked, Chain):
-        for i, sub in enumerate(stacked.parts):
-            _unstack_convs(sub, [p.parts[i] for p in parts])
 
 
 def _transformer_push(streams: list[PreTransformerStream], x: torch.Tensor) -> torch.Tensor:
