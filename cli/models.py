@@ -23,7 +23,8 @@ def init_model(
     arch: str = typer.Option(
         "qwen3-omni",
         "--arch",
-        help="qwen3-omni (Thinker-Talker), unified (delay-pattern speech LM + DAC) or qwen3-tts.",
+        help="qwen3-omni (Thinker-Talker), unified (delay-pattern speech LM + DAC), qwen3-tts, or "
+        "higgs-tiny / higgs-small (Higgs Audio v3).",
     ),
     variant: str = typer.Option(
         "custom_voice",
@@ -36,6 +37,9 @@ def init_model(
     from omniduplex.models.registry import load_model
     from omniduplex.models.unified.presets import write_unified_checkpoint
 
+    if arch.startswith("higgs"):  # higgs-tiny / higgs-small (the suffix is the preset), or higgs --preset P
+        _init_higgs(out, arch.partition("-")[2] or preset, seed)
+        return
     if arch not in ("qwen3-omni", "unified", "qwen3-tts"):
         raise typer.BadParameter(f"unknown --arch {arch!r}; choose qwen3-omni, unified or qwen3-tts")
     if arch != "qwen3-omni" and text_only:
@@ -94,6 +98,24 @@ def _init_qwen3_tts(out: Path, preset: str, seed: int, variant: str) -> None:
             }
         )
     )
+
+
+def _init_higgs(out: Path, preset: str, seed: int) -> None:
+    from omniduplex.models.higgs.model import load_higgs
+    from omniduplex.models.higgs.presets import PRESETS, write_higgs_checkpoint
+
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"unknown preset {preset!r} for higgs; choose from {list(PRESETS)}")
+    t0 = time.perf_counter()
+    write_higgs_checkpoint(out, preset, seed)
+    written = time.perf_counter() - t0
+    loaded = load_higgs(out)
+    counts = loaded.num_parameters()
+    arch = "HiggsMultimodalQwen3ForConditionalGeneration"
+    info = dict(out=str(out), preset=preset, architecture=arch, parameters=counts)
+    info["voices"] = sorted(loaded.voices)
+    info.update(total_parameters=sum(counts.values()), write_seconds=round(written, 3))
+    typer.echo(json.dumps({**info, "load_seconds": round(loaded.load_seconds, 3)}))
 
 
 @models.command("init-cascade")

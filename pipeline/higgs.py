@@ -77,6 +77,7 @@ class HiggsEngine:
             max_num_seqs,
             max_num_batched_tokens,
             dtype=model.talker.text_embedding.weight.dtype,
+            device=model.talker.text_embedding.weight.device,
             enable_prefix_caching=enable_prefix_caching,
         )
 

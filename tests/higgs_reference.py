@@ -115,7 +115,7 @@ def reference_talker(model_dir: Path):
     with torch.no_grad():
         for name, p in params.items():
             p.copy_(src[name])
-    return model.eval(), spare
+    return model.eval().requires_grad_(False), spare
 
 
 def _inputs(prompt: HiggsPrompt, spare: dict) -> dict:
@@ -205,4 +205,4 @@ def reference_codec(model_dir: Path, seed: int = 0):
             if t.is_floating_point():
                 t.copy_(w[name] if name in w else torch.randn(t.shape, generator=g) * 0.02)
     assert set(w) <= set(model.state_dict()), sorted(set(w) - set(model.state_dict()))[:3]
-    return model.eval()
+    return model.eval().requires_grad_(False)

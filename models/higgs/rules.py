@@ -57,7 +57,7 @@ def forced(
     if not rules.any_eoc_ends:
         return boc, torch.zeros_like(boc)
     cb = torch.arange(n, device=steps.device)
-    return boc, (eoc[:, None] >= 0) & (cb[None, :] <= eoc[:, None])
+    return boc, (eoc[:, None] >= 0) & (cb[None, :] <= eoc[:, None]) & ~boc
 
 
 def advance(
@@ -89,10 +89,11 @@ def step_one(rules: DelayRules, codes: list[int], step: int, eoc: int, boc_id: i
     """One request's step in plain Python: ``codes`` (the sampled ``N`` ids, before forcing) →
     ``(codes after forcing, new eoc, ended, emits)``; the same rules as :func:`forced` + :func:`advance`."""
     n = len(codes)
-    codes = [boc_id if i > step - rules.lead else c for i, c in enumerate(codes)]
+    started = [i <= step - rules.lead for i in range(n)]
+    codes = [c if ok else boc_id for c, ok in zip(codes, started)]
     if rules.any_eoc_ends:
-        if eoc >= 0:
-            codes = [eoc_id if i <= eoc else c for i, c in enumerate(codes)]
+        if eoc >= 0:  # (a codebook that has not started is never forced to end: BOC wins, as in forced())
+            codes = [eoc_id if i <= eoc and started[i] else c for i, c in enumerate(codes)]
         ended = all(c == eoc_id for c in codes)
         new = eoc + 1 if eoc >= 0 else (0 if eoc_id in codes else -1)
     else:
