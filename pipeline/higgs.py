@@ -111,9 +111,17 @@ class HiggsEngine:
 
         Raises:
             PromptError: prompt plus ``max_tokens`` past the context.
-            ValueError: bad sampling parameters, a duplicate id, or a prompt larger than the KV cache.
+            ValueError: bad sampling parameters, ``max_tokens`` over ``max_steps``, a duplicate id, or a
+                prompt larger than the KV cache.
+            TypeError: ``prompt`` is not a :class:`HiggsPrompt`.
         """
         sp = SamplingParams(**{**DEFAULT_SAMPLING, **(sampling or {}), "stop_token_ids": (ENDED,)})
+        if sp.max_tokens > self.adapter.max_steps:
+            raise ValueError(f"max_tokens={sp.max_tokens} > max_steps={self.adapter.max_steps}")
+        if not isinstance(prompt, HiggsPrompt):
+            raise TypeError(
+                f"prompt must be a HiggsPrompt (see HiggsEngine.prompt), got {type(prompt).__name__}"
+            )
         if len(prompt) + sp.max_tokens > self.max_len:
             raise PromptError(
                 f"text past the context: {len(prompt)} prompt rows + {sp.max_tokens} steps > {self.max_len}"

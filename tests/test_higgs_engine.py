@@ -21,6 +21,7 @@ from omniduplex.models.higgs.presets import higgs_config, write_higgs_checkpoint
 from omniduplex.models.higgs.prompt import PromptError, check_reference_audio, delayed_reference
 from omniduplex.models.higgs.rules import RULES, advance, forced, step_one
 from omniduplex.models.unified.delay_pattern import deinterleave
+from omniduplex.pipeline.engine.sampler import SamplingBatch, sample_inverse_cdf
 from omniduplex.pipeline.higgs import HiggsEngine, synthesize
 
 GREEDY = {"temperature": 0.0, "max_tokens": 36}
@@ -136,6 +137,46 @@ def test_rule_tensors_equal_plain_python(rules):
     assert ended.any() and (~ended).any() and emits.any() and (~emits).any()
 
 
+def test_inverse_cdf_sampler_distribution():
+    """One uniform per row through the CDF samples softmax(logits / T) after top-k; greedy rows argmax."""
+    v, rows = 6, 60000
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0]).repeat(rows, 1)
+    t = torch.full((rows,), 0.8)
+    sb = SamplingBatch(
+        t,
+        torch.zeros(rows, dtype=torch.long),
+        torch.ones(rows),
+        torch.ones(rows),
+        torch.full((rows,), 3, dtype=torch.long),
+        torch.arange(rows),
+    )
+    freq = torch.bincount(sample_inverse_cdf(logits, sb), minlength=v).double() / rows
+    assert torch.allclose(freq, torch.softmax(logits[0] / 0.8, -1).double(), atol=0.006)
+    sb.top_k = torch.full((rows,), 2, dtype=torch.long)
+    assert set(sample_inverse_cdf(logits, sb).unique().tolist()) == {0, 1}
+    sb.temperature = torch.zeros(rows)
+    assert (
+        sample_inverse_cdf(
+            logits[:5],
+            SamplingBatch(
+                *(
+                    x[:5]
+                    for x in (
+                        sb.temperature,
+                        sb.top_k,
+                        sb.top_p,
+                        sb.repetition_penalty,
+                        sb.seeds,
+                        sb.counters,
+                    )
+                )
+            ),
+        )
+        .eq(0)
+        .all()
+    )
+
+
 def test_delayed_reference_layout():
     cfg = HiggsConfig.from_dict(higgs_config("tiny"))
     codes = torch.randint(0, 1024, (5, 8))
@@ -176,6 +217,10 @@ def test_bad_input_clear_errors_others_unaffected(model):
         eng.add("a", eng.prompt("again"), GREEDY)
     with pytest.raises(ValueError, match="invalid sampling|top_p"):
         eng.add("bad", eng.prompt("x"), {"top_p": 0.0})
+    with pytest.raises(ValueError, match="max_steps"):
+        eng.add("huge", eng.prompt("x"), {"max_tokens": 5000})
+    with pytest.raises(TypeError, match="HiggsPrompt"):
+        eng.add("raw", [1, 2, 3], GREEDY)
     # cloning from caller codes works beside it
     eng.add(
         "clone", eng.prompt("Cloned.", ref_codes=model.voices["belinda"].codes, ref_text="transcript"), GREEDY

@@ -31,8 +31,11 @@ from omniduplex.models.higgs.rules import DelayRules, advance, forced, step_one
 from omniduplex.models.higgs.talker import HiggsTalker
 from omniduplex.pipeline.engine.prefix_cache import tensor_bytes
 from omniduplex.pipeline.engine.request import Request
-from omniduplex.pipeline.engine.sampler import SamplingBatch, sample
+from omniduplex.pipeline.engine.sampler import SamplingBatch, sample_inverse_cdf
 
+INT_COLUMNS = ("steps", "eoc", "done", "max_tokens", "ignore_eos", "top_k", "seed")
+"""Columns of the slot table's int64 part: steps sampled (the delay count), end countdown (−1: not begun),
+done flag, and the request's sampling parameters. The last codes are ``hist[slot, steps − 1]``."""
 ENDED = 1
 """Scheduler token of a step that ended the clip (the request's ``stop_token_ids``); other steps give 0."""
 PLACEHOLDER_ID = 0
@@ -73,48 +76,28 @@ class HiggsAdapter:
 
     # -- slot table -------------------------------------------------------------------------------------
     def _alloc(self, cap: int) -> None:
-        dev, n = self.device, self.n
-
-        def grow(old: torch.Tensor | None, fill, dtype, *shape) -> torch.Tensor:
-            new = torch.full((cap, *shape), fill, dtype=dtype, device=dev)
-            if old is not None:
-                new[: old.shape[0]] = old
-            return new
-
-        g = getattr
-        self.steps = grow(g(self, "steps", None), 0, torch.int64)
-        self.eoc = grow(g(self, "eoc", None), -1, torch.int64)
-        self.done = grow(g(self, "done", None), False, torch.bool)
-        self.hist = grow(g(self, "hist", None), 0, torch.int64, self.max_steps, n)
-        self.temperature = grow(g(self, "temperature", None), 0.0, torch.float32)
-        self.top_k = grow(g(self, "top_k", None), 0, torch.int64)
-        self.top_p = grow(g(self, "top_p", None), 1.0, torch.float32)
-        self.seed = grow(g(self, "seed", None), 0, torch.int64)
-        self.max_tokens = grow(g(self, "max_tokens", None), 1, torch.int64)
-        self.ignore_eos = grow(g(self, "ignore_eos", None), False, torch.bool)
-        self.cap = cap
+        """Grow the table to ``cap`` slots: ``ints`` int64 ``[cap, 7]`` (:data:`INT_COLUMNS`), ``floats`` fp32
+        ``[cap, 2]`` (temperature, top-p), ``hist`` int64 ``[cap, max_steps, N]`` (every step's codes)."""
+        old = getattr(self, "ints", None)
+        ints = torch.zeros((cap, len(INT_COLUMNS)), dtype=torch.int64, device=self.device)
+        floats = torch.ones((cap, 2), dtype=torch.float32, device=self.device)
+        hist = torch.zeros((cap, self.max_steps, self.n), dtype=torch.int64, device=self.device)
+        if old is not None:
+            ints[: self.cap], floats[: self.cap], hist[: self.cap] = self.ints, self.floats, self.hist
+        self.ints, self.floats, self.hist, self.cap = ints, floats, hist, cap
 
     def on_added(self, req: Request) -> None:
-        """Reset ``req``'s slot row (or its per-request state) and store its sampling parameters.
-
-        Raises ValueError: ``max_tokens`` beyond ``max_steps``, or no prompt rows in ``req.extra["prompt"]``.
-        """
+        """Reset ``req``'s slot row (or its per-request state) and store its sampling parameters (the caller
+        has checked ``max_tokens <= max_steps`` and put a :class:`HiggsPrompt` in ``req.extra["prompt"]``)."""
         sp = req.sampling
-        if sp.max_tokens > self.max_steps:
-            raise ValueError(
-                f"request {req.request_id!r}: max_tokens={sp.max_tokens} > max_steps={self.max_steps}"
-            )
-        if not isinstance(req.extra.get("prompt"), HiggsPrompt):
-            raise ValueError(f"request {req.request_id!r}: extra['prompt'] must be a HiggsPrompt")
         if not self.lever:
             req.extra["state"] = {"steps": 0, "eoc": -1, "hist": []}
             return
         if req.slot >= self.cap:
             self._alloc(max(8, 2 * self.cap, req.slot + 1))
-        i = req.slot
-        self.steps[i], self.eoc[i], self.done[i] = 0, -1, False
-        self.temperature[i], self.top_k[i], self.top_p[i] = sp.temperature, sp.top_k, sp.top_p
-        self.seed[i], self.max_tokens[i], self.ignore_eos[i] = sp.seed, sp.max_tokens, sp.ignore_eos
+        row = (0, -1, 0, sp.max_tokens, int(sp.ignore_eos), sp.top_k, sp.seed)
+        self.ints[req.slot] = torch.tensor(row, dtype=torch.int64)
+        self.floats[req.slot] = torch.tensor((sp.temperature, sp.top_p), dtype=torch.float32)
 
     def _hist_rows(self, req: Request, j0: int, j1: int) -> torch.Tensor:
         if self.lever:
@@ -189,33 +172,34 @@ class HiggsAdapter:
     def _decode_batched(self, reqs, logits):
         cfg, n = self.cfg, self.n
         slots = torch.tensor([r.slot for r in reqs], device=self.device)
-        steps, eoc = self.steps[slots], self.eoc[slots]
-        ignore = self.ignore_eos[slots]
-        if bool(ignore.any()):
-            logits[:, :, cfg.eoc_id] = logits[:, :, cfg.eoc_id].masked_fill(ignore[:, None], float("-inf"))
-        rep = lambda t: t.repeat_interleave(n)  # noqa: E731 — per request → per (request, codebook)
-        counters = (steps[:, None] * n + self.cb[None, :]).reshape(-1)
+        ints, floats = self.ints[slots], self.floats[slots]
+        steps, eoc, max_tokens, ignore = ints[:, 0], ints[:, 1], ints[:, 3], ints[:, 4].bool()
+        logits[:, :, cfg.eoc_id].masked_fill_(ignore[:, None], float("-inf"))
+        per_code = ints[:, 5:].repeat_interleave(n, dim=0)  # [B·N, 2]: top_k, seed
+        fl = floats.repeat_interleave(n, dim=0)
+        counters = (steps[:, None] * n + self.cb).reshape(-1)
         sb = SamplingBatch(
-            rep(self.temperature[slots]),
-            rep(self.top_k[slots]),
-            rep(self.top_p[slots]),
-            torch.ones(len(reqs) * n, device=self.device),
-            rep(self.seed[slots]),
-            counters,
+            fl[:, 0], per_code[:, 0], fl[:, 1], self._ones(fl.shape[0]), per_code[:, 1], counters
         )
-        codes = sample(logits.reshape(-1, cfg.vocab_size), sb).view(-1, n)
+        codes = sample_inverse_cdf(logits.reshape(-1, cfg.vocab_size), sb).view(-1, n)
         boc, eoc_f = forced(self.rules, steps, eoc, n)
         codes = torch.where(boc, cfg.boc_id, torch.where(eoc_f, cfg.eoc_id, codes))
         new_eoc, ended, emits = advance(self.rules, codes, steps, eoc, cfg.eoc_id)
-        finishing = ended | (steps + 1 >= self.max_tokens[slots])
+        finishing = ended | (steps + 1 >= max_tokens)
         self.hist[slots, steps] = codes
-        self.steps[slots], self.eoc[slots], self.done[slots] = steps + 1, new_eoc, finishing
-        rows = (steps - (n - 1))[:, None] + self.cb[None, :]
-        frame = self.hist[slots[:, None], rows.clamp(min=0), self.cb[None, :]].clamp(0, cfg.boc_id - 1)
-        toks = torch.where(ended, ENDED, 0).tolist()
-        frames, has = frame.tolist(), emits.tolist()
-        extras = [{"codes": f} if h else {} for f, h in zip(frames, has)]
-        return toks, finishing.tolist(), extras
+        self.ints[slots, :3] = torch.stack((steps + 1, new_eoc, finishing.long()), dim=1)
+        rows = (steps - (n - 1))[:, None] + self.cb
+        frame = self.hist[slots[:, None], rows.clamp(min=0), self.cb].clamp(0, cfg.boc_id - 1)
+        flags = torch.stack((ended, finishing, emits), dim=1).to(torch.int64)
+        out = torch.cat((flags, frame), dim=1).tolist()  # one host copy for the whole step
+        toks = [ENDED if o[0] else 0 for o in out]
+        extras = [{"codes": o[3:]} if o[2] else {} for o in out]
+        return toks, [bool(o[1]) for o in out], extras
+
+    def _ones(self, k: int) -> torch.Tensor:
+        if getattr(self, "_ones_buf", None) is None or self._ones_buf.shape[0] < k:
+            self._ones_buf = torch.ones(max(k, 64), device=self.device)
+        return self._ones_buf[:k]
 
     # -- lever off: the per-request loop ----------------------------------------------------------------
     def _decode_loop(self, reqs, logits):
@@ -235,7 +219,7 @@ class HiggsAdapter:
                 (one * 0).long() + sp.seed,
                 st["steps"] * n + self.cb,
             )
-            drawn = sample(row, sb).tolist()
+            drawn = sample_inverse_cdf(row, sb).tolist()
             codes, st["eoc"], ended, emits = step_one(
                 self.rules, drawn, st["steps"], st["eoc"], cfg.boc_id, cfg.eoc_id
             )
