@@ -10,9 +10,10 @@ samples come out (the decoder's look-ahead), then in pieces of ``chunk`` frames,
 
 Figures (vLLM-Omni's TTS benchmark terms): TTFP = ``t0`` → the utterance's first samples out of its decoder
 (ms); RTF = ``t0`` → its last samples, over its audio duration; audio-s/s = all audio ÷ the level's wall
-time. Lever counter: ``state_ms_per_step`` (the adapter's decode-state work per engine step: sampling the
-``N`` codebooks, the delay-pattern rules, the state update, the frame gather; the head GEMM excluded) and
-``step_ms`` (a whole engine step). Speed only: a random preset's audio is noise.
+time. Lever counters, per engine step: ``state_ms_per_step`` (the adapter's decode-state work: gathering and
+scattering the slot table, the delay-pattern rules, the frame gather, the outputs; per request in the loop
+with the lever off), ``sample_ms_per_step`` (drawing ``N`` codes per request: arithmetic on ``B·N·V``
+logits) and ``step_ms`` (a whole engine step). Speed only: a random preset's audio is noise.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def _level(model: Higgs, c: int, frames: int, lever: bool, chunk: int, seed: int
         "engine_steps": steps,
         "step_ms": round(1e3 * step_s / steps, 2),
         "state_ms_per_step": round(1e3 * a.state_seconds / max(1, a.decode_steps), 3),
+        "sample_ms_per_step": round(1e3 * a.sample_seconds / max(1, a.decode_steps), 3),
         "head_ms_per_step": round(1e3 * a.head_seconds / max(1, a.decode_steps), 3),
         "codec_s": round(codec_s, 2),
     }

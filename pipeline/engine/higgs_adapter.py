@@ -51,8 +51,9 @@ class HiggsAdapter:
         max_steps: most steps (frames + delay) one request may take; the slot table holds this many rows.
         lever: slot-table state and batched rules (True) or a per-request loop (False).
 
-    Counters: ``state_seconds`` (host time in the decode-state work of all steps: sampling, rules, state
-    update, frame gather, output lists; the head GEMM excluded), ``head_seconds``, ``decode_steps``.
+    Counters (host seconds over all steps): ``state_seconds`` (the decode-state work: gathering and scattering
+    the state, the rules, the frame gather, the outputs), ``sample_seconds`` (drawing the ``N`` codes of every
+    request from its logits), ``head_seconds`` (the head GEMM); ``decode_steps``.
     """
 
     def __init__(
@@ -71,7 +72,7 @@ class HiggsAdapter:
         self.cb = torch.arange(self.n, device=self.device)
         self.cap = 0
         self._alloc(0)
-        self.state_seconds = self.head_seconds = 0.0
+        self.state_seconds = self.sample_seconds = self.head_seconds = 0.0
         self.decode_steps = 0
 
     # -- slot table -------------------------------------------------------------------------------------
@@ -162,9 +163,10 @@ class HiggsAdapter:
         t0 = time.perf_counter()
         logits = self.model.codebook_logits(hidden)
         t1 = time.perf_counter()
+        drawn = self.sample_seconds
         out = self._decode_batched(reqs, logits) if self.lever else self._decode_loop(reqs, logits)
         self.head_seconds += t1 - t0
-        self.state_seconds += time.perf_counter() - t1
+        self.state_seconds += time.perf_counter() - t1 - (self.sample_seconds - drawn)
         self.decode_steps += 1
         return out
 
@@ -181,7 +183,9 @@ class HiggsAdapter:
         sb = SamplingBatch(
             fl[:, 0], per_code[:, 0], fl[:, 1], self._ones(fl.shape[0]), per_code[:, 1], counters
         )
+        ts = time.perf_counter()
         codes = sample_inverse_cdf(logits.reshape(-1, cfg.vocab_size), sb).view(-1, n)
+        self.sample_seconds += time.perf_counter() - ts
         boc, eoc_f = forced(self.rules, steps, eoc, n)
         codes = torch.where(boc, cfg.boc_id, torch.where(eoc_f, cfg.eoc_id, codes))
         new_eoc, ended, emits = advance(self.rules, codes, steps, eoc, cfg.eoc_id)
@@ -219,7 +223,9 @@ class HiggsAdapter:
                 (one * 0).long() + sp.seed,
                 st["steps"] * n + self.cb,
             )
+            ts = time.perf_counter()
             drawn = sample_inverse_cdf(row, sb).tolist()
+            self.sample_seconds += time.perf_counter() - ts
             codes, st["eoc"], ended, emits = step_one(
                 self.rules, drawn, st["steps"], st["eoc"], cfg.boc_id, cfg.eoc_id
             )

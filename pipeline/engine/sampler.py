@@ -102,16 +102,19 @@ def sample_inverse_cdf(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     ``temperature == 0`` take the argmax. Reproducible per row: the uniform depends on ``(seed, counter)``.
     """
     logits = apply_penalties(logits.float(), b)
-    greedy = logits.max(dim=-1).indices
     random_rows = b.temperature > 0
-    if not bool(random_rows.any()):
-        return greedy
+    n_random = int(random_rows.sum())
+    if n_random == 0:
+        return logits.max(dim=-1).indices
     t = torch.where(random_rows, b.temperature, torch.ones_like(b.temperature))
     scaled = _top_k_top_p(logits / t[:, None], b.top_k, b.top_p)
-    cdf = torch.softmax(scaled, dim=-1).cumsum(dim=-1)
+    # unnormalised CDF: exp(x − max) summed in order; the uniform is scaled by the row's total
+    cdf = (scaled - scaled.amax(dim=-1, keepdim=True)).exp_().cumsum(dim=-1)
     u = counter_uniform(b.seeds, b.counters, 1).to(cdf.dtype) * cdf[:, -1:]
     drawn = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=logits.shape[-1] - 1)
-    return torch.where(random_rows, drawn, greedy)
+    if n_random == logits.shape[0]:
+        return drawn
+    return torch.where(random_rows, drawn, logits.max(dim=-1).indices)
 
 
 TOP_K_FAST_FRACTION = 4
