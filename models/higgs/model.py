@@ -26,7 +26,7 @@ from omniduplex.models.higgs.config import (
     HiggsCodecConfig,
     HiggsConfig,
 )
-from omniduplex.models.higgs.prompt import Voice, load_voices
+from omniduplex.models.higgs.prompt import VOICES_FILE, PromptError, Voice, load_voices
 from omniduplex.models.higgs.talker import HiggsTalker
 from omniduplex.models.tokenizer import load_tokenizer
 
@@ -90,7 +90,7 @@ def load_higgs(
 
     Raises:
         CheckpointError: not a Higgs v3 checkpoint, a config our modules do not support, unreadable files,
-            or a missing / mis-shaped / unexpected tensor (the message names it).
+            a missing / mis-shaped / unexpected tensor (the message names it), or a bad ``voices.json``.
     """
     t0 = time.perf_counter()
     model_dir = Path(model_dir)
@@ -112,7 +112,11 @@ def load_higgs(
             f"codec's {codec_cfg.num_quantizers} quantizers of {codec_cfg.codebook_size}"
         )
     tok = load_tokenizer(model_dir) if (model_dir / "tokenizer.json").is_file() else None
-    out = Higgs(model_dir, cfg, codec_cfg, tok, load_voices(model_dir, cfg), parts=parts)
+    try:
+        voices = load_voices(model_dir, cfg)
+    except (PromptError, KeyError, ValueError) as e:
+        raise CheckpointError(f"{model_dir}/{VOICES_FILE}: {e}") from e
+    out = Higgs(model_dir, cfg, codec_cfg, tok, voices, parts=parts)
     if "talker" in parts:
         out.talker = HiggsTalker(cfg)
         ignore = UNUSED_PREFIXES + (("tied.head.modality_heads.0.",) if cfg.tie_audio_embeddings else ())
