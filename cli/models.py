@@ -24,7 +24,7 @@ def init_model(
         "qwen3-omni",
         "--arch",
         help="qwen3-omni (Thinker-Talker), unified (delay-pattern speech LM + DAC), qwen3-tts, or "
-        "voxcpm2-tiny / voxcpm2-small (the preset in the name).",
+        "voxcpm2-tiny / voxcpm2-small, higgs-tiny / higgs-small (Higgs Audio v3) (the preset in the name).",
     ),
     variant: str = typer.Option(
         "custom_voice",
@@ -39,6 +39,9 @@ def init_model(
 
     if arch.startswith("voxcpm2-"):
         _init_voxcpm2(out, arch.removeprefix("voxcpm2-"), seed)
+        return
+    if arch.startswith("higgs"):  # higgs-tiny / higgs-small (the suffix is the preset), or higgs --preset P
+        _init_higgs(out, arch.partition("-")[2] or preset, seed)
         return
     if arch not in ("qwen3-omni", "unified", "qwen3-tts"):
         raise typer.BadParameter(f"unknown --arch {arch!r}; choose qwen3-omni, unified or qwen3-tts")
@@ -124,6 +127,24 @@ def _init_voxcpm2(out: Path, preset: str, seed: int) -> None:
             }
         )
     )
+
+
+def _init_higgs(out: Path, preset: str, seed: int) -> None:
+    from omniduplex.models.higgs.model import load_higgs
+    from omniduplex.models.higgs.presets import PRESETS, write_higgs_checkpoint
+
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"unknown preset {preset!r} for higgs; choose from {list(PRESETS)}")
+    t0 = time.perf_counter()
+    write_higgs_checkpoint(out, preset, seed)
+    written = time.perf_counter() - t0
+    loaded = load_higgs(out)
+    counts = loaded.num_parameters()
+    arch = "HiggsMultimodalQwen3ForConditionalGeneration"
+    info = dict(out=str(out), preset=preset, architecture=arch, parameters=counts)
+    info["voices"] = sorted(loaded.voices)
+    info.update(total_parameters=sum(counts.values()), write_seconds=round(written, 3))
+    typer.echo(json.dumps({**info, "load_seconds": round(loaded.load_seconds, 3)}))
 
 
 @models.command("init-cascade")

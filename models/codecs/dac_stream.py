@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from omniduplex.models.codecs.dac import DacCodec, DecoderBlock, ResidualUnit
+from omniduplex.models.codecs.dac import DacCodec, DacDecoder, DecoderBlock, ResidualUnit
 from omniduplex.models.conv_stream import (
     Chain,
     ConvStream,
@@ -43,10 +43,19 @@ def _residual(unit: ResidualUnit, batch: int) -> Residual:
 def _block(block: DecoderBlock, batch: int) -> Chain:
     pad = block.conv_t1.padding[0]
     units = [block.res_unit1, block.res_unit2, block.res_unit3]
+    right = pad - block.conv_t1.output_padding[0]  # an output padding keeps that many samples at the end
     return Chain(
-        [Pointwise(block.snake1), ConvTransposeStream(block.conv_t1, pad, pad, batch)]
+        [Pointwise(block.snake1), ConvTransposeStream(block.conv_t1, pad, right, batch)]
         + [_residual(u, batch) for u in units]
     )
+
+
+def decoder_chain(dec: DacDecoder, batch: int, squash: bool = True) -> Chain:
+    """The stream of a :class:`~.dac.DacDecoder` (``conv1``, blocks, ``snake1``, ``conv2``, then ``tanh``
+    unless ``squash`` is false) over ``batch`` rows; weights shared, not copied."""
+    parts = [_centred(dec.conv1, batch)] + [_block(b, batch) for b in dec.block]
+    parts += [Pointwise(dec.snake1), _centred(dec.conv2, batch)]
+    return Chain(parts + [Pointwise(torch.tanh)] if squash else parts)
 
 
 class DacDecodeStream(OneShotEnd):
@@ -69,13 +78,8 @@ class DacDecodeStream(OneShotEnd):
     def __init__(self, codec: DacCodec, batch: int = 1) -> None:
         self.codec, self.batch = codec, batch
         p = next(codec.parameters())
-        dec = codec.decoder
         self.no_latents = torch.zeros(batch, codec.cfg.hidden_size, 0, dtype=p.dtype, device=p.device)
-        self.chain = Chain(
-            [_centred(dec.conv1, batch)]
-            + [_block(b, batch) for b in dec.block]
-            + [Pointwise(dec.snake1), _centred(dec.conv2, batch), Pointwise(torch.tanh)]
-        )
+        self.chain = decoder_chain(codec.decoder, batch)
 
     def _check(self, codes: torch.Tensor) -> None:
         self.check_open("push")

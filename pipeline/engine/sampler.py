@@ -122,6 +122,31 @@ def sample_static(
     return torch.where(random_rows, drawn, greedy)
 
 
+def sample_inverse_cdf(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Sample one id per row of fp32 ``logits`` ``[B, V]`` → int64 ``[B]`` by inverting the CDF of
+    ``softmax(logits / T)`` (after penalties, top-k and top-p) at ONE counter-based uniform per row.
+
+    The same distribution as :func:`sample` (which picks another id for a given seed: it draws noise for every
+    vocabulary entry), with ``V`` times less noise to hash: for many small distributions per step (a
+    multi-codebook frame: ``B = requests × codebooks``) where the noise dominates the sampling time. Rows with
+    ``temperature == 0`` take the argmax. Reproducible per row: the uniform depends on ``(seed, counter)``.
+    """
+    logits = apply_penalties(logits.float(), b)
+    random_rows = b.temperature > 0
+    n_random = int(random_rows.sum())
+    if n_random == 0:
+        return logits.max(dim=-1).indices
+    t = torch.where(random_rows, b.temperature, torch.ones_like(b.temperature))
+    scaled = _top_k_top_p(logits / t[:, None], b.top_k, b.top_p)
+    # unnormalised CDF: exp(x − max) summed in order; the uniform is scaled by the row's total
+    cdf = (scaled - scaled.amax(dim=-1, keepdim=True)).exp_().cumsum(dim=-1)
+    u = counter_uniform(b.seeds, b.counters, 1).to(cdf.dtype) * cdf[:, -1:]
+    drawn = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=logits.shape[-1] - 1)
+    if n_random == logits.shape[0]:
+        return drawn
+    return torch.where(random_rows, drawn, logits.max(dim=-1).indices)
+
+
 TOP_K_FAST_FRACTION = 4
 """Rows that all keep at most ``vocab / 4`` ids draw among their ``top_k`` candidates only."""
 
