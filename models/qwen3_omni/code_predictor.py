@@ -1,25 +1,26 @@
-"""The code predictor (multi-token prediction of a frame's residual codebooks), batched over frames: Qwen3-Omni's
-and Qwen3-TTS's code predictor and Fish Speech's fast AR are the same shape.
+"""The code predictor (multi-token prediction of a frame's residual codebooks), batched over frames:
+Qwen3-Omni's and Qwen3-TTS's code predictor and Fish Speech's fast AR are the same shape.
 
 For each frame it sees ``[talker hidden, embed(code 0)]`` and generates codes ``1..G-1`` autoregressively:
-step ``g`` reads output head ``g-1`` and feeds ``embedding g-1 (code g)`` next. All frames of an engine step run
-together in one short sequence per frame, in a lean loop over the layers (:meth:`CodePredictor._step`): G-1
-sequential steps of a few rows per frame, where per-op overhead, not arithmetic, is most of the time on CPU.
+step ``g`` reads the output head of codebook ``g`` and feeds the embedding of code ``g`` next. All frames of
+an engine step run together in one short sequence per frame, in a lean loop over the layers
+(:meth:`CodePredictor._step`): G-1 sequential steps of a few rows per frame, where per-op overhead, not
+arithmetic, is most of the time on CPU.
 
 Config switches (the families differ only in these):
 
 - ``shared_tables``: one embedding table and one output head for every codebook (Fish Speech's fast AR:
   ``embeddings``, ``output``) instead of one per residual codebook (Qwen3-Omni / Qwen3-TTS).
-- ``talker_hidden`` with ``project_codes``: the talker's width when it differs from the predictor's; its hidden
-  state goes through ``small_to_mtp_projection`` (biased) first. ``project_codes`` (Qwen3-TTS): the code
-  embeddings are at the talker's width and are projected too; without it (Fish Speech's ``fast_project_in``)
-  they are at the predictor's width and only the hidden state is projected.
+- ``talker_hidden`` with ``project_codes``: the talker's width when it differs from the predictor's; its
+  hidden state goes through ``small_to_mtp_projection`` (biased) first. ``project_codes`` (Qwen3-TTS): the
+  code embeddings are at the talker's width and are projected too; without it (Fish Speech's
+  ``fast_project_in``) they are at the predictor's width and only the hidden state is projected.
 
-``static_buffers`` (the fast-AR buffer lever): the inputs of a frame batch (one row per position: the projected
-hidden state, then each code's embedding, written in place), the rotary table of positions ``0..G-1`` and each
-layer's K/V live in a :class:`PredictorWorkspace` allocated once for up to ``capacity`` frames and reused every
-engine step (grown only when a step has more frames), instead of being stacked, recomputed and concatenated
-per frame batch. Same values either way.
+``static_buffers`` (the fast-AR buffer lever): the inputs of a frame batch (one row per position: the
+projected hidden state, then each code's embedding, written in place), the rotary table of positions
+``0..G-1`` and each layer's K/V live in a :class:`PredictorWorkspace` allocated once for up to ``capacity``
+frames and reused every engine step (grown only when a step has more frames), instead of being stacked,
+recomputed and concatenated per frame batch. Same values either way.
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ class CodePredictor(nn.Module):
         tables = 1 if shared_tables else num_code_groups - 1
         self.shared_tables, self.project_codes = shared_tables, project_codes
         self.model = CodePredictorModel(cfg, tables, talker_hidden if project_codes else None)
-        self.lm_head = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(tables))
+        self.lm_head = nn.ModuleList(
+            nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(tables)
+        )
         narrower = talker_hidden is not None and talker_hidden != cfg.hidden_size
         self.small_to_mtp_projection = nn.Linear(talker_hidden, cfg.hidden_size) if narrower else None
         self.static_buffers = False

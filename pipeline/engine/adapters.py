@@ -6,6 +6,7 @@
 * :class:`TalkerAdapter` — the Talker: inputs are embeddings; after codebook 0 is sampled, the code
   predictor fills the residual codebooks of all the step's frames in one batched call, and the next
   input row (frame embedding + the next Thinker text row) is appended when that text is available.
+  Qwen3-TTS's talker and Fish Speech's slow AR (whose fast AR is the same code predictor) run on it too.
 """
 
 from __future__ import annotations
@@ -108,10 +109,27 @@ class TalkerAdapter:
     Text for decode row ``j`` is fed with :meth:`feed_text` (projected rows, ``[n, talker_hidden]``) and
     closed with :meth:`end_text` (after which ``tts_pad`` is used). ``req.extra["text"]`` holds the
     queue; ``req.extra["frame_embeds"]`` the frames waiting for their text row.
+
+    Args:
+        talker: the model: ``cfg.text`` (its decoder config), ``cfg.num_code_groups``, ``forward``,
+            ``compute_logits``, ``frame_embedding``, ``suppressed_token_mask`` and ``code_predictor``.
+        tts_pad: the text row added once the text has ended (zeros: no text stream, as in Fish Speech).
+        code0_embed: ``code0 [B] → [B, hidden]``, the embedding the code predictor reads at position 1
+            (default: the talker's ``model.codec_embedding``; Fish Speech: the fast AR's own table).
+        predictor_filters: ``(top_k, top_p)`` of the code predictor when sampling (default: Qwen3-Omni's);
+            ``None``: each request's own ``top_k`` / ``top_p`` (Fish Speech samples its fast codebooks so).
     """
 
-    def __init__(self, talker: Talker, tts_pad: torch.Tensor) -> None:
+    def __init__(
+        self,
+        talker: Talker,
+        tts_pad: torch.Tensor,
+        code0_embed=None,
+        predictor_filters: tuple[int, float] | None = (PREDICTOR_TOP_K, PREDICTOR_TOP_P),
+    ) -> None:
         self.model, self.tts_pad = talker, tts_pad
+        self.code0_embed = code0_embed or talker.model.codec_embedding
+        self.predictor_filters = predictor_filters
         cfg = talker.cfg.text
         self.num_layers, self.num_kv_heads, self.head_dim = (
             cfg.num_hidden_layers,
@@ -169,7 +187,7 @@ class TalkerAdapter:
         code0 = tokens[idx]
         live = [reqs[i] for i in keep]
         frames = self.model.code_predictor.predict(
-            hidden[idx], code0, self.model.model.codec_embedding(code0), sample=self._predictor_sampler(live)
+            hidden[idx], code0, self.code0_embed(code0), sample=self._predictor_sampler(live)
         )
         embeds = self.model.frame_embedding(frames)
         for k, i in enumerate(keep):
@@ -186,8 +204,12 @@ class TalkerAdapter:
         frame_idx = torch.tensor([len(r.output_ids) for r in reqs], dtype=torch.int64, device=dev)
         groups = self.model.cfg.num_code_groups
         b = len(reqs)
-        top_k = torch.full((b,), PREDICTOR_TOP_K, device=dev)  # built once per frame, not per codebook
-        top_p = torch.full((b,), PREDICTOR_TOP_P, device=dev)
+        if self.predictor_filters is None:
+            top_k = torch.tensor([r.sampling.top_k for r in reqs], dtype=torch.int64, device=dev)
+            top_p = torch.tensor([r.sampling.top_p for r in reqs], dtype=torch.float32, device=dev)
+        else:  # built once per frame, not per codebook
+            top_k = torch.full((b,), self.predictor_filters[0], device=dev)
+            top_p = torch.full((b,), self.predictor_filters[1], device=dev)
         penalty = torch.ones(b, device=dev)
         base = (1 << 40) + frame_idx * groups
 
