@@ -36,6 +36,9 @@ def init_model(
     from omniduplex.models.registry import load_model
     from omniduplex.models.unified.presets import write_unified_checkpoint
 
+    if arch.startswith("fish-speech"):  # fish-speech-tiny | -small, or --arch fish-speech --preset P
+        _init_fish_speech(out, arch.removeprefix("fish-speech").removeprefix("-") or preset, seed)
+        return
     if arch not in ("qwen3-omni", "unified", "qwen3-tts"):
         raise typer.BadParameter(f"unknown --arch {arch!r}; choose qwen3-omni, unified or qwen3-tts")
     if arch != "qwen3-omni" and text_only:
@@ -93,6 +96,22 @@ def _init_qwen3_tts(out: Path, preset: str, seed: int, variant: str) -> None:
                 "load_seconds": round(loaded.load_seconds, 3),
             }
         )
+    )
+
+
+def _init_fish_speech(out: Path, preset: str, seed: int) -> None:
+    from omniduplex.models.fish_speech.load import load_fish_speech
+    from omniduplex.models.fish_speech.presets import PRESETS, write_fish_checkpoint
+
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"unknown fish-speech preset {preset!r}; choose from {list(PRESETS)}")
+    t0 = time.perf_counter()
+    write_fish_checkpoint(out, preset, seed)
+    written = time.perf_counter() - t0
+    counts = load_fish_speech(out).num_parameters()
+    info = dict(out=str(out), preset=preset, architecture="fish_qwen3_omni", parameters=counts)
+    typer.echo(
+        json.dumps({**info, "total_parameters": sum(counts.values()), "write_seconds": round(written, 3)})
     )
 
 

@@ -144,8 +144,8 @@ def gqa_decode(
 ) -> torch.Tensor | None:
     """The q_len = 1 decode fast path: ``q`` ``[S, Hq, D]`` (one query per sequence) over the paged cache
     → ``[S, Hq, D]`` in the dtype of ``q``, or ``None`` when the batch is outside its shape (the caller falls
-    back): CPU tensors of one dtype (fp32, bf16, fp16), the C++ ops loaded, 16-row blocks, ``D`` of 1, 2, 4 or
-    8 fp32 vectors (AVX-512: 16..128 in steps that double; AVX2: 8..64) and a GQA group ``Hq / Hkv`` of 1, 2,
+    back): CPU tensors of one dtype (fp32, bf16, fp16), the C++ ops loaded, 16-row blocks, ``D`` of 1, 2, 4,
+    8 or 16 fp32 vectors (AVX-512: 16, 32, 64, 128, 256; AVX2: 8 .. 128) and a GQA group ``Hq / Hkv`` of 1, 2,
     4 or 8. One work item per (sequence, KV head): the group's queries share each K/V row, read once, in one
     pass with an online softmax (FlashAttention's decode form, Dao et al. 2022); fp32 accumulation.
 

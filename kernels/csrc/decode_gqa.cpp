@@ -12,7 +12,7 @@
 //   vectors -> one vector of 16 scores), where the generic kernel reduces every score on its own: the
 //   reduction was most of the arithmetic of a head-dim-128 row;
 // - the softmax of a block is one vector exp per query head (exp_u20, as the generic kernel uses);
-// - G and D are template parameters (G in {1, 2, 4, 8}; D / vector width in {1, 2, 4, 8}), so the group's
+// - G and D are template parameters (G in {1, 2, 4, 8}; D / vector width in {1, 2, 4, 8, 16}), so the group's
 //   query vectors and accumulators are fixed-size arrays the compiler keeps in registers or L1.
 //
 // fp32 accumulation whatever the dtype of q and the caches (fp32, bf16, fp16), as the generic kernel.
@@ -217,7 +217,7 @@ void gqa_decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at:
 bool fits(int64_t head_dim, int64_t group, int64_t block) {
   const int64_t W = Vec::size();
   const int64_t nv = head_dim / W;
-  return block == kBlock && head_dim % W == 0 && (nv == 1 || nv == 2 || nv == 4 || nv == 8) &&
+  return block == kBlock && head_dim % W == 0 && (nv == 1 || nv == 2 || nv == 4 || nv == 8 || nv == 16) &&
          (group == 1 || group == 2 || group == 4 || group == 8);
 }
 
@@ -261,7 +261,8 @@ at::Tensor paged_decode_gqa(const at::Tensor& q, const at::Tensor& k_cache, cons
       case 1: by_group(zero, std::integral_constant<int64_t, 1>{}); break;
       case 2: by_group(zero, std::integral_constant<int64_t, 2>{}); break;
       case 4: by_group(zero, std::integral_constant<int64_t, 4>{}); break;
-      default: by_group(zero, std::integral_constant<int64_t, 8>{}); break;
+      case 8: by_group(zero, std::integral_constant<int64_t, 8>{}); break;
+      default: by_group(zero, std::integral_constant<int64_t, 16>{}); break;
     }
   };
   switch (q.scalar_type()) {
