@@ -136,8 +136,9 @@ class TalkerAdapter:
             cfg.num_key_value_heads,
             cfg.head_dim,
         )
-        self.vocab_size = cfg.vocab_size
-        self.suppress_ids = tuple(torch.nonzero(talker.suppressed_token_mask()).flatten().tolist())
+        mask = talker.suppressed_token_mask()  # one entry per logit (Fish Speech: its samplable ids only)
+        self.vocab_size = mask.numel()
+        self.suppress_ids = tuple(torch.nonzero(mask).flatten().tolist())
 
     # -- text stream from the Thinker --------------------------------------------------------------
     def feed_text(self, req: Request, rows: torch.Tensor) -> None:
