@@ -155,6 +155,47 @@ def measure(
     return {"model": str(model_dir), "lever": lever, "threads": threads, "rows": rows}
 
 
+def attention_probe(
+    model_dir: str | Path, c: int = 16, context: int = 160, iters: int = 30, threads: int = 2
+) -> dict:
+    """The slow AR's decode attention alone at its own shapes: ``c`` sequences of ``context`` cached tokens
+    (blocks scattered over the pool), all layers of one decode step, the q_len = 1 fast path vs the
+    dispatcher (the path with the lever off), interleaved call by call; median ms per decode step."""
+    torch.set_num_threads(threads)
+    cfg = load_fish_speech(model_dir, parts=()).config.slow
+    g = torch.Generator().manual_seed(0)
+    per_seq = -(-context // 16)
+    shape = (c * per_seq + 8, 16, cfg.num_key_value_heads, cfg.head_dim)
+    k_cache, v_cache = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    tables = torch.randperm(shape[0], generator=g)[: c * per_seq].view(c, per_seq).int()
+    lens = torch.full((c,), context, dtype=torch.int32)
+    q = torch.randn(c, cfg.num_attention_heads, cfg.head_dim, generator=g)
+    qsl = torch.arange(c + 1, dtype=torch.int32)
+    scale = cfg.head_dim**-0.5
+    paths = {
+        "fast_path": lambda: attention.gqa_decode(q, k_cache, v_cache, tables, lens, scale),
+        "dispatcher": lambda: attention.paged_attention(
+            q, k_cache, v_cache, tables, lens, qsl, scale, max_seq_len=context, max_query_len=1
+        ),
+    }
+    if paths["fast_path"]() is None:
+        raise RuntimeError("the fast path does not take this model's shapes (or the C++ ops are not built)")
+    times: dict[str, list[float]] = {k: [] for k in paths}
+    for _ in range(iters):
+        for name, fn in paths.items():
+            t = time.perf_counter()
+            for _ in range(cfg.num_hidden_layers):
+                fn()
+            times[name].append(time.perf_counter() - t)
+    ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
+    return {
+        "c": c,
+        "context": context,
+        "layers": cfg.num_hidden_layers,
+        **{f"{k}_ms_per_step": v for k, v in ms.items()},
+    }
+
+
 def run(
     model_dir: Path,
     levels: list[int],
@@ -162,8 +203,24 @@ def run(
     threads: int = 2,
     json_out: Path | None = None,
 ) -> list[dict]:
-    """Measure every level with the levers off, then on (one process); print the table; return both."""
-    results = [measure(model_dir, tuple(levels), lever, frames, threads=threads) for lever in (False, True)]
+    """Measure every level with the levers off and on, in turn on one engine (the order alternating from level
+    to level, so that a change in the host's load falls on both); print the table and the decode-attention
+    probe at c = 16; return ``[levers-off result, levers-on result]`` as :func:`measure` returns them."""
+    torch.set_num_threads(threads)
+    model = load_fish_speech(model_dir, parts=("lm", "codec"))
+    engine = FishSpeechEngine(model, load_tokenizer(model_dir), max_num_seqs=max(levels))
+    results = [
+        {"model": str(model_dir), "lever": lever, "threads": threads, "rows": []} for lever in (False, True)
+    ]
+    for lever in (False, True):
+        engine.set_levers(lever, lever)
+        _level(engine, 1, 3, 8, 0)
+    for k, c in enumerate(levels):
+        for lever in (False, True) if k % 2 == 0 else (True, False):
+            engine.set_levers(lever, lever)
+            results[lever]["rows"].append(_level(engine, c, frames, 8, 0))
+    for res in results:
+        res["rows"].sort(key=lambda r: r["c"])
     print(
         f"\nFish Speech S2 bench: {model_dir}, {frames} frames ({frames * 2048 / SAMPLE_RATE:.1f} s) per "
         f"utterance, sampled, {threads} threads, engine and codec in one process. Seed: {SEED_FIGURES}"
@@ -182,8 +239,14 @@ def run(
                 f"| {r['fast_ar_ms_per_step']:.1f} | {r['fast_ar_allocations']} |",
                 flush=True,
             )
+    probe = attention_probe(model_dir, threads=threads)
+    print(
+        f"slow-AR decode attention alone, c={probe['c']}, {probe['context']} cached tokens, "
+        f"{probe['layers']} layers: fast path {probe['fast_path_ms_per_step']:.2f} ms/step, "
+        f"dispatcher {probe['dispatcher_ms_per_step']:.2f} ms/step"
+    )
     if json_out:
-        json_out.write_text(json.dumps(results, indent=2))
+        json_out.write_text(json.dumps({"levels": results, "attention_probe": probe}, indent=2))
     return results
 
 

@@ -1,11 +1,13 @@
 """Deterministic random-weight Fish Speech S2 Pro checkpoints in the published layout
 (``init-model --arch fish-speech-tiny`` / ``fish-speech-small``).
 
-Presets: ``tiny`` (tests), ``small`` (CPU benchmarks: the S2 Pro's head size 128 and GQA 4:1, 10 codebooks of
-1024, 8 slow layers of width 512, a 4-layer fast AR) and ``deep`` (parity tests only: 5 slow layers, untied
+Presets: ``tiny`` (tests), ``small`` (CPU benchmarks: the S2 Pro's slow-AR head size 128 and GQA 4:1, 10
+codebooks of 1024, 8 slow layers of width 512, a 4-layer fast AR of width 256 behind ``fast_project_in``, so
+that, as in S2 Pro (4B slow, 0.4B fast), a frame's 9 fast-AR steps weigh about what its one slow-AR step
+does) and ``deep`` (parity tests only: 5 slow layers, untied
 output head, a narrower fast AR behind ``fast_project_in``, q/k norms and biases in the fast AR). All keep the
 published structure: 10 codebooks, a 4-layer fast AR, the codec at 44.1 kHz with 2048 samples per frame
-(~21.5 frames/s, as S2 Pro's codec).
+(~21.5 frames/s, as S2 Pro's codec; :data:`HOP`).
 
 Tokenizer: the presets' byte tokenizer (:func:`~omniduplex.models.tokenizer.build_byte_tokenizer`) plus
 ``<|voice|>``, ``<|speaker:0|>`` and one ``<|semantic:k|>`` per code of codebook 0
@@ -35,8 +37,10 @@ from omniduplex.models.tokenizer import build_byte_tokenizer, preset_token_ids
 PRESETS = ("tiny", "small", "deep")
 FISH_SPECIAL_TOKENS = ["<|voice|>", "<|speaker:0|>"]
 NUM_CODEBOOKS = 10
-HOP = [4, 8, 8, 8]
-"""The codec's downsampling ratios: 2048 samples per frame at 44.1 kHz."""
+HOP = [16, 128]
+"""The codec's downsampling ratios: 2048 samples per frame at 44.1 kHz. Two upsampling blocks keep the
+centred decoder's look-ahead at 4 frames ([4, 8, 8, 8], DAC's usual depth, needs 10 before the first sample
+is final)."""
 
 
 def _sizes(preset: str) -> dict:
@@ -46,7 +50,7 @@ def _sizes(preset: str) -> dict:
         #        slow: dim layers heads kv head_dim inter | fast: dim heads kv head_dim inter | codebook
         "tiny": dict(slow=(64, 2, 4, 2, 16, 128), fast=(64, 4, 2, 16, 128), codebook=64, enc=4, dec=32),
         "small": dict(
-            slow=(512, 8, 4, 1, 128, 1536), fast=(512, 4, 1, 128, 1536), codebook=1024, enc=8, dec=128
+            slow=(512, 8, 4, 1, 128, 1536), fast=(256, 4, 1, 64, 768), codebook=1024, enc=8, dec=64
         ),
         "deep": dict(slow=(96, 5, 8, 2, 16, 192), fast=(64, 4, 1, 16, 128), codebook=64, enc=4, dec=32),
     }[preset]
