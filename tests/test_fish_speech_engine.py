@@ -170,3 +170,33 @@ def test_sampled_requests_are_reproducible_per_seed(tiny):
         return out
 
     assert run(1) == run(1) and run(1) != run(2)
+
+
+@pytest.mark.parametrize(
+    ("talker_hidden", "shared", "project_codes"),
+    [(None, False, True), (48, False, True), (48, True, False)],
+    ids=["qwen3-omni", "qwen3-tts-1.7b", "fish-narrow-fast-ar"],
+)
+def test_predictor_workspace_equals_fresh_buffers_for_every_family(talker_hidden, shared, project_codes):
+    from omniduplex.models.config import DecoderConfig
+    from omniduplex.models.qwen3_omni.code_predictor import CodePredictor
+
+    cfg = DecoderConfig(
+        vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, intermediate_size=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    p = CodePredictor(cfg, 6, talker_hidden, shared_tables=shared, project_codes=project_codes).eval()
+    with torch.no_grad():
+        for t in p.parameters():
+            t.normal_(0, 0.3)
+    width = talker_hidden if (talker_hidden and project_codes) else 32
+    hidden = torch.randn(5, talker_hidden or 32)
+    code0 = torch.tensor([0, 3, 7, 11, 39])
+    embed = torch.randn(5, width)
+    fresh = p.predict(hidden, code0, embed)
+    p.static_buffers = True
+    assert torch.equal(p.predict(hidden[:2], code0[:2], embed[:2]), fresh[:2])  # a workspace for 2 frames
+    assert torch.equal(p.predict(hidden, code0, embed), fresh)  # grown once for 5
+    assert p.workspace.allocations == 2 and p.workspace.capacity == 5
+    assert len({tuple(r) for r in fresh.tolist()}) == 5  # the frames differ: the test can tell them apart
