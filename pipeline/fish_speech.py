@@ -24,6 +24,7 @@ are those of a sequential run of the published math (``tests/fish_speech_referen
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ from omniduplex.pipeline.engine.adapters import TalkerAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 
+_ids = itertools.count()
 DEFAULT_SAMPLING = dict(temperature=0.8, top_k=30, top_p=0.8, repetition_penalty=1.0, max_tokens=1024)
 """Fish Audio's serving defaults (temperature 0.8, top-p 0.8, top-k 30)."""
 
@@ -235,13 +237,16 @@ def synthesize(
         raise PromptError("speaking needs the codec decoder (load the 'codec' part)")
     engine = engine or FishSpeechEngine(model, tokenizer)
     decoder = FishStreamDecoder(model.codec)
-    engine.add("synthesize", engine.prompt(text, voice), sampling)
+    rid = f"synthesize-{next(_ids)}"
+    engine.add(rid, engine.prompt(text, voice), sampling)
     pending: list[torch.Tensor] = []
     pieces: list[torch.Tensor] = []
     sizes = list(chunk_frames)
     done = False
     while not done:
         for ev in engine.step():
+            if ev.request_id != rid:
+                continue  # another request on a shared engine: its caller reads its events
             if ev.codes is not None:
                 pending.append(ev.codes)
             if len(pending) >= sizes[0] or (ev.finished and pending):

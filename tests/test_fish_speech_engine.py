@@ -60,6 +60,7 @@ def test_batched_requests_equal_each_alone(tiny):
         engine, {0: [("r0", prompts[0], 12)], 2: [("r1", prompts[1], 7)], 5: [("r2", prompts[2], 10)]}
     )
     assert together == alone
+    assert engine.engine.num_cached_tokens > 0  # the second run of each prompt took its blocks from the cache
     assert all(len(f) >= 5 for f in alone.values())  # (r0 ends at <|im_end|> after 7 frames)
 
 
