@@ -231,11 +231,18 @@ def synthesize(
     """Speak ``text`` alone: ``(pcm float32 [samples], 44100)``, streamed through :class:`FishStreamDecoder`
     in pieces of ``chunk_frames`` frames (cycled).
 
-    Raises PromptError: a bad request (see :meth:`FishSpeechEngine.prompt` / :meth:`FishSpeechEngine.add`)
-    or no codec decoder loaded."""
+    Raises:
+        PromptError: a bad request (see :meth:`FishSpeechEngine.prompt` / :meth:`FishSpeechEngine.add`) or no
+            codec decoder loaded.
+        ValueError: ``engine`` has requests in flight (their events would be lost here).
+    """
     if model.codec is None:
         raise PromptError("speaking needs the codec decoder (load the 'codec' part)")
     engine = engine or FishSpeechEngine(model, tokenizer)
+    if engine.has_unfinished():
+        raise ValueError(
+            "synthesize speaks alone: the engine has other requests in flight (read their events)"
+        )
     decoder = FishStreamDecoder(model.codec)
     rid = f"synthesize-{next(_ids)}"
     engine.add(rid, engine.prompt(text, voice), sampling)
@@ -245,8 +252,6 @@ def synthesize(
     done = False
     while not done:
         for ev in engine.step():
-            if ev.request_id != rid:
-                continue  # another request on a shared engine: its caller reads its events
             if ev.codes is not None:
                 pending.append(ev.codes)
             if len(pending) >= sizes[0] or (ev.finished and pending):
