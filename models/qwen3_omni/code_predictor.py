@@ -134,6 +134,7 @@ class CodePredictor(nn.Module):
         model's layers and weights, in a lean loop: no paged cache or flat batch for a sequence of at most
         ``G`` rows (G − 1 steps per frame, where per-op overhead is most of the time)."""
         b, t, _ = x.shape
+        rope = None
         for i, layer in enumerate(self.model.layers):
             a = layer.self_attn
             qkv = a.qkv_proj(_norm(layer.input_layernorm, x))
@@ -142,7 +143,15 @@ class CodePredictor(nn.Module):
             k = k.reshape(b, t, a.num_kv_heads, a.head_dim)
             if a.q_norm is not None:
                 q, k = _norm(a.q_norm, q), _norm(a.k_norm, k)
-            q, k = apply_rotary(q, cos, sin).transpose(1, 2), apply_rotary(k, cos, sin).transpose(1, 2)
+            if a.use_cpu_ops:  # one C++ call, in place, bit-equal to apply_rotary (kernels/cpu_ops.py)
+                if rope is None:
+                    rope = (cos.repeat(b, 1), sin.repeat(b, 1))  # [B·t, D]: every frame's positions
+                torch.ops.omniduplex_cpu.rotary_(
+                    q.view(b * t, *q.shape[2:]), k.view(b * t, *k.shape[2:]), *rope
+                )
+                q, k = q.transpose(1, 2), k.transpose(1, 2)
+            else:
+                q, k = apply_rotary(q, cos, sin).transpose(1, 2), apply_rotary(k, cos, sin).transpose(1, 2)
             v = v.reshape(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
             if isinstance(kv, PredictorWorkspace):
                 kb, vb = kv.k[i, :b], kv.v[i, :b]
