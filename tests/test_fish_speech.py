@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from fish_speech_reference import FishReference
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from transformers import DacConfig, DacModel
@@ -22,7 +23,6 @@ from omniduplex.models.fish_speech.presets import write_fish_checkpoint
 from omniduplex.models.fish_speech.prompt import FishVoice
 from omniduplex.models.forward_batch import SequenceCache
 from omniduplex.pipeline.fish_speech import FishSpeechEngine, FishStreamDecoder
-from tests.fish_speech_reference import FishReference
 
 # fishaudio/s2-pro config.json (the values its model card's config holds)
 S2_PRO = {
