@@ -24,7 +24,8 @@ def init_model(
         "qwen3-omni",
         "--arch",
         help="qwen3-omni (Thinker-Talker), unified (delay-pattern speech LM + DAC), qwen3-tts, or "
-        "voxcpm2-tiny / voxcpm2-small, higgs-tiny / higgs-small (Higgs Audio v3) (the preset in the name).",
+        "voxcpm2-tiny / voxcpm2-small, higgs-tiny / higgs-small, fish-speech-tiny / fish-speech-small "
+        "(the preset in the name).",
     ),
     variant: str = typer.Option(
         "custom_voice",
@@ -42,6 +43,9 @@ def init_model(
         return
     if arch.startswith("higgs"):  # higgs-tiny / higgs-small (the suffix is the preset), or higgs --preset P
         _init_higgs(out, arch.partition("-")[2] or preset, seed)
+        return
+    if arch.startswith("fish-speech"):  # fish-speech-tiny | -small, or --arch fish-speech --preset P
+        _init_fish_speech(out, arch.removeprefix("fish-speech").removeprefix("-") or preset, seed)
         return
     if arch not in ("qwen3-omni", "unified", "qwen3-tts"):
         raise typer.BadParameter(f"unknown --arch {arch!r}; choose qwen3-omni, unified or qwen3-tts")
@@ -145,6 +149,22 @@ def _init_higgs(out: Path, preset: str, seed: int) -> None:
     info["voices"] = sorted(loaded.voices)
     info.update(total_parameters=sum(counts.values()), write_seconds=round(written, 3))
     typer.echo(json.dumps({**info, "load_seconds": round(loaded.load_seconds, 3)}))
+
+
+def _init_fish_speech(out: Path, preset: str, seed: int) -> None:
+    from omniduplex.models.fish_speech.load import load_fish_speech
+    from omniduplex.models.fish_speech.presets import PRESETS, write_fish_checkpoint
+
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"unknown fish-speech preset {preset!r}; choose from {list(PRESETS)}")
+    t0 = time.perf_counter()
+    write_fish_checkpoint(out, preset, seed)
+    written = time.perf_counter() - t0
+    counts = load_fish_speech(out).num_parameters()
+    info = dict(out=str(out), preset=preset, architecture="fish_qwen3_omni", parameters=counts)
+    typer.echo(
+        json.dumps({**info, "total_parameters": sum(counts.values()), "write_seconds": round(written, 3)})
+    )
 
 
 @models.command("init-cascade")

@@ -9,6 +9,12 @@ and can be captured in a CUDA graph); the C++ decode kernel
 :func:`.cpu_linear.prepack_linears`, loads them). Otherwise, and for every batch with a longer query (prefill
 chunks), :func:`paged_attention_torch`.
 
+The q_len = 1 fast path (:func:`gqa_decode`, our C++ ``paged_decode_gqa`` of ``csrc/decode_gqa.cpp``) is
+opt-in per model (:func:`set_decode_fast_path`): a decode-only CPU batch whose head size, GQA group and block
+size it was built for runs one work item per (sequence, KV head) over the group's query heads, each block's
+K and V rows read once in one online-softmax pass; any other batch falls back to the dispatcher below.
+:func:`time_decode_attention` measures the decode-only attention calls of a model's layers (both paths).
+
 ``OMNIDUPLEX_ATTENTION_BACKEND=torch`` always takes the torch path. ``=triton`` sends every decode-only
 batch to the Triton kernel and raises if it cannot run (Triton missing, or ``q`` on CPU without
 ``TRITON_INTERPRET=1``); ``=cpp`` sends every decode-only CPU batch to the C++ kernel (building it if need
@@ -21,6 +27,10 @@ the variable says ``torch``), :func:`~.paged_attention_ref.write_kv_cache` elsew
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
 
 import torch
 
@@ -34,7 +44,17 @@ from omniduplex.kernels.paged_decode_attention import (
 )
 from omniduplex.kernels.paged_kv_write import write_kv_cache_triton
 
-__all__ = ["BACKEND_ENV", "paged_attention", "select_backend", "write_kv_cache"]
+__all__ = [
+    "BACKEND_ENV",
+    "DecodeTimer",
+    "decode_timer",
+    "gqa_decode",
+    "paged_attention",
+    "select_backend",
+    "set_decode_fast_path",
+    "time_decode_attention",
+    "write_kv_cache",
+]
 
 BACKEND_ENV = "OMNIDUPLEX_ATTENTION_BACKEND"
 
@@ -134,3 +154,88 @@ def paged_attention(
     return paged_attention_torch(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_seq_len, max_query_len
     )
+
+
+@lru_cache(maxsize=64)
+def _gqa_fits(head_dim: int, num_q_heads: int, num_kv_heads: int, block: int) -> bool:
+    return bool(torch.ops.omniduplex_cpu.gqa_decode_fits(head_dim, num_q_heads, num_kv_heads, block))
+
+
+def gqa_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor | None:
+    """The q_len = 1 decode fast path: ``q`` ``[S, Hq, D]`` (one query per sequence) over the paged cache
+    → ``[S, Hq, D]`` in the dtype of ``q``, or ``None`` when the batch is outside its shape (the caller falls
+    back): CPU tensors of one dtype (fp32, bf16, fp16), the C++ ops loaded, 16-row blocks, ``D`` of 1, 2, 4,
+    8 or 16 fp32 vectors (AVX-512: 16, 32, 64, 128, 256; AVX2: 8 .. 128) and a GQA group ``Hq / Hkv`` of 1, 2,
+    4 or 8. One work item per (sequence, KV head): the group's queries share each K/V row, read once, in one
+    pass with an online softmax (FlashAttention's decode form, Dao et al. 2022); fp32 accumulation.
+
+    Raises:
+        RuntimeError: a block table entry outside the cache or a ``seq_len`` outside ``[1, capacity]``.
+    """
+    if (
+        q.device.type != "cpu"
+        or q.shape[0] != seq_lens.shape[0]
+        or k_cache.dtype != q.dtype
+        or v_cache.dtype != q.dtype
+        or not cpu_ops.loaded()
+        or not _gqa_fits(q.shape[2], q.shape[1], k_cache.shape[2], k_cache.shape[1])
+    ):
+        return None
+    return torch.ops.omniduplex_cpu.paged_decode_gqa(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+def set_decode_fast_path(model: torch.nn.Module, on: bool) -> int:
+    """Route the decode-only attention of ``model``'s layers (modules with a ``decode_fast_path`` attribute)
+    through :func:`gqa_decode` (``on``) or the dispatcher; returns the number of layers switched. With ``on``
+    the C++ ops are loaded first where they build (:func:`.cpu_ops.available`)."""
+    if on and not cpu_ops.available():
+        on = False
+    n = 0
+    for mod in model.modules():
+        if hasattr(mod, "decode_fast_path"):
+            mod.decode_fast_path = on
+            n += 1
+    return n
+
+
+class DecodeTimer:
+    """Wall time of decode-only attention calls (``with timer:`` around each); ``seconds``, ``calls``."""
+
+    def __init__(self) -> None:
+        self.seconds, self.calls, self._t0 = 0.0, 0, 0.0
+
+    def __enter__(self) -> DecodeTimer:
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds += time.perf_counter() - self._t0
+        self.calls += 1
+
+
+_timer: DecodeTimer | None = None
+
+
+def decode_timer() -> DecodeTimer | None:
+    """The timer of an active :func:`time_decode_attention` block, else ``None`` (then nothing is timed)."""
+    return _timer
+
+
+@contextmanager
+def time_decode_attention() -> Iterator[DecodeTimer]:
+    """Within the block, every decode-only attention call of a model layer (one query per sequence; the
+    fast path or the dispatcher) is timed into the yielded :class:`DecodeTimer`. Not thread-safe: one
+    engine thread at a time."""
+    global _timer
+    prev, _timer = _timer, DecodeTimer()
+    try:
+        yield _timer
+    finally:
+        _timer = prev

@@ -49,6 +49,8 @@ ENV = "OMNIDUPLEX_CPU_OPS"
 """``0`` turns the C++ kernels off (plain-torch paths everywhere), e.g. to compare the two."""
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
+SOURCES = (SOURCE, SOURCE.with_name("decode_gqa.cpp"))
+"""Compiled into one extension: the ops above, and the q_len = 1 GQA decode fast path (``decode_gqa.cpp``)."""
 _lock = threading.Lock()
 _state: dict[str, bool | str] = {}
 
@@ -70,7 +72,8 @@ def _build_tag() -> str:
     """Short hash of the CPU's ISA flags and of the source: ``-march=native`` code of one CPU kind may not run
     on another, and two checkouts with different sources must not rebuild one shared library in turn."""
     h = hashlib.sha1(" ".join(sorted(_cpu_flags())).encode())
-    h.update(SOURCE.read_bytes())
+    for src in SOURCES:
+        h.update(src.read_bytes())
     return h.hexdigest()[:10]
 
 
@@ -114,7 +117,7 @@ def load() -> None:
                 done = None if built else announce("building the C++ CPU kernels", str(root))
                 build(
                     name=name,
-                    sources=[str(SOURCE)],
+                    sources=[str(src) for src in SOURCES],
                     extra_cflags=["-O3", "-march=native", "-fopenmp", *_isa_flags()],
                     extra_ldflags=["-fopenmp"],
                     build_directory=str(build_dir),

@@ -14,7 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omniduplex.kernels import cpu_linear, cpu_ops, custom_ops, paged_attention, triton_ops, write_kv_cache
+from omniduplex.kernels import (
+    attention,
+    cpu_linear,
+    cpu_ops,
+    custom_ops,
+    paged_attention,
+    triton_ops,
+    write_kv_cache,
+)
 from omniduplex.kernels.moe import moe_experts
 from omniduplex.models.config import DecoderConfig
 from omniduplex.models.forward_batch import ForwardBatch
@@ -76,15 +84,20 @@ class RotaryEmbedding(nn.Module):
     positions), where M-RoPE reduces exactly to this 1-D RoPE. Vision grids are not supported.
     """
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, head_dim: int, theta: float, table_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         self.register_buffer("inv_freq", inv, persistent=False)
+        self.table_dtype = table_dtype
+        """``cos``/``sin`` rounded to this dtype (and back to fp32) when set: Fish Speech's
+        ``precompute_freqs_cis`` stores its table in bf16 (``fish_speech/models/text2semantic/llama.py``)."""
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``positions`` int64 ``[T]`` → ``(cos, sin)`` fp32 ``[T, head_dim]``."""
         freqs = positions[:, None].float() * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
+        if self.table_dtype is not None:
+            return emb.cos().to(self.table_dtype).float(), emb.sin().to(self.table_dtype).float()
         return emb.cos(), emb.sin()
 
 
@@ -131,6 +144,9 @@ class Attention(nn.Module):
         self.use_triton_ops = False
         """q/k norm and RoPE as one in-place Triton kernel on CUDA (set by
         :func:`omniduplex.kernels.triton_ops.attach`)."""
+        self.decode_fast_path = False
+        """Decode-only batches (one query per sequence) take :func:`omniduplex.kernels.attention.gqa_decode`
+        where it applies (set by :func:`omniduplex.kernels.attention.set_decode_fast_path`)."""
 
     def fused_triton(self, q: torch.Tensor, compiling: bool) -> bool:
         """Whether q/k norm + RoPE go through the Triton kernel (attached, eager, norms in ``q``'s dtype)."""
@@ -174,14 +190,28 @@ class Attention(nn.Module):
             write = custom_ops.write_kv_cache_op if compiling else write_kv_cache
         attend = custom_ops.paged_attention_op if compiling else paged_attention
         write(k_cache, v_cache, k, v, batch.slot_mapping)
-        if self.use_cpu_ops and t == 1 and cpu_ops.fits_decode_kernel(q, k_cache):
+        timer = attention.decode_timer() if batch.max_query_len == 1 and not compiling else None
+        if timer is None:
+            out = self._attend(q, kv, batch, attend)
+        else:
+            with timer:
+                out = self._attend(q, kv, batch, attend)
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+    def _attend(self, q: torch.Tensor, kv, batch: ForwardBatch, attend) -> torch.Tensor:
+        """``q`` ``[T, Hq, D]`` over the paged cache (this step's K/V written) → ``[T, Hq, D]``."""
+        k_cache, v_cache = kv
+        if self.decode_fast_path and batch.max_query_len == 1 and not torch.compiler.is_compiling():
+            out = attention.gqa_decode(q, k_cache, v_cache, batch.block_tables, batch.seq_lens, self.scale)
+            if out is not None:
+                return out
+        if self.use_cpu_ops and q.shape[0] == 1 and cpu_ops.fits_decode_kernel(q, k_cache):
             # one token is one sequence's decode: straight to the C++ kernel, no dispatcher (in a compiled
             # graph, where T is symbolic and >= 2, this branch is resolved while tracing)
-            out = torch.ops.omniduplex_cpu.paged_decode_attention(
+            return torch.ops.omniduplex_cpu.paged_decode_attention(
                 q, k_cache, v_cache, batch.block_tables, batch.seq_lens, self.scale
             )
-            return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
-        out = attend(
+        return attend(
             q,
             k_cache,
             v_cache,
@@ -192,7 +222,6 @@ class Attention(nn.Module):
             max_seq_len=batch.max_seq_len,
             max_query_len=batch.max_query_len,
         )
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
 
 class MLP(nn.Module):

@@ -6,6 +6,7 @@
 * :class:`TalkerAdapter` — the Talker: inputs are embeddings; after codebook 0 is sampled, the code
   predictor fills the residual codebooks of all the step's frames in one batched call, and the next
   input row (frame embedding + the next Thinker text row) is appended when that text is available.
+  Qwen3-TTS's talker and Fish Speech's slow AR (whose fast AR is the same code predictor) run on it too.
 
 Both offer the engine a pure decode forward (``decode_forward``) so decode steps can replay as CUDA graphs
 (:mod:`.decode_graphs`); the Thinker's decode inputs are token ids embedded inside the graph
@@ -127,26 +128,46 @@ class TalkerAdapter:
     Text for decode row ``j`` is fed with :meth:`feed_text` (projected rows, ``[n, talker_hidden]``) and
     closed with :meth:`end_text` (after which ``tts_pad`` is used). ``req.extra["text"]`` holds the
     queue; ``req.extra["frame_embeds"]`` the frames waiting for their text row.
+
+    Args:
+        talker: the model: ``cfg.text`` (its decoder config), ``cfg.num_code_groups``, ``forward``,
+            ``compute_logits``, ``frame_embedding``, ``suppressed_token_mask`` and ``code_predictor``.
+        tts_pad: the text row added once the text has ended (zeros: no text stream, as in Fish Speech).
+        code0_embed: ``code0 [B] → [B, hidden]``, the embedding the code predictor reads at position 1
+            (default: the talker's ``model.codec_embedding``; Fish Speech: the fast AR's own table).
+        predictor_filters: ``(top_k, top_p)`` of the code predictor when sampling (default: Qwen3-Omni's);
+            ``None``: each request's own ``top_k`` / ``top_p`` (Fish Speech samples its fast codebooks so).
     """
 
-    def __init__(self, talker: Talker, tts_pad: torch.Tensor) -> None:
+    def __init__(
+        self,
+        talker: Talker,
+        tts_pad: torch.Tensor,
+        code0_embed=None,
+        predictor_filters: tuple[int, float] | None = (PREDICTOR_TOP_K, PREDICTOR_TOP_P),
+    ) -> None:
         self.model, self.tts_pad = talker, tts_pad
+        self.code0_embed = code0_embed or talker.model.codec_embedding
+        self.predictor_filters = predictor_filters
         cfg = talker.cfg.text
         self.num_layers, self.num_kv_heads, self.head_dim = (
             cfg.num_hidden_layers,
             cfg.num_key_value_heads,
             cfg.head_dim,
         )
-        self.vocab_size, self.hidden_size = cfg.vocab_size, cfg.hidden_size
+        mask = talker.suppressed_token_mask()  # one entry per logit (Fish Speech: its samplable ids only)
+        self.vocab_size, self.hidden_size = mask.numel(), cfg.hidden_size
         self.max_position_embeddings = cfg.max_position_embeddings
-        self.suppress_ids = tuple(torch.nonzero(talker.suppressed_token_mask()).flatten().tolist())
+        self.suppress_ids = tuple(torch.nonzero(mask).flatten().tolist())
         self.predictor_graphs: PredictorGraphs | None = None
 
     def capture_graphs(self, backend, max_num_seqs: int) -> list:
-        """Capture the code predictor per bucket of frames (the engine calls this with its graph backend)."""
-        self.predictor_graphs = PredictorGraphs(
-            self.model, backend, max_num_seqs, PREDICTOR_TOP_K, PREDICTOR_TOP_P
-        )
+        """Capture the code predictor per bucket of frames (the engine calls this with its graph backend);
+        none where the predictor samples with each request's own filters or reads its own code-0 table
+        (Fish Speech: its fast AR runs eagerly)."""
+        if self.predictor_filters is None or self.code0_embed is not self.model.model.codec_embedding:
+            return []
+        self.predictor_graphs = PredictorGraphs(self.model, backend, max_num_seqs, *self.predictor_filters)
         return [self.predictor_graphs.runner]
 
     def graph_runners(self) -> list:
@@ -211,7 +232,7 @@ class TalkerAdapter:
             frames = self.predictor_graphs.predict(h, code0, temps, seeds, [len(r.output_ids) for r in live])
         if frames is None:
             frames = self.model.code_predictor.predict(
-                h, code0, self.model.model.codec_embedding(code0), sample=self._predictor_sampler(live)
+                h, code0, self.code0_embed(code0), sample=self._predictor_sampler(live)
             )
         embeds = self.model.frame_embedding(frames)
         codes = frames.tolist()  # one device-to-host copy for every frame of the step
@@ -229,8 +250,12 @@ class TalkerAdapter:
         frame_idx = torch.tensor([len(r.output_ids) for r in reqs], dtype=torch.int64, device=dev)
         groups = self.model.cfg.num_code_groups
         b = len(reqs)
-        top_k = torch.full((b,), PREDICTOR_TOP_K, device=dev)  # built once per frame, not per codebook
-        top_p = torch.full((b,), PREDICTOR_TOP_P, device=dev)
+        if self.predictor_filters is None:
+            top_k = torch.tensor([r.sampling.top_k for r in reqs], dtype=torch.int64, device=dev)
+            top_p = torch.tensor([r.sampling.top_p for r in reqs], dtype=torch.float32, device=dev)
+        else:  # built once per frame, not per codebook
+            top_k = torch.full((b,), self.predictor_filters[0], device=dev)
+            top_p = torch.full((b,), self.predictor_filters[1], device=dev)
         penalty = torch.ones(b, device=dev)
         base = NOISE_BASE + frame_idx * groups
 
