@@ -13,6 +13,7 @@ import torch
 
 from omniduplex.models.forward_batch import BLOCK_SIZE, ForwardBatch, allocate_kv_cache
 from omniduplex.pipeline.engine.block_manager import BlockAllocator
+from omniduplex.pipeline.engine.grammar import GrammarBank
 from omniduplex.pipeline.engine.prefix_cache import PrefixCache
 from omniduplex.pipeline.engine.request import Request, RequestOutput, Status
 from omniduplex.pipeline.engine.sampler import SamplingBatch, sample
@@ -96,16 +97,19 @@ class Engine:
         self._counts = torch.zeros((0, adapter.vocab_size), dtype=torch.int32, device=device)
         self._free_slots: list[int] = []
         self.num_steps = 0
+        self.grammars = GrammarBank(adapter.vocab_size)  # constrained decoding (SamplingParams.grammar)
 
     # -- request lifecycle -------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
-        """Queue ``req``. Raises ValueError (duplicate id, prompt larger than the cache, bad ids)."""
+        """Queue ``req``. Raises ValueError (duplicate id, prompt larger than the cache, bad ids, a grammar
+        for another vocabulary)."""
         bad = [t for t in req.prompt_ids if not 0 <= t < self.adapter.vocab_size]
         if bad and req.prompt_embeds is None:
             raise ValueError(
                 f"request {req.request_id!r}: token id {bad[0]} outside vocabulary "
                 f"[0, {self.adapter.vocab_size})"
             )
+        self.grammars.check(req)
         self.scheduler.add(req)
         for r in req.group:
             r.slot = self._take_slot()
@@ -139,6 +143,7 @@ class Engine:
 
     def _finish(self, req: Request, status: Status) -> None:
         self.scheduler.finish(req, status)
+        self.grammars.release(req.request_id)
         for r in req.group:
             if r.slot >= 0:
                 self._free_slots.append(r.slot)
@@ -200,13 +205,15 @@ class Engine:
     def _sample(self, reqs: list[Request], h: torch.Tensor) -> tuple[list[int], list[bool], list[dict]]:
         """Primary-token sampling of single-stream models: logits → penalties → sample → adapter extras."""
         logits = self.adapter.compute_logits(h)
+        self.grammars.mask_(reqs, logits)  # rows of requests with a grammar only
         tokens = sample(logits, self._sampling_batch(reqs))
         slots = torch.tensor([r.slot for r in reqs], device=self.device)
         self._counts.index_put_((slots, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
         token_list = tokens.tolist()
+        accepted = self.grammars.accept(reqs, token_list)
         finishing = [
-            tok in r.sampling.stop_token_ids or len(r.output_ids) + 1 >= r.sampling.max_tokens
-            for r, tok in zip(reqs, token_list)
+            tok in r.sampling.stop_token_ids or len(r.output_ids) + 1 >= r.sampling.max_tokens or not ok
+            for r, tok, ok in zip(reqs, token_list, accepted)
         ]
         return token_list, finishing, self.adapter.on_sampled(reqs, tokens, h, finishing)
 
