@@ -33,9 +33,9 @@ markdown; English, since the voice is English and SmolLM2 otherwise drifts into 
 mentions Paris)."""
 
 _MARK = r"(?:#{1,6}|[-*+•]|\d{1,3}[.)]|>)"
-_LEADER = re.compile(rf"[ \t]*(?:{_MARK}[ \t]+)*")
+_LEADER = re.compile(rf"[ \t]*(?:{_MARK}(?:[ \t]+|(?=\n)|\Z))*")
 """Line-start markup: heading hashes, bullets, numbered-list markers and block quotes (nested), each followed
-by spaces, with the line's indentation."""
+by spaces or the line's end, with the line's indentation."""
 _MAYBE_LEADER = re.compile(rf"[ \t]*(?:{_MARK}[ \t]+)*(?:#{{1,6}}|[-*+•]|\d{{1,3}}[.)]?|>)?")
 """A line start that more text could still turn into (more) line-start markup."""
 DROPPED = "*`~"

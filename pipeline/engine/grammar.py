@@ -45,6 +45,7 @@ cannot compile.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -178,8 +179,13 @@ class TokenizerGrammars:
                     self.compiler.compile_structural_tag(StructuralTag(format=tag(t)))
                 except Exception as one:
                     i = tools.tools.index(t)
-                    raise GrammarError(f"tools[{i}].parameters ({t.name}): {one}") from None
-            raise GrammarError(f"tools: the tool set does not compile ({e})") from None
+                    raise GrammarError(f"tools[{i}].parameters ({t.name}): {_reason(one)}") from None
+            raise GrammarError(f"tools: the tool set does not compile ({_reason(e)})") from None
+
+
+def _reason(e: Exception) -> str:
+    """xgrammar's error message without its C++ log prefix (``[21:36:07] /project/cpp/x.cc:4950: ``)."""
+    return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e).strip())
 
 
 class GrammarBank:

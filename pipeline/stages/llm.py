@@ -68,7 +68,7 @@ _PROBE = " and then"
 (:meth:`ChatPrompter.hint_ids`)."""
 MAX_TOOL_CALLS = 4
 """Default most tool calls per user turn (the call loop is cut there: ``max_tool_calls`` of the stage)."""
-CALL_TOKENS = 256
+CALL_TOKENS = 128
 """Tokens a reply may spend per tool call beyond its text budget (``max_tokens`` counts text only)."""
 
 
