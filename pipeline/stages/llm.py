@@ -72,7 +72,7 @@ CALL_TOKENS = 128
 """Tokens a reply may spend per tool call beyond its text budget (``max_tokens`` counts text only)."""
 
 
-def _has_words(text: str) -> bool:
+def has_words(text: str) -> bool:
     return any(ch.isalnum() for ch in text)
 
 
@@ -173,7 +173,7 @@ class ChatPrompter:
         Raises:
             ValueError: as :meth:`messages`.
         """
-        if not _has_words(meta.get("transcript") or ""):
+        if not has_words(meta.get("transcript") or ""):
             return []
         messages = self.messages(rid, meta)
         tools = self.tools(rid, meta, messages)
@@ -217,7 +217,7 @@ class ChatPrompter:
             )
         turn_meta = {k: v for k, v in meta.items() if k not in ("sampling", "words", "tools", "tool_choice")}
         typed = isinstance(meta.get("user_text"), str)  # typed turns are answered even when empty
-        if not typed and not _has_words(transcript):
+        if not typed and not has_words(transcript):
             return StageMessage(
                 rid,
                 {"token": torch.zeros(0, dtype=torch.int64)},
@@ -273,7 +273,7 @@ class TurnStream:
             metas += self.reply.push(self.detok.flush(), tokens=0)
             tail, finish_reason = self.reply.finish(finish_reason)
             metas += tail
-        metas = _compact(metas)
+        metas = compact_metas(metas)
         out = []
         for i, meta in enumerate(metas):
             tensors = {"token": torch.tensor([tok] if i == 0 and tok is not None else [], dtype=torch.int64)}
@@ -295,8 +295,9 @@ class TurnStream:
         return msg
 
 
-def _compact(metas: list[dict]) -> list[dict]:
-    """Merge message metas where order allows (events of increasing rank, then text), dropping empty ones."""
+def compact_metas(metas: list[dict]) -> list[dict]:
+    """Merge message metas (:class:`~.reply_stream.ReplyStream` output) where order allows (events of
+    increasing rank, then text), dropping empty ones."""
     out = [metas[0]]
     for m in metas[1:]:
         prev = out[-1]

@@ -58,6 +58,12 @@ class ReplyStream:
         """Add the text of ``tokens`` sampled tokens; the meta of the messages to send (at least one)."""
         was_in_block = self.parser is not None and self.parser.in_block
         segments = self.parser.push(delta) if self.parser else [("text", delta)]
+        return self.push_segments(segments, tokens, was_in_block)
+
+    def push_segments(self, segments: list, tokens: int = 0, was_in_block: bool = False) -> list[dict]:
+        """Add parsed segments (``("text", str)`` or ``(tool_call_* key, event)``, as
+        :class:`~.tool_calls.ToolCallParser` gives them, or as a server's structured call deltas become) of
+        ``tokens`` tokens; the meta of the messages to send (at least one)."""
         metas = self._pack(segments)
         in_block = self.parser is not None and self.parser.in_block
         if not was_in_block and not in_block and all(k == "text" for k, _ in segments):
