@@ -8,7 +8,8 @@ call and the tool's output, plus ≥ 6 that need none. Scoring is :func:`score`,
 bench reuses: per request, ``right_tool`` (the first call names the expected tool), ``right_args`` (and its
 arguments equal the expected ones after :func:`normalise`), ``spurious`` (a call where none was needed),
 ``valid`` (every call's arguments parse and satisfy the tool's schema) and ``uses_result`` (after the tool's
-output is fed back as a ``function_call_output``, the follow-up answer says one of the output's words).
+output is fed back as a ``function_call_output``, the follow-up answer says one of the output's words, and
+is not JSON read out).
 
 ``--text`` (the mode there is now) runs each request as a typed turn through the cascade's LLM stage
 in-process (:class:`~omniduplex.pipeline.stages.llm.LLMWorker`, the model quantized as served, grammar on,
@@ -32,8 +33,6 @@ import yaml
 from omniduplex.benchmarks.qa import is_right
 
 REQUESTS = Path(__file__).with_name("tools.yaml")
-TOOL_HINT = "Call a tool when one can do what the caller asks; otherwise just answer."
-"""Added to the spoken system prompt in the bench, with today's date (the booking requests say "tomorrow")."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +129,8 @@ def score(request: ToolRequest, result: TurnResult, schemas: dict[str, dict]) ->
                 "uses_result": None, "answer_right": answer}  # fmt: skip
     right_tool = first is not None and first["name"] == request.call["name"]
     right_args = right_tool and args_match(request.call["arguments"], json.loads(first["arguments"]))
-    uses = result.follow_up is not None and is_right(result.follow_up, request.uses)
+    answer = result.follow_up
+    uses = answer is not None and "{" not in answer and is_right(answer, request.uses)  # JSON read out: no
     return {"right_tool": right_tool, "right_args": right_args, "spurious": None, "valid": valid,
             "uses_result": right_tool and uses, "answer_right": None}  # fmt: skip
 
@@ -220,9 +220,9 @@ def run_turns(worker, turns: dict[str, dict], concurrency: int) -> dict[str, Tur
 
 def run_model(worker, requests: list[ToolRequest], tools: list[dict], date: str, concurrency: int = 8):
     """``(results, seconds)``: every request and its follow-up through ``worker`` (:func:`llm_worker`)."""
-    from omniduplex.pipeline.spoken import SPOKEN_SYSTEM_PROMPT
+    from omniduplex.pipeline.spoken import SPOKEN_TOOLS_PROMPT
 
-    system = f"{SPOKEN_SYSTEM_PROMPT} {TOOL_HINT} {date}"
+    system = f"{SPOKEN_TOOLS_PROMPT} {date}"  # the date: the booking requests say "tomorrow"
     base = {"system_prompt": system, "tools": tools, "tool_choice": "auto", "sampling": {"max_tokens": 64}}
     t0 = time.perf_counter()
     firsts = {str(i): {**base, "transcript": r.text} for i, r in enumerate(requests)}

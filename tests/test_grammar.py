@@ -121,6 +121,14 @@ def test_auto_lets_plain_text_and_valid_calls_through(vocab):
     assert _accepts(vocab, auto, plain) and _accepts(vocab, auto, f"Let me check.\n{call}")
     assert _accepts(vocab, auto, f"{call}\n{call_block('get_time', {'timezone': 'Asia/Tokyo'})}")
     assert _accepts(vocab, required, call) and not _accepts(vocab, required, plain)
+    bare = '{"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}}'
+    fenced = f"```json\n{bare}\n```"
+    none = vocab.grammars.compile_tools(tool_set(bench_tools(), "none"))
+    assert _accepts(vocab, none, plain) and not _accepts(vocab, none, call)
+    assert not _accepts(vocab, none, bare) and not _accepts(vocab, none, fenced)
+    assert _accepts(vocab, auto, bare) and _accepts(vocab, auto, f"Sure. {bare} Done.")
+    assert not _accepts(vocab, auto, '{"name": "get_time", "arguments": {"zone": 5}}')
+    assert _accepts(vocab, auto, f"Sure.\n{fenced}") and not _accepts(vocab, auto, "```python\nprint(1)\n```")
     for bad in (
         call_block("get_weather", {"city": 5}),  # wrong type
         call_block("get_weather", {"unit": "celsius"}),  # required field missing
@@ -140,7 +148,9 @@ def test_grammars_are_compiled_once_per_tool_set(vocab):
     g.compile_tools(tool_set(bench_tools(), "required"))
     g.compile_tools(tool_set(bench_tools()[:2], "auto"))  # the LRU drops "auto" over all six tools
     assert g.compilations == 3 and g.compile_tools(tool_set(bench_tools(), "auto")) is not a
-    assert g.compile_tools(tool_set(bench_tools(), "none")) is None and g.compilations == 4
+    none = g.compile_tools(tool_set(bench_tools(), "none"))  # one grammar for every set under "none"
+    assert g.compile_tools(tool_set(bench_tools()[:1], "none")) is none and g.compilations == 5
+    assert g.compile_tools(tool_set([], "auto")) is None
 
 
 def test_a_schema_the_compiler_rejects_names_the_tool(vocab):

@@ -72,6 +72,34 @@ def test_any_split_gives_the_same_text_and_events(cuts):
         assert "".join(events[i][1]["delta"] for i in mine[1:-1]) == d["arguments"]
 
 
+BARE = 'Sure. {"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}} One {moment}.'
+
+
+@given(st.lists(st.integers(0, len(BARE)), max_size=12))
+def test_bare_calls_any_split(cuts):
+    """The call object without its tags (as Qwen2.5-Coder-0.5B writes it) is a call too."""
+    text, events = _summary(_parse(_split(BARE, cuts)))
+    assert text == "Sure.  One {moment}."
+    assert [k for k, _ in events if k != ARGUMENTS_DELTA] == [STARTED, DONE]
+    assert json.loads(events[-1][1]["arguments"]) == {"timezone": "Asia/Tokyo"}
+    _, events = _summary(_parse(['{"name": "Bob", "age": 3} hi']))
+    assert [k for k, _ in events] == [FAILED]  # an object in the call's shape that is no call: not spoken
+
+
+FENCED = 'Ok.\n```json\n{\n"name": "get_time",\n"arguments": {\n"timezone": "Asia/Tokyo"\n}\n}\n```\nDone.'
+
+
+@given(st.lists(st.integers(0, len(FENCED)), max_size=12))
+def test_fenced_calls_any_split(cuts):
+    """A call in a code fence (as Qwen2.5-Coder-1.5B writes it, its own whitespace included) is a call."""
+    text, events = _summary(_parse(_split(FENCED, cuts)))
+    assert text == "Ok.\n\nDone."
+    assert [k for k, _ in events if k != ARGUMENTS_DELTA] == [STARTED, DONE]
+    assert json.loads(events[-1][1]["arguments"]) == {"timezone": "Asia/Tokyo"}
+    _, events = _summary(_parse(["```python\nprint(1)\n``` after"]))
+    assert [k for k, _ in events] == [FAILED]  # code is never spoken
+
+
 def test_call_ids_are_fresh():
     a = [v["call_id"] for k, v in _parse([REPLY]) if k == STARTED]
     b = [v["call_id"] for k, v in _parse([REPLY]) if k == STARTED]

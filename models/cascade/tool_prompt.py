@@ -50,6 +50,14 @@ ARGUMENTS_PREFIX = '", "arguments": '
 """What follows the name, up to the arguments object."""
 CALL_SUFFIX = "}\n</tool_call>"
 """What follows the arguments object."""
+BARE_PREFIX = '{"name": "'
+"""A *bare* call: the block's JSON object without the ``<tool_call>`` tags, closed by ``}`` after the
+arguments. Qwen2.5-Coder-0.5B-Instruct writes its calls so (seen in ``bench tools`` and from vLLM's server);
+the grammar of ``auto`` and the parser accept it beside the tagged form."""
+FENCE = "```"
+"""A *fenced* call: the object in a markdown code fence (three backticks and ``json``, a newline, the object,
+a newline, three backticks), Qwen2.5-Coder-1.5B-Instruct's habit. A spoken reply never holds a code fence, so
+under ``auto`` a fence opens a call (the grammar forces the rest into the call's form)."""
 TOOLS_SECTION = (
     "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>{signatures}\n"

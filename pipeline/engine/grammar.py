@@ -33,7 +33,8 @@ The tool grammar (Hermes / Qwen2.5 call format, :mod:`omniduplex.models.cascade.
   the output anywhere in the text, never inside a block;
 * ``required`` — one or more blocks separated by a newline, nothing else; a named function — one block of
   that function;
-* ``none`` (or no tools) — no grammar at all.
+* ``none`` — free text that never holds ``<tool_call>``, ``{"name"`` or a code fence (no call can start: a
+  small model does write calls it was not offered); no tools at all — no grammar.
 
 JSON inside a block takes at most one whitespace character between tokens (``", "`` and ``": "`` as the
 chat templates write arguments), so a small model cannot pad a call with endless newlines.
@@ -55,14 +56,20 @@ import torch
 
 from omniduplex.models.cascade.tool_prompt import (
     ARGUMENTS_PREFIX,
+    BARE_PREFIX,
     CALL_OPEN,
     CALL_PREFIX,
     CALL_SUFFIX,
+    FENCE,
     ToolSet,
 )
 
 JSON_MAX_WHITESPACE = 1
 """Most consecutive whitespace characters between JSON tokens inside a call block."""
+
+
+NO_CALL = [CALL_OPEN, '{"name"', FENCE]
+"""What text may not hold when no call is allowed (``tool_choice: none``, or the turn's calls spent)."""
 
 
 class GrammarError(ValueError):
@@ -130,14 +137,14 @@ class TokenizerGrammars:
 
     def compile_tools(self, tools: ToolSet) -> CompiledGrammar | None:
         """The grammar of ``tools`` (see the module docstring), from the cache when compiled before;
-        ``None`` when no call is possible (no tools, or ``tool_choice: none``).
+        ``None`` without tools.
 
         Raises:
             GrammarError: a tool's ``parameters`` that xgrammar rejects (the message names the tool).
         """
-        if not tools.active:
+        if not tools.tools:
             return None
-        key = tools.key()
+        key = tools.key() if tools.active else "none"
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
@@ -153,6 +160,7 @@ class TokenizerGrammars:
 
     def _compile(self, tools: ToolSet):
         from xgrammar.structural_tag import (
+            AnyTextFormat,
             JSONSchemaFormat,
             StructuralTag,
             TagFormat,
@@ -160,13 +168,17 @@ class TokenizerGrammars:
             TriggeredTagsFormat,
         )
 
-        def tag(t):
+        def tag(t, prefix=CALL_PREFIX, suffix=CALL_SUFFIX):
             body = JSONSchemaFormat(json_schema=t.parameters, max_whitespace_cnt=JSON_MAX_WHITESPACE)
-            return TagFormat(begin=f"{CALL_PREFIX}{t.name}{ARGUMENTS_PREFIX}", content=body, end=CALL_SUFFIX)
+            return TagFormat(begin=f"{prefix}{t.name}{ARGUMENTS_PREFIX}", content=body, end=suffix)
 
+        if not tools.active:  # no call can start
+            return self.compiler.compile_structural_tag(StructuralTag(format=AnyTextFormat(excludes=NO_CALL)))
         tags = [tag(t) for t in tools.callable]
-        if tools.choice == "auto":
-            fmt = TriggeredTagsFormat(triggers=[CALL_OPEN], tags=tags)
+        if tools.choice == "auto":  # the tagged form, and the bare and fenced ones some models write
+            bare = [tag(t, BARE_PREFIX, "}") for t in tools.callable]
+            fenced = [tag(t, f"{FENCE}json\n{BARE_PREFIX}", f"}}\n{FENCE}") for t in tools.callable]
+            fmt = TriggeredTagsFormat(triggers=[CALL_OPEN, BARE_PREFIX, FENCE], tags=tags + bare + fenced)
         else:  # required, or one named function: calls only
             fmt = TagsWithSeparatorFormat(
                 tags=tags, separator="\n", at_least_one=True, stop_after_first=tools.choice != "required"

@@ -389,7 +389,7 @@ class LLMWorker:
         if isinstance(turn, StageMessage):
             self._ready.append(turn)
             return
-        if turn.tools.active:  # every call's arguments parse and satisfy their schema
+        if turn.tools.tools:  # every call's arguments parse and satisfy their schema; none when none allowed
             turn.sampling = replace(turn.sampling, grammar=self.grammars.compile_tools(turn.tools))
         self.engine.add_request(Request(rid, turn.ids, turn.sampling))
         self.turns[rid] = TurnStream(turn, self.tokenizer, self.stop_ids)

@@ -48,6 +48,7 @@ class ReplyStream:
         self.text_tokens = 0
         self.stop: str | None = None
         self.calls = 0  # calls done (or failed)
+        self.done = 0  # calls done
 
     @property
     def unspoken(self) -> str:
@@ -82,7 +83,7 @@ class ReplyStream:
         metas = self._pack(segments)
         tail = self.spoken.finish(reason) if self.spoken else ""
         metas[-1]["text"] += tail
-        if reason == "stop" and self.calls:
+        if reason == "stop" and self.done:
             reason = "tool_calls"
         return metas, reason
 
@@ -103,6 +104,7 @@ class ReplyStream:
                 value.pop("arguments", None)
             if key in (DONE, FAILED):
                 self.calls += 1
+                self.done += key == DONE
             rank = EVENT_KEYS.index(key)
             if out[-1]["text"] or any(EVENT_KEYS.index(k) >= rank for k in out[-1] if k in EVENT_KEYS):
                 out.append({"text": ""})  # each message: events in EVENT_KEYS order, then text

@@ -1,7 +1,7 @@
 """Tool calls in a streamed reply: the model's call blocks parsed as they stream, and the events they become.
 
 The LLM stage's reply text may hold call blocks in the Hermes / Qwen2.5 format
-(:mod:`omniduplex.models.cascade.tool_prompt`)::
+(:mod:`omniduplex.models.cascade.tool_prompt`), or the same object bare (without the tags)::
 
     Let me check that.
     <tool_call>
@@ -33,7 +33,7 @@ import json
 import re
 import secrets
 
-from omniduplex.models.cascade.tool_prompt import CALL_CLOSE, CALL_OPEN
+from omniduplex.models.cascade.tool_prompt import BARE_PREFIX, CALL_CLOSE, CALL_OPEN, FENCE
 
 STARTED = "tool_call_started"
 ARGUMENTS_DELTA = "tool_call_arguments_delta"
@@ -42,7 +42,10 @@ FAILED = "tool_call_failed"
 EVENT_KEYS = (STARTED, ARGUMENTS_DELTA, DONE, FAILED)
 """Meta keys of call events, in the order they come within one message."""
 
-_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+_HEADER = re.compile(r'(?:json)?\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+FORMS = ((CALL_OPEN, False, CALL_CLOSE), (BARE_PREFIX, True, ""), (FENCE, False, FENCE))
+"""How a call block opens, whether the opener is part of its JSON object, and what closes it after the object:
+tagged (``<tool_call>`` … ``</tool_call>``), bare (``{"name": "`` … ``}``), fenced (a code fence)."""
 
 
 def new_call_id() -> str:
@@ -97,7 +100,7 @@ class ToolCallParser:
     """Reply text deltas → spoken text and call events (see the module docstring).
 
     :meth:`push` and :meth:`finish` return segments in order: ``("text", str)`` or ``(event_key, dict)``.
-    Text that may be the start of ``<tool_call>`` is held until the next delta decides.
+    Text that may be the start of a call (any opener of :data:`FORMS`) is held until the next delta decides.
 
     Attributes:
         in_block: whether the text so far ends inside a call block (its tokens are not spoken text).
@@ -111,12 +114,14 @@ class ToolCallParser:
         self.index = 0  # calls started
         self._reset_block()
 
-    def _reset_block(self) -> None:
-        self.block = ""  # raw text of the current block after <tool_call>
+    def _reset_block(self, form: tuple[str, bool, str] = FORMS[0]) -> None:
+        self.form = form  # (opener, the opener is part of the object, closer after the object)
+        self.block = ""  # raw text of the current block after its opener (a bare one's from its brace)
         self.call_id: str | None = None
         self.name: str | None = None
         self.args: _Arguments | None = None
         self.args_done = False
+        self.brace_done = False
 
     def push(self, delta: str) -> list[tuple[str, object]]:
         """Add reply text; the segments it completes."""
@@ -124,18 +129,21 @@ class ToolCallParser:
         out: list[tuple[str, object]] = []
         while self.buf:
             if not self.in_block:
-                at = self.buf.find(CALL_OPEN)
-                if at < 0:
-                    keep = _held_prefix(self.buf, CALL_OPEN)
+                at_ = [(self.buf.find(opener), k) for k, (opener, _, _) in enumerate(FORMS)]
+                found = [(i, k) for i, k in at_ if i >= 0]
+                if not found:
+                    keep = max(_held_prefix(self.buf, opener) for opener, _, _ in FORMS)
                     said, self.buf = self.buf[: len(self.buf) - keep], self.buf[len(self.buf) - keep :]
                     if said:
                         out.append(("text", said))
                     return out
+                at, k = min(found)
                 if at:
                     out.append(("text", self.buf[:at]))
-                self.buf = self.buf[at + len(CALL_OPEN) :]
+                opener, kept, _ = FORMS[k]
+                self.buf = self.buf[at if kept else at + len(opener) :]
                 self.in_block = True
-                self._reset_block()
+                self._reset_block(FORMS[k])
                 continue
             if not self._block_step(out):
                 return out
@@ -143,6 +151,7 @@ class ToolCallParser:
 
     def _block_step(self, out: list) -> bool:
         """Consume block text from ``buf``; ``False`` when more text is needed."""
+        closer = self.form[2]
         if self.name is None:  # the header: {"name": "...", "arguments":
             self.block, self.buf = self.block + self.buf, ""
             m = _HEADER.match(self.block)
@@ -153,11 +162,18 @@ class ToolCallParser:
                 self.index += 1
                 self.buf, self.block, self.args = self.block[m.end() :], "", _Arguments()
                 return True
-            end = self.block.find(CALL_CLOSE)
-            if end < 0:
-                return False
-            self.block, self.buf = self.block[:end], self.block[end + len(CALL_CLOSE) :]
-            self._whole_block(out)  # not in the expected order: read it whole
+            # not in the expected order: read the block whole at its end
+            if closer:
+                end = self.block.find(closer)
+                if end < 0:
+                    return False
+                self.block, self.buf = self.block[:end], self.block[end + len(closer) :]
+            else:
+                n = _Arguments().feed(self.block)
+                if n is None:
+                    return False
+                self.block, self.buf = self.block[:n], self.block[n:]
+            self._whole_block(out)
             return True
         if not self.args_done:
             before = len(self.args.text)
@@ -169,12 +185,19 @@ class ToolCallParser:
                 return False
             self.buf = self.buf[n:]
             self.args_done = True
-        end = self.buf.find(CALL_CLOSE)
-        if end < 0:  # the rest of the block (the closing brace) until </tool_call>
-            keep = _held_prefix(self.buf, CALL_CLOSE)
-            self.buf = self.buf[len(self.buf) - keep :]
-            return False
-        self.buf = self.buf[end + len(CALL_CLOSE) :]
+        if not self.brace_done:  # the object's own closing brace
+            rest = self.buf.lstrip()
+            if not rest:
+                self.buf = ""
+                return False
+            self.buf, self.brace_done = rest[1:] if rest[0] == "}" else rest, True
+        if closer:
+            end = self.buf.find(closer)
+            if end < 0:  # whitespace until the closing tag or fence
+                keep = _held_prefix(self.buf, closer)
+                self.buf = self.buf[len(self.buf) - keep :]
+                return False
+            self.buf = self.buf[end + len(closer) :]
         out.append(self._close())
         return True
 
@@ -197,6 +220,7 @@ class ToolCallParser:
         """A block whose header did not stream in the expected order: read it whole."""
         self.in_block = False
         raw, self.block = self.block, ""
+        raw = re.sub(r"^[A-Za-z]*\s*", "", raw) if self.form[0] == FENCE else raw
         try:
             obj = json.loads(raw)
         except ValueError:
