@@ -7,7 +7,8 @@ conversion, time in a zone, transfer to a human) and ≥ 24 requests that need o
 call and the tool's output, plus ≥ 6 that need none. Scoring is :func:`score`, a pure function the spoken
 bench reuses: per request, ``right_tool`` (the first call names the expected tool), ``right_args`` (and its
 arguments equal the expected ones after :func:`normalise`), ``spurious`` (a call where none was needed),
-``valid`` (every call's arguments parse and satisfy the tool's schema) and ``uses_result`` (after the tool's
+``valid`` (every call made has arguments that parse and satisfy the tool's schema), ``cut`` (a call was
+started but cut off by the reply's token budget: no call is made) and ``uses_result`` (after the tool's
 output is fed back as a ``function_call_output``, the follow-up answer says one of the output's words, and
 is not JSON read out).
 
@@ -121,24 +122,24 @@ def score(request: ToolRequest, result: TurnResult, schemas: dict[str, dict]) ->
             jsonschema.validate(args, schemas[c["name"]])
         except (ValueError, KeyError, jsonschema.ValidationError):
             valid = False
-    valid = valid and not result.failed
+    cut = bool(result.failed)  # a call the reply's token budget (or the call limit) cut off: no call made
     first = result.calls[0] if result.calls else None
     if request.call is None:
         answer = is_right(result.said, request.answers) if request.answers else None
         return {"right_tool": None, "right_args": None, "spurious": bool(result.calls), "valid": valid,
-                "uses_result": None, "answer_right": answer}  # fmt: skip
+                "cut": cut, "uses_result": None, "answer_right": answer}  # fmt: skip
     right_tool = first is not None and first["name"] == request.call["name"]
     right_args = right_tool and args_match(request.call["arguments"], json.loads(first["arguments"]))
     answer = result.follow_up
     uses = answer is not None and "{" not in answer and is_right(answer, request.uses)  # JSON read out: no
     return {"right_tool": right_tool, "right_args": right_args, "spurious": None, "valid": valid,
-            "uses_result": right_tool and uses, "answer_right": None}  # fmt: skip
+            "cut": cut, "uses_result": right_tool and uses, "answer_right": None}  # fmt: skip
 
 
 def aggregate(scores: list[dict]) -> dict[str, float]:
     """Per score, the share of requests where it applies that have it (0..1), and ``n``."""
     out: dict[str, float] = {"n": len(scores)}
-    for key in ("right_tool", "right_args", "spurious", "valid", "uses_result", "answer_right"):
+    for key in ("right_tool", "right_args", "spurious", "valid", "cut", "uses_result", "answer_right"):
         vals = [s[key] for s in scores if s[key] is not None]
         out[key] = sum(vals) / len(vals) if vals else float("nan")
     return out
@@ -220,9 +221,10 @@ def run_turns(worker, turns: dict[str, dict], concurrency: int) -> dict[str, Tur
 
 def run_model(worker, requests: list[ToolRequest], tools: list[dict], date: str, concurrency: int = 8):
     """``(results, seconds)``: every request and its follow-up through ``worker`` (:func:`llm_worker`)."""
-    from omniduplex.pipeline.spoken import SPOKEN_TOOLS_PROMPT
+    from omniduplex.pipeline.spoken import spoken_tools_prompt
 
-    system = f"{SPOKEN_TOOLS_PROMPT} {date}"  # the date: the booking requests say "tomorrow"
+    # the date: the booking requests say "tomorrow"
+    system = spoken_tools_prompt([t.get("description", "") for t in tools], date)
     base = {"system_prompt": system, "tools": tools, "tool_choice": "auto", "sampling": {"max_tokens": 64}}
     t0 = time.perf_counter()
     firsts = {str(i): {**base, "transcript": r.text} for i, r in enumerate(requests)}
@@ -307,12 +309,13 @@ def grammar_cost(worker, tools: list[dict], concurrency: int = 8, steps: int = 3
 
 
 def print_table(rows: list[tuple[str, dict, float]], cost: dict[str, dict] | None) -> None:
-    print("model                          n   right tool  right args  spurious  valid  uses result", end="")
-    print("  answers  time s")
+    print("model                          n   right tool  right args  spurious  valid   cut", end="")
+    print("  uses result  answers  time s")
     for name, agg, secs in rows:
         print(
             f"{name:<30} {agg['n']:>2}   {agg['right_tool']:>9.0%}  {agg['right_args']:>10.0%}  "
-            f"{agg['spurious']:>8.0%}  {agg['valid']:>5.0%}  {agg['uses_result']:>11.0%}  "
+            f"{agg['spurious']:>8.0%}  {agg['valid']:>5.0%}  {agg['cut']:>4.0%}  "
+            f"{agg['uses_result']:>11.0%}  "
             f"{agg['answer_right']:>7.0%}  {secs:>6.0f}"
         )
     for model, c in (cost or {}).items():

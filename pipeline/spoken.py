@@ -32,14 +32,27 @@ SPOKEN_SYSTEM_PROMPT = (
 markdown; English, since the voice is English and SmolLM2 otherwise drifts into French when a question
 mentions Paris)."""
 
-SPOKEN_TOOLS_PROMPT = (
-    "You are a voice assistant with tools. If a tool can do what the caller asks, reply with only a "
-    "<tool_call> block. Otherwise, and after a tool result, answer in one or two short spoken sentences: "
-    "no lists, headings or markdown."
+TOOLS_PROMPT = (
+    "You are a friendly voice assistant on a phone line. Most questions need no tool: answer them briefly "
+    "yourself. Use a tool only when the caller asks you to {uses}; then reply with only a <tool_call> block. "
+    "When a tool result arrives, say what it means for the caller in one short sentence."
 )
-"""The system prompt for turns that offer tools (``bench tools`` chose it: on Qwen2.5-Coder-1.5B the spoken
-prompt alone made the model describe the call in words, 4 of 8 sampled requests called the right tool,
-this one 8 of 8 with no spurious call). Add today's date when tools take dates."""
+"""The system prompt of turns that offer tools (:func:`spoken_tools_prompt` fills in what the tools do)."""
+
+
+def spoken_tools_prompt(descriptions: list[str], date: str = "") -> str:
+    """The system prompt for a spoken turn that offers tools, whose ``descriptions`` (one per tool, as in its
+    definition) say what each does; ``date`` (e.g. ``"Today is Friday, 2026-11-27."``) is appended when given.
+    ``bench tools`` chose this form: on Qwen2.5-Coder-1.5B the plain spoken prompt made the model describe
+    calls in words, and a prompt without the tools' uses made it call tools for general questions (figures in
+    ``MODELS.md``).
+
+    >>> spoken_tools_prompt(["Look up an order's status.", "The weather in a city."])[:60]
+    'You are a friendly voice assistant on a phone line. Most que'
+    """
+    uses = "; ".join(d.strip().rstrip(".").lower() for d in descriptions if d.strip()) or "do something"
+    return " ".join(p for p in (TOOLS_PROMPT.format(uses=uses), date) if p)
+
 
 _MARK = r"(?:#{1,6}|[-*+•]|\d{1,3}[.)]|>)"
 _LEADER = re.compile(rf"[ \t]*(?:{_MARK}(?:[ \t]+|(?=\n)|\Z))*")
