@@ -6,7 +6,8 @@ cut by its token budget mid-sentence ("3. Once") sounds broken. Three parts, all
 
 * :data:`SPOKEN_SYSTEM_PROMPT` asks for short plain sentences, no lists or markdown;
 * :func:`strip_markdown` removes what a model writes anyway: leading list markers (``1.``, ``2)``, ``-``,
-  ``*``, ``+``, ``•``), heading hashes (``## ``), block quotes (``> ``) at the start of a line, and emphasis
+  ``*``, ``+``, ``•``), heading hashes (``## ``), block quotes (``> ``) at the start of a line, number markers
+  run into a line after a sentence end ("Boil water. 2. Add tea"), and emphasis
   and code markers (``*``, ``**``, ``__``, ``_`` at a word's edge, `````, ``~~``) anywhere; ``snake_case`` and
   ``-5`` stay. :class:`MarkdownStripper` does the same on a stream of deltas (the outputs of any split of a
   text, joined, equal ``strip_markdown`` of the text);
@@ -60,6 +61,10 @@ _LEADER = re.compile(rf"[ \t]*(?:{_MARK}(?:[ \t]+|(?=\n)|\Z))*")
 by spaces or the line's end, with the line's indentation."""
 _MAYBE_LEADER = re.compile(rf"[ \t]*(?:{_MARK}[ \t]+)*(?:#{{1,6}}|[-*+•]|\d{{1,3}}[.)]?|>)?")
 """A line start that more text could still turn into (more) line-start markup."""
+_INLINE = re.compile(r"\d{1,2}[.)][ \t]+")
+_MAYBE_INLINE = re.compile(r"\d{1,2}[.)]?[ \t]*")
+SENTENCE_ENDS = ".!?:"
+"""After one of these and a space, ``2. `` starts a list item run into the line, and is dropped."""
 DROPPED = "*`~"
 """Emphasis and code characters removed anywhere (``_`` only at a word's edge)."""
 
@@ -75,9 +80,12 @@ def _line_start(buf: str, i: int, final: bool) -> int | None:
     return m.end()
 
 
-def _strip(buf: str, at_line_start: bool, prev: str, final: bool) -> tuple[str, int, bool, str]:
-    """Strip what can be decided of ``buf``: ``(text, consumed, at_line_start, prev)``, where ``prev`` is the
-    last character kept or dropped (the word-edge test of ``_`` reads it)."""
+def _strip(buf: str, state: tuple[bool, str, str], final: bool) -> tuple[str, int, tuple[bool, str, str]]:
+    """Strip what can be decided of ``buf``: ``(text, consumed, state)``; ``state`` is ``(at_line_start,
+    prev, last)``: whether ``buf`` starts a line, the character before it (the word-edge test of ``_`` reads
+    it) and the last non-space character kept (a number marker after a sentence end is a list item run into
+    one line: "Boil water. 2. Add tea")."""
+    at_line_start, prev, last = state
     out: list[str] = []
     i, n = 0, len(buf)
     while i < n:
@@ -88,6 +96,13 @@ def _strip(buf: str, at_line_start: bool, prev: str, final: bool) -> tuple[str, 
             i, at_line_start = end, False
             continue
         c = buf[i]
+        if c.isdigit() and prev in " \t" and last in SENTENCE_ENDS:
+            if not final and _MAYBE_INLINE.fullmatch(buf, i):
+                break  # "2" or "2." may still become a marker
+            m = _INLINE.match(buf, i)
+            if m is not None:
+                i, prev = m.end(), " "
+                continue
         if c == "\n":
             out.append(c)
             at_line_start = True
@@ -101,9 +116,11 @@ def _strip(buf: str, at_line_start: bool, prev: str, final: bool) -> tuple[str, 
                 out.append(c)  # snake_case
         else:
             out.append(c)
+        if not c.isspace() and c not in DROPPED:
+            last = c
         prev = c
         i += 1
-    return "".join(out), i, at_line_start, prev
+    return "".join(out), i, (at_line_start, prev, last)
 
 
 def strip_markdown(text: str) -> str:
@@ -112,7 +129,7 @@ def strip_markdown(text: str) -> str:
     >>> strip_markdown("## Steps\\n1. **Boil** the water.\\n- Add the tea_leaves.")
     'Steps\\nBoil the water.\\nAdd the tea_leaves.'
     """
-    return _strip(text, True, " ", True)[0]
+    return _strip(text, (True, " ", " "), True)[0]
 
 
 class MarkdownStripper:
@@ -120,16 +137,16 @@ class MarkdownStripper:
     the rest; joined, the outputs equal ``strip_markdown`` of the joined inputs."""
 
     def __init__(self) -> None:
-        self.buf, self.at_line_start, self.prev = "", True, " "
+        self.buf, self.state = "", (True, " ", " ")
 
     def push(self, delta: str) -> str:
         self.buf += delta
-        out, used, self.at_line_start, self.prev = _strip(self.buf, self.at_line_start, self.prev, False)
+        out, used, self.state = _strip(self.buf, self.state, False)
         self.buf = self.buf[used:]
         return out
 
     def flush(self) -> str:
-        out, _, self.at_line_start, self.prev = _strip(self.buf, self.at_line_start, self.prev, True)
+        out, _, self.state = _strip(self.buf, self.state, True)
         self.buf = ""
         return out
 

@@ -28,6 +28,8 @@ GREEN_TEA = (
         ("It is -5 degrees, 3.5 km, ~~old~~ new.", "It is -5 degrees, 3.5 km, old new."),
         ("In 2026 we sold 15 cars. #1 seller.", "In 2026 we sold 15 cars. #1 seller."),
         ("1.5 liters is enough", "1.5 liters is enough"),
+        ("Boil it up. 2. Pour it: 3) Sip.", "Boil it up. Pour it: Sip."),
+        ("I have 2. Costs 3.5 now. 10 cats.", "I have 2. Costs 3.5 now. 10 cats."),
         ("###\n-\n", "\n\n"),
     ],
 )
