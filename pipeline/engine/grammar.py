@@ -12,8 +12,8 @@ Engine for Large Language Models"; its structural tags express "free text, or a 
 satisfies a JSON Schema"), chosen over **llguidance** by measurement on our tokenizers
 (``omniduplex bench tools --libs``, :mod:`omniduplex.benchmarks.grammar_libs`; figures in ``MODELS.md``):
 on the six tools of ``benchmarks/tools.yaml`` and the SmolLM2 / Qwen2.5 vocabularies it compiles a tool set
-in tens of ms and fills a mask in ~1-2 us per token, where llguidance takes ~10x longer per mask (with
-ms-long outliers) and ~4x the memory. llguidance stays out of the runtime dependencies.
+in 50-150 ms and fills a mask in ~1-2 us per token (p50), where llguidance takes ~10x longer per mask
+(with ms-long outliers) and ~5-15x the memory. llguidance stays out of the runtime dependencies.
 
 * :class:`TokenizerGrammars` — one per tokenizer: xgrammar's vocabulary view (built from the
   ``tokenizers`` JSON, the model's vocabulary size, the stop ids) and its compiler; :meth:`compile_tools`
