@@ -355,3 +355,38 @@ def bench_qa(
     except (ValueError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
+
+
+@bench.command("tools")
+def bench_tools(
+    text: bool = typer.Option(
+        False, "--text", help="Typed requests to the LLM stage (the mode there is now)."
+    ),
+    model: list[str] | None = typer.Option(
+        None,
+        "--model",
+        help="smollm2-135m (default), qwen2.5-coder-0.5b (quality), qwen2.5-coder-1.5b or a cascade "
+        "manifest; repeatable.",
+    ),
+    limit: int | None = typer.Option(None, help="The first N tool requests (and N/4 without a tool)."),
+    cost: bool = typer.Option(True, "--cost/--no-cost", help="Grammar cost per decode step at c=8."),
+    libs: bool = typer.Option(False, "--libs", help="Compare xgrammar and llguidance on our tokenizers."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write every request's result as JSON."),
+) -> None:
+    """Tool calling: right tool, right arguments, no spurious call, the answer using the result, per model
+    (grammar-constrained decoding on our engine), and the grammar's cost per decode step."""
+    from omniduplex.benchmarks.tools import resolve, run
+
+    if not text and not libs:
+        typer.echo("error: only --text is available (spoken requests come with the Realtime tools)", err=True)
+        raise typer.Exit(2)
+    try:
+        if libs:
+            from omniduplex.benchmarks.grammar_libs import main as libs_main
+
+            libs_main([resolve(m)[1] for m in model or ["smollm2-135m", "qwen2.5-coder-0.5b"]])
+            return
+        run([resolve(m) for m in model or ["smollm2-135m"]], limit, json_out, cost)
+    except (ValueError, RuntimeError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e

@@ -184,3 +184,15 @@ def _after_closers(buf: str, j: int) -> int:
     while j < len(buf) and buf[j] in CLOSERS:
         j += 1
     return j
+
+
+def clause_ends(text: str, final: bool = False) -> int:
+    """End (exclusive) of the last complete clause or sentence of ``text``: the last position
+    :class:`ClauseSplitter` confirms as a cut (a sentence end or clause mark followed by whitespace, a dash, a
+    newline; never inside a number, after an abbreviation, initials or a bare list number), or 0 when there is
+    none. ``final``: the text has ended, so a mark at its very end completes its clause ("Stir." is complete,
+    "Stir" is not)."""
+    splitter = ClauseSplitter()
+    splitter.buf = text + " " if final else text
+    ends = list(splitter._boundaries())
+    return min(ends[-1], len(text)) if ends else 0

@@ -19,7 +19,8 @@ class GraphConfigError(ValueError):
 
 
 VLLM_STAGES = ("llm",)
-"""Stages that can run on ``backend: vllm`` (:mod:`.stages.vllm_llm`)."""
+"""Stages that can run on ``backend: vllm`` (:mod:`.stages.vllm_llm`) or ``backend: openai``
+(:mod:`.stages.openai_llm`)."""
 VLLM_ONLY = (
     "tensor_parallel_size",
     "pipeline_parallel_size",
@@ -28,6 +29,7 @@ VLLM_ONLY = (
     "enforce_eager",
     "max_model_len",
 )
+OPENAI_ONLY = ("base_url", "model", "api_key_env", "timeout_s")
 
 
 class StageConfig(BaseModel):
@@ -50,11 +52,17 @@ class StageConfig(BaseModel):
     decode steps of engine stages per batch-size bucket (1, 2, 4, … ``max_num_seqs``), the Talker's code
     predictor per bucket of frames, Code2Wav per chunk size; other batches run eagerly. ``false``: always
     eager. Ignored on the CPU (eager, with the C++ decode kernels). Capture time and memory are logged.
+
+    ``backend: openai`` (the ``llm`` stage only, :mod:`.stages.openai_llm`): any OpenAI-compatible server as
+    the brain; ``base_url`` (e.g. ``http://gpu-box:8000/v1``) and ``model`` (the served model's name) are
+    required, the API key is read from the environment variable ``api_key_env`` (default
+    ``OPENAI_API_KEY``), ``timeout_s`` bounds the connect and each wait for the next streamed chunk (s).
+    ``max_tool_calls``: the LLM stage's most tool calls per user turn, any backend (the call loop is cut).
     """
 
     model_config = {"extra": "forbid"}
 
-    backend: Literal["omniduplex", "vllm"] = "omniduplex"
+    backend: Literal["omniduplex", "vllm", "openai"] = "omniduplex"
     device: str = "cpu"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
     max_num_seqs: int = Field(64, ge=1)
@@ -69,14 +77,22 @@ class StageConfig(BaseModel):
     kv_cache_gib: float | None = Field(None, gt=0)
     enforce_eager: bool = True
     max_model_len: int | None = Field(None, ge=16)
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = Field(30.0, gt=0)
+    max_tool_calls: int = Field(4, ge=0)
 
     @model_validator(mode="after")
-    def _vllm_keys(self) -> StageConfig:
-        if self.backend != "vllm":
-            defaults = StageConfig.model_fields
-            for key in VLLM_ONLY:
-                if getattr(self, key) != defaults[key].default:
-                    raise ValueError(f"{key} needs backend: vllm")
+    def _backend_keys(self) -> StageConfig:
+        defaults = StageConfig.model_fields
+        for backend, keys in (("vllm", VLLM_ONLY), ("openai", OPENAI_ONLY)):
+            if self.backend != backend:
+                for key in keys:
+                    if getattr(self, key) != defaults[key].default:
+                        raise ValueError(f"{key} needs backend: {backend}")
+        if self.backend == "openai" and not (self.base_url and self.model):
+            raise ValueError("backend: openai needs base_url and model")
         return self
 
 
@@ -110,8 +126,9 @@ class PipelineConfig(BaseModel):
     @classmethod
     def _backends(cls, stages: dict[str, StageConfig]) -> dict[str, StageConfig]:
         for stage, scfg in stages.items():
-            if scfg.backend == "vllm" and stage not in VLLM_STAGES:
-                raise ValueError(f"{stage}.backend: vllm runs the {', '.join(VLLM_STAGES)} stage only")
+            if scfg.backend in ("vllm", "openai") and stage not in VLLM_STAGES:
+                only = ", ".join(VLLM_STAGES)
+                raise ValueError(f"{stage}.backend: {scfg.backend} runs the {only} stage only")
         return stages
 
     @model_validator(mode="after")

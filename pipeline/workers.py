@@ -209,9 +209,10 @@ def _qwen3_tts_worker(manifest, cfg: StageConfig, chunking: ChunkingConfig):
 
 
 def _cascade_worker(stage: str, manifest, cfg: StageConfig, chunking: ChunkingConfig):
-    """The ASR (faster-whisper), LLM (our engine, or vLLM with ``backend: vllm``) or TTS (Piper) worker of a
-    cascade; each runs its library on ``cfg.torch_threads`` threads (one per stage process holds up under
-    contention; vLLM's CPU backend binds its own OpenMP threads)."""
+    """The ASR (faster-whisper), LLM (our engine; vLLM with ``backend: vllm``; an OpenAI-compatible server
+    with ``backend: openai``) or TTS (Piper) worker of a cascade; each runs its library on
+    ``cfg.torch_threads`` threads (one per stage process holds up under contention; vLLM's CPU backend binds
+    its own OpenMP threads)."""
     if stage == "asr":
         return _asr_worker(manifest.asr, cfg)
     if stage == "tts" and manifest.tts_is_qwen3:
@@ -223,6 +224,10 @@ def _cascade_worker(stage: str, manifest, cfg: StageConfig, chunking: ChunkingCo
         # a 4-word first clause: the first audio waits for ~5 LLM tokens instead of ~8 (TTFP)
         tts = PiperTTS(manifest.tts, manifest.tts_config, threads=cfg.torch_threads)
         return TTSWorker(tts, CASCADE_OUTPUT_RATE, first_max_words=4)
+    if cfg.backend == "openai":  # an OpenAI-compatible server is the brain: no local LLM to load
+        from omniduplex.pipeline.stages.openai_llm import OpenAILLMWorker
+
+        return OpenAILLMWorker(cfg)
     llm_dir = resolve_llm(manifest, cache_dir())
     if cfg.backend == "vllm":
         from omniduplex.pipeline.stages.vllm_llm import VLLMLLMWorker
@@ -243,6 +248,7 @@ def _cascade_worker(stage: str, manifest, cfg: StageConfig, chunking: ChunkingCo
         cfg.max_num_batched_tokens,
         enable_prefix_caching=cfg.enable_prefix_caching,
         cuda_graphs=cfg.cuda_graphs,
+        max_tool_calls=cfg.max_tool_calls,
     )
 
 
@@ -274,7 +280,8 @@ def prepare(pcfg: PipelineConfig) -> None:
     check_backends(pcfg, pcfg.topology().all_stages)
     if is_cascade(pcfg.model):
         manifest = load_manifest(pcfg.model)
-        resolve_llm(manifest, cache_dir())
+        if pcfg.stage("llm").backend != "openai":
+            resolve_llm(manifest, cache_dir())
         from omniduplex.models.cascade.moonshine import converted_dir, is_moonshine_dir
 
         if is_moonshine_dir(manifest.asr):  # one-time int8 -> fp32 conversion, before the stage starts

@@ -12,14 +12,11 @@ from pathlib import Path
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.models.weights import cache_dir
 from omniduplex.pipeline.orchestrator import Orchestrator
+from omniduplex.pipeline.spoken import SPOKEN_SYSTEM_PROMPT
 from omniduplex.pipeline.topology import CASCADE, QWEN3_TTS, UNIFIED, output_rate
 
-CASCADE_SYSTEM_PROMPT = (
-    "You are a friendly voice assistant. Always answer in English, in one or two short, plain sentences. "
-    "Do not use lists."
-)
-"""The cascade's default system prompt: replies are spoken by an English voice, so English, short and without
-markdown (SmolLM2 otherwise drifts into French when a question mentions Paris)."""
+CASCADE_SYSTEM_PROMPT = SPOKEN_SYSTEM_PROMPT
+"""The cascade's default system prompt: replies for the ear (:mod:`omniduplex.pipeline.spoken`)."""
 CASCADE_SAMPLING = {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
 """SmolLM2-Instruct model card sampling (temperature 0.2, top-p 0.9), plus a mild repetition penalty:
 a 135M model otherwise loops on long replies."""

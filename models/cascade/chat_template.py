@@ -20,6 +20,8 @@ from pathlib import Path
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from omniduplex.models.cascade.tool_prompt import ToolSet, inline_tools, template_renders_tools
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
@@ -71,23 +73,38 @@ class ChatTemplate:
     special_tokens: dict[str, str]
     is_fallback: bool = False
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text of ``messages`` (each ``{"role": str, "content": str}``), in order.
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the template renders function tools and calls itself, in the Hermes ``<tool_call>`` format
+        (:mod:`.tool_prompt`; Qwen2.5's does, SmolLM2's and the ChatML fallback do not)."""
+        return template_renders_tools(self.source)
+
+    def render(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: ToolSet | None = None
+    ) -> str:
+        """The prompt text of ``messages``, in order: each ``{"role": str, "content": str}``, or an assistant
+        message with ``tool_calls`` (``content`` may then be empty) or a ``tool`` message (a call's output),
+        as :func:`.tool_prompt.chat_messages` makes them. ``tools``: the functions the model may call (none
+        rendered unless :attr:`ToolSet.active`); a template that does not render tools itself gets them and
+        the calls written into plain messages (:func:`.tool_prompt.inline_tools`).
 
         Raises:
             ValueError: a message that is not a dict with string ``role`` and ``content``.
             ChatTemplateError: the template does not compile or rejects the conversation.
         """
         for i, m in enumerate(messages):
-            if (
-                not isinstance(m, dict)
-                or not isinstance(m.get("role"), str)
-                or not isinstance(m.get("content"), str)
-            ):
+            ok = isinstance(m, dict) and isinstance(m.get("role"), str)
+            if not ok or not (isinstance(m.get("content"), str) or m.get("tool_calls")):
                 raise ValueError(f"message {i} must be a dict with str 'role' and 'content', got {m!r}")
+        context = dict(self.special_tokens)
+        if self.renders_tools:
+            if tools is not None and tools.active:
+                context["tools"] = [t.signature() for t in tools.tools]
+        elif tools is not None or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+            messages = inline_tools(messages, tools)
         try:
             return _compile(self.source).render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens
+                messages=messages, add_generation_prompt=add_generation_prompt, **context
             )
         except ChatTemplateError:
             raise
@@ -139,10 +156,18 @@ def render_chat(model_dir: str | Path, messages: list[dict], add_generation_prom
     return load_chat_template(model_dir).render(messages, add_generation_prompt)
 
 
-def encode_chat(tokenizer, template: ChatTemplate, messages: list[dict], add_generation_prompt: bool = True):
-    """Token ids (``list[int]``) of the rendered prompt, encoded with a ``tokenizers.Tokenizer``.
+def encode_chat(
+    tokenizer,
+    template: ChatTemplate,
+    messages: list[dict],
+    add_generation_prompt: bool = True,
+    tools: ToolSet | None = None,
+):
+    """Token ids (``list[int]``) of the rendered prompt (``tools``: see :meth:`ChatTemplate.render`), encoded
+    with a ``tokenizers.Tokenizer``.
 
     The template writes every special token itself, so the tokenizer adds none (``add_special_tokens=
     False``, as ``transformers``' ``apply_chat_template`` does).
     """
-    return tokenizer.encode(template.render(messages, add_generation_prompt), add_special_tokens=False).ids
+    text = template.render(messages, add_generation_prompt, tools)
+    return tokenizer.encode(text, add_special_tokens=False).ids

@@ -20,6 +20,7 @@ from omniduplex.kernels import triton_ops
 from omniduplex.models.forward_batch import BLOCK_SIZE, ForwardBatch, allocate_kv_cache
 from omniduplex.pipeline.engine.block_manager import BlockAllocator
 from omniduplex.pipeline.engine.decode_graphs import DecodeGraphs, is_decode_only, supports_graphs
+from omniduplex.pipeline.engine.grammar import GrammarBank
 from omniduplex.pipeline.engine.graph_runner import make_backend, resolve_mode
 from omniduplex.pipeline.engine.prefix_cache import PrefixCache
 from omniduplex.pipeline.engine.request import Request, RequestOutput, Status
@@ -129,6 +130,7 @@ class Engine:
         self._free_slots: list[int] = []
         self.num_steps = 0
         self.host_s = 0.0
+        self.grammars = GrammarBank(adapter.vocab_size)  # constrained decoding (SamplingParams.grammar)
         self.graphs: DecodeGraphs | None = None
         if mode != "off" and supports_graphs(adapter):
             self._capture(mode, max_num_seqs, num_blocks, max_model_len, dtype)
@@ -174,13 +176,15 @@ class Engine:
 
     # -- request lifecycle -------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
-        """Queue ``req``. Raises ValueError (duplicate id, prompt larger than the cache, bad ids)."""
+        """Queue ``req``. Raises ValueError (duplicate id, prompt larger than the cache, bad ids, a grammar
+        for another vocabulary)."""
         bad = [t for t in req.prompt_ids if not 0 <= t < self.adapter.vocab_size]
         if bad and req.prompt_embeds is None:
             raise ValueError(
                 f"request {req.request_id!r}: token id {bad[0]} outside vocabulary "
                 f"[0, {self.adapter.vocab_size})"
             )
+        self.grammars.check(req)
         self.scheduler.add(req)
         for r in req.group:
             r.slot = self._take_slot()
@@ -215,6 +219,7 @@ class Engine:
 
     def _finish(self, req: Request, status: Status) -> None:
         self.scheduler.finish(req, status)
+        self.grammars.release(req.request_id)
         for r in req.group:
             if r.slot >= 0:
                 self.inputs.tables.release(r.slot)
@@ -283,13 +288,15 @@ class Engine:
     def _sample(self, reqs: list[Request], h: torch.Tensor) -> tuple[list[int], list[bool], list[dict]]:
         """Primary-token sampling of single-stream models: logits → penalties → sample → adapter extras."""
         logits = self.adapter.compute_logits(h)
+        self.grammars.mask_(reqs, logits)  # rows of requests with a grammar only
         sb, slots, penalised = self.sampling.batch(reqs)
         tokens = sample(logits, sb)
         if penalised:
             self.sampling.count(slots, tokens)
         token_list = tokens.tolist()
+        accepted = self.grammars.accept(reqs, token_list)
         finishing = [
-            tok in r.sampling.stop_token_ids or len(r.output_ids) + 1 >= r.sampling.max_tokens
-            for r, tok in zip(reqs, token_list)
+            tok in r.sampling.stop_token_ids or len(r.output_ids) + 1 >= r.sampling.max_tokens or not ok
+            for r, tok, ok in zip(reqs, token_list, accepted)
         ]
         return token_list, finishing, self.adapter.on_sampled(reqs, tokens, h, finishing)

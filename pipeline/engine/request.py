@@ -35,6 +35,8 @@ class SamplingParams:
     ``ignore_eos`` runs the request to ``max_tokens`` (fixed-length outputs for benchmarks and tests, as
     vLLM's knob of that name), but unlike vLLM it suppresses the stop ids: a codec EOS mid-stream would
     not decode.
+    ``grammar`` (a :class:`.grammar.CompiledGrammar`, set by the stage, never from a client's meta) constrains
+    every sampled id to the grammar (:mod:`.grammar`); a request whose grammar refuses its id ends there.
     """
 
     temperature: float = 0.0
@@ -46,6 +48,7 @@ class SamplingParams:
     suppress_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.max_tokens < 1:

@@ -1,15 +1,23 @@
 """The cascade's LLM stage: the user's transcript → a chat prompt → streamed reply tokens and text deltas.
 
 Input (from the ASR stage): no tensors; meta ``transcript`` (str), optional ``system_prompt`` (str),
-``history`` (list of ``[role, text]``, role ``user``/``assistant``), ``sampling`` (dict of
+``history`` (list of ``[role, text]``, role ``user``/``assistant``, and ``function_call`` /
+``function_call_output`` items), ``tools`` and ``tool_choice`` (OpenAI function tools and the choice,
+:mod:`omniduplex.models.cascade.tool_prompt`), ``spoken`` (default ``true``: the reply is for the ear,
+:mod:`omniduplex.pipeline.spoken`; ``false`` passes the model's text as written), ``sampling`` (dict of
 :class:`SamplingParams` fields) and any other keys (``voice``, ...), passed on untouched.
 
-Output per sampled token: ``token`` int64 ``[1]``; meta ``text`` = the text this token adds (incremental
-detokenization; the stop token adds ``""``). The first message of a turn also carries ``prompt_ids``
-int64 ``[P]`` and the turn's input meta without ``sampling``; the last one (``last=True``) carries
-``finish_reason`` (``stop`` or ``length``). A transcript with no letters or digits does not reach the
-engine: one message ``token`` int64 ``[0]``, meta ``text=""``, ``skipped="empty transcript"`` + turn
-meta, ``last=True``.
+Output per sampled token: ``token`` int64 ``[1]``; meta ``text`` = the text this token adds to what is
+said (incremental detokenization, then :class:`~.reply_stream.ReplyStream`: markdown stripped, text after
+the first clause released clause by clause, call blocks left out; the stop token adds ``""``) and, when a
+call block streams, its ``tool_call_*`` events (:mod:`.tool_calls`; a token whose text ends one call and
+starts another gives two messages, the second with ``token`` int64 ``[0]``). The first message of a turn
+also carries ``prompt_ids`` int64 ``[P]`` and the turn's input meta without ``sampling``/``tools``; the last
+one (``last=True``) carries ``finish_reason`` (``stop``, ``length`` or ``tool_calls``: :mod:`.reply_stream`)
+and, when the token budget cut a clause, ``unspoken`` (the text dropped). With tools, decoding is
+grammar-constrained (:mod:`omniduplex.pipeline.engine.grammar`): every call's arguments parse and satisfy its
+tool's schema. A transcript with no letters or digits does not reach the engine: one message ``token``
+int64 ``[0]``, meta ``text=""``, ``skipped="empty transcript"`` + turn meta, ``last=True``.
 
 Prefill while the user speaks: before a turn's message, the ASR stage may send ``last=False`` messages of
 the turn still being spoken (meta ``partial_transcript`` and ``prefill`` = ``{system_prompt, history}``,
@@ -23,45 +31,63 @@ not yet run; the turn's own message drops a hint still queued. Hints produce no 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
 from omniduplex.models.cascade.chat_template import ChatTemplate, encode_chat, load_chat_template
+from omniduplex.models.cascade.tool_prompt import (
+    CALL_OPEN,
+    ToolSet,
+    calls_since_user,
+    chat_messages,
+    history_item,
+    tool_set,
+)
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.registry import LoadedModel
 from omniduplex.pipeline.detokenize import IncrementalDetokenizer
 from omniduplex.pipeline.engine.adapters import ThinkerAdapter
 from omniduplex.pipeline.engine.engine import Engine
+from omniduplex.pipeline.engine.grammar import TokenizerGrammars
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
+from omniduplex.pipeline.stages.reply_stream import ReplyStream
+from omniduplex.pipeline.stages.tool_calls import EVENT_KEYS
 
 __all__ = ["ChatPrompter", "IncrementalDetokenizer", "LLMWorker", "TurnStream"]
 
-ROLES = ("user", "assistant")
 EXTRA_STOP_TOKENS = ("<|endoftext|>",)
 HINT_SUFFIX = "#prefill"
 """Engine request id of a turn's prefill hint: the turn id + this suffix."""
+"""Stop tokens besides the tokenizer's eos, when the vocabulary has them."""
 _PROBE = " and then"
 """Words appended to a partial transcript to find the tokens a longer transcript keeps
 (:meth:`ChatPrompter.hint_ids`)."""
-"""Stop tokens besides the tokenizer's eos, when the vocabulary has them."""
+MAX_TOOL_CALLS = 4
+"""Default most tool calls per user turn (the call loop is cut there: ``max_tool_calls`` of the stage)."""
+CALL_TOKENS = 128
+"""Tokens a reply may spend per tool call beyond its text budget (``max_tokens`` counts text only)."""
 
 
-def _has_words(text: str) -> bool:
+def has_words(text: str) -> bool:
     return any(ch.isalnum() for ch in text)
 
 
 @dataclass
 class ChatTurn:
     """A turn ready for an engine: ``ids`` the chat prompt's token ids, ``sampling`` its decoding controls
-    (the stop ids included), ``meta`` the turn's input meta to hand on (without ``sampling``/``words``)."""
+    (the stop ids included), ``meta`` the turn's input meta to hand on (without ``sampling``/``words``/
+    ``tools``/``tool_choice``), ``tools`` what the reply may call (the call limit applied), ``reply`` the
+    :class:`~.reply_stream.ReplyStream` arguments of its output."""
 
     ids: list[int]
     sampling: SamplingParams
     meta: dict
+    tools: ToolSet = field(default_factory=lambda: ToolSet((), "auto"))
+    reply: dict = field(default_factory=dict)
 
 
 class ChatPrompter:
@@ -72,12 +98,14 @@ class ChatPrompter:
         path: the checkpoint folder: ``tokenizer.json`` and optionally a chat template
             (else ChatML, see :mod:`.chat_template`).
         raw_config: its ``config.json`` (``eos_token_id`` when the tokenizer names no eos token).
+        max_tool_calls: most tool calls per user turn (:data:`MAX_TOOL_CALLS`).
 
     Raises:
         CheckpointError: no ``tokenizer.json`` or no eos token.
     """
 
-    def __init__(self, path: Path, raw_config: dict) -> None:
+    def __init__(self, path: Path, raw_config: dict, max_tool_calls: int = MAX_TOOL_CALLS) -> None:
+        self.max_tool_calls = max_tool_calls
         tok_file = path / "tokenizer.json"
         if not tok_file.is_file():
             raise CheckpointError(f"{path}: no tokenizer.json (the LLM stage detokenizes itself)")
@@ -99,10 +127,12 @@ class ChatPrompter:
         return out
 
     def messages(self, rid: str, meta: dict) -> list[dict]:
-        """The chat of a turn: system prompt, history, then the transcript as the user's message.
+        """The chat of a turn: system prompt, history (``[role, text]`` pairs and function_call /
+        function_call_output items, :mod:`~omniduplex.models.cascade.tool_prompt`), then the transcript as the
+        user's message.
 
         Raises:
-            ValueError: a field of the wrong type or a history role other than user/assistant.
+            ValueError: a field of the wrong type or a history entry of neither form.
         """
         out = []
         system = meta.get("system_prompt")
@@ -112,16 +142,27 @@ class ChatPrompter:
             out.append({"role": "system", "content": system})
         history = meta.get("history") or []
         if not isinstance(history, (list, tuple)):
-            raise ValueError(f"turn {rid}: history must be a list of [role, text]")
-        for i, item in enumerate(history):
-            if not (isinstance(item, (list, tuple)) and len(item) == 2 and item[0] in ROLES):
-                raise ValueError(f"turn {rid}: history[{i}] must be [role, text] with role user/assistant")
-            if not isinstance(item[1], str):
-                raise ValueError(f"turn {rid}: history[{i}] text must be a string")
-            out.append({"role": item[0], "content": item[1]})
-        if meta["transcript"]:  # "" only for a typed turn that answers the conversation as it stands
+            raise ValueError(f"turn {rid}: history must be a list of [role, text] or call items")
+        where = f"turn {rid}: history"
+        out += chat_messages([history_item(i, item, where) for i, item in enumerate(history)])
+        if meta["transcript"]:  # "" for a typed turn, or a response after tool outputs
             out.append({"role": "user", "content": meta["transcript"]})
         return out
+
+    def tools(self, rid: str, meta: dict, messages: list[dict]) -> ToolSet:
+        """The turn's :class:`ToolSet` (meta ``tools``, ``tool_choice``), with no tool left to call once the
+        turn has made :attr:`max_tool_calls` calls (the call loop is cut).
+
+        Raises:
+            ValueError: a bad tool or choice, naming the field (``turn 7: tools[1].parameters: ...``).
+        """
+        try:
+            tools = tool_set(meta.get("tools"), meta.get("tool_choice"))
+        except ValueError as e:
+            raise ValueError(f"turn {rid}: {e}") from None
+        if tools.active and calls_since_user(messages_items(messages)) >= self.max_tool_calls:
+            return ToolSet(tools.tools, "none")
+        return tools
 
     def hint_ids(self, rid: str, meta: dict) -> list[int]:
         """The prompt ids of a turn whose transcript so far is ``meta['transcript']`` that the finished turn's
@@ -132,11 +173,13 @@ class ChatPrompter:
         Raises:
             ValueError: as :meth:`messages`.
         """
-        if not _has_words(meta.get("transcript") or ""):
+        if not has_words(meta.get("transcript") or ""):
             return []
-        ids = encode_chat(self.tokenizer, self.template, self.messages(rid, meta))
+        messages = self.messages(rid, meta)
+        tools = self.tools(rid, meta, messages)
+        ids = encode_chat(self.tokenizer, self.template, messages, tools=tools)
         longer = {**meta, "transcript": meta["transcript"] + _PROBE}
-        other = encode_chat(self.tokenizer, self.template, self.messages(rid, longer))
+        other = encode_chat(self.tokenizer, self.template, self.messages(rid, longer), tools=tools)
         n = 0
         while n < min(len(ids), len(other)) and ids[n] == other[n]:
             n += 1
@@ -149,6 +192,8 @@ class ChatPrompter:
             ValueError: an unknown field or an invalid value.
         """
         sp = dict(raw or {})
+        if "grammar" in sp:
+            raise ValueError(f"turn {rid}: bad sampling parameters (grammar is set by the stage, from tools)")
         sp["stop_token_ids"] = tuple(dict.fromkeys((*sp.get("stop_token_ids", ()), *self.stop_ids)))
         sp["suppress_token_ids"] = tuple(sp.get("suppress_token_ids", ()))
         try:
@@ -170,9 +215,9 @@ class ChatPrompter:
             raise ValueError(
                 f"turn {rid}: meta 'transcript' must be a string, got {type(transcript).__name__}"
             )
-        turn_meta = {k: v for k, v in meta.items() if k not in ("sampling", "words")}
+        turn_meta = {k: v for k, v in meta.items() if k not in ("sampling", "words", "tools", "tool_choice")}
         typed = isinstance(meta.get("user_text"), str)  # typed turns are answered even when empty
-        if not typed and not _has_words(transcript):
+        if not typed and not has_words(transcript):
             return StageMessage(
                 rid,
                 {"token": torch.zeros(0, dtype=torch.int64)},
@@ -180,35 +225,94 @@ class ChatPrompter:
                 last=True,
             )
         sampling = self.sampling(rid, meta.get("sampling"))
-        ids = encode_chat(self.tokenizer, self.template, self.messages(rid, meta))
-        return ChatTurn(ids, sampling, turn_meta)
+        messages = self.messages(rid, meta)
+        tools = self.tools(rid, meta, messages)
+        ids = encode_chat(self.tokenizer, self.template, messages, tools=tools)
+        reply = {"speech": meta.get("spoken", True) is not False, "calls": bool(tools.tools)}
+        if tools.active:  # the calls left to the turn, and their tokens beyond the text budget
+            left = self.max_tool_calls - calls_since_user(messages_items(messages))
+            reply.update(max_calls=left, text_budget=sampling.max_tokens)
+            sampling = replace(sampling, max_tokens=sampling.max_tokens + CALL_TOKENS * left)
+        elif tools.tools:  # tool_choice none, or the call limit reached: no call
+            reply["max_calls"] = 0
+            if (trigger := self.tokenizer.token_to_id(CALL_OPEN)) is not None:
+                sampling = replace(sampling, suppress_token_ids=(*sampling.suppress_token_ids, trigger))
+        return ChatTurn(ids, sampling, turn_meta, tools, reply)
+
+
+def messages_items(messages: list[dict]) -> list[dict]:
+    """Chat messages as history items for :func:`~omniduplex.models.cascade.tool_prompt.calls_since_user`:
+    each tool call of an assistant message counts as one ``function_call``."""
+    out: list[dict] = []
+    for m in messages:
+        out.append(m)
+        out += [{"type": "function_call"} for _ in m.get("tool_calls") or ()]
+    return out
 
 
 class TurnStream:
-    """The output side of one turn: a message per sampled id, as the module docstring describes (the first
-    carries ``prompt_ids`` and the turn meta, each carries its text delta, the last its finish reason)."""
+    """The output side of one turn: messages per sampled id, as the module docstring describes (the first
+    carries ``prompt_ids`` and the turn meta, each its text delta and call events, the last its finish
+    reason). The text goes through the turn's :class:`~.reply_stream.ReplyStream` (calls, the ear, limits)."""
 
     def __init__(self, turn: ChatTurn, tokenizer: Tokenizer, stop_ids: tuple[int, ...]) -> None:
         self.prompt = torch.tensor(turn.ids, dtype=torch.int64)
         self.meta: dict | None = turn.meta  # None once the first message is out
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stop_ids = stop_ids
+        self.reply = ReplyStream(**turn.reply)
 
-    def message(self, rid: str, tok: int, finish_reason: str | None) -> StageMessage:
-        """The message of sampled id ``tok``; ``finish_reason`` (``stop``/``length``) marks the last one."""
-        text = "" if tok in self.stop_ids else self.detok.push(tok)
-        tensors = {"token": torch.tensor([tok], dtype=torch.int64)}
-        meta: dict = {}
-        if self.meta is not None:  # first token of the turn
-            meta.update(self.meta)
-            tensors["prompt_ids"] = self.prompt
-            self.meta = None
-        last = finish_reason is not None
-        if last:
-            text += self.detok.flush()
-            meta["finish_reason"] = finish_reason
-        meta["text"] = text
-        return StageMessage(rid, tensors, meta, last=last)
+    def messages(self, rid: str, tok: int | None, finish_reason: str | None = None) -> list[StageMessage]:
+        """The messages of sampled id ``tok`` (one, or more when its text holds events of two calls; ``None``:
+        no new id, ``token`` int64 ``[0]``); ``finish_reason`` (``stop``/``length``) marks the last one. The
+        reply may end here without it, when its :attr:`~.reply_stream.ReplyStream.stop` says so: the last
+        message is then ``last`` too, and the caller ends the request in its engine."""
+        new = tok is not None and tok not in self.stop_ids
+        metas = self.reply.push(self.detok.push(tok) if new else "", tokens=int(tok is not None))
+        if finish_reason is not None or self.reply.stop:
+            metas += self.reply.push(self.detok.flush(), tokens=0)
+            tail, finish_reason = self.reply.finish(finish_reason)
+            metas += tail
+        metas = compact_metas(metas)
+        out = []
+        for i, meta in enumerate(metas):
+            tensors = {"token": torch.tensor([tok] if i == 0 and tok is not None else [], dtype=torch.int64)}
+            if self.meta is not None:  # first message of the turn
+                meta = {**self.meta, **meta}
+                tensors["prompt_ids"] = self.prompt
+                self.meta = None
+            last = finish_reason is not None and i == len(metas) - 1
+            if last:
+                meta["finish_reason"] = finish_reason
+                if self.reply.unspoken:
+                    meta["unspoken"] = self.reply.unspoken
+            out.append(StageMessage(rid, tensors, meta, last=last))
+        return out
+
+    def message(self, rid: str, tok: int, finish_reason: str | None = None) -> StageMessage:
+        """The one message of sampled id ``tok`` for a turn without tools (see :meth:`messages`)."""
+        (msg,) = self.messages(rid, tok, finish_reason)
+        return msg
+
+
+def compact_metas(metas: list[dict]) -> list[dict]:
+    """Merge message metas (:class:`~.reply_stream.ReplyStream` output) where order allows (events of
+    increasing rank, then text), dropping empty ones."""
+    out = [metas[0]]
+    for m in metas[1:]:
+        prev = out[-1]
+        events = [k for k in m if k in EVENT_KEYS]
+        if not events:
+            prev["text"] += m["text"]
+            continue
+        mine = [EVENT_KEYS.index(k) for k in prev if k in EVENT_KEYS]
+        if not prev["text"] and all(r < min(EVENT_KEYS.index(k) for k in events) for r in mine):
+            text = prev.pop("text")
+            prev.update(m)
+            prev["text"] = text + m["text"]
+            continue
+        out.append(m)
+    return out
 
 
 class LLMWorker:
@@ -221,6 +325,7 @@ class LLMWorker:
         enable_prefix_caching: reuse the KV of a prompt prefix seen before (a session's next turn renders
             its history as the same tokens, so it computes only the new turn).
         cuda_graphs: replay decode steps as CUDA graphs on a CUDA device (the engine's ``graphs="auto"``).
+        max_tool_calls: most tool calls per user turn (the call loop is cut there).
 
     Raises:
         CheckpointError: no ``tokenizer.json``, no eos token, or a model without a text decoder.
@@ -234,10 +339,11 @@ class LLMWorker:
         max_num_batched_tokens: int = 1024,
         enable_prefix_caching: bool = True,
         cuda_graphs: bool = True,
+        max_tool_calls: int = MAX_TOOL_CALLS,
     ) -> None:
         if model.thinker is None or model.thinker.model is None:
             raise CheckpointError(f"{model.path}: not a text LM checkpoint (no decoder loaded)")
-        self.chat = ChatPrompter(model.path, model.raw_config)
+        self.chat = ChatPrompter(model.path, model.raw_config, max_tool_calls)
         self.tokenizer, self.template = self.chat.tokenizer, self.chat.template
         self.stop_ids = self.chat.stop_ids
         weight = model.thinker.lm_head.weight
@@ -255,6 +361,14 @@ class LLMWorker:
         self.turns: dict[str, TurnStream] = {}
         self._ready: list[StageMessage] = []  # skipped turns, emitted at the next step
         self.hinted_tokens = 0  # prompt tokens sent as prefill hints (a gauge for benchmarks)
+        self._grammars: TokenizerGrammars | None = None  # built at the first turn with tools
+
+    @property
+    def grammars(self) -> TokenizerGrammars:
+        """The tool grammars of this model's tokenizer (compiled once per tool set, cached)."""
+        if self._grammars is None:
+            self._grammars = TokenizerGrammars(self.tokenizer, self.engine.adapter.vocab_size, self.stop_ids)
+        return self._grammars
 
     def messages(self, rid: str, meta: dict) -> list[dict]:
         """The chat of a turn (:meth:`ChatPrompter.messages`)."""
@@ -265,8 +379,8 @@ class LLMWorker:
 
         Raises:
             ValueError: a missing or non-string ``transcript``, malformed ``history``/``system_prompt``/
-                ``sampling``, a template that rejects the chat, a duplicate id, or a prompt that cannot fit
-                the KV cache (this turn only).
+                ``sampling``, a bad tool or ``tool_choice`` (the message names the field), a template that
+                rejects the chat, a duplicate id, or a prompt that cannot fit the KV cache (this turn only).
         """
         rid = msg.request_id
         if is_partial_transcript(msg):
@@ -279,6 +393,8 @@ class LLMWorker:
         if isinstance(turn, StageMessage):
             self._ready.append(turn)
             return
+        if turn.tools.tools:  # every call's arguments parse and satisfy their schema; none when none allowed
+            turn.sampling = replace(turn.sampling, grammar=self.grammars.compile_tools(turn.tools))
         self.engine.add_request(Request(rid, turn.ids, turn.sampling))
         self.turns[rid] = TurnStream(turn, self.tokenizer, self.stop_ids)
 
@@ -323,7 +439,10 @@ class LLMWorker:
             if stream is None:
                 continue
             (tok,) = o.new_token_ids
-            outs.append(stream.message(o.request_id, tok, o.finish_reason if o.finished else None))
-            if o.finished:
+            msgs = stream.messages(o.request_id, tok, o.finish_reason if o.finished else None)
+            outs += msgs
+            if msgs[-1].last:
+                if not o.finished:  # the reply ended itself (text budget, call limit)
+                    self.engine.abort(o.request_id)
                 self.turns.pop(o.request_id, None)
         return outs

@@ -296,21 +296,19 @@ class VLLMLLMWorker:
                 self.tasks.pop(rid, None)
                 self._errors.append((rid, f"vLLM request failed: {error or 'aborted by the engine'}"))
                 continue
-            for i, tok in enumerate(ids):
-                outs.append(stream.message(rid, tok, finish_reason if i == len(ids) - 1 else None))
-            if finish_reason is not None:
-                if not ids:  # finished without a new id: close the stream anyway
-                    tail = stream.detok.flush()
-                    outs.append(
-                        StageMessage(
-                            rid,
-                            {"token": torch.zeros(0, dtype=torch.int64)},
-                            {"text": tail, "finish_reason": finish_reason},
-                            last=True,
-                        )
-                    )
+            if not ids and finish_reason is None:
+                continue
+            for i, tok in enumerate(ids or [None]):  # no new id: the finish alone closes the stream
+                outs += stream.messages(rid, tok, finish_reason if i == len(ids) - 1 or not ids else None)
+                if outs[-1].last:
+                    break
+            if outs and outs[-1].request_id == rid and outs[-1].last:
                 self.turns.pop(rid)
-                self.tasks.pop(rid, None)
+                task = self.tasks.pop(rid, None)
+                if finish_reason is None:  # the reply ended itself (text budget, call limit)
+                    if task is not None:
+                        task.cancel()
+                    asyncio.run_coroutine_threadsafe(self.llm.abort(rid), self._loop)
         if self.llm.errored:
             raise RuntimeError(f"vLLM engine died: {self.llm.dead_error}")
         return outs

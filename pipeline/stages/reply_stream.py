@@ -1,0 +1,112 @@
+"""One reply's text as the LLM stage emits it: spoken text deltas and tool-call events, in message meta.
+
+:class:`ReplyStream` takes the model's text deltas (one per sampled token on our engine and vLLM, one per
+streamed chunk from an OpenAI-compatible server) and returns the meta of the messages to send, each a dict
+with ``text`` (the delta to say, maybe ``""``) and at most one event per ``tool_call_*`` key
+(:mod:`.tool_calls`), events before text. It joins three policies:
+
+* calls (when the turn offers tools): :class:`~.tool_calls.ToolCallParser` splits call blocks off the text;
+  the text said before a call is released whole when the call starts (its order against the call is kept);
+* the ear (:class:`~omniduplex.pipeline.spoken.SpokenReply`, for speech turns): markdown stripped, the
+  reply cut at its last complete clause when the token budget runs out;
+* limits: ``text_budget`` tokens of text outside call blocks (a call's own tokens do not count, so a long
+  call does not eat the spoken answer), and at most ``max_calls`` calls: :attr:`ReplyStream.stop` then says
+  why the generation should end now (``"length"`` / ``"tool_calls"``), and the stage ends it.
+
+Finish reasons reported (:meth:`ReplyStream.finish`): ``stop`` (the model ended), ``tool_calls`` (it ended
+after making calls, or the call limit was reached), ``length`` (the token budget ran out).
+"""
+
+from __future__ import annotations
+
+from omniduplex.pipeline.spoken import SpokenReply
+from omniduplex.pipeline.stages.tool_calls import DONE, EVENT_KEYS, FAILED, STARTED, ToolCallParser
+
+
+class ReplyStream:
+    """Text deltas → message meta (see the module docstring).
+
+    Args:
+        speech: the reply is spoken (:class:`SpokenReply`: markdown stripped, cut at a clause on ``length``);
+            ``False`` passes the text through as written.
+        calls: parse call blocks out of the text (the turn offers tools).
+        max_calls: most calls this reply may make (``None``: no limit; ``0``: none, a block the model writes
+            anyway ends ``tool_call_failed``).
+        text_budget: most tokens of text outside call blocks (``None``: the engine's ``max_tokens`` alone).
+    """
+
+    def __init__(
+        self,
+        speech: bool = True,
+        calls: bool = False,
+        max_calls: int | None = None,
+        text_budget: int | None = None,
+    ) -> None:
+        self.spoken = SpokenReply(strip=speech) if speech else None
+        self.parser = ToolCallParser() if calls else None
+        self.max_calls, self.text_budget = max_calls, text_budget
+        self.text_tokens = 0
+        self.stop: str | None = None
+        self.calls = 0  # calls done (or failed)
+        self.done = 0  # calls done
+
+    @property
+    def unspoken(self) -> str:
+        """The text dropped after the last complete clause when the reply ran out of tokens."""
+        return self.spoken.unspoken if self.spoken else ""
+
+    def push(self, delta: str, tokens: int = 1) -> list[dict]:
+        """Add the text of ``tokens`` sampled tokens; the meta of the messages to send (at least one)."""
+        was_in_block = self.parser is not None and self.parser.in_block
+        segments = self.parser.push(delta) if self.parser else [("text", delta)]
+        return self.push_segments(segments, tokens, was_in_block)
+
+    def push_segments(self, segments: list, tokens: int = 0, was_in_block: bool = False) -> list[dict]:
+        """Add parsed segments (``("text", str)`` or ``(tool_call_* key, event)``, as
+        :class:`~.tool_calls.ToolCallParser` gives them, or as a server's structured call deltas become) of
+        ``tokens`` tokens; the meta of the messages to send (at least one)."""
+        metas = self._pack(segments)
+        in_block = self.parser is not None and self.parser.in_block
+        if not was_in_block and not in_block and all(k == "text" for k, _ in segments):
+            self.text_tokens += tokens
+        if self.text_budget is not None and self.text_tokens >= self.text_budget and not in_block:
+            self.stop = self.stop or "length"
+        if self.max_calls and self.calls >= self.max_calls:
+            self.stop = self.stop or "tool_calls"
+        return metas
+
+    def finish(self, reason: str | None) -> tuple[list[dict], str]:
+        """End of the reply (``reason``: the engine's ``stop`` / ``length``, or :attr:`stop` when the stage
+        ended it); the last messages' meta and the finish reason to report."""
+        reason = self.stop or reason or "stop"
+        segments = self.parser.finish() if self.parser else []
+        metas = self._pack(segments)
+        tail = self.spoken.finish(reason) if self.spoken else ""
+        metas[-1]["text"] += tail
+        if reason == "stop" and self.done:
+            reason = "tool_calls"
+        return metas, reason
+
+    def _say(self, text: str) -> str:
+        return self.spoken.push(text) if self.spoken else text
+
+    def _pack(self, segments) -> list[dict]:
+        out: list[dict] = [{"text": ""}]
+        for key, value in segments:
+            if key == "text":
+                out[-1]["text"] += self._say(value)
+                continue
+            if key == STARTED and self.spoken is not None:  # what was said before the call is complete
+                out[-1]["text"] += self.spoken.finish("stop")
+                self.spoken = SpokenReply(strip=self.spoken.md is not None)
+            if key == DONE and self.max_calls == 0:  # tool_choice none: a block written anyway is no call
+                key, value = FAILED, {**value, "error": "no tool call is allowed in this reply"}
+                value.pop("arguments", None)
+            if key in (DONE, FAILED):
+                self.calls += 1
+                self.done += key == DONE
+            rank = EVENT_KEYS.index(key)
+            if out[-1]["text"] or any(EVENT_KEYS.index(k) >= rank for k in out[-1] if k in EVENT_KEYS):
+                out.append({"text": ""})  # each message: events in EVENT_KEYS order, then text
+            out[-1][key] = value
+        return out

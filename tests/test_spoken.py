@@ -1,0 +1,93 @@
+"""Replies for the ear (pure policy): markdown stripped, streamed the same as whole, and a reply that ends at
+its last complete clause when its token budget runs out."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from omniduplex.pipeline.clauses import clause_ends
+from omniduplex.pipeline.spoken import SPOKEN_SYSTEM_PROMPT, MarkdownStripper, SpokenReply, strip_markdown
+
+# README command 1's answer as SmolLM2 wrote it before this policy: a numbered list cut at "3. Once"
+GREEN_TEA = (
+    "To make a cup of green tea, follow these steps:\n\n1. **Boil water**: Start by boiling water.\n"
+    "2. Add a few drops of black tea to the water.\n3. Once"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("## Steps\n1. **Boil** the water.", "Steps\nBoil the water."),
+        ("- Add tea.\n* Stir.\n+ Wait.\n• Sip.", "Add tea.\nStir.\nWait.\nSip."),
+        ("  2) Steep it.\n10. Done", "Steep it.\nDone"),
+        ("> - quoted item", "quoted item"),
+        ("Use `snake_case` and __bold__ or _it_ here.", "Use snake_case and bold or it here."),
+        ("It is -5 degrees, 3.5 km, ~~old~~ new.", "It is -5 degrees, 3.5 km, old new."),
+        ("In 2026 we sold 15 cars. #1 seller.", "In 2026 we sold 15 cars. #1 seller."),
+        ("1.5 liters is enough", "1.5 liters is enough"),
+        ("Boil it up. 2. Pour it: 3) Sip.", "Boil it up. Pour it: Sip."),
+        ("I have 2. Costs 3.5 now. 10 cats.", "I have 2. Costs 3.5 now. 10 cats."),
+        ("###\n-\n", "\n\n"),
+    ],
+)
+def test_strip_markdown(text, said):
+    assert strip_markdown(text) == said
+
+
+@given(
+    st.text(alphabet=st.sampled_from(list("ab _*#-+>.)1 2\n`~•"))), st.lists(st.integers(0, 40), max_size=8)
+)
+def test_streamed_stripping_equals_whole(text, cuts):
+    bounds = sorted({min(c, len(text)) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)])]
+    md = MarkdownStripper()
+    assert "".join(md.push(p) for p in pieces) + md.flush() == strip_markdown(text)
+
+
+def test_clause_ends():
+    assert clause_ends("Boil the water") == 0
+    assert clause_ends("Boil the water.") == 0 and clause_ends("Boil the water.", final=True) == 15
+    assert clause_ends("Boil it. Then add tea, and") == len("Boil it. Then add tea,")
+    assert clause_ends("It costs 3.5") == 0 and clause_ends("Ask Dr. Smith") == 0
+
+
+def test_a_reply_cut_by_its_budget_ends_at_its_last_clause():
+    reply = SpokenReply()
+    said = "".join(reply.push(c) for c in GREEN_TEA) + reply.finish("length")
+    assert said == (
+        "To make a cup of green tea, follow these steps:\n\nBoil water: Start by boiling water.\n"
+        "Add a few drops of black tea to the water.\n"
+    )
+    assert reply.unspoken == "Once"
+
+
+def test_a_finished_reply_is_said_whole_and_the_first_clause_streams():
+    reply = SpokenReply()
+    out = [reply.push(w) for w in ["To ", "make ", "tea", ", boil ", "water ", "and ", "steep ", "it"]]
+    assert out[:4] == [
+        "To ",
+        "make ",
+        "tea",
+        ",",
+    ]  # the first clause streams as written (time to first audio)
+    assert out[4:] == ["", "", "", ""]  # then text waits for its clause to end
+    assert reply.finish("stop") == " boil water and steep it" and reply.unspoken == ""
+    for reason in ("length", "stop"):  # a mark at the very end completes the clause
+        r = SpokenReply()
+        assert r.push("Hi. Boil it.") + r.finish(reason) == "Hi. Boil it."
+
+
+def test_text_without_markdown_passes_through_when_not_spoken():
+    reply = SpokenReply(strip=False)
+    assert reply.push("**Bold** 1. x, y") + reply.finish("stop") == "**Bold** 1. x, y"
+
+
+def test_the_default_prompt_asks_for_speech():
+    assert (
+        "lists" in SPOKEN_SYSTEM_PROMPT
+        and "markdown" in SPOKEN_SYSTEM_PROMPT
+        and "short" in SPOKEN_SYSTEM_PROMPT
+    )

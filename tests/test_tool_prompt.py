@@ -1,0 +1,144 @@
+"""Function tools in chat prompts: the tool set's checks, call items in the history, and each family's format
+(Qwen2.5's own template; our inline format for templates without tools, which must render the same text)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tool_models import bench_tools, qwen05_dir, smollm2_dir
+
+from omniduplex.models.cascade.chat_template import CHATML_TEMPLATE, ChatTemplate, load_chat_template
+from omniduplex.models.cascade.tool_prompt import (
+    calls_since_user,
+    chat_messages,
+    history_item,
+    inline_tools,
+    tool_set,
+)
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+HISTORY = [
+    ["user", "Where is my order 48213, and what is the weather in Paris?"],
+    ["assistant", "Let me check both."],
+    {
+        "type": "function_call",
+        "call_id": "call_1",
+        "name": "get_order_status",
+        "arguments": '{"order_id": "48213"}',
+    },
+    {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+    {"type": "function_call_output", "call_id": "call_1", "output": '{"status": "shipped"}'},
+    {"type": "function_call_output", "call_id": "call_2", "output": "8 degrees and light rain"},
+]
+
+
+def test_tool_set_takes_realtime_and_chat_completions_shapes():
+    nested = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+    a, b = (
+        tool_set([WEATHER], "auto"),
+        tool_set([nested], {"type": "function", "function": {"name": "get_weather"}}),
+    )
+    assert a.tools == b.tools and a.choice == "auto" and b.choice == "get_weather"
+    assert a.active and not a.forced and b.forced and a.key() != b.key()
+    assert not tool_set([WEATHER], "none").active and tool_set([WEATHER], "none").callable == ()
+    assert tool_set(None, None).tools == () and not tool_set(None, None).active
+    assert tool_set([{"type": "function", "name": "hang_up"}]).tools[0].parameters["type"] == "object"
+
+
+@pytest.mark.parametrize(
+    ("tools", "choice", "field"),
+    [
+        ([{**WEATHER, "parameters": {"type": "object", "properties": {"city": {"type": "strin"}}}}], "auto",
+         "tools[0].parameters: not a valid JSON Schema"),
+        ([WEATHER, {**WEATHER, "name": "x", "parameters": {"type": "object", "required": "city"}}], "auto",
+         "tools[1].parameters: not a valid JSON Schema"),
+        ([{**WEATHER, "parameters": {"type": "string"}}], "auto", "tools[0].parameters: arguments must be"),
+        ([{**WEATHER, "parameters": "city"}], "auto", "tools[0].parameters"),
+        ([{**WEATHER, "name": "get weather"}], "auto", "tools[0].name"),
+        ([WEATHER, WEATHER], "auto", "tools[1].name: 'get_weather' is defined twice"),
+        ([{"type": "mcp", "server_url": "http://x"}], "auto", "tools[0].type"),
+        ([WEATHER], {"type": "function", "name": "book"}, "tool_choice: no tool named 'book'"),
+        ([WEATHER], "sometimes", "tool_choice"),
+        ([], "required", "tool_choice: required, but no tools"),
+        ("get_weather", "auto", "tools: must be a list"),
+    ],
+)  # fmt: skip
+def test_bad_tools_name_the_field(tools, choice, field):
+    with pytest.raises(
+        ValueError, match=r"^" + field.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+    ):
+        tool_set(tools, choice)
+
+
+def test_history_items_become_template_messages():
+    items = [history_item(i, h, "history") for i, h in enumerate(HISTORY)]
+    msgs = chat_messages(items)
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "tool"]
+    calls = msgs[1]["tool_calls"]
+    assert msgs[1]["content"] == "Let me check both." and [c["id"] for c in calls] == ["call_1", "call_2"]
+    assert calls[0]["function"] == {"name": "get_order_status", "arguments": {"order_id": "48213"}}
+    assert msgs[3] == {"role": "tool", "tool_call_id": "call_2", "content": "8 degrees and light rain"}
+    assert calls_since_user(items) == 2 and calls_since_user(items + [{"role": "user", "content": "x"}]) == 0
+    # a call with no text before it opens its own assistant message
+    alone = chat_messages([{"role": "user", "content": "hi"}, history_item(0, HISTORY[3], "h")])
+    assert alone[1] == {"role": "assistant", "content": "", "tool_calls": [alone[1]["tool_calls"][0]]}
+
+
+@pytest.mark.parametrize(
+    ("item", "field"),
+    [
+        ({"type": "function_call", "call_id": "c", "name": "x"}, r"history\[0\]\.arguments"),
+        ({"type": "function_call_output", "call_id": "c", "output": {"a": 1}}, r"history\[0\]\.output"),
+        (["system", "hi"], r"history\[0\] must be"),
+        ({"type": "message"}, r"history\[0\] must be"),
+    ],
+)
+def test_bad_history_items_name_the_field(item, field):
+    with pytest.raises(ValueError, match=field):
+        history_item(0, item, "history")
+
+
+def _conversation():
+    msgs = [{"role": "system", "content": "You are a voice agent."}]
+    return msgs + chat_messages([history_item(i, h, "history") for i, h in enumerate(HISTORY)])
+
+
+def test_inline_format_is_qwen25s_own_rendering():
+    """Our format for templates without tools (ChatML here, as SmolLM2's) renders exactly what Qwen2.5's
+    template renders for the same tools, calls and outputs."""
+    qwen = load_chat_template(qwen05_dir())
+    chatml = ChatTemplate(CHATML_TEMPLATE, {}, is_fallback=True)
+    assert qwen.renders_tools and not chatml.renders_tools
+    for choice in ("auto", "none"):
+        tools = tool_set(bench_tools(), choice)
+        assert chatml.render(_conversation(), tools=tools) == qwen.render(_conversation(), tools=tools)
+    text = qwen.render(_conversation(), tools=tool_set(bench_tools()))
+    for t in bench_tools():
+        assert (
+            json.dumps({"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}) in text
+        )
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert "<tool_response>\n8 degrees and light rain\n</tool_response><|im_end|>" in text
+
+
+def test_smollm2_template_gets_the_inline_format():
+    smol = load_chat_template(smollm2_dir())
+    assert not smol.renders_tools
+    tools = tool_set(bench_tools())
+    text = smol.render(_conversation(), tools=tools)
+    plain = smol.render(inline_tools(_conversation(), tools))
+    assert text == plain and text.startswith("<|im_start|>system\nYou are a voice agent.\n\n# Tools\n")
+    assert "<tools>\n{" in text and "named SmolLM" not in text
+    # no tools: the template's own rendering of a plain chat is unchanged
+    chat = [{"role": "user", "content": "Hello"}]
+    assert smol.render(chat, tools=None) == smol.render(chat)
+    # a conversation with tools but no system message gets one holding the tools section
+    text = smol.render(chat, tools=tools)
+    assert text.startswith("<|im_start|>system\n# Tools\n") and "named SmolLM" not in text
