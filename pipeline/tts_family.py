@@ -37,11 +37,14 @@ from omniduplex.models.tts_family import FISH_SPEECH, HIGGS, VOXCPM2, tts_family
 
 class TTSInputError(ValueError):
     """A request the family cannot speak: ``str(e)`` for the client, ``param`` the request field at fault
-    (``voice``, ``ref_audio``, ``ref_text``, ``input``)."""
+    (``voice``, ``ref_audio``, ``ref_text``, ``input``), ``code`` the OpenAI-style error code
+    (``context_length_exceeded`` for text past the context, else ``invalid_value``)."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        past = param == "input" and "past the context" in message
+        self.code = "context_length_exceeded" if past else "invalid_value"
 
 
 @dataclass(frozen=True)

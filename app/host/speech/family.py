@@ -78,13 +78,13 @@ class FamilySpeech(EngineSpeech):
         try:
             return self.runner.prompt(request.text, request.voice, ref, request.ref_text)
         except TTSInputError as e:
-            raise SpeechError(str(e), e.param) from e
+            raise SpeechError(str(e), e.param, e.code) from e
 
     def _add(self, request_id: str, prompt) -> None:
         try:
             self.runner.add(request_id, prompt, self.max_frames, self.sampling)
         except TTSInputError as e:
-            raise SpeechError(str(e), e.param) from e
+            raise SpeechError(str(e), e.param, e.code) from e
 
     def _decoder(self, prompt):
         rate = self.runner.sample_rate

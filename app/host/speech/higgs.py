@@ -21,5 +21,9 @@ class HiggsSpeech(FamilySpeech):
 
     Raises CheckpointError: not loadable (a missing tensor is named)."""
 
-    def __init__(self, model_dir: str | Path, max_num_seqs: int = 16, lever: bool = True, **kw) -> None:
-        super().__init__(HiggsRunner(model_dir, max_num_seqs=max_num_seqs, lever=lever), **kw)
+    def __init__(
+        self, model_dir: str | Path, max_num_seqs: int = 16, num_blocks: int = 512, lever: bool = True, **kw
+    ) -> None:
+        super().__init__(
+            HiggsRunner(model_dir, max_num_seqs=max_num_seqs, num_blocks=num_blocks, lever=lever), **kw
+        )
