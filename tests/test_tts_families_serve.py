@@ -209,3 +209,27 @@ def test_a_clip_clones_a_voice_per_request(served):
     )
     assert plain.status_code == vox.status_code == fish.status_code == 200
     assert len(vox.content) > 0 and len(fish.content) > 0
+
+
+@pytest.mark.slow
+def test_bench_tts_dispatches_on_the_family(served):
+    """``bench tts --model DIR`` on a Higgs checkpoint runs its benchmark with the lever on and off."""
+    from typer.testing import CliRunner
+
+    from omniduplex.cli.main import cli
+
+    res = CliRunner().invoke(
+        cli, ["bench", "tts", "--model", str(served[0]["higgs"]), "--concurrency", "1,16"]
+    )
+    assert res.exit_code == 0, res.output
+    rows = [line.split("|")[1:-1] for line in res.output.splitlines() if line.startswith(("| on", "| off"))]
+    assert sorted((r[0].strip(), r[1].strip()) for r in rows) == [
+        ("off", "1"),
+        ("off", "16"),
+        ("on", "1"),
+        ("on", "16"),
+    ]
+    assert all(float(r[4]) > 0 for r in rows)  # audio-s/s measured
+    assert (
+        "35.26" in res.output and "state ms/step" in res.output
+    )  # the seed's figure and the lever's counter

@@ -69,7 +69,7 @@ class FamilySpeech(EngineSpeech):
             "cloning": r.cloning,
             "instructions": r.instructions,
             "sample_rate": r.sample_rate,
-            "ref_sample_rate": r.ref_rate or None,
+            "ref_sample_rate": r.ref_rate if r.cloning else None,
         }
 
     def prepare(self, request: SpeechRequest):

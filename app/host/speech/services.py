@@ -36,14 +36,8 @@ def tts_dirs(cfg) -> list[str]:
     return []
 
 
-def qwen3_tts_dir(cfg) -> str | None:
-    """The first speech checkpoint of ``cfg`` (:func:`tts_dirs`), or ``None`` (Piper)."""
-    dirs = tts_dirs(cfg)
-    return dirs[0] if dirs else None
-
-
 def load_speech(cfg, model_dir: str | None = None) -> SpeechService:
-    """The speech service of checkpoint ``model_dir`` (default: :func:`qwen3_tts_dir`; ``None`` there: the
+    """The speech service of checkpoint ``model_dir`` (default: the first of :func:`tts_dirs`; none: the
     packaged Piper voice), by its family (blocking: loads weights).
 
     Raises:
@@ -52,7 +46,7 @@ def load_speech(cfg, model_dir: str | None = None) -> SpeechService:
     """
     from omniduplex.models.tts_family import FISH_SPEECH, HIGGS, QWEN3_TTS, VOXCPM2, tts_family
 
-    tts_dir = model_dir or qwen3_tts_dir(cfg)
+    tts_dir = model_dir or next(iter(tts_dirs(cfg)), None)
     if tts_dir is None:
         from omniduplex.app.host.speech.piper import packaged_piper
 
