@@ -45,27 +45,29 @@ def served(tmp_path_factory):
         "higgs": write_higgs_checkpoint(root / "higgs", "tiny", 0),
         "fish": write_fish_checkpoint(root / "fish", "tiny", 0),
     }
-    broken = shutil.copytree(dirs["higgs"], root / "broken")  # a checkpoint missing one tensor
-    weights = load_file(broken / "model.safetensors")
-    dropped = sorted(weights)[0]
-    save_file({k: v for k, v in weights.items() if k != dropped}, broken / "model.safetensors")
+    broken = {}  # each family's checkpoint missing one tensor: name → (folder, the tensor)
+    for n, d in dirs.items():
+        b = shutil.copytree(d, root / f"broken-{n}")
+        weights = load_file(b / "model.safetensors")
+        dropped = sorted(weights)[1]
+        save_file({k: v for k, v in weights.items() if k != dropped}, b / "model.safetensors")
+        broken[f"broken-{n}"] = (b, dropped)
     classes = {"vox": VoxCPM2Speech, "higgs": HiggsSpeech, "fish": FishSpeechSpeech}
     services = {
         n: classes[n](d, max_num_seqs=8, num_blocks=BLOCKS, max_frames=FRAMES, sampling=GREEDY[n])
         for n, d in dirs.items()
     }
-    yield dirs, services, (broken, dropped)
+    yield dirs, services, broken
     for s in services.values():
         s.close()
 
 
 def request(served, *calls: tuple[str, str, dict | None], key: str | None = KEY) -> list[httpx.Response]:
     """Run every ``(method, path, json)`` at once against a server whose speech models are the fixture's
-    (the three families, then the broken checkpoint)."""
-    dirs, services, (broken, _) = served
-    cfg = ServerConfig(
-        max_sessions=2, tts=[str(d) for d in dirs.values()] + [str(broken)], auth=AuthConfig(api_keys={KEY})
-    )
+    (the three families, then their broken copies)."""
+    dirs, services, broken = served
+    tts = [str(d) for d in dirs.values()] + [str(b) for b, _ in broken.values()]
+    cfg = ServerConfig(max_sessions=2, tts=tts, auth=AuthConfig(api_keys={KEY}))
 
     async def main():
         app = create_app(cfg, responder=IdleResponder())
@@ -145,15 +147,15 @@ def test_voices_lists_each_model_behind_the_key(served):
     assert data["higgs"]["family"] == "higgs" and not data["higgs"]["cloning"]
     assert {v["name"] for v in data["higgs"]["voices"]} == {"belinda", "en_man"}
     assert data["fish"]["family"] == "fish-speech" and data["fish"]["ref_sample_rate"] == 44100
-    _, dropped = served[2]
-    assert dropped in data["broken"]["error"] and "missing" in data["broken"]["error"]
+    for name, (_, dropped) in served[2].items():
+        assert dropped in data[name]["error"] and "missing" in data[name]["error"], name
 
 
 def test_bad_input_gets_one_clear_error_each_and_good_requests_still_speak(served):
     long = "The quick brown fox jumps over the lazy dog. " * 40
     calls = {
         "unknown_model": speech(model="nope", input="Hi."),
-        "broken": speech(model="broken", input="Hi."),
+        **{name: speech(model=name, input="Hi.") for name in served[2]},
         "good": speech(model="fish", input="Hello there."),
     }
     for f in ("vox", "higgs", "fish"):
@@ -175,9 +177,9 @@ def test_bad_input_gets_one_clear_error_each_and_good_requests_still_speak(serve
 
     e = err("unknown_model", 404)
     assert e["code"] == "model_not_found" and "'nope'" in e["message"] and "vox" in e["message"]
-    _, dropped = served[2]
-    e = err("broken")
-    assert e["param"] == "model" and dropped in e["message"]
+    for name, (_, dropped) in served[2].items():
+        e = err(name)
+        assert e["param"] == "model" and dropped in e["message"] and "missing" in e["message"], (name, e)
     for f, known in (("vox", "default"), ("higgs", "belinda"), ("fish", "default")):
         e = err(f"{f}_voice")
         assert e["param"] == "voice" and "'alloy'" in e["message"] and known in e["message"], f
