@@ -11,12 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile as sf
 import soxr
 import torch
 from test_tts_stage import norm, tokens
 from typer.testing import CliRunner
 
+from omniduplex.app.host.pipeline import TurnOptions
 from omniduplex.cli.main import cli
+from omniduplex.cli.respond import respond
 from omniduplex.models.cascade.manifest import load_manifest, write_manifest
 from omniduplex.models.fish_speech.presets import write_fish_checkpoint
 from omniduplex.models.higgs.presets import write_higgs_checkpoint
@@ -30,6 +33,7 @@ from omniduplex.pipeline.topology import output_rate
 from omniduplex.pipeline.tts_family import TTSInputError
 from omniduplex.pipeline.workers import build_worker
 
+QUESTION = Path(__file__).resolve().parents[1] / "examples" / "green_tea.wav"
 REPLY = "Sure! The museum opens at nine, and it closes at six."
 FRAMES = 4
 WRITERS = {
@@ -100,3 +104,14 @@ def test_a_voice_the_family_lacks_fails_the_stage_start(manifest):
     write_manifest(path.with_name("bad.yaml"), m.asr, m.llm, m.tts, tts_voice={"tts_voice": "alloy"})
     with pytest.raises(TTSInputError, match="alloy"):
         build_worker("tts", path.with_name("bad.yaml"), StageConfig(num_kv_blocks=64), ChunkingConfig())
+
+
+@pytest.mark.slow
+def test_a_spoken_question_gets_a_reply_in_the_family_voice(manifest, tmp_path):
+    """A whole cascade turn (ASR → LLM → this family's TTS stage, in process) answers in audio."""
+    _, path = manifest
+    out = tmp_path / "reply.wav"
+    code = respond(QUESTION, out, path, None, TurnOptions(greedy=True, max_tokens=10), processes=False)
+    assert code == 0
+    wav, rate = sf.read(str(out), dtype="float32")
+    assert rate == 24000 and wav.shape[0] > 0 and np.abs(wav).max() > 0
