@@ -196,10 +196,10 @@ def bench_serve(
 @bench.command("tts")
 def bench_tts(
     model: Path | None = typer.Option(
-        None, help="Qwen3-TTS checkpoint (default: small CustomVoice preset in the cache)."
+        None, help="Qwen3-TTS, VoxCPM2, Higgs or Fish Speech checkpoint (default: small Qwen3-TTS preset)."
     ),
     concurrency: str = typer.Option("1,16,64", help="Comma-separated concurrent utterance counts."),
-    frames: int = typer.Option(50, help="Codec frames per utterance (12.5 frames = 1 s of audio)."),
+    frames: int = typer.Option(50, help="Qwen3-TTS codec frames per utterance (12.5 frames = 1 s)."),
     threads: int | None = typer.Option(
         None, help="torch intra-op threads (default: 1 per stage process; 2 in-process)."
     ),
@@ -211,7 +211,7 @@ def bench_tts(
     ),
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
 ) -> None:
-    """Qwen3-TTS: TTFP, RTF and audio-seconds per second per concurrency, talker vs codec split."""
+    """TTFP, RTF, audio-s/s per concurrency: Qwen3-TTS talker vs codec; the others, their lever on and off."""
     from omniduplex.app.host.pipeline import cache_dir
     from omniduplex.benchmarks.tts import run
     from omniduplex.benchmarks.tts_graph import run_processes
@@ -224,6 +224,13 @@ def bench_tts(
     levels = _levels(concurrency)
     if frames < 1 or min(levels) < 1:
         raise typer.BadParameter("--frames and every --concurrency level must be >= 1")
+    from omniduplex.models.tts_family import QWEN3_TTS, tts_family
+
+    if tts_family(model) not in (QWEN3_TTS, None):  # the family's own benchmark, lever on and off
+        from omniduplex.benchmarks.tts_family import run as run_family
+
+        run_family(model, levels, threads or 2, json_out)
+        return
     if processes:
         run_processes(model, levels, frames, threads or 1, json_out)
     else:

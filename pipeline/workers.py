@@ -208,6 +208,23 @@ def _qwen3_tts_worker(manifest, cfg: StageConfig, chunking: ChunkingConfig):
     )
 
 
+def _family_tts_worker(manifest, cfg: StageConfig):
+    """The cascade's TTS stage on a VoxCPM2 / Higgs / Fish Speech checkpoint (its family from
+    ``config.json``), speaking in the manifest's voice (checked here: a bad voice or clip fails the stage's
+    start with the reason)."""
+    import soundfile as sf
+
+    from omniduplex.pipeline.stages.family_tts import FamilyTTSStageWorker
+    from omniduplex.pipeline.tts_family import load_runner
+
+    runner = load_runner(manifest.tts, max_num_seqs=cfg.max_num_seqs, num_blocks=cfg.num_kv_blocks)
+    voice = manifest.tts_voice
+    if manifest.tts_ref_audio is not None:
+        wav, rate = sf.read(manifest.tts_ref_audio, dtype="float32", always_2d=True)
+        voice = (wav.mean(axis=1), int(rate), manifest.tts_ref_text)
+    return FamilyTTSStageWorker(runner, voice, CASCADE_OUTPUT_RATE, max_frames=manifest.tts_max_frames)
+
+
 def _cascade_worker(stage: str, manifest, cfg: StageConfig, chunking: ChunkingConfig):
     """The ASR (faster-whisper), LLM (our engine; vLLM with ``backend: vllm``; an OpenAI-compatible server
     with ``backend: openai``) or TTS (Piper) worker of a cascade; each runs its library on
@@ -217,6 +234,8 @@ def _cascade_worker(stage: str, manifest, cfg: StageConfig, chunking: ChunkingCo
         return _asr_worker(manifest.asr, cfg)
     if stage == "tts" and manifest.tts_is_qwen3:
         return _qwen3_tts_worker(manifest, cfg, chunking)
+    if stage == "tts" and manifest.tts_family is not None:
+        return _family_tts_worker(manifest, cfg)
     if stage == "tts":
         from omniduplex.models.cascade.tts import PiperTTS
         from omniduplex.pipeline.stages.tts import TTSWorker

@@ -155,9 +155,9 @@ def test_turn_voice_picks_the_speaker(manifest):
 
 
 def test_speech_endpoint_uses_the_cascade_tts(manifest):
-    from omniduplex.app.host.speech.services import qwen3_tts_dir as _tts_dir
+    from omniduplex.app.host.speech.services import tts_dirs
     from omniduplex.app.server import ServerConfig
 
-    assert _tts_dir(ServerConfig(model=str(manifest))) == str(load_manifest(manifest).tts)
-    assert _tts_dir(ServerConfig(model=str(manifest), tts="/x")) == "/x"
-    assert _tts_dir(ServerConfig()) is None
+    assert tts_dirs(ServerConfig(model=str(manifest))) == [str(load_manifest(manifest).tts)]
+    assert tts_dirs(ServerConfig(model=str(manifest), tts="/x")) == ["/x"]
+    assert tts_dirs(ServerConfig()) == []

@@ -83,6 +83,12 @@ class SpeechService(ABC):
             SpeechError: the request was refused once queued (before any audio).
         """
 
+    def describe(self) -> dict:
+        """What ``GET /v1/audio/voices`` lists for this service: ``family``, ``voices`` (``[{"name"}]``, the
+        first the default), whether a request may clone (``cloning``: ``ref_audio``) and whether it reads
+        ``instructions``."""
+        return {"family": type(self).__name__, "voices": [], "cloning": False, "instructions": False}
+
     def close(self) -> None:  # noqa: B027 (a service without threads or processes has nothing to free)
         """Free what the service holds (threads, stage processes); requests in flight get no more audio."""
 

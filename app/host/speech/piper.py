@@ -28,6 +28,10 @@ class PiperSpeech(SpeechService):
     def __init__(self, voice: str | Path, config: str | Path) -> None:
         self.tts = PiperTTS(voice, config)
 
+    def describe(self) -> dict:
+        """One voice, no cloning, no instructions."""
+        return {"family": "piper", "voices": [{"name": "default"}], "cloning": False, "instructions": False}
+
     def prepare(self, request: SpeechRequest) -> list[str]:
         """The text as the clauses it is spoken in (never raises)."""
         splitter = ClauseSplitter()

@@ -27,7 +27,10 @@ class SpeechRequest(BaseModel):
     """``POST /v1/audio/speech``: ``input`` text (≤ 4096 characters, the API's limit), ``response_format``
     ``wav`` or ``pcm`` (24 kHz 16-bit mono) — the compressed formats are not produced here.
 
-    With a Qwen3-TTS checkpoint (``serve --tts DIR``, or a cascade ``--model`` whose TTS is one;
+    ``model`` picks one of the server's speech models (``serve --tts DIR``, repeatable: the folder's name;
+    ``omniduplex`` / ``tts-1``: the first; see ``GET /v1/audio/voices``). With a VoxCPM2, Higgs or Fish Speech
+    checkpoint: :mod:`omniduplex.app.host.speech.family`. With a Qwen3-TTS checkpoint (or a cascade
+    ``--model`` whose TTS is one;
     :mod:`omniduplex.app.host.speech.qwen3`): ``voice`` is a CustomVoice speaker, ``instructions`` the
     VoiceDesign voice description (or a CustomVoice style), ``language`` ``auto`` or a language the checkpoint
     knows, and the extension fields ``ref_audio`` (base64 24 kHz WAV, ≥ 1 s) + ``ref_text`` (its transcript)
@@ -109,6 +112,14 @@ def router(host: ServerState) -> APIRouter:
             }
         return {"text": t.text}
 
+    @r.get("/v1/audio/voices")
+    async def voices():
+        """Each speech model's voices and what a request may ask of it: ``{"object": "list", "data":
+        [{"model", "family", "voices": [{"name", ...}], "cloning", "instructions", ...}]}`` (a model whose
+        checkpoint does not load: ``{"model", "error"}``)."""
+        data = await asyncio.to_thread(lambda: host.speech_registry().describe())
+        return {"object": "list", "data": data}
+
     @r.post("/v1/audio/speech")
     async def speech(req: SpeechRequest):
         """Speak ``input`` with the host's speech service, streamed as it makes pieces (Qwen3-TTS: the first
@@ -117,7 +128,10 @@ def router(host: ServerState) -> APIRouter:
             return error_response(
                 400, f"response_format {req.response_format!r}: use wav or pcm", "invalid_value"
             )
-        service = await asyncio.to_thread(host.speech_service)
+        try:
+            service = await asyncio.to_thread(host.speech_service, req.model)
+        except SpeechError as e:
+            return error_response(404 if e.code == "model_not_found" else 400, str(e), e.code, e.param)
         fields = (req.input, req.voice, req.instructions, req.language, req.ref_audio, req.ref_text)
         try:
             request = await asyncio.to_thread(service.prompt, *fields)
