@@ -1,10 +1,10 @@
-"""A Qwen3-TTS speech tokenizer whose ``decoder_config`` sets ``head_dim`` ≠ ``hidden_size / heads`` loads,
-with
-the attention shapes the reference builds (qwen-tts 0.1.1 ``Qwen3TTSTokenizerV2DecoderAttention``: q/o
-``num_attention_heads · head_dim``, k/v ``num_key_value_heads · head_dim``), and its frame transformer computes
-what transformers' ``Qwen3OmniMoeCode2Wav`` transformer (the same layers, which honour ``head_dim`` the same
-way: ``getattr(config, "head_dim", hidden // heads)``, RoPE included) computes from the same weights. qwen-tts
-itself does not import beside this project's transformers, so transformers is the oracle here."""
+"""A Qwen3-TTS speech tokenizer whose ``decoder_config`` sets ``head_dim`` != ``hidden_size / heads`` loads
+with the attention shapes the reference builds (qwen-tts 0.1.1 ``Qwen3TTSTokenizerV2DecoderAttention``: q/o
+``num_attention_heads * head_dim``, k/v ``num_key_value_heads * head_dim``), and its frame transformer
+computes what transformers' ``Qwen3OmniMoeCode2Wav`` transformer computes from the same weights (the same
+layers, honouring ``head_dim`` the same way: ``getattr(config, "head_dim", hidden // heads)``, RoPE included).
+qwen-tts itself does not import beside this project's transformers (it pins 4.57.3), so transformers is the
+oracle here."""
 
 from __future__ import annotations
 
