@@ -252,3 +252,25 @@ def test_the_upgrade_needs_a_key_when_keys_are_set(server):
 
         got = run_client(srv, body, additional_headers={"Authorization": "Bearer sk-test"})
         assert [k for k, _ in got if k != "audio"][-2:] == ["clause.done", "done"]
+
+
+def test_text_past_the_unspoken_limit_is_refused_until_cancel(server):
+    srv, _ = server
+    burst = "Go on now, " * 360  # 3960 characters, 360 short clauses: far more than is spoken meanwhile
+
+    async def body(c):
+        for _ in range(5):  # the 5th would put over 16384 characters in wait
+            await c.send(type="text", text=burst)
+        await c.until(is_type("error"))
+        await c.send(type="cancel")
+        await c.until(is_type("cancelled"))
+        await c.send(type="text", text="Fine.")
+        await c.send(type="end")
+        return await c.until(is_type("done"))
+
+    got = run_client(srv, body)
+    errors = [ev["error"] for k, ev in got if k == "error"]
+    assert [e["code"] for e in errors] == ["buffer_full"] and errors[0]["param"] == "text"
+    created = [ev["clause"] for k, ev in got if k == "clause.created"]
+    assert len(created) == 4 * 360 + 1  # the refused burst queued nothing
+    assert [k for k, _ in got if k not in ("audio", "clause.created")][-2:] == ["clause.done", "done"]
