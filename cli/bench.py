@@ -237,6 +237,20 @@ def bench_tts(
         run(model, levels, frames, threads or 2, json_out)
 
 
+@bench.command("tts-stream")
+def bench_tts_stream(
+    tts: Path | None = typer.Option(None, help="Qwen3-TTS checkpoint (default: the packaged Piper voice)."),
+    rounds: int = typer.Option(3, min=1, help="Rounds of the 4-clause reply (the first warms up)."),
+    word_ms: float = typer.Option(30.0, min=0, help="Pause between words, as an LLM writes them (ms)."),
+    frames: int = typer.Option(25, min=1, help="Qwen3-TTS: codec frames per clause at most."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+) -> None:
+    """WS /v1/audio/speech/stream: a clause's last text message to its first audio (ms)."""
+    from omniduplex.benchmarks.tts_stream import run
+
+    run(tts, rounds, word_ms, frames, json_out)
+
+
 @bench.command("realtime")
 def bench_realtime(
     concurrency: str = typer.Option("1,4,16", help="Comma-separated concurrent client counts."),

@@ -156,7 +156,9 @@ class TTSConfig:
 class CodecDecoderConfig:
     """``decoder_config`` of the 12 Hz speech tokenizer (defaults: ``Qwen3TTSTokenizerV2DecoderConfig``).
 
-    ``head_dim`` is ``hidden_size // num_attention_heads`` (the reference reads no head_dim key).
+    ``head_dim``: the attention head width; ``0`` (no key) means ``hidden_size // num_attention_heads``, as
+    the reference's ``getattr(config, "head_dim", hidden_size // num_attention_heads)`` (qwen-tts 0.1.1,
+    ``Qwen3TTSTokenizerV2DecoderAttention``; its RoPE reads the same key).
     """
 
     codebook_dim: int
@@ -167,6 +169,7 @@ class CodecDecoderConfig:
     rope_theta: float = 10000.0
     num_attention_heads: int = 16
     num_key_value_heads: int = 16
+    head_dim: int = 0
     attention_bias: bool = False
     sliding_window: int = 72
     intermediate_size: int = 3072
@@ -204,6 +207,7 @@ class CodecDecoderConfig:
             "rope_theta",
             "num_attention_heads",
             "num_key_value_heads",
+            "head_dim",
             "attention_bias",
             "sliding_window",
             "intermediate_size",

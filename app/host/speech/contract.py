@@ -7,6 +7,10 @@ it: the packaged Piper voice (:mod:`.piper`, the default), a Qwen3-TTS checkpoin
 server process (:mod:`.qwen3`), or on its own graph of stage processes (:mod:`.qwen3_graph`). Transcription
 (``POST /v1/audio/transcriptions``) is a :class:`Transcriber`: the packaged Whisper tiny.en. Which ones a
 server runs: :mod:`.services`.
+
+Text streamed in (``WS /v1/audio/speech/stream``) needs nothing more: it cuts the text into clauses and speaks
+each as one request (:meth:`~SpeechService.prompt` then :meth:`~SpeechService.stream`), cancelling a clause by
+leaving its stream, so every service serves it as it is.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""OpenAI-compatible REST audio routes: ``/v1/models``, ``/v1/audio/transcriptions``, ``/v1/audio/speech``.
+"""OpenAI-compatible REST audio routes: ``/v1/models``, ``/v1/audio/transcriptions``, ``/v1/audio/speech``
+(and ``WS /v1/audio/speech/stream``, text streamed in: :mod:`.speech_stream`).
 Shapes follow the OpenAI API reference (``openai`` SDK 3.54 types). The models are the host's services
 (:mod:`omniduplex.app.host.speech`): loaded on first use, run in a worker thread or their own engine.
 """
@@ -16,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from omniduplex.app.host.speech.contract import SPEECH_RATE, SpeechError
 from omniduplex.app.host.state import ServerState
+from omniduplex.app.surfaces.rest.speech_stream import add_route as add_speech_stream
 from omniduplex.app.surfaces.wire.openai_rest import MODEL_ID, error_response
 from omniduplex.pipeline.audio_io import AudioInputError, load_audio
 
@@ -162,4 +164,5 @@ def router(host: ServerState) -> APIRouter:
 
         return StreamingResponse(wav_stream(), media_type="audio/wav")
 
+    add_speech_stream(r, host)
     return r
