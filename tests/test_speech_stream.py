@@ -274,3 +274,21 @@ def test_text_past_the_unspoken_limit_is_refused_until_cancel(server):
     created = [ev["clause"] for k, ev in got if k == "clause.created"]
     assert len(created) == 4 * 360 + 1  # the refused burst queued nothing
     assert [k for k, _ in got if k not in ("audio", "clause.created")][-2:] == ["clause.done", "done"]
+
+
+def test_an_unknown_model_is_refused_with_one_error(server):
+    """``?model=`` names a loaded speech model as ``POST /v1/audio/speech``'s ``model``; an unknown one gets
+    one ``error`` naming the field and the socket closes."""
+    srv, _ = server
+
+    async def main():
+        url = srv.url("/v1/audio/speech/stream?model=no-such-model", "ws")
+        async with websockets.connect(url, open_timeout=WAIT_S) as ws:
+            ev = json.loads(await asyncio.wait_for(ws.recv(), WAIT_S))
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(ws.recv(), WAIT_S)
+            return ev
+
+    ev = asyncio.run(main())
+    assert ev["type"] == "error" and ev["error"]["param"] == "model", ev
+    assert "no-such-model" in ev["error"]["message"]

@@ -201,19 +201,20 @@ def add_route(r: APIRouter, host: ServerState) -> None:
         fmt = ws.query_params.get("format", "pcm")
         refusal = None
         if fmt not in wire.FORMATS:
-            refusal = (f"format {fmt!r}: use pcm or base64", "invalid_value", CLOSE_POLICY)
+            refusal = (f"format {fmt!r}: use pcm or base64", "invalid_value", CLOSE_POLICY, "format")
         elif host.draining:
             msg = "the server is shutting down (draining): no new streams"
-            refusal = (msg, "session_limit_reached", CLOSE_TRY_AGAIN_LATER)
+            refusal = (msg, "session_limit_reached", CLOSE_TRY_AGAIN_LATER, None)
         if refusal is None:
-            try:
-                service = await asyncio.to_thread(host.speech_service)
+            try:  # ?model= picks a loaded speech model by name, as POST /v1/audio/speech's `model`
+                service = await asyncio.to_thread(host.speech_service, ws.query_params.get("model"))
+            except SpeechError as e:
+                refusal = (str(e), e.code, CLOSE_POLICY, "model")
             except Exception as e:
                 log.exception("speech service failed to load")
-                refusal = (f"the speech service failed to load: {e}", "speech_service_failed", 1011)
+                refusal = (f"the speech service failed to load: {e}", "speech_service_failed", 1011, None)
         if refusal is not None:
-            message, code, close = refusal
-            param = "format" if close == CLOSE_POLICY else None
+            message, code, close, param = refusal
             with contextlib.suppress(Exception):
                 await ws.send_text(wire.error_event(message, code, param))
                 await ws.close(code=close, reason=close_reason(message))
