@@ -39,6 +39,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import get_args
 
 import numpy as np
 from fastapi import WebSocket, WebSocketDisconnect
@@ -56,13 +57,15 @@ from omniduplex.app.core.events import (
     UserTranscriptPartial,
     UserTurnCommitted,
 )
+from omniduplex.app.core.history import TOOL_ROLES
 from omniduplex.app.core.input_buffer import InputAudioBuffer
 from omniduplex.app.core.replies import Responder
 from omniduplex.app.core.session import Session, SessionConfig
 from omniduplex.app.core.vad import SAMPLE_RATE
 from omniduplex.app.surfaces.realtime.items import ConversationItems, StoredItem
-from omniduplex.app.surfaces.realtime.responses import OUTPUT_RATE, ResponseLifecycle
+from omniduplex.app.surfaces.realtime.responses import OUTPUT_RATE, CallEvent, ResponseLifecycle
 from omniduplex.app.surfaces.realtime.settings import session_options, turn_config
+from omniduplex.app.surfaces.realtime.tools import add_tool_item, check_tools, response_tools, tool_item
 from omniduplex.app.surfaces.wire.realtime import server_events as ev
 from omniduplex.app.surfaces.wire.realtime.audio import (
     FORMAT_RATE,
@@ -76,6 +79,8 @@ from omniduplex.app.surfaces.wire.realtime.client_events import (
     ConversationItemDelete,
     ConversationItemRetrieve,
     ConversationItemTruncate,
+    FunctionCall,
+    FunctionCallOutput,
     InputAudioBufferAppend,
     InputAudioBufferClear,
     InputAudioBufferCommit,
@@ -91,6 +96,7 @@ from omniduplex.app.surfaces.wire.realtime.client_events import SessionConfig as
 from omniduplex.app.surfaces.wire.realtime.protocol import ProtocolError, parse_client_event
 
 log = logging.getLogger("omniduplex.realtime")
+CALL_EVENTS = get_args(CallEvent)
 
 
 @dataclass
@@ -200,6 +206,7 @@ class RealtimeConnection:
 
     def _session_update(self, e: SessionUpdate) -> None:
         cfg = apply_session_update(self.cfg, e.session)
+        check_tools(cfg.tools, cfg.tool_choice, "session", e.event_id)
         turn = turn_config(cfg, self.base_turn)
         self.session.set_turn_config(turn, self.turn_model() if turn.turn_detection == "smart" else None)
         self.session.set_options(**session_options(cfg))
@@ -249,6 +256,12 @@ class RealtimeConnection:
         item, item_id = e.item, e.item.id or ev.new_id("item")
         if item_id in self.items:
             raise ProtocolError("invalid_value", f"item {item_id} already exists", e.event_id, "item.id")
+        if isinstance(item, (FunctionCall, FunctionCallOutput)):
+            stored, done = add_tool_item(self.session, item, item_id, e.event_id)
+            prev = self.items.append(item_id, stored)
+            self._send(ev.conversation_item_added(done, prev))
+            self._send(ev.conversation_item_done(done, prev))
+            return
         if isinstance(item, SystemMessage):
             text = " ".join(c.text for c in item.content if getattr(c, "text", None))
             instructions = "\n".join(x for x in (self.session.cfg.instructions, text) if x)
@@ -313,6 +326,9 @@ class RealtimeConnection:
         entry = None if item is None else item.entry or self.session.entry(item.turn_id, item.role)
         if entry is None:
             raise ProtocolError("invalid_value", f"no item {e.item_id!r}", e.event_id, "item_id")
+        if entry.role in TOOL_ROLES:
+            self._send(ev.conversation_item_retrieved(tool_item(e.item_id, entry)))
+            return
         part = ev.input_text(entry.text) if entry.role == "user" else ev.output_audio(entry.text)
         self._send(ev.conversation_item_retrieved(ev.message_item(e.item_id, entry.role, [part])))
 
@@ -329,7 +345,8 @@ class RealtimeConnection:
             p.output_modalities if p and p.output_modalities else self.cfg.output_modalities
         )[0]
         metadata = dict(p.metadata or {}) if p else {}
-        if self.session.respond(p.instructions if p else None, metadata) is None:
+        tools = response_tools(p, self.cfg, e.event_id)
+        if self.session.respond(p.instructions if p else None, metadata, tools) is None:
             raise ProtocolError("server_error", "the response could not start", e.event_id)
 
     def _response_cancel(self, e: ResponseCancel) -> None:
@@ -391,6 +408,8 @@ class RealtimeConnection:
             self.responses.text(e.text)
         elif isinstance(e, BargeIn) and self.responses.current is not None:
             self.buffer.clear()
+        elif isinstance(e, CALL_EVENTS) and self.responses.of(e.turn_id) is not None:
+            self.responses.call(e, self.session.history.call(e.call_id))
         elif isinstance(e, ReplyEnded) and self.responses.of(e.turn_id) is not None:
             self.responses.finish(e)
         elif isinstance(e, SessionError):
