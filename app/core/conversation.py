@@ -405,7 +405,8 @@ class Conversation:
         done = False
         async for ev in stream:
             if isinstance(ev, UserTranscript):  # what the user said stands even if the reply is cut
-                self._user_transcript(r, ev)
+                if not r.segments:  # (a continuation after tool calls answers no new user words)
+                    self._user_transcript(r, ev)
                 continue
             if self.reply is not r or r.interrupted_at is not None or self.closed:
                 continue
