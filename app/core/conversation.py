@@ -426,7 +426,7 @@ class Conversation:
                 self._end_reply(r, "error", error=ev.error)
         if r.calls and done:
             await self.calls.run(r)  # outputs are recorded even if the reply was interrupted meanwhile
-            if self._current(r):
+            if self._current(r) and not r.client_calls:  # the client's calls: it asks for the next reply
                 return self._continue(r)
         if done and self._current(r):
             r.generated += self.playout.push(np.zeros(0, np.float32), last=True)

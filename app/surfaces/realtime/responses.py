@@ -9,12 +9,14 @@ and the item → ``response.done`` with status ``completed``, ``cancelled`` (``t
 barge-in, ``client_cancelled``) or ``failed``, and the output items in order. A function call the model
 makes is a ``function_call`` item of the output: ``response.output_item.added``,
 ``response.function_call_arguments.delta`` as the model writes them, ``.done``, ``response.output_item.done``
-(:mod:`~omniduplex.app.surfaces.wire.realtime.tool_events`); its text is never spoken. A response that
+(:mod:`~omniduplex.app.surfaces.wire.realtime.tool_events`); its text is never spoken. A call of a remote MCP
+tool (:mod:`.mcp`) is an ``mcp_call`` item instead, closed when the server has run it. A response that
 only calls has no message item; one with neither text nor calls has an empty message.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +26,7 @@ from omniduplex.app.core.events import (
     FunctionCallArgumentsDelta,
     FunctionCallDone,
     FunctionCallFailed,
+    FunctionCallOutput,
     FunctionCallStarted,
     ReplyEnded,
     ReplyStarted,
@@ -31,9 +34,11 @@ from omniduplex.app.core.events import (
 from omniduplex.app.core.history import FUNCTION_CALL, Entry
 from omniduplex.app.surfaces.realtime.items import MESSAGE, ConversationItems, StoredItem
 from omniduplex.app.surfaces.wire.realtime import server_events as ev
+from omniduplex.app.surfaces.wire.realtime import tool_events as te
 from omniduplex.app.surfaces.wire.realtime.audio import OutputConverter
 from omniduplex.app.surfaces.wire.realtime.client_events import SessionConfig as RealtimeConfig
 
+MCP_CALL = "mcp_call"
 CallEvent = FunctionCallStarted | FunctionCallArgumentsDelta | FunctionCallDone | FunctionCallFailed
 """The session's function-call events."""
 OUTPUT_RATE = 24_000
@@ -52,9 +57,17 @@ class OutputItem:
     name: str = ""
     arguments: str = ""
     done: bool = False
+    label: str = ""  # an mcp_call's server_label
+    output: str | None = None
+    error: dict | None = None
 
     def call_item(self, status: str = "completed"):
-        """The ``function_call`` item as the API reports it."""
+        """The ``function_call`` (or ``mcp_call``) item as the API reports it."""
+        if self.type == MCP_CALL:
+            return ev.McpCallItem(
+                id=self.id, server_label=self.label, name=self.name, arguments=self.arguments,
+                output=self.output, error=self.error,
+            )
         return ev.FunctionCallItem(
             id=self.id, status=status, call_id=self.call_id, name=self.name, arguments=self.arguments
         )
@@ -79,8 +92,8 @@ class Response:
         return next((o for o in self.output if o.type == MESSAGE), None)
 
     def call(self, call_id: str) -> OutputItem | None:
-        """The ``function_call`` output item of ``call_id``."""
-        return next((o for o in self.output if o.type == FUNCTION_CALL and o.call_id == call_id), None)
+        """The ``function_call`` / ``mcp_call`` output item of ``call_id``."""
+        return next((o for o in self.output if o.type != MESSAGE and o.call_id == call_id), None)
 
 
 class ResponseLifecycle:
@@ -154,13 +167,15 @@ class ResponseLifecycle:
                 self.send(ev.response_output_audio_delta(r.response_id, m.id, data, m.index))
 
     # -- function calls ----------------------------------------------------------------------------
-    def call(self, e: CallEvent, entry: Entry | None = None) -> None:
-        """A call event of the response in flight (``entry``: a finished call's history entry)."""
+    def call(self, e: CallEvent, entry: Entry | None = None, label: str = "") -> None:
+        """A call event of the response in flight (``entry``: a finished call's history entry; ``label``:
+        the MCP server's, for a call the server runs itself)."""
         r = self.current
         if isinstance(e, FunctionCallStarted):
-            o = OutputItem(ev.new_id("item"), FUNCTION_CALL, len(r.output), e.call_id, e.name)
+            kind = MCP_CALL if label else FUNCTION_CALL
+            o = OutputItem(ev.new_id("item"), kind, len(r.output), e.call_id, e.name, label=label)
             r.output.append(o)
-            self.items.put(o.id, StoredItem(r.turn_id, "assistant", FUNCTION_CALL))
+            self.items.put(o.id, StoredItem(r.turn_id, "assistant", kind))
             item = o.call_item("in_progress")
             self.send(ev.response_output_item_added(r.response_id, item, o.index))
             self.send(ev.conversation_item_added(item, self.items.append(o.id)))
@@ -170,7 +185,18 @@ class ResponseLifecycle:
             return
         if isinstance(e, FunctionCallArgumentsDelta):
             o.arguments += e.delta
-            self.send(ev.function_call_arguments_delta(r.response_id, o.id, o.index, o.call_id, e.delta))
+            if o.type == MCP_CALL:
+                self.send(te.ResponseMcpCallArgumentsDelta(response_id=r.response_id, item_id=o.id,
+                                                           output_index=o.index, delta=e.delta))
+            else:
+                self.send(ev.function_call_arguments_delta(r.response_id, o.id, o.index, o.call_id, e.delta))
+            return
+        if o.type == MCP_CALL and isinstance(e, FunctionCallDone):  # it runs now; closed by its output
+            o.arguments = e.arguments
+            self.items.put(o.id, StoredItem(None, "assistant", MCP_CALL, entry))
+            self.send(te.ResponseMcpCallArgumentsDone(response_id=r.response_id, item_id=o.id,
+                                                      output_index=o.index, arguments=o.arguments))
+            self.send(te.ResponseMcpCallInProgress(item_id=o.id, output_index=o.index))
             return
         o.done = True
         if isinstance(e, FunctionCallFailed):  # never recorded: the item closes incomplete and is dropped
@@ -181,6 +207,23 @@ class ResponseLifecycle:
         self.items.put(o.id, StoredItem(None, "assistant", FUNCTION_CALL, entry))
         done = ev.function_call_arguments_done(r.response_id, o.id, o.index, o.call_id, o.name, o.arguments)
         self.send(done)
+        self.send(ev.response_output_item_done(r.response_id, o.call_item(), o.index))
+        self.send(ev.conversation_item_done(o.call_item(), None))
+
+    def call_output(self, e: FunctionCallOutput) -> None:
+        """An MCP call of the response in flight was run: ``response.mcp_call.completed`` (or ``.failed``)
+        and its item's closing events, with its output or error."""
+        r = self.current
+        o = r.call(e.call_id) if r is not None else None
+        if o is None or o.type != MCP_CALL or o.done:
+            return
+        o.done = True
+        if e.error:
+            o.error = {"type": "tool_execution_error", "message": json.loads(e.output).get("error", e.output)}
+            self.send(te.ResponseMcpCallFailed(item_id=o.id, output_index=o.index))
+        else:
+            o.output = e.output
+            self.send(te.ResponseMcpCallCompleted(item_id=o.id, output_index=o.index))
         self.send(ev.response_output_item_done(r.response_id, o.call_item(), o.index))
         self.send(ev.conversation_item_done(o.call_item(), None))
 

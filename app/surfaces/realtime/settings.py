@@ -46,6 +46,6 @@ def session_options(cfg: RealtimeConfig) -> dict:
         "auto_respond": td is None or td.create_response,
         "instructions": cfg.instructions or None,
         "voice": cfg.audio.output.voice,
-        "tools": list(cfg.tools) or None,
+        "tools": [t for t in cfg.tools if t.get("type", "function") != "mcp"] or None,  # mcp: .mcp
         "tool_choice": cfg.tool_choice,
     }

@@ -11,6 +11,8 @@ then ``response.create``, and the spoken reply reads the result.
 
 from __future__ import annotations
 
+import re
+
 from omniduplex.app.core.history import FUNCTION_CALL, FUNCTION_CALL_OUTPUT, Entry
 from omniduplex.app.core.session import Session
 from omniduplex.app.surfaces.realtime.items import StoredItem
@@ -32,11 +34,13 @@ def check_tools(tools, tool_choice, where: str, event_id: str | None) -> None:
     Raises:
         ProtocolError: ``invalid_value`` whose ``param`` names the field (``session.tools[0].parameters``).
     """
+    where_of = [i for i, t in enumerate(tools or []) if not (isinstance(t, dict) and t.get("type") == "mcp")]
     try:
-        tool_set(tools or [], tool_choice)
-    except ValueError as e:
-        field = str(e).split(":", 1)[0]
-        raise ProtocolError("invalid_value", f"{where}.{e}", event_id, f"{where}.{field}") from None
+        tool_set([tools[i] for i in where_of], tool_choice)  # mcp tools: :mod:`.mcp`
+    except ValueError as e:  # name the tool by its place in the client's list
+        msg = re.sub(r"^tools\[(\d+)\]", lambda m: f"tools[{where_of[int(m.group(1))]}]", str(e))
+        field = msg.split(":", 1)[0]
+        raise ProtocolError("invalid_value", f"{where}.{msg}", event_id, f"{where}.{field}") from None
 
 
 def response_tools(p: ResponseParams | None, cfg: RealtimeConfig, event_id: str | None) -> dict | None:
@@ -48,7 +52,11 @@ def response_tools(p: ResponseParams | None, cfg: RealtimeConfig, event_id: str 
     """
     if p is None or (p.tools is None and p.tool_choice is None):
         return None
-    tools = cfg.tools if p.tools is None else p.tools
+    tools = [t for t in cfg.tools if t.get("type", "function") != "mcp"] if p.tools is None else p.tools
+    for i, t in enumerate(tools):
+        if isinstance(t, dict) and t.get("type") == "mcp":
+            msg = f"response.tools[{i}]: mcp tools are set with session.update"
+            raise ProtocolError("invalid_value", msg, event_id, f"response.tools[{i}].type")
     choice = p.tool_choice if p.tool_choice is not None else cfg.tool_choice
     check_tools(tools, choice, "response", event_id)
     return {"tools": list(tools), "tool_choice": choice}

@@ -22,7 +22,7 @@ the session started (``audio_start_ms``, ``audio_end_ms``) or of an item's audio
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal, Union, get_args
 
 from pydantic import Field
 
@@ -39,6 +39,8 @@ from omniduplex.app.surfaces.wire.realtime.server_objects import (  # noqa: F401
     InputTokenDetails,
     Item,
     ItemStatus,
+    McpCallItem,
+    McpListToolsItem,
     OutputAudioContent,
     OutputTextContent,
     OutputTokenDetails,
@@ -68,8 +70,7 @@ from omniduplex.app.surfaces.wire.realtime.server_objects import (  # noqa: F401
     usage_object,
 )
 from omniduplex.app.surfaces.wire.realtime.tool_events import (  # noqa: E402,F401 (re-exported)
-    ResponseFunctionCallArgumentsDelta,
-    ResponseFunctionCallArgumentsDone,
+    TOOL_EVENTS,
     _Event,
     function_call_arguments_delta,
     function_call_arguments_done,
@@ -312,8 +313,7 @@ ServerEvent = Annotated[
     | OutputAudioBufferStarted
     | OutputAudioBufferStopped
     | OutputAudioBufferCleared
-    | ResponseFunctionCallArgumentsDelta
-    | ResponseFunctionCallArgumentsDone
+    | Union[TOOL_EVENTS]  # noqa: UP007 (a tuple of classes: tool_events.py)
     | Error,
     Field(discriminator="type"),
 ]

@@ -117,7 +117,33 @@ class FunctionCallOutputItem(WireModel):
     output: str
 
 
-AnyItem = Annotated[Item | FunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")]
+class McpListToolsItem(WireModel):
+    """An ``mcp_list_tools`` item: the tools MCP server ``server_label`` offers (``{name, description,
+    input_schema}`` each)."""
+
+    id: str
+    type: Literal["mcp_list_tools"] = "mcp_list_tools"
+    server_label: str
+    tools: list[dict] = Field(default_factory=list)
+
+
+class McpCallItem(WireModel):
+    """An ``mcp_call`` item: the server called tool ``name`` of MCP server ``server_label`` itself;
+    ``output`` its result, or ``error`` (``{"type": "tool_execution_error", "message"}``) when it failed."""
+
+    id: str
+    type: Literal["mcp_call"] = "mcp_call"
+    server_label: str
+    name: str
+    arguments: str = ""
+    output: str | None = None
+    error: dict | None = None
+
+
+AnyItem = Annotated[
+    Item | FunctionCallItem | FunctionCallOutputItem | McpListToolsItem | McpCallItem,
+    Field(discriminator="type"),
+]
 """Any conversation item we report."""
 
 

@@ -2,6 +2,13 @@
 ``openai.types.realtime.ResponseFunctionCallArguments{Delta,Done}Event``), and the event base they share with
 :mod:`.server_events`.
 
+An MCP tool call the server makes itself (Realtime ``type: "mcp"`` tools) is an ``mcp_call`` output item:
+``response.output_item.added``, ``response.mcp_call_arguments.delta`` / ``.done``,
+``response.mcp_call.in_progress``, then ``response.mcp_call.completed`` or ``.failed`` and
+``response.output_item.done`` with its ``output`` or ``error``. Listing a server's tools after
+``session.update``: ``mcp_list_tools.in_progress`` then ``.completed`` or ``.failed`` on the
+``mcp_list_tools`` item.
+
 A call in a response is a ``function_call`` output item (:class:`~.server_objects.FunctionCallItem`):
 ``response.output_item.added`` (``arguments`` "", ``status: in_progress``), then
 ``response.function_call_arguments.delta`` as the model writes them, ``response.function_call_arguments.done``
@@ -66,3 +73,66 @@ def function_call_arguments_done(
         name=name,
         arguments=arguments,
     )
+
+
+class _McpListTools(_Event):
+    item_id: str
+
+
+class McpListToolsInProgress(_McpListTools):
+    type: Literal["mcp_list_tools.in_progress"] = "mcp_list_tools.in_progress"
+
+
+class McpListToolsCompleted(_McpListTools):
+    type: Literal["mcp_list_tools.completed"] = "mcp_list_tools.completed"
+
+
+class McpListToolsFailed(_McpListTools):
+    type: Literal["mcp_list_tools.failed"] = "mcp_list_tools.failed"
+
+
+class ResponseMcpCallArgumentsDelta(_Event):
+    type: Literal["response.mcp_call_arguments.delta"] = "response.mcp_call_arguments.delta"
+    response_id: str
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class ResponseMcpCallArgumentsDone(_Event):
+    type: Literal["response.mcp_call_arguments.done"] = "response.mcp_call_arguments.done"
+    response_id: str
+    item_id: str
+    output_index: int
+    arguments: str
+
+
+class _McpCall(_Event):
+    item_id: str
+    output_index: int
+
+
+class ResponseMcpCallInProgress(_McpCall):
+    type: Literal["response.mcp_call.in_progress"] = "response.mcp_call.in_progress"
+
+
+class ResponseMcpCallCompleted(_McpCall):
+    type: Literal["response.mcp_call.completed"] = "response.mcp_call.completed"
+
+
+class ResponseMcpCallFailed(_McpCall):
+    type: Literal["response.mcp_call.failed"] = "response.mcp_call.failed"
+
+
+TOOL_EVENTS = (
+    ResponseFunctionCallArgumentsDelta,
+    ResponseFunctionCallArgumentsDone,
+    McpListToolsInProgress,
+    McpListToolsCompleted,
+    McpListToolsFailed,
+    ResponseMcpCallArgumentsDelta,
+    ResponseMcpCallArgumentsDone,
+    ResponseMcpCallInProgress,
+    ResponseMcpCallCompleted,
+    ResponseMcpCallFailed,
+)
