@@ -147,3 +147,69 @@ def test_a_server_side_runner_runs_the_call_and_the_same_reply_speaks(server):
     assert kinds.index("function_call") < kinds.index("function_call_output")
     assert "<tool_call>" not in ended.text and ended.text.strip()  # the call's text is never spoken
     print("server-run reply:", ended.text)
+
+
+def test_an_mcp_tool_called_by_the_server_on_the_cascade():
+    """``type: "mcp"`` on the real cascade: a forced call of the order server's tool
+    (tests/mcp_order_server.py, streamable HTTP), run by our server, then the spoken reply in the same
+    response."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from omniduplex.app.host.config import ToolsConfig
+    from omniduplex.app.host.tools import MCPConfig
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = Path(__file__).resolve().parents[1] / "mcp_order_server.py"
+    proc = subprocess.Popen([sys.executable, str(script), "http", str(port)], stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the MCP server did not start"
+                time.sleep(0.2)
+        cfg = ServerConfig(max_sessions=2, processes=False, max_tokens=32,
+                           tools=ToolsConfig(mcp=MCPConfig(allow_urls=[url])))
+        with LocalServer(create_app(cfg)) as srv:
+
+            async def main():
+                client = AsyncOpenAI(base_url=srv.url("/v1"), api_key="sk-local", max_retries=0)
+                async with client.realtime.connect(model="omniduplex") as conn:
+                    await until(conn, "session.created", [])
+                    tool = {"type": "mcp", "server_label": "orders", "server_url": url,
+                            "allowed_tools": ["order_status"], "require_approval": "never"}
+                    await conn.session.update(session={"type": "realtime", "tools": [tool],
+                                                       "tool_choice": "required"})
+                    await until(conn, "mcp_list_tools.completed", [])
+                    content = [{"type": "input_text", "text": "Where is my order A100?"}]
+                    item = {"type": "message", "role": "user", "content": content}
+                    await conn.conversation.item.create(item=item)
+                    await until(conn, "conversation.item.done", [])
+                    await conn.response.create()
+                    return await until(conn, "response.done", [])
+
+            events = asyncio.run(main())
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    done = events[-1].response
+    kinds = [o.type for o in done.output]
+    assert done.status == "completed" and kinds[0] == "mcp_call" and kinds[-1] == "message", kinds
+    call = done.output[0]
+    assert call.name == "order_status" and "order_id" in json.loads(call.arguments)
+    assert (call.output is not None) != (call.error is not None)  # ran: a result or the tool's error
+    types = [e.type for e in events]
+    assert "response.mcp_call.in_progress" in types
+    audio = b"".join(base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta")
+    assert len(audio) > 24000  # the reply went on to speak in the same response
+    said = done.output[-1].content[0].transcript
+    print("mcp call:", call.arguments, call.output or call.error, "| reply:", said)

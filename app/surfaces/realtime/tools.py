@@ -35,6 +35,8 @@ def check_tools(tools, tool_choice, where: str, event_id: str | None) -> None:
         ProtocolError: ``invalid_value`` whose ``param`` names the field (``session.tools[0].parameters``).
     """
     where_of = [i for i, t in enumerate(tools or []) if not (isinstance(t, dict) and t.get("type") == "mcp")]
+    if len(where_of) < len(tools or []):  # a choice may need the mcp tools, listed later: checked per reply
+        tool_choice = "auto"
     try:
         tool_set([tools[i] for i in where_of], tool_choice)  # mcp tools: :mod:`.mcp`
     except ValueError as e:  # name the tool by its place in the client's list
