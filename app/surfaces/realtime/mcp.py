@@ -26,6 +26,7 @@ from omniduplex.app.core.tools import MAX_CALLS_PER_TURN, FunctionCall
 from omniduplex.app.host.tools.mcp_client import MCPConnection, MCPHub
 from omniduplex.app.surfaces.realtime.items import ConversationItems, StoredItem
 from omniduplex.app.surfaces.wire.realtime import server_events as ev
+from omniduplex.app.surfaces.wire.realtime import server_objects as so
 from omniduplex.app.surfaces.wire.realtime import tool_events as te
 from omniduplex.app.surfaces.wire.realtime.protocol import ProtocolError
 
@@ -110,7 +111,7 @@ class RealtimeMcp:
         for spec, conn in servers:
             label = spec["server_label"]
             item_id = ev.new_id("mcpl")
-            item = ev.McpListToolsItem(id=item_id, server_label=label)
+            item = so.McpListToolsItem(id=item_id, server_label=label)
             prev = self.items.append(item_id, StoredItem(None, "system", MCP_LIST_TOOLS))
             self.send(ev.conversation_item_added(item, prev))
             self.send(te.McpListToolsInProgress(item_id=item_id))

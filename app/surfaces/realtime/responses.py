@@ -34,6 +34,7 @@ from omniduplex.app.core.events import (
 from omniduplex.app.core.history import FUNCTION_CALL, Entry
 from omniduplex.app.surfaces.realtime.items import MESSAGE, ConversationItems, StoredItem
 from omniduplex.app.surfaces.wire.realtime import server_events as ev
+from omniduplex.app.surfaces.wire.realtime import server_objects as so
 from omniduplex.app.surfaces.wire.realtime import tool_events as te
 from omniduplex.app.surfaces.wire.realtime.audio import OutputConverter
 from omniduplex.app.surfaces.wire.realtime.client_events import SessionConfig as RealtimeConfig
@@ -64,11 +65,11 @@ class OutputItem:
     def call_item(self, status: str = "completed"):
         """The ``function_call`` (or ``mcp_call``) item as the API reports it."""
         if self.type == MCP_CALL:
-            return ev.McpCallItem(
+            return so.McpCallItem(
                 id=self.id, server_label=self.label, name=self.name, arguments=self.arguments,
                 output=self.output, error=self.error,
             )
-        return ev.FunctionCallItem(
+        return so.FunctionCallItem(
             id=self.id, status=status, call_id=self.call_id, name=self.name, arguments=self.arguments
         )
 
@@ -189,7 +190,7 @@ class ResponseLifecycle:
                 self.send(te.ResponseMcpCallArgumentsDelta(response_id=r.response_id, item_id=o.id,
                                                            output_index=o.index, delta=e.delta))
             else:
-                self.send(ev.function_call_arguments_delta(r.response_id, o.id, o.index, o.call_id, e.delta))
+                self.send(te.function_call_arguments_delta(r.response_id, o.id, o.index, o.call_id, e.delta))
             return
         if o.type == MCP_CALL and isinstance(e, FunctionCallDone):  # it runs now; closed by its output
             o.arguments = e.arguments
@@ -205,7 +206,7 @@ class ResponseLifecycle:
             return
         o.arguments = e.arguments
         self.items.put(o.id, StoredItem(None, "assistant", FUNCTION_CALL, entry))
-        done = ev.function_call_arguments_done(r.response_id, o.id, o.index, o.call_id, o.name, o.arguments)
+        done = te.function_call_arguments_done(r.response_id, o.id, o.index, o.call_id, o.name, o.arguments)
         self.send(done)
         self.send(ev.response_output_item_done(r.response_id, o.call_item(), o.index))
         self.send(ev.conversation_item_done(o.call_item(), None))

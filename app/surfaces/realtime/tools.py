@@ -16,7 +16,7 @@ import re
 from omniduplex.app.core.history import FUNCTION_CALL, FUNCTION_CALL_OUTPUT, Entry
 from omniduplex.app.core.session import Session
 from omniduplex.app.surfaces.realtime.items import StoredItem
-from omniduplex.app.surfaces.wire.realtime import server_events as ev
+from omniduplex.app.surfaces.wire.realtime import server_objects as so
 from omniduplex.app.surfaces.wire.realtime.client_events import (
     FunctionCall,
     FunctionCallOutput,
@@ -66,7 +66,7 @@ def response_tools(p: ResponseParams | None, cfg: RealtimeConfig, event_id: str 
 
 def add_tool_item(
     session: Session, item: FunctionCall | FunctionCallOutput, item_id: str, event_id: str | None
-) -> tuple[StoredItem, ev.FunctionCallItem | ev.FunctionCallOutputItem]:
+) -> tuple[StoredItem, so.FunctionCallItem | so.FunctionCallOutputItem]:
     """Record a client's tool item in the session's history; the stored item and the item as reported.
     An output is kept as given (JSON or not: the model reads it as text).
 
@@ -88,8 +88,8 @@ def add_tool_item(
     return StoredItem(None, "tool", FUNCTION_CALL_OUTPUT, entry), tool_item(item_id, entry)
 
 
-def tool_item(item_id: str, entry: Entry) -> ev.FunctionCallItem | ev.FunctionCallOutputItem:
+def tool_item(item_id: str, entry: Entry) -> so.FunctionCallItem | so.FunctionCallOutputItem:
     """A tool entry of the history (:data:`~omniduplex.app.core.history.TOOL_ROLES`) as an API item."""
     if entry.role == FUNCTION_CALL:
-        return ev.FunctionCallItem(id=item_id, call_id=entry.call_id, name=entry.name, arguments=entry.text)
-    return ev.FunctionCallOutputItem(id=item_id, call_id=entry.call_id, output=entry.text)
+        return so.FunctionCallItem(id=item_id, call_id=entry.call_id, name=entry.name, arguments=entry.text)
+    return so.FunctionCallOutputItem(id=item_id, call_id=entry.call_id, output=entry.text)

@@ -32,15 +32,11 @@ from omniduplex.app.surfaces.wire.realtime.server_objects import (  # noqa: F401
     AudioPart,
     DurationUsage,
     ErrorBody,
-    FunctionCallItem,
-    FunctionCallOutputItem,
     InputAudioContent,
     InputTextContent,
     InputTokenDetails,
     Item,
     ItemStatus,
-    McpCallItem,
-    McpListToolsItem,
     OutputAudioContent,
     OutputTextContent,
     OutputTokenDetails,
@@ -72,8 +68,6 @@ from omniduplex.app.surfaces.wire.realtime.server_objects import (  # noqa: F401
 from omniduplex.app.surfaces.wire.realtime.tool_events import (  # noqa: E402,F401 (re-exported)
     TOOL_EVENTS,
     _Event,
-    function_call_arguments_delta,
-    function_call_arguments_done,
     new_id,
 )
 
