@@ -24,7 +24,7 @@ import zmq
 from omniduplex.pipeline.config import PipelineConfig
 from omniduplex.pipeline.messages import StageMessage, goes_downstream, is_partial_transcript
 from omniduplex.pipeline.stage_stats import StatsReporter, producer_stats, worker_stats
-from omniduplex.pipeline.stages import failed_requests
+from omniduplex.pipeline.stages.contract import StageWorker
 from omniduplex.pipeline.topology import ORCHESTRATOR, Topology
 from omniduplex.relay import ConsumerDied, EdgeConfig, EdgeConsumer, EdgeProducer, RelayError
 
@@ -93,6 +93,7 @@ class StageLoop:
         self.control.setsockopt(zmq.SUBSCRIBE, b"")
         self.producers: dict[str, EdgeProducer] = {}
         self.consumer: EdgeConsumer | None = None
+        self.worker: StageWorker | None = None
         try:
             for dst in self.topo.out_edges(stage):
                 self.producers[dst] = EdgeProducer(
@@ -150,9 +151,8 @@ class StageLoop:
             p.close()
         if self.consumer is not None:
             self.consumer.close()
-        close = getattr(getattr(self, "worker", None), "close", None)
-        if callable(close):
-            close()
+        if self.worker is not None:  # None: the build failed
+            self.worker.close()
 
     def _fail(self, rid: str, error: str) -> None:
         self.worker.abort(rid)
@@ -192,7 +192,7 @@ class StageLoop:
     def _step(self) -> bool:
         """One worker step; its outputs go downstream. ``False`` when it produced nothing."""
         outs = self.worker.step()
-        for rid, error in failed_requests(self.worker):
+        for rid, error in self.worker.pop_errors():
             self._fail(rid, f"{self.stage}: {error}")
         for msg in outs:
             for dst, producer in self.producers.items():

@@ -54,6 +54,7 @@ from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.grammar import TokenizerGrammars
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
+from omniduplex.pipeline.stages.contract import EngineGauges
 from omniduplex.pipeline.stages.reply_stream import ReplyStream
 from omniduplex.pipeline.stages.tool_calls import EVENT_KEYS
 
@@ -315,7 +316,7 @@ def compact_metas(metas: list[dict]) -> list[dict]:
     return out
 
 
-class LLMWorker:
+class LLMWorker(EngineGauges):
     """Continuous batching of a text LLM (Llama / Qwen3 checkpoints) over every turn in flight.
 
     Args:

@@ -38,6 +38,7 @@ from omniduplex.models.qwen3_tts.voice import Voice, VoiceError, VoicePrompter
 from omniduplex.pipeline.clauses import ClauseSplitter
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
+from omniduplex.pipeline.stages.contract import EngineGauges
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class _Turn:
     started_at: float = 0.0
 
 
-class Qwen3TTSStageWorker:
+class Qwen3TTSStageWorker(EngineGauges):
     """Streaming Qwen3-TTS synthesis of every reply in flight.
 
     Args:

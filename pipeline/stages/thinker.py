@@ -17,9 +17,10 @@ from omniduplex.pipeline.engine.adapters import ThinkerAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stages.contract import EngineGauges
 
 
-class ThinkerWorker:
+class ThinkerWorker(EngineGauges):
     """Continuous-batching Thinker over all turns in flight.
 
     Prefix caching: a turn reuses the KV of the prompt rows it shares with earlier turns (system prompt,

@@ -56,6 +56,7 @@ from omniduplex.pipeline.config import StageConfig
 from omniduplex.pipeline.engine.request import SamplingParams
 from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
 from omniduplex.pipeline.stage_engines import require_vllm
+from omniduplex.pipeline.stages.contract import WorkerBase
 from omniduplex.pipeline.stages.llm import ChatPrompter, ChatTurn, TurnStream
 
 STEP_WAIT_S = 0.002
@@ -139,7 +140,7 @@ def _allow_children() -> None:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 
-class VLLMLLMWorker:
+class VLLMLLMWorker(WorkerBase):
     """The cascade LLM stage on vLLM's ``AsyncLLM``: ``submit`` / ``abort`` / ``step`` / ``has_work`` as
     :class:`~.llm.LLMWorker`, plus ``pop_errors`` (failed turns), ``stats`` and ``close``.
 
