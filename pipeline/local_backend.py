@@ -9,6 +9,7 @@ import threading
 import traceback
 from collections import deque
 
+from omniduplex.pipeline.edge_messages import checked
 from omniduplex.pipeline.messages import StageMessage, goes_downstream
 from omniduplex.pipeline.orchestrator import OutputCallback, output_sources
 from omniduplex.pipeline.stage_stats import worker_stats
@@ -120,7 +121,7 @@ class LocalBackend:
                     continue
                 for rid, error in w.pop_errors():
                     self._fail(rid, f"{stage}: {error}")
-                for msg in outs:
+                for msg in checked(stage, outs, self._fail):
                     if msg.last:
                         self.owner[stage].discard(msg.request_id)
                     for source in output_sources(stage, msg, self.topo):

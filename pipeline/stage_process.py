@@ -22,6 +22,7 @@ import torch
 import zmq
 
 from omniduplex.pipeline.config import PipelineConfig
+from omniduplex.pipeline.edge_messages import checked
 from omniduplex.pipeline.messages import StageMessage, goes_downstream, is_partial_transcript
 from omniduplex.pipeline.stage_stats import StatsReporter, producer_stats, worker_stats
 from omniduplex.pipeline.stages.contract import StageWorker
@@ -191,7 +192,7 @@ class StageLoop:
 
     def _step(self) -> bool:
         """One worker step; its outputs go downstream. ``False`` when it produced nothing."""
-        outs = self.worker.step()
+        outs = checked(self.stage, self.worker.step(), self._fail)
         for rid, error in self.worker.pop_errors():
             self._fail(rid, f"{self.stage}: {error}")
         for msg in outs:
