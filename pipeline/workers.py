@@ -52,7 +52,7 @@ def _dtype(cfg: StageConfig) -> torch.dtype:
 
 def auto_dtype(cpuinfo: str | None = None) -> torch.dtype:
     """bf16 on a CPU with native bf16 matrix units (AMX or AVX512-BF16 in ``/proc/cpuinfo`` flags), else fp32
-    (where bf16 GEMMs are emulated and run slower than fp32: ENVIRONMENT.md)."""
+    (where bf16 GEMMs are emulated and run slower than fp32)."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo") as f:
