@@ -20,8 +20,8 @@ from omniduplex.models.qwen3_omni.code2wav_stream import Code2WavStream
 from omniduplex.models.qwen3_omni.talker_prompt import TalkerTextEmbeds
 from omniduplex.models.registry import load_model
 from omniduplex.models.weights import WHISPER_TINY_EN, cache_dir, locate
+from omniduplex.pipeline.chunking import ChunkingConfig
 from omniduplex.pipeline.config import PipelineConfig, StageConfig
-from omniduplex.pipeline.connector import ChunkingConfig
 from omniduplex.pipeline.stage_engines import check_backends
 from omniduplex.pipeline.stages.codec_encoder import CodecEncoderWorker
 from omniduplex.pipeline.stages.contract import StageWorker

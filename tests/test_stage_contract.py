@@ -8,8 +8,8 @@ import pkgutil
 import pytest
 
 import omniduplex.pipeline.stages as stages
+from omniduplex.pipeline.chunking import ChunkingConfig
 from omniduplex.pipeline.config import StageConfig
-from omniduplex.pipeline.connector import ChunkingConfig
 from omniduplex.pipeline.stages.contract import StageWorker
 from omniduplex.pipeline.topology import SHAPES, with_side_asr
 from omniduplex.pipeline.workers import BUILDERS, build_worker
@@ -27,7 +27,7 @@ def worker_classes() -> list[type]:
 
 def test_every_stage_module_worker_is_found():
     names = {c.__name__ for c in worker_classes()}
-    assert {"ASRWorker", "LLMWorker", "TTSWorker", "VocoderWorker", "VLLMLLMWorker", "OpenAILLMWorker"} <= names
+    assert {"ASRWorker", "LLMWorker", "TTSWorker", "VocoderWorker", "VLLMLLMWorker"} <= names
     assert len(names) == 14
 
 

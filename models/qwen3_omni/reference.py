@@ -25,7 +25,7 @@ from omniduplex.models.sampling import repetition_penalty
 
 @dataclass
 class TurnOutput:
-    """One turn: Thinker ids (incl. the final EOS), Talker frames ``[F][G]``, waveform ``[samples]``."""
+    """One turn: DecoderLM ids (incl. the final EOS), Talker frames ``[F][G]``, waveform ``[samples]``."""
 
     thinker_token_ids: list[int]
     talker_codes: list[list[int]] = field(default_factory=list)

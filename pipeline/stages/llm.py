@@ -49,7 +49,7 @@ from omniduplex.models.cascade.tool_prompt import (
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.registry import LoadedModel
 from omniduplex.pipeline.detokenize import IncrementalDetokenizer
-from omniduplex.pipeline.engine.adapters import ThinkerAdapter
+from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.grammar import TokenizerGrammars
 from omniduplex.pipeline.engine.request import Request, SamplingParams
@@ -349,7 +349,7 @@ class LLMWorker(EngineGauges):
         self.stop_ids = self.chat.stop_ids
         weight = model.thinker.lm_head.weight
         self.engine = Engine(
-            ThinkerAdapter(model.thinker),
+            DecoderLMAdapter(model.thinker),
             num_blocks,
             max_num_seqs,
             max_num_batched_tokens,
