@@ -12,8 +12,11 @@ idle stage costs no CPU; while it has work it only peeks at them between steps.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import multiprocessing as mp
 import os
+import signal
 import sys
 import traceback
 from dataclasses import dataclass
@@ -58,6 +61,26 @@ class Wiring:
 def edge_config(pcfg: PipelineConfig, src: str, dst: str) -> EdgeConfig:
     e = pcfg.edges.get(f"{src}->{dst}")
     return EdgeConfig(slots=e.slots, slot_bytes=e.slot_bytes) if e else EdgeConfig(slots=16)
+
+
+class StageStartError(RuntimeError):
+    """A stage process did not report ready: ``stage`` failed with ``cause`` (``"<ExceptionType>: <message>"``
+    as the stage reported it, e.g. ``"CheckpointError: ..."``; ``None`` when it died without a word or timed
+    out)."""
+
+    def __init__(self, message: str, stage: str | None = None, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.stage, self.cause = stage, cause
+
+
+def kill_leftovers(proc: mp.Process) -> None:
+    """Kill what a stopped or dead stage process leaves behind: the processes of the process group it leads,
+    if it made one (a vLLM stage does: vLLM's engine core and workers, which outlive a stage killed outright).
+    A stage that made no group has none with its pid as id, so nothing else is touched."""
+    if proc.pid is None or proc.pid == os.getpgrp():
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def pack(msg: StageMessage, edge: tuple[str, str], topo: Topology) -> dict[str, torch.Tensor]:
