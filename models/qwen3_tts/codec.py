@@ -152,11 +152,10 @@ class CodecDecoder(nn.Module):
     def __init__(self, cfg: CodecDecoderConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        c2w = Code2WavConfig(**cfg.code2wav_dict())
         lat = cfg.latent_dim
         self.quantizer = SplitResidualVQ(cfg)
         self.pre_conv = CausalConv1d(cfg.codebook_dim, lat, 3)
-        self.pre_transformer = FrameTransformer(c2w, lat)
+        self.pre_transformer = FrameTransformer(cfg, lat)
         self.upsample = nn.ModuleList(
             nn.ModuleList([CausalTransConv1d(lat, lat, f, f), ConvNeXtBlock(lat)])
             for f in cfg.upsampling_ratios
