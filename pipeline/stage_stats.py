@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from omniduplex.pipeline.stages.contract import StageWorker
 
 STATS_EVERY_S = 1.0
 """Period of a stage's ``stats`` messages while it is busy (s)."""
 
 
-def worker_stats(worker: StageWorker) -> dict[str, int]:
+def worker_stats(worker) -> dict[str, int]:
     """Gauges of one stage worker, its :meth:`~.stages.contract.StageWorker.stats` (counts of requests and of
     16-token KV blocks).
 
