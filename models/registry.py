@@ -22,7 +22,8 @@ from omniduplex.models.codecs.dac_encoder import DacCodecEncoder, DacEncoderConf
 from omniduplex.models.config import ConfigError, DecoderConfig, OmniConfig
 from omniduplex.models.decoder_lm import DecoderLM
 from omniduplex.models.qwen3_omni.audio_encoder import AudioEncoder, AudioEncoderConfig
-from omniduplex.models.qwen3_omni.code2wav import Code2Wav, Code2WavConfig
+from omniduplex.models.qwen3_omni.code2wav import Code2Wav
+from omniduplex.models.qwen3_omni.code2wav_config import Code2WavConfig
 from omniduplex.models.qwen3_omni.talker import Talker
 from omniduplex.models.unified.model import ARCHITECTURE as UNIFIED
 from omniduplex.models.unified.model import UnifiedConfig, UnifiedLM

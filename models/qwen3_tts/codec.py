@@ -37,12 +37,12 @@ from torch import nn
 from omniduplex.models.qwen3_omni.code2wav import (
     CausalConv1d,
     CausalTransConv1d,
-    Code2WavConfig,
     ConvNeXtBlock,
     DecoderBlock,
     PreTransformer,
     SnakeBeta,
 )
+from omniduplex.models.qwen3_omni.code2wav_config import Code2WavConfig
 from omniduplex.models.qwen3_tts.config import CodecDecoderConfig
 
 STREAM_FIRST_CHUNK = 1

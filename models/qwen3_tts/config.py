@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omniduplex.models.config import ConfigError, DecoderConfig
-from omniduplex.models.qwen3_omni.code2wav import Code2WavConfig
+from omniduplex.models.qwen3_omni.code2wav_config import Code2WavConfig
 
 ARCHITECTURE = "Qwen3TTSForConditionalGeneration"
 CODEC_ARCHITECTURE = "Qwen3TTSTokenizerV2Model"
