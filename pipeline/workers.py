@@ -336,7 +336,7 @@ def prepare(pcfg: PipelineConfig) -> None:
         manifest = load_manifest(pcfg.model)
         if pcfg.stage("llm").backend != "openai":
             resolve_llm(manifest, cache_dir())
-        from omniduplex.models.cascade.moonshine import converted_dir, is_moonshine_dir
+        from omniduplex.models.cascade.moonshine_files import converted_dir, is_moonshine_dir
 
         if is_moonshine_dir(manifest.asr):  # one-time int8 -> fp32 conversion, before the stage starts
             converted_dir(manifest.asr, cache_dir())
