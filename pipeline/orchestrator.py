@@ -73,7 +73,10 @@ def output_sources(stage: str, msg: StageMessage, topo: Topology) -> list[str]:
 
 
 class Backend(Protocol):
-    """Where the stages run. ``send`` enters a turn at the encoder; ``abort`` reaches every stage."""
+    """Where the stages run. ``send`` enters a turn at the graph's entry; ``abort`` reaches every stage."""
+
+    topo: Topology
+    """The graph the backend routes by."""
 
     def start(self, on_output: OutputCallback) -> None: ...
 
@@ -131,8 +134,7 @@ class Orchestrator:
         self.turns: dict[str, _Turn] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
-        topo = getattr(backend, "topo", None)
-        self.live_asr = topo is not None and tuple(topo.entry_stages) == ("asr",)
+        self.live_asr = tuple(backend.topo.entry_stages) == ("asr",)
         """Whether :meth:`feed` works: the graph's one entry stage is the ASR (the cascade)."""
 
     async def start(self) -> None:
