@@ -31,6 +31,7 @@ import torch
 
 from omniduplex.pipeline.clauses import ClauseSplitter
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stages.contract import EngineGauges
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class _Turn:
     started_at: float = 0.0
 
 
-class EngineTTSStageWorker(ABC):
+class EngineTTSStageWorker(EngineGauges, ABC):
     """Streaming synthesis of every reply in flight on one engine (module docstring).
 
     Subclasses set ``tts`` (the engine: ``add / abort / has_unfinished / step``), ``engine`` (its
