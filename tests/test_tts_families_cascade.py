@@ -25,8 +25,8 @@ from omniduplex.models.fish_speech.presets import write_fish_checkpoint
 from omniduplex.models.higgs.presets import write_higgs_checkpoint
 from omniduplex.models.voxcpm2.presets import write_voxcpm2_checkpoint
 from omniduplex.pipeline import fish_speech, higgs, voxcpm2
+from omniduplex.pipeline.chunking import ChunkingConfig
 from omniduplex.pipeline.config import StageConfig
-from omniduplex.pipeline.connector import ChunkingConfig
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.stages.family_tts import FamilyTTSStageWorker
 from omniduplex.pipeline.topology import output_rate
