@@ -38,15 +38,11 @@ def init_model(
     from omniduplex.models.registry import load_model
     from omniduplex.models.unified.presets import write_unified_checkpoint
 
-    if arch.startswith("voxcpm2-"):
-        _init_voxcpm2(out, arch.removeprefix("voxcpm2-"), seed)
-        return
-    if arch.startswith("higgs"):  # higgs-tiny / higgs-small (the suffix is the preset), or higgs --preset P
-        _init_higgs(out, arch.partition("-")[2] or preset, seed)
-        return
-    if arch.startswith("fish-speech"):  # fish-speech-tiny | -small, or --arch fish-speech --preset P
-        _init_fish_speech(out, arch.removeprefix("fish-speech").removeprefix("-") or preset, seed)
-        return
+    for family in ("voxcpm2", "higgs", "fish-speech"):  # the preset in the name, or --arch FAMILY --preset P
+        if arch == family or arch.startswith(family + "-"):
+            name = arch.removeprefix(family).removeprefix("-") or preset
+            _init_family(out, family.replace("-", "_"), name, seed)
+            return
     if arch not in ("qwen3-omni", "unified", "qwen3-tts"):
         raise typer.BadParameter(f"unknown --arch {arch!r}; choose qwen3-omni, unified or qwen3-tts")
     if arch != "qwen3-omni" and text_only:
@@ -107,64 +103,42 @@ def _init_qwen3_tts(out: Path, preset: str, seed: int, variant: str) -> None:
     )
 
 
-def _init_voxcpm2(out: Path, preset: str, seed: int) -> None:
-    from omniduplex.models.voxcpm2.model import load_voxcpm2
-    from omniduplex.models.voxcpm2.presets import PRESETS, write_voxcpm2_checkpoint
+def _init_family(out: Path, family: str, preset: str, seed: int) -> None:
+    """Write and load back a random VoxCPM2 / Higgs Audio v3 / Fish Speech checkpoint (one JSON line).
 
+    Raises typer.BadParameter: a preset the family does not have."""
+    if family == "voxcpm2":
+        from omniduplex.models.voxcpm2.model import load_voxcpm2 as load
+        from omniduplex.models.voxcpm2.presets import PRESETS
+        from omniduplex.models.voxcpm2.presets import write_voxcpm2_checkpoint as write
+
+        architecture = "voxcpm2"
+    elif family == "higgs":
+        from omniduplex.models.higgs.model import load_higgs as load
+        from omniduplex.models.higgs.presets import PRESETS
+        from omniduplex.models.higgs.presets import write_higgs_checkpoint as write
+
+        architecture = "HiggsMultimodalQwen3ForConditionalGeneration"
+    else:
+        from omniduplex.models.fish_speech.load import load_fish_speech as load
+        from omniduplex.models.fish_speech.presets import PRESETS
+        from omniduplex.models.fish_speech.presets import write_fish_checkpoint as write
+
+        architecture = "fish_qwen3_omni"
     if preset not in PRESETS:
-        raise typer.BadParameter(f"unknown --arch voxcpm2-{preset}; choose voxcpm2-{{{','.join(PRESETS)}}}")
+        raise typer.BadParameter(f"unknown preset {preset!r} for {family}; choose from {list(PRESETS)}")
     t0 = time.perf_counter()
-    write_voxcpm2_checkpoint(out, preset, seed)
+    write(out, preset, seed)
     written = time.perf_counter() - t0
-    loaded = load_voxcpm2(out)
+    loaded = load(out)
     counts = loaded.num_parameters()
-    typer.echo(
-        json.dumps(
-            {
-                "out": str(out),
-                "preset": preset,
-                "architecture": "voxcpm2",
-                "parameters": counts,
-                "total_parameters": sum(counts.values()),
-                "write_seconds": round(written, 3),
-                "load_seconds": round(loaded.load_seconds, 3),
-            }
-        )
-    )
-
-
-def _init_higgs(out: Path, preset: str, seed: int) -> None:
-    from omniduplex.models.higgs.model import load_higgs
-    from omniduplex.models.higgs.presets import PRESETS, write_higgs_checkpoint
-
-    if preset not in PRESETS:
-        raise typer.BadParameter(f"unknown preset {preset!r} for higgs; choose from {list(PRESETS)}")
-    t0 = time.perf_counter()
-    write_higgs_checkpoint(out, preset, seed)
-    written = time.perf_counter() - t0
-    loaded = load_higgs(out)
-    counts = loaded.num_parameters()
-    arch = "HiggsMultimodalQwen3ForConditionalGeneration"
-    info = dict(out=str(out), preset=preset, architecture=arch, parameters=counts)
-    info["voices"] = sorted(loaded.voices)
+    info = dict(out=str(out), preset=preset, architecture=architecture, parameters=counts)
+    if getattr(loaded, "voices", None):
+        info["voices"] = sorted(loaded.voices)
     info.update(total_parameters=sum(counts.values()), write_seconds=round(written, 3))
-    typer.echo(json.dumps({**info, "load_seconds": round(loaded.load_seconds, 3)}))
-
-
-def _init_fish_speech(out: Path, preset: str, seed: int) -> None:
-    from omniduplex.models.fish_speech.load import load_fish_speech
-    from omniduplex.models.fish_speech.presets import PRESETS, write_fish_checkpoint
-
-    if preset not in PRESETS:
-        raise typer.BadParameter(f"unknown fish-speech preset {preset!r}; choose from {list(PRESETS)}")
-    t0 = time.perf_counter()
-    write_fish_checkpoint(out, preset, seed)
-    written = time.perf_counter() - t0
-    counts = load_fish_speech(out).num_parameters()
-    info = dict(out=str(out), preset=preset, architecture="fish_qwen3_omni", parameters=counts)
-    typer.echo(
-        json.dumps({**info, "total_parameters": sum(counts.values()), "write_seconds": round(written, 3)})
-    )
+    if hasattr(loaded, "load_seconds"):
+        info["load_seconds"] = round(loaded.load_seconds, 3)
+    typer.echo(json.dumps(info))
 
 
 @models.command("init-cascade")
