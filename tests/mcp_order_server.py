@@ -1,0 +1,46 @@
+"""A real MCP server for the tool tests (the ``mcp`` SDK's ``MCPServer``, formerly FastMCP).
+
+``python tests/mcp_order_server.py stdio`` or ``python tests/mcp_order_server.py http PORT``. Tools:
+``order_status`` (a fixed table), ``slow_lookup`` (answers after ``seconds``), ``broken_lookup`` (raises).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+ORDERS = {"A100": "shipped on Monday, arriving Thursday", "B200": "being packed"}
+
+server = MCPServer("orders", log_level="WARNING")
+
+
+@server.tool()
+def order_status(order_id: str) -> str:
+    """Look up the delivery status of an order by its id (like A100)."""
+    status = ORDERS.get(order_id.strip().upper())
+    if status is None:
+        raise ToolError(f"no order {order_id!r}")
+    return f"Order {order_id.upper()} is {status}."
+
+
+@server.tool()
+def slow_lookup(seconds: float) -> str:
+    """Answer after ``seconds`` (a tool that is slow or hangs)."""
+    time.sleep(seconds)
+    return f"done after {seconds:g} s"
+
+
+@server.tool()
+def broken_lookup(query: str) -> str:
+    """Always fails."""
+    raise ToolError("database is down")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "stdio":
+        server.run("stdio")
+    else:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
