@@ -169,6 +169,19 @@ def serve(
     sip_allow: list[str] | None = typer.Option(
         None, "--sip-allow", help="SIP: source IP admitted without digest (repeatable)."
     ),
+    mcp: list[str] | None = typer.Option(
+        None,
+        "--mcp",
+        help="MCP tool server for the voice surfaces: NAME=URL (streamable HTTP) or NAME=COMMAND (stdio); "
+        "NAME[tool1,tool2]=... allows only those tools (repeatable).",
+    ),
+    mcp_allow_url: list[str] | None = typer.Option(
+        None, "--mcp-allow-url", help="URL prefix a Realtime client may give as MCP server_url (repeatable)."
+    ),
+    max_tool_calls: int = typer.Option(4, "--max-tool-calls", min=1, help="Tool calls per user turn."),
+    tool_filler_ms: int = typer.Option(
+        800, "--tool-filler-ms", min=0, help="A tool slower than this gets a spoken filler (ms, 0 = never)."
+    ),
     log_level: str = typer.Option("info", help="debug, info, warning."),
     log_json: bool = typer.Option(
         False, "--log-json", help="One JSON object per log line (time, level, logger, message, ids)."
@@ -180,6 +193,7 @@ def serve(
     from omniduplex.app.core.session import SessionConfig
     from omniduplex.app.core.vad import TurnConfig
     from omniduplex.app.host.auth import AuthConfig, AuthConfigError, check_bind, load_keys
+    from omniduplex.app.host.config import tools_config
     from omniduplex.app.server import ServerConfig
     from omniduplex.app.server import serve as run
     from omniduplex.app.surfaces.phone.config import SipConfig
@@ -214,6 +228,10 @@ def serve(
         drain_timeout_s=drain_timeout,
         start_timeout_s=start_timeout,
     )
+    try:
+        cfg.tools = tools_config(mcp or [], mcp_allow_url or [], max_tool_calls, tool_filler_ms)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     if sip:
         users = dict(u.split(":", 1) for u in sip_user or [] if ":" in u)
         try:

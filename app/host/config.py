@@ -7,6 +7,36 @@ from dataclasses import dataclass, field
 
 from omniduplex.app.core.session import SessionConfig
 from omniduplex.app.host.auth import AuthConfig
+from omniduplex.app.host.tools.mcp_client import MCPConfig, MCPServerSpec
+
+
+@dataclass
+class ToolsConfig:
+    """Server-side tools (:mod:`.tools`): ``mcp``: the declared MCP servers and the URL allow-list for
+    client-supplied ``server_url`` s; ``max_calls``: calls per user turn before the loop is cut;
+    ``filler_after_s``: a call slower than this gets a spoken filler (``0``: never); ``timeout_s``: a call's
+    longest wait (``None``: each server's own)."""
+
+    mcp: MCPConfig = field(default_factory=MCPConfig)
+    max_calls: int = 4
+    filler_after_s: float = 0.8
+    timeout_s: float | None = None
+
+
+def tools_config(
+    mcp: list[str], allow_urls: list[str], max_calls: int = 4, filler_ms: int = 800
+) -> ToolsConfig:
+    """``serve``'s ``--mcp`` / ``--mcp-allow-url`` / ``--max-tool-calls`` / ``--tool-filler-ms``.
+
+    Raises:
+        ValueError: a malformed ``--mcp`` (see :meth:`MCPServerSpec.parse`) or two servers of one name.
+    """
+    servers = [MCPServerSpec.parse(m) for m in mcp]
+    names = [s.name for s in servers]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--mcp: server names must differ, got {names}")
+    mcp_cfg = MCPConfig(servers, list(allow_urls))
+    return ToolsConfig(mcp_cfg, max_calls=max_calls, filler_after_s=filler_ms / 1000)
 
 
 @dataclass
@@ -23,6 +53,7 @@ class HostConfig:
     ``tts_graph``. ``drain_timeout_s``: SIGTERM's longest wait for replies in flight (:mod:`.drain`).
     ``start_timeout_s``: how long a stage process has to report ready; past it a background start keeps
     waiting, the server up and answering "not ready" (:mod:`.readiness`), a foreground start fails.
+    ``tools``: server-side tools from MCP servers (:class:`ToolsConfig`).
     """
 
     max_sessions: int = 8
@@ -41,3 +72,4 @@ class HostConfig:
     tts_graph: bool = False
     drain_timeout_s: float = 30.0
     start_timeout_s: float = 180.0
+    tools: ToolsConfig = field(default_factory=ToolsConfig)

@@ -9,7 +9,9 @@ Latencies are in seconds (Prometheus convention). Histograms:
   (``ReplyEnded.stop_ms``).
 
 Counters: ``omniduplex_turns_total`` (user turns committed), ``omniduplex_replies_total{reason}``
-(completed, interrupted, error, closed), ``omniduplex_stage_restarts_total{stage}`` (after a crash).
+(completed, interrupted, error, closed), ``omniduplex_stage_restarts_total{stage}`` (after a crash),
+``omniduplex_tool_calls_total{tool,outcome}`` (server-run tool calls, ``ok`` / ``failed``) with their latency
+``omniduplex_tool_call_seconds{tool}`` (:mod:`.tools.runner`).
 
 Gauges: ``omniduplex_sessions`` / ``omniduplex_max_sessions`` (every surface), ``omniduplex_turns_in_flight``;
 per stage ``omniduplex_stage_up``, ``..._queue_depth`` (requests waiting beyond the next batch),
@@ -39,6 +41,7 @@ from omniduplex.app.host import logs
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 TTFP_BUCKETS_S = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 E2EL_BUCKETS_S = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0)
+TOOL_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 0.8, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0)
 STOP_BUCKETS_S = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 STAGE_GAUGES = {
     "queue_depth": "Requests waiting beyond the stage's next batch.",
@@ -88,7 +91,19 @@ class ServerMetrics:
         )
         self.turns = Counter("omniduplex_turns", "User turns committed.", registry=r)
         self.replies = Counter("omniduplex_replies", "Replies ended, by reason.", ["reason"], registry=r)
+        self.tool_calls = Counter(
+            "omniduplex_tool_calls", "Server-run tool calls, by outcome.", ["tool", "outcome"], registry=r
+        )
+        self.tool_seconds = Histogram(
+            "omniduplex_tool_call_seconds", "Server-run tool call latency.", ["tool"], buckets=TOOL_BUCKETS_S,
+            registry=r,
+        )
         r.register(_StateCollector(state))
+
+    def observe_tool(self, tool: str, ok: bool, latency_s: float) -> None:
+        """Count one server-run call of ``tool`` and its latency (s)."""
+        self.tool_calls.labels(tool, "ok" if ok else "failed").inc()
+        self.tool_seconds.labels(tool).observe(latency_s)
 
     def observe(self, ev: SessionEvent) -> None:
         """Record what a session event measures (any session of this server)."""

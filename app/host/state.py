@@ -23,6 +23,8 @@ from omniduplex.app.host.config import HostConfig
 from omniduplex.app.host.metrics import MeteredResponder, ServerMetrics
 from omniduplex.app.host.speech.contract import SpeechService, Transcriber
 from omniduplex.app.host.speech.services import load_speech, packaged_whisper
+from omniduplex.app.host.tools.mcp_client import MCPHub
+from omniduplex.app.host.tools.runner import MCPToolRunner
 
 log = logging.getLogger("omniduplex.server")
 
@@ -54,6 +56,18 @@ class ServerState:
         self.closed_stats: list = []  # SessionStats of closed sessions (for /stats)
         self.prom = ServerMetrics(self)  # /metrics
         self.tokens = TokenStore()  # short-lived tokens for pages and browsers (:mod:`.auth`)
+        self.mcp = MCPHub(cfg.tools.mcp)  # MCP connections shared by every session (:mod:`.tools`)
+        self.tool_runner = (  # server-run tools of the voice surfaces, when the operator declared servers
+            MCPToolRunner(
+                self.mcp,
+                max_calls=cfg.tools.max_calls,
+                timeout_s=cfg.tools.timeout_s,
+                filler_after_s=cfg.tools.filler_after_s,
+                metrics=self.prom,
+            )
+            if cfg.tools.mcp.servers
+            else None
+        )
         self.speech: SpeechService | None = None  # /v1/audio/speech: given (tests) or loaded on first use
         self.started = False  # the pipeline (or the given responder) is up
         self.draining = False  # SIGTERM received: no new sessions on any surface (:mod:`.drain`)
@@ -94,6 +108,8 @@ class ServerState:
             await self._start_metered()
 
     async def _start_metered(self) -> None:
+        if self.tool_runner is not None:
+            await self.tool_runner.refresh()  # a server that is down is logged and offers no tools
         await self._start()
         self.responder = MeteredResponder(self.responder, self.prom)
         self.started = True
@@ -153,6 +169,7 @@ class ServerState:
             await self.orchestrator.stop()
         if self.speech is not None and self._speech_loaded:
             await asyncio.to_thread(self.speech.close)
+        await self.mcp.aclose()
 
     # -- shared models and services ---------------------------------------------------------------------
     def smart_turn_model(self) -> TurnModel:
