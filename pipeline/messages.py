@@ -36,7 +36,7 @@ def goes_downstream(msg: StageMessage) -> bool:
     return not is_partial_transcript(msg) or "prefill" in msg.meta
 
 
-EventKind = Literal["transcript", "text", "audio", "done", "error"]
+EventKind = Literal["transcript", "text", "tool_call", "audio", "done", "error"]
 
 
 @dataclass
@@ -48,6 +48,9 @@ class TurnEvent:
     rate; ``text`` the words those samples speak, when the audio stage knows them (cascade TTS), else "".
     ``done``: the turn finished; ``metrics`` has ``ttfp_ms``, ``e2el_ms``, ``rtf``, ``audio_s`` (and, for
     the cascade, ``asr_ms``, ``llm_first_clause_ms``, ``tts_first_chunk_ms``).
+    ``tool_call``: ``tool`` is one call event of the reply (``{"event": "tool_call_started" |
+    "tool_call_arguments_delta" | "tool_call_done" | "tool_call_failed", ...its fields}``,
+    :mod:`omniduplex.pipeline.stages.tool_calls`); it comes before the message's ``text``.
     ``error``: ``error`` says what failed; the turn is over.
     """
 
@@ -58,3 +61,4 @@ class TurnEvent:
     error: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     words: list = field(default_factory=list)
+    tool: dict = field(default_factory=dict)

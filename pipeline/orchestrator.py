@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 from omniduplex.pipeline.audio_io import OUTPUT_RATE
 from omniduplex.pipeline.detokenize import IncrementalDetokenizer
 from omniduplex.pipeline.messages import StageMessage, TurnEvent, is_partial_transcript
+from omniduplex.pipeline.stages.tool_calls import EVENT_KEYS as TOOL_CALL_EVENTS
 from omniduplex.pipeline.topology import Topology
 
 PartialCallback = Callable[[str, str], None]
@@ -295,6 +296,9 @@ class Orchestrator:
                 turn.prompt_ids = msg.tensors["prompt_ids"].tolist()
             ids = msg.tensors["token"].tolist()
             turn.token_ids += ids
+            for key in TOOL_CALL_EVENTS:  # a call's events, before the text of the same message
+                if key in msg.meta:
+                    put(TurnEvent("tool_call", msg.request_id, tool={"event": key, **dict(msg.meta[key])}))
             delta = msg.meta["text"] if "text" in msg.meta else turn.detok.push_many(ids, final=msg.last)
             if delta:
                 put(TurnEvent("text", msg.request_id, text=delta))

@@ -56,6 +56,8 @@ from omniduplex.app.core.replies import (
 )
 from omniduplex.app.core.reply import Reply, ReplyRecord
 from omniduplex.app.core.session_config import SessionConfig, SessionStats
+from omniduplex.app.core.tool_turns import ToolCalls
+from omniduplex.app.core.tools import CallArgumentsDelta, CallDone, CallFailed, CallStarted, ToolRunner
 from omniduplex.app.core.vad import SAMPLE_RATE
 
 log = logging.getLogger("omniduplex.session")
@@ -71,6 +73,8 @@ class Conversation:
         cfg: the session's settings (read live: ``instructions``, ``user_text``).
         stats: counters to add to.
         clock: monotonic seconds.
+        tool_runner: runs the replies' function calls on the server (``None``: the client runs them;
+            :mod:`.tools`).
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class Conversation:
         cfg: SessionConfig,
         stats: SessionStats,
         clock: Callable[[], float],
+        tool_runner: ToolRunner | None = None,
     ) -> None:
         self.name, self.responder, self.emit, self.cfg, self.stats, self.clock = (
             name, responder, emit, cfg, stats, clock
@@ -88,6 +93,7 @@ class Conversation:
         self.t0 = clock()
         self.playout = PlayoutBuffer(responder.output_rate, cfg.output_rate)
         self.history = History(cfg.history_entries)
+        self.calls = ToolCalls(name, self.history, emit, cfg, tool_runner, clock)
         self.reply: Reply | None = None  # the reply playing or stopping
         self.pending: tuple[str, np.ndarray] | None = None  # a committed turn not answered yet
         self.speculation: Speculation | None = None  # a reply started before its turn ended (.preemptive)
@@ -147,8 +153,10 @@ class Conversation:
             self.respond(speech_end=speech_end)
         return turn_id
 
-    def _options(self, instructions: str | None = None, metadata: dict | None = None) -> dict:
-        options: dict = {"metadata": dict(metadata or {})}
+    def _options(
+        self, instructions: str | None = None, metadata: dict | None = None, tools: dict | None = None
+    ) -> dict:
+        options: dict = {"metadata": dict(metadata or {}), **self.calls.offer(tools)}
         if self.cfg.instructions:
             options["system_prompt"] = self.cfg.instructions
         if instructions:
@@ -163,7 +171,11 @@ class Conversation:
         return self.history.snapshot(), self._options()
 
     def respond(
-        self, instructions: str | None = None, metadata: dict | None = None, speech_end: float | None = None
+        self,
+        instructions: str | None = None,
+        metadata: dict | None = None,
+        speech_end: float | None = None,
+        tools: dict | None = None,
     ) -> str | None:
         """Start a reply now (a reply in flight is cancelled first); returns its turn id, or ``None`` when
         the responder refused it (a ``SessionError`` is emitted).
@@ -171,24 +183,26 @@ class Conversation:
         It answers the committed spoken turn that has no reply yet, if any; otherwise the conversation as
         it stands (a trailing typed user message is the turn's text). ``instructions`` add to the system
         prompt for this reply only; ``metadata`` travels with the turn. ``speech_end``: clock time the
-        user's speech ended (latency is measured from it; default: now).
+        user's speech ended (latency is measured from it; default: now). ``tools``: this reply's own
+        ``{"tools", "tool_choice"}`` (replacing the session's; :meth:`.tool_turns.ToolCalls.offer`).
         """
         now = self.clock()
         if self.replying:
             self.cancel()
         self._end_stopped_reply()
-        options = self._options(instructions, metadata)
+        options = self._options(instructions, metadata, tools)
         history = self.history.snapshot()
         spec, self.speculation = self.speculation, None
         if self.pending is not None:
             (turn_id, wav), self.pending = self.pending, None
             key = self.keys.get((turn_id, "user"))
-            history = [[e.role, e.text] for e in self.history.entries if e.key != key]
+            history = [e.wire() for e in self.history.entries if e.key != key]
             if spec is not None and (spec.turn_id, spec.history, spec.options) == (turn_id, history, options):
-                return self._start_reply(turn_id, wav, now, speech_end, metadata, spec.events())
+                return self._start_reply(turn_id, wav, now, speech_end, metadata, spec.events(), options)
         else:
             turn_id, wav = f"{self.name}-{next(self._turn_numbers)}", np.zeros(0, np.float32)
-            last = self.history.entries[-1] if history and history[-1][0] == "user" else None
+            entries = self.history.entries
+            last = entries[-1] if entries and entries[-1].role == "user" else None
             options["user_text"] = last.text if last else ""
             if last is not None:
                 history = history[:-1]
@@ -201,14 +215,15 @@ class Conversation:
             log.exception("%s: could not start turn", turn_id)
             self.emit(SessionError(self.name, message=f"could not start turn: {e}"))
             return None
-        return self._start_reply(turn_id, wav, now, speech_end, metadata, self.responder.events(turn_id))
+        stream = self.responder.events(turn_id)
+        return self._start_reply(turn_id, wav, now, speech_end, metadata, stream, options)
 
     def _start_reply(self, turn_id: str, wav: np.ndarray, now: float, speech_end: float | None,
-                     metadata: dict | None, stream: AsyncIterator[ReplyEvent]) -> str:
+                     metadata: dict | None, stream: AsyncIterator[ReplyEvent], options: dict) -> str:
         """Make the started request ``turn_id`` the reply in flight, consuming ``stream`` (its events)."""
         self.stats.turns += 1
         end = speech_end if speech_end is not None and wav.size else now
-        r = self.reply = Reply(turn_id, t_commit=now, t_speech_end=end)
+        r = self.reply = Reply(turn_id, t_commit=now, t_speech_end=end, options=options)
         self.replies[turn_id] = r
         while len(self.replies) > max(1, self.cfg.history_entries):
             self.replies.popitem(last=False)
@@ -267,7 +282,7 @@ class Conversation:
             return
         r.interrupted_at = now
         self.playout.flush()
-        self.responder.cancel(r.turn_id)
+        self.responder.cancel(r.request_id)
         self._set_key(r.turn_id, "assistant", self.history.add("assistant", self._kept_text(r)))
         self.stats.barge_ins += 1
         self.emit(BargeIn(self.name, r.turn_id, speech_ms=speech_ms, played_ms=self._ms(r.played)))
@@ -346,7 +361,7 @@ class Conversation:
         self.drop_speculation()
         r = self.reply
         if r is not None:
-            self.responder.cancel(r.turn_id)
+            self.responder.cancel(r.request_id)
             self.playout.flush()
             if r.interrupted_at is not None:
                 self._end_reply(r, "interrupted", stop_ms=1000.0 * (self.clock() - r.interrupted_at))
@@ -369,33 +384,64 @@ class Conversation:
         if r is not None and r.interrupted_at is not None:  # its stop frame never pulled
             self._end_reply(r, "interrupted", stop_ms=1000.0 * (self.clock() - r.interrupted_at))
 
-    async def _consume(self, r: Reply, stream: AsyncIterator[ReplyEvent]) -> None:
-        """Move one reply's stream into the playout buffer; drains to the end even after a barge-in."""
+    async def _consume(self, r: Reply, stream: AsyncIterator[ReplyEvent] | None) -> None:
+        """Move one reply's stream into the playout buffer (and its continuations' after server-run
+        calls); drains to the end even after a barge-in."""
         try:
-            async for ev in stream:
-                if isinstance(ev, UserTranscript):  # what the user said stands even if the reply is cut
-                    self._user_transcript(r, ev)
-                    continue
-                if self.reply is not r or r.interrupted_at is not None or self.closed:
-                    continue
-                if isinstance(ev, ReplyTextDelta):
-                    r.text.append(ev.text)
-                    self.emit(ReplyText(self.name, r.turn_id, ev.text))
-                elif isinstance(ev, ReplyAudioChunk):
-                    r.generated += self.playout.push(ev.pcm)
-                    if ev.text:
-                        r.chunks.append((r.generated, ev.text))
-                elif isinstance(ev, ReplyDone):
-                    r.generated += self.playout.push(np.zeros(0, np.float32), last=True)
-                    r.generation_done = True
-                elif isinstance(ev, ReplyFailed):
-                    self.playout.flush()
-                    self._end_reply(r, "error", error=ev.error)
+            while stream is not None:
+                stream = await self._drain(r, stream)
         except Exception as e:
             log.exception("%s: reply stream failed", r.turn_id)
             if self.reply is r and r.interrupted_at is None:
                 self.playout.flush()
                 self._end_reply(r, "error", error=str(e))
+
+    def _current(self, r: Reply) -> bool:
+        return self.reply is r and r.interrupted_at is None and not self.closed
+
+    async def _drain(self, r: Reply, stream: AsyncIterator[ReplyEvent]) -> AsyncIterator[ReplyEvent] | None:
+        """Consume one pipeline request of reply ``r``; the stream of its continuation when the reply goes on
+        after server-run calls (:mod:`.tools`), else ``None``."""
+        done = False
+        async for ev in stream:
+            if isinstance(ev, UserTranscript):  # what the user said stands even if the reply is cut
+                self._user_transcript(r, ev)
+                continue
+            if self.reply is not r or r.interrupted_at is not None or self.closed:
+                continue
+            if isinstance(ev, ReplyTextDelta):
+                r.text.append(ev.text)
+                self.emit(ReplyText(self.name, r.turn_id, ev.text))
+            elif isinstance(ev, (CallStarted, CallArgumentsDelta, CallDone, CallFailed)):
+                self.calls.on_event(r, ev)
+            elif isinstance(ev, ReplyAudioChunk):
+                r.generated += self.playout.push(ev.pcm)
+                if ev.text:
+                    r.chunks.append((r.generated, ev.text))
+            elif isinstance(ev, ReplyDone):
+                done = True
+            elif isinstance(ev, ReplyFailed):
+                self.playout.flush()
+                self._end_reply(r, "error", error=ev.error)
+        if r.calls and done:
+            await self.calls.run(r)  # outputs are recorded even if the reply was interrupted meanwhile
+            if self._current(r):
+                return self._continue(r)
+        if done and self._current(r):
+            r.generated += self.playout.push(np.zeros(0, np.float32), last=True)
+            r.generation_done = True
+        return None
+
+    def _continue(self, r: Reply) -> AsyncIterator[ReplyEvent] | None:
+        """Reply ``r``'s continuation after its calls ran (``None``: refused, the reply ends as it stands)."""
+        try:
+            return self.calls.continue_reply(r, self.responder)
+        except Exception as e:
+            log.exception("%s: could not continue after its calls", r.request_id)
+            self.emit(SessionError(self.name, message=f"could not continue after tool calls: {e}"))
+            r.generated += self.playout.push(np.zeros(0, np.float32), last=True)
+            r.generation_done = True
+            return None
 
     def _user_transcript(self, r: Reply, ev: UserTranscript) -> None:
         text = ev.text.strip()

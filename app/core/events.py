@@ -19,6 +19,11 @@ EventType = Literal[
     "user_transcript_partial",
     "reply_started",
     "reply_text",
+    "function_call_started",
+    "function_call_arguments_delta",
+    "function_call_done",
+    "function_call_failed",
+    "function_call_output",
     "reply_audio_started",
     "reply_spoken",
     "barge_in",
@@ -121,6 +126,67 @@ class ReplyText(SessionEvent):
     type: ClassVar[EventType] = "reply_text"
     turn_id: str = ""
     text: str = ""
+
+
+@dataclass
+class FunctionCallStarted(SessionEvent):
+    """The reply to ``turn_id`` started call ``index`` (0, 1, ...) of function ``name`` (never spoken)."""
+
+    type: ClassVar[EventType] = "function_call_started"
+    turn_id: str = ""
+    call_id: str = ""
+    name: str = ""
+    index: int = 0
+
+
+@dataclass
+class FunctionCallArgumentsDelta(SessionEvent):
+    """More of call ``call_id``'s arguments text, as the model writes it (the deltas joined are its
+    ``arguments``)."""
+
+    type: ClassVar[EventType] = "function_call_arguments_delta"
+    turn_id: str = ""
+    call_id: str = ""
+    delta: str = ""
+
+
+@dataclass
+class FunctionCallDone(SessionEvent):
+    """Call ``call_id`` of the reply to ``turn_id`` is complete and in the history (its ``function_call``
+    entry); ``arguments``: a JSON object as a string. ``run_here``: the session runs it (a server-side
+    :class:`~omniduplex.app.core.tools.ToolRunner`); else its client must add the output."""
+
+    type: ClassVar[EventType] = "function_call_done"
+    turn_id: str = ""
+    call_id: str = ""
+    name: str = ""
+    arguments: str = ""
+    run_here: bool = False
+
+
+@dataclass
+class FunctionCallFailed(SessionEvent):
+    """Call ``call_id`` could not be read (cut off or malformed: ``error``); not recorded, not run."""
+
+    type: ClassVar[EventType] = "function_call_failed"
+    turn_id: str = ""
+    call_id: str = ""
+    name: str = ""
+    error: str = ""
+
+
+@dataclass
+class FunctionCallOutput(SessionEvent):
+    """A server-run call returned: ``output`` is in the history (``function_call_output``); ``error``: the
+    runner failed (``output`` is then ``{"error": ...}``); ``duration_ms``: how long the runner took."""
+
+    type: ClassVar[EventType] = "function_call_output"
+    turn_id: str = ""
+    call_id: str = ""
+    name: str = ""
+    output: str = ""
+    error: bool = False
+    duration_ms: float = 0.0
 
 
 @dataclass

@@ -96,18 +96,38 @@ def spoken_prefix(text: str, spoken: str) -> str | None:
     return text[:i]
 
 
+FUNCTION_CALL = "function_call"
+FUNCTION_CALL_OUTPUT = "function_call_output"
+TOOL_ROLES = (FUNCTION_CALL, FUNCTION_CALL_OUTPUT)
+"""The ``role`` of a tool entry (:mod:`omniduplex.app.core.tools`): a call the model made (``text``: its
+arguments, a JSON object as a string) or a call's result (``text``: the output, JSON or plain text)."""
+
+
 @dataclass(frozen=True)
 class Entry:
-    """One turn of the history: ``role`` (``user`` / ``assistant``) and its ``text``. Immutable: a new text
-    (a transcript, a truncation) makes a new entry with the same ``key``, which names the turn for as
-    long as the history holds it. Unpacks as ``(role, text)``, the pipeline's pair."""
+    """One turn of the history: ``role`` (``user`` / ``assistant``, or a tool entry: :data:`TOOL_ROLES`) and
+    its ``text``; a tool entry also has its ``call_id`` and (a call) the function's ``name``. Immutable: a new
+    text (a transcript, a truncation) makes a new entry with the same ``key``, which names the turn for as
+    long as the history holds it. Unpacks as ``(role, text)``."""
 
     role: str
     text: str
     key: int
+    call_id: str = ""
+    name: str = ""
 
     def __iter__(self) -> Iterator[str]:
         return iter((self.role, self.text))
+
+    def wire(self) -> list[str] | dict:
+        """The entry as the pipeline's ``history`` holds it: ``[role, text]``, or for a tool entry the OpenAI
+        item (``{"type": "function_call", "call_id", "name", "arguments"}`` /
+        ``{"type": "function_call_output", "call_id", "output"}``)."""
+        if self.role == FUNCTION_CALL:
+            return {"type": FUNCTION_CALL, "call_id": self.call_id, "name": self.name, "arguments": self.text}
+        if self.role == FUNCTION_CALL_OUTPUT:
+            return {"type": FUNCTION_CALL_OUTPUT, "call_id": self.call_id, "output": self.text}
+        return [self.role, self.text]
 
 
 class History:
@@ -142,6 +162,20 @@ class History:
             del self._entries[: len(self._entries) - max(1, self.max_entries // 2)]
         return entry
 
+    def add_tool(self, role: str, text: str, call_id: str, name: str = "") -> Entry:
+        """Append a tool entry (``role`` one of :data:`TOOL_ROLES`; recorded even with empty ``text``)."""
+        if role not in TOOL_ROLES:
+            raise ValueError(f"a tool entry's role is one of {TOOL_ROLES}, got {role!r}")
+        entry = Entry(role, text, next(self._keys), call_id, name)
+        self._entries.append(entry)
+        if len(self._entries) > self.max_entries:
+            del self._entries[: len(self._entries) - max(1, self.max_entries // 2)]
+        return entry
+
+    def call(self, call_id: str) -> Entry | None:
+        """The ``function_call`` entry of ``call_id`` still held (``None``: unknown)."""
+        return next((e for e in self._entries if e.role == FUNCTION_CALL and e.call_id == call_id), None)
+
     def get(self, key: int | None) -> Entry | None:
         """The entry held under ``key`` (``None`` if it was removed or trimmed away)."""
         return next((e for e in self._entries if e.key == key), None) if key is not None else None
@@ -169,6 +203,7 @@ class History:
         """Hold exactly ``entries`` (the newest ``max_entries`` of them), e.g. a client's edited context."""
         self._entries = list(entries)[-self.max_entries :] if self.max_entries else []
 
-    def snapshot(self) -> list[list[str]]:
-        """``[role, text]`` pairs to hand to the pipeline (later turns do not change them)."""
-        return [[e.role, e.text] for e in self._entries]
+    def snapshot(self) -> list:
+        """The entries to hand to the pipeline (:meth:`Entry.wire`: ``[role, text]`` pairs and tool items;
+        later turns do not change them)."""
+        return [e.wire() for e in self._entries]

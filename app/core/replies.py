@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from omniduplex.app.core.tools import CallArgumentsDelta, CallDone, CallEvent, CallFailed, CallStarted
 from omniduplex.models.tokenizer import DEFAULT_SYSTEM_PROMPT
 from omniduplex.pipeline.orchestrator import Orchestrator
 
@@ -61,7 +62,7 @@ class ReplyFailed:
     error: str
 
 
-ReplyEvent = UserTranscript | ReplyTextDelta | ReplyAudioChunk | ReplyDone | ReplyFailed
+ReplyEvent = UserTranscript | ReplyTextDelta | CallEvent | ReplyAudioChunk | ReplyDone | ReplyFailed
 OnPartial = Callable[[str, str], None]
 """``on_partial(text, stable)``: a partial transcript of a turn being spoken; ``stable``: its fixed prefix."""
 TurnContext = tuple[list[list[str]], dict]
@@ -87,7 +88,9 @@ class Responder(Protocol):
         ``options``: ``user_text`` (a typed turn: the user's words; "" = answer the conversation as it
         stands), ``system_prompt`` (the session's, replacing the server default), ``instructions`` (added
         to the system prompt for this reply only), ``metadata`` (travels with the turn), ``voice`` (the
-        session's TTS voice)."""
+        session's TTS voice), ``tools`` / ``tool_choice`` (function tools the reply may call:
+        :mod:`~omniduplex.app.core.tools`; its calls then stream as :data:`~.tools.CallEvent` s).
+        ``history`` holds ``[role, text]`` pairs and tool items (:meth:`.history.Entry.wire`)."""
 
     def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]: ...
 
@@ -110,6 +113,19 @@ class LiveTranscription(Protocol):
     def feed_audio(
         self, turn_id: str, samples: np.ndarray, on_partial: OnPartial, context: TurnContext | None = None
     ) -> bool: ...
+
+
+def call_event(tool: dict) -> CallEvent:
+    """The typed event of one ``tool_call`` turn event (``tool``: ``{"event": key, ...fields}``, the LLM
+    stage's meta keys, :mod:`omniduplex.pipeline.stages.tool_calls`)."""
+    kind, cid, name = tool["event"], str(tool.get("call_id", "")), str(tool.get("name", ""))
+    if kind == "tool_call_started":
+        return CallStarted(cid, name, int(tool.get("index", 0)))
+    if kind == "tool_call_arguments_delta":
+        return CallArgumentsDelta(cid, str(tool.get("delta", "")))
+    if kind == "tool_call_done":
+        return CallDone(cid, name, str(tool.get("arguments", "{}")))
+    return CallFailed(cid, name, str(tool.get("error", "malformed call")))
 
 
 class OrchestratorResponder:
@@ -139,6 +155,8 @@ class OrchestratorResponder:
         meta["system_prompt"] = prompt
         if opts.get("voice"):
             meta["voice"] = opts["voice"]  # the cascade's LLM stage passes it on to the TTS stage
+        if opts.get("tools"):
+            meta["tools"], meta["tool_choice"] = list(opts["tools"]), opts.get("tool_choice") or "auto"
         return meta
 
     async def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]:
@@ -147,6 +165,8 @@ class OrchestratorResponder:
                 yield UserTranscript(ev.text, ev.words)
             elif ev.kind == "text":
                 yield ReplyTextDelta(ev.text)
+            elif ev.kind == "tool_call":
+                yield call_event(ev.tool)
             elif ev.kind == "audio":
                 yield ReplyAudioChunk(ev.pcm, ev.text)
             elif ev.kind == "done":

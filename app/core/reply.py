@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass, field
 
 from omniduplex.app.core.history import truncate_aligned, truncate_reply
+from omniduplex.app.core.tools import FunctionCall
 
 log = logging.getLogger("omniduplex.session")
 
@@ -28,6 +29,14 @@ class Reply:
     generation_done: bool = False
     interrupted_at: float | None = None
     ended: bool = False
+    options: dict = field(default_factory=dict)  # what the responder was started with (continuations reuse)
+    request_id: str = ""  # the pipeline request producing it now ("" = turn_id; a continuation's own id)
+    calls: list[FunctionCall] = field(default_factory=list)  # server-run calls made, not run yet
+    n_calls: int = 0  # function calls the reply made (all its continuations included)
+    segments: int = 0  # continuations started after server-run calls
+
+    def __post_init__(self) -> None:
+        self.request_id = self.request_id or self.turn_id
 
     @property
     def full_text(self) -> str:

@@ -33,11 +33,12 @@ import numpy as np
 from omniduplex.app.core.audio.pcm import to_float32
 from omniduplex.app.core.conversation import Conversation
 from omniduplex.app.core.events import SessionClosed, SessionEvent, SessionStarted, UserSpeechStarted
-from omniduplex.app.core.history import Entry, History
+from omniduplex.app.core.history import FUNCTION_CALL, Entry, History
 from omniduplex.app.core.live_asr import PAUSE_FRAMES, LiveTranscriber
 from omniduplex.app.core.replies import Responder
 from omniduplex.app.core.reply import ReplyRecord
 from omniduplex.app.core.session_config import OPTIONS, SessionConfig, SessionStats
+from omniduplex.app.core.tools import ToolRunner
 from omniduplex.app.core.turn_detection import TurnModel
 from omniduplex.app.core.turns import TurnTaker
 from omniduplex.app.core.vad import (
@@ -68,6 +69,9 @@ class Session:
         clock: monotonic seconds (default ``time.monotonic``).
         turn_model: end-of-turn classifier, required when ``cfg.turn.turn_detection == "smart"``
             (:func:`~omniduplex.app.core.turn_detection.load_turn_model`; one instance serves all sessions).
+        tool_runner: runs the replies' function calls on the server and continues the reply with their
+            results (``None``: calls are surfaced to the client, which adds the outputs:
+            :mod:`~omniduplex.app.core.tools`).
 
     Raises:
         ValueError: ``turn_detection="smart"`` without a ``turn_model``.
@@ -82,13 +86,14 @@ class Session:
         vad: FrameVad | None = None,
         clock: Clock = time.monotonic,
         turn_model: TurnModel | None = None,
+        tool_runner: ToolRunner | None = None,
     ) -> None:
         self.id, self.responder, self._emit, self.clock = session_id, responder, emit, clock
         self.cfg = cfg or SessionConfig()
         self.stats = SessionStats()
         self.closed = False
         self._held: list[SessionEvent] | None = None  # events emitted during a pull, delivered after it
-        self._conv = Conversation(session_id, responder, self.emit, self.cfg, self.stats, clock)
+        self._conv = Conversation(session_id, responder, self.emit, self.cfg, self.stats, clock, tool_runner)
         self.t0 = self._conv.t0  # event times (``at_ms``) count from here
         self._turns = TurnTaker(
             session_id,
@@ -224,7 +229,8 @@ class Session:
     # -- settings ----------------------------------------------------------------------------------
     def set_options(self, **options) -> None:
         """Change this session's reply options from now on (the :class:`SessionConfig` fields
-        :data:`OPTIONS`: ``instructions``, ``voice``, ``auto_respond``, ``vad_commit``); the Realtime
+        :data:`OPTIONS`: ``instructions``, ``voice``, ``auto_respond``, ``vad_commit``, ``tools``,
+        ``tool_choice``); the Realtime
         ``session.update`` and LiveKit's ``update_instructions`` come here.
 
         Raises:
@@ -278,6 +284,19 @@ class Session:
         """Record a typed ``role`` (``user`` / ``assistant``) message, stripped; ``None`` for empty text."""
         return self.history.add(role, text.strip())
 
+    def add_function_call(self, call_id: str, name: str, arguments: str) -> Entry:
+        """Record a ``function_call`` made outside a reply (a client's ``conversation.item.create``)."""
+        return self.history.add_tool(FUNCTION_CALL, arguments, call_id, name)
+
+    def add_function_output(self, call_id: str, output: str) -> Entry:
+        """Record the output of call ``call_id`` (a ``function_call_output``: JSON or plain text, kept as
+        given); :meth:`respond` then answers with it.
+
+        Raises:
+            KeyError: no ``function_call`` with that ``call_id`` is in the history.
+        """
+        return self._conv.calls.add_output(call_id, output)
+
     def remove_entry(self, entry: Entry | None) -> bool:
         """Drop an entry from the history (by its key); ``False`` when it is not held."""
         return self.history.remove(entry)
@@ -287,15 +306,19 @@ class Session:
         ``conversation.item.delete``); ``False`` when there is none."""
         return self._conv.forget(turn_id, role)
 
-    def respond(self, instructions: str | None = None, metadata: dict | None = None) -> str | None:
+    def respond(
+        self, instructions: str | None = None, metadata: dict | None = None, tools: dict | None = None
+    ) -> str | None:
         """Start a reply now; returns its turn id, or ``None`` when it could not start.
 
         The reply answers the committed spoken turn that has no reply yet, if any; otherwise the
         conversation as it stands (a trailing typed user message is the turn's text). ``instructions``
         add to the system prompt for this reply only (Realtime ``response.create``, LiveKit
-        ``generate_reply``); ``metadata`` travels with the turn. A reply in flight is cancelled first.
+        ``generate_reply``); ``metadata`` travels with the turn; ``tools``: this reply's own ``{"tools",
+        "tool_choice"}`` in place of the session's (:mod:`~omniduplex.app.core.tools`). A reply in flight
+        is cancelled first.
         """
-        return self._conv.respond(instructions, metadata, speech_end=self._turns.last_voiced_at)
+        return self._conv.respond(instructions, metadata, speech_end=self._turns.last_voiced_at, tools=tools)
 
     def cancel_reply(self) -> bool:
         """Stop the reply in flight as a barge-in would (playout flushed, pipeline turn cancelled, history

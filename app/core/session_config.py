@@ -19,7 +19,9 @@ class SessionConfig:
     TTS ignores it; ``None`` = the server's). ``auto_respond``: a turn committed by the VAD
     starts its reply at once (else it waits for :meth:`Session.respond`). ``vad_commit``: the VAD
     commits turns (``False``: only :meth:`Session.commit_audio` does, as with the Realtime API's
-    ``turn_detection: null``; speech events and barge-in still follow the VAD).
+    ``turn_detection: null``; speech events and barge-in still follow the VAD). ``tools`` / ``tool_choice``:
+    the function tools every reply is offered and how it may use them (:mod:`~omniduplex.app.core.tools`;
+    a reply may override them; ``None`` = none, or a server-side runner's).
     """
 
     turn: TurnConfig = field(default_factory=TurnConfig)
@@ -31,9 +33,11 @@ class SessionConfig:
     voice: str | None = None
     auto_respond: bool = True
     vad_commit: bool = True
+    tools: list | None = None
+    tool_choice: str | dict = "auto"
 
 
-OPTIONS = ("instructions", "voice", "auto_respond", "vad_commit")
+OPTIONS = ("instructions", "voice", "auto_respond", "vad_commit", "tools", "tool_choice")
 """The :class:`SessionConfig` fields a surface may change on a live session (:meth:`Session.set_options`)."""
 
 

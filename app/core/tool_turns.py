@@ -1,0 +1,138 @@
+"""The function calls of one session's replies: which tools a reply is offered, the calls it makes (session
+events and history entries), and, with a server-side :class:`~omniduplex.app.core.tools.ToolRunner`, running
+them and what the reply's continuation is offered (:mod:`omniduplex.app.core.tools` has the two modes)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import numpy as np
+
+from omniduplex.app.core.events import (
+    FunctionCallArgumentsDelta,
+    FunctionCallDone,
+    FunctionCallFailed,
+    FunctionCallOutput,
+    FunctionCallStarted,
+    SessionEvent,
+)
+from omniduplex.app.core.history import FUNCTION_CALL, FUNCTION_CALL_OUTPUT, Entry, History
+from omniduplex.app.core.replies import ReplyEvent, Responder
+from omniduplex.app.core.reply import Reply
+from omniduplex.app.core.session_config import SessionConfig
+from omniduplex.app.core.tools import (
+    MAX_CALLS_PER_TURN,
+    CallArgumentsDelta,
+    CallDone,
+    CallEvent,
+    CallFailed,
+    CallStarted,
+    ToolRunner,
+    error_output,
+)
+
+log = logging.getLogger("omniduplex.session")
+
+
+class ToolCalls:
+    """Function calls of one session. Call from the event loop thread.
+
+    Args:
+        name: the session id (events' ``session_id``).
+        history: the session's history (calls and outputs join it).
+        emit: receives the ``function_call_*`` events.
+        cfg: the session's settings (``tools`` / ``tool_choice``, read live).
+        runner: runs calls on the server (``None``: the client runs them).
+        clock: monotonic seconds (call durations).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        history: History,
+        emit: Callable[[SessionEvent], None],
+        cfg: SessionConfig,
+        runner: ToolRunner | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.name, self.history, self.emit, self.cfg, self.runner, self.clock = (
+            name, history, emit, cfg, runner, clock
+        )
+
+    def offer(self, override: dict | None = None) -> dict:
+        """The ``tools`` / ``tool_choice`` options of a reply: ``override`` (a response's own, when it has a
+        ``tools`` key), else the session's (``cfg.tools``), else the runner's; ``{}`` when none."""
+        if override is not None and "tools" in override:
+            tools, choice = override.get("tools"), override.get("tool_choice", self.cfg.tool_choice)
+        elif self.cfg.tools:
+            tools, choice = self.cfg.tools, self.cfg.tool_choice
+        elif self.runner is not None:
+            tools, choice = self.runner.tools, "auto"
+        else:
+            return {}
+        return {"tools": list(tools), "tool_choice": choice or "auto"} if tools else {}
+
+    def on_event(self, r: Reply, ev: CallEvent) -> None:
+        """One call event of reply ``r``: its session event; a finished call joins the history (and, with a
+        runner, ``r.calls`` to be run)."""
+        tid = r.turn_id
+        if isinstance(ev, CallStarted):
+            self.emit(FunctionCallStarted(self.name, tid, ev.call_id, ev.name, ev.index))
+        elif isinstance(ev, CallArgumentsDelta):
+            self.emit(FunctionCallArgumentsDelta(self.name, tid, ev.call_id, ev.delta))
+        elif isinstance(ev, CallDone):
+            self.history.add_tool(FUNCTION_CALL, ev.arguments, ev.call_id, ev.name)
+            r.n_calls += 1
+            if self.runner is not None:
+                r.calls.append(ev.call)
+            run_here = self.runner is not None
+            self.emit(FunctionCallDone(self.name, tid, ev.call_id, ev.name, ev.arguments, run_here))
+        elif isinstance(ev, CallFailed):
+            log.warning("%s: call %s of %s failed: %s", tid, ev.call_id, ev.name, ev.error)
+            self.emit(FunctionCallFailed(self.name, tid, ev.call_id, ev.name, ev.error))
+
+    async def run(self, r: Reply) -> None:
+        """Run reply ``r``'s calls not run yet, in order, recording each output (a runner's exception
+        becomes an ``{"error": ...}`` output, logged). An output is recorded even if the reply was
+        interrupted meanwhile: the call was made."""
+        calls, r.calls = r.calls, []
+        for call in calls:
+            t0 = self.clock()
+            try:
+                output, failed = str(await self.runner.run(call)), False
+            except Exception as e:  # a tool's failure is the model's to explain, never a crash
+                log.warning("%s: tool %s failed: %s", r.turn_id, call.name, e)
+                output, failed = error_output(e), True
+            self.history.add_tool(FUNCTION_CALL_OUTPUT, output, call.call_id)
+            ms = 1000.0 * (self.clock() - t0)
+            self.emit(FunctionCallOutput(self.name, r.turn_id, call.call_id, call.name, output, failed, ms))
+
+    def continuation(self, r: Reply) -> dict:
+        """The tool options of reply ``r``'s continuation after its calls ran: as it was offered, with no
+        call allowed once the turn has made the runner's ``max_calls``."""
+        opts = {k: r.options[k] for k in ("tools", "tool_choice") if k in r.options}
+        limit = getattr(self.runner, "max_calls", MAX_CALLS_PER_TURN)
+        if opts and (r.n_calls >= limit or opts.get("tool_choice") not in ("auto", "none")):
+            opts["tool_choice"] = "none"  # the loop is cut; a forced choice would only call again
+        return opts
+
+    def continue_reply(self, r: Reply, responder: Responder) -> AsyncIterator[ReplyEvent]:
+        """Start reply ``r``'s continuation (pipeline request ``{turn_id}.{n}``) over the history with its
+        calls' outputs, answering no new user text; its event stream. Raises what ``responder.start`` does."""
+        r.segments += 1
+        rid = r.request_id = f"{r.turn_id}.{r.segments}"
+        base = {k: v for k, v in r.options.items() if k not in ("tools", "tool_choice")}
+        options = {**base, **self.continuation(r), "user_text": ""}
+        responder.start(rid, np.zeros(0, np.float32), self.history.snapshot(), options)
+        return responder.events(rid)
+
+    def add_output(self, call_id: str, output: str) -> Entry:
+        """Record the output of call ``call_id`` made by the client (a ``function_call_output``).
+
+        Raises:
+            KeyError: no call ``call_id`` is in the history.
+        """
+        if self.history.call(call_id) is None:
+            raise KeyError(f"no function_call with call_id {call_id!r} in the conversation")
+        return self.history.add_tool(FUNCTION_CALL_OUTPUT, output, call_id)
