@@ -1,7 +1,8 @@
 """A real MCP server for the tool tests (the ``mcp`` SDK's ``MCPServer``, formerly FastMCP).
 
 ``python tests/mcp_order_server.py stdio`` or ``python tests/mcp_order_server.py http PORT``. Tools:
-``order_status`` (a fixed table), ``slow_lookup`` (answers after ``seconds``), ``broken_lookup`` (raises).
+``order_status`` (a fixed table), ``slow_lookup`` (answers after ``seconds``), ``hanging_lookup`` (hangs),
+``broken_lookup`` (fails).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ server = MCPServer("orders", log_level="WARNING")
 @server.tool()
 def order_status(order_id: str) -> str:
     """Look up the delivery status of an order by its id (like A100)."""
-    status = ORDERS.get(order_id.strip().upper())
-    if status is None:
+    key = "".join(ch for ch in order_id.upper() if ch.isalnum())  # "a 100" (as heard) → A100
+    key = next((k for k in ORDERS if key == k or (key.isdigit() and k.endswith(key))), None)
+    if key is None:
         raise ToolError(f"no order {order_id!r}")
-    return f"Order {order_id.upper()} is {status}."
+    return f"Order {key} is {ORDERS[key]}."
 
 
 @server.tool()
@@ -31,6 +33,13 @@ def slow_lookup(seconds: float) -> str:
     """Answer after ``seconds`` (a tool that is slow or hangs)."""
     time.sleep(seconds)
     return f"done after {seconds:g} s"
+
+
+@server.tool()
+def hanging_lookup(query: str) -> str:
+    """Never answers in time (a hung backend)."""
+    time.sleep(600)
+    return "too late"
 
 
 @server.tool()

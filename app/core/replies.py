@@ -91,7 +91,8 @@ class Responder(Protocol):
         session's TTS voice), ``tools`` / ``tool_choice`` (function tools the reply may call:
         :mod:`~omniduplex.app.core.tools`; its calls then stream as :data:`~.tools.CallEvent` s),
         ``sampling`` (LLM sampling fields over the server's: ``max_tokens``, ``temperature``, ``top_p``,
-        ``seed``), ``spoken`` (``False``: a text-only turn, as ``/v1/chat/completions`` asks: no audio).
+        ``seed``), ``spoken`` (``False``: a text-only turn, as ``/v1/chat/completions`` asks: no audio),
+        ``say`` (words spoken as written, not generated: a tool call's filler or apology).
         ``history`` holds ``[role, text]`` pairs and tool items (:meth:`.history.Entry.wire`)."""
 
     def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]: ...
@@ -163,6 +164,8 @@ class OrchestratorResponder:
             meta["sampling"] = {**meta.get("sampling", {}), **opts["sampling"]}
         if opts.get("spoken") is False:
             meta["spoken"] = False
+        if isinstance(opts.get("say"), str):
+            meta["say"] = opts["say"]
         return meta
 
     async def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]:

@@ -34,6 +34,7 @@ class Reply:
     calls: list[FunctionCall] = field(default_factory=list)  # server-run calls made, not run yet
     n_calls: int = 0  # function calls the reply made (all its continuations included)
     segments: int = 0  # continuations started after server-run calls
+    filled: bool = False  # a filler was said while a slow server-run call ran
 
     def __post_init__(self) -> None:
         self.request_id = self.request_id or self.turn_id

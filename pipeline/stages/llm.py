@@ -16,7 +16,9 @@ also carries ``prompt_ids`` int64 ``[P]`` and the turn's input meta without ``sa
 one (``last=True``) carries ``finish_reason`` (``stop``, ``length`` or ``tool_calls``: :mod:`.reply_stream`)
 and, when the token budget cut a clause, ``unspoken`` (the text dropped). With tools, decoding is
 grammar-constrained (:mod:`omniduplex.pipeline.engine.grammar`): every call's arguments parse and satisfy its
-tool's schema. A transcript with no letters or digits does not reach the engine: one message ``token``
+tool's schema. A turn with meta ``say`` (str) is not generated: one ``last`` message whose ``text`` is it (the
+words a session has spoken as written, :mod:`omniduplex.app.core.tool_turns`). A transcript with no letters
+or digits does not reach the engine: one message ``token``
 int64 ``[0]``, meta ``text=""``, ``skipped="empty transcript"`` + turn meta, ``last=True``.
 
 Prefill while the user speaks: before a turn's message, the ASR stage may send ``last=False`` messages of
@@ -216,6 +218,9 @@ class ChatPrompter:
                 f"turn {rid}: meta 'transcript' must be a string, got {type(transcript).__name__}"
             )
         turn_meta = {k: v for k, v in meta.items() if k not in ("sampling", "words", "tools", "tool_choice")}
+        if isinstance(meta.get("say"), str):  # said as written: a tool call's filler or apology
+            said = {**turn_meta, "text": meta["say"]}
+            return StageMessage(rid, {"token": torch.zeros(0, dtype=torch.int64)}, said, last=True)
         typed = isinstance(meta.get("user_text"), str)  # typed turns are answered even when empty
         if not typed and not has_words(transcript):
             return StageMessage(
