@@ -263,11 +263,12 @@ class MCPConnection:
             return
         if self._stop is not None:
             self._stop.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(owner), 2.0)
-        except (asyncio.TimeoutError, Exception):
+        # the SDK's own shutdown is bounded (stdin closed, then SIGTERM/SIGKILL of a stdio server's tree);
+        # a cancel is the last resort and is not awaited past a short wait (it can be deflected)
+        done, _ = await asyncio.wait({owner}, timeout=10.0)
+        if not done:
             owner.cancel()
-            await asyncio.gather(owner, return_exceptions=True)
+            await asyncio.wait({owner}, timeout=2.0)
         self._client = None
 
     def _allowed(self, name: str) -> bool:
