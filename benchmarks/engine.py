@@ -43,7 +43,7 @@ def ours(model_dir: Path, concurrency: list[int], setting: str) -> dict[int, flo
     compile time is not counted, as vLLM compiles before its first request."""
     from omniduplex.kernels.cpu_linear import prepack_linears, warm_up
     from omniduplex.models.registry import load_model
-    from omniduplex.pipeline.engine.adapters import ThinkerAdapter
+    from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
     from omniduplex.pipeline.engine.engine import Engine
     from omniduplex.pipeline.engine.request import Request, SamplingParams
 
@@ -60,7 +60,7 @@ def ours(model_dir: Path, concurrency: list[int], setting: str) -> dict[int, flo
     out = {}
     for c in concurrency:
         engine = Engine(
-            ThinkerAdapter(thinker),
+            DecoderLMAdapter(thinker),
             num_blocks=max(64, c * 8),
             max_num_seqs=max(c, 1),
             max_num_batched_tokens=2048,
@@ -90,13 +90,13 @@ def profile(model_dir: Path, c: int, dtype: torch.dtype, steps: int = 20, top: i
 
     from omniduplex.kernels.cpu_linear import prepack_linears
     from omniduplex.models.registry import load_model
-    from omniduplex.pipeline.engine.adapters import ThinkerAdapter
+    from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
     from omniduplex.pipeline.engine.engine import Engine
     from omniduplex.pipeline.engine.request import Request, SamplingParams
 
     thinker = load_model(model_dir, parts=("thinker",), dtype=dtype).thinker
     prepack_linears(thinker)
-    engine = Engine(ThinkerAdapter(thinker), num_blocks=max(64, c * 8), max_num_seqs=c, dtype=dtype)
+    engine = Engine(DecoderLMAdapter(thinker), num_blocks=max(64, c * 8), max_num_seqs=c, dtype=dtype)
     with torch.inference_mode():
         for i, p in enumerate(_prompts(c, thinker.cfg.vocab_size)):
             engine.add_request(Request(f"r{i}", p, SamplingParams(max_tokens=steps + 8)))

@@ -117,7 +117,7 @@ def ours(model_dir: Path, cs: list[int], graphs: str, device: torch.device, dtyp
     """Our engine (``graphs``: ``off``, ``cuda`` or ``twin``) at each ``c``: ``{c: {tok_s, ms_per_step, …}}``
     plus ``capture_s`` / ``capture_mib`` (graphs). One engine serves every ``c`` (captured once)."""
     from omniduplex.models.registry import load_model
-    from omniduplex.pipeline.engine.adapters import ThinkerAdapter
+    from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
     from omniduplex.pipeline.engine.decode_graphs import is_decode_only
     from omniduplex.pipeline.engine.engine import Engine
     from omniduplex.pipeline.engine.request import Request, SamplingParams
@@ -126,7 +126,7 @@ def ours(model_dir: Path, cs: list[int], graphs: str, device: torch.device, dtyp
     top = max(cs)
     blocks_per_req = -(-(PROMPT_LEN + NEW_TOKENS) // 16)
     engine = Engine(
-        ThinkerAdapter(thinker),
+        DecoderLMAdapter(thinker),
         num_blocks=top * blocks_per_req + 16,
         max_num_seqs=top,
         max_num_batched_tokens=max(4096, min(top * PROMPT_LEN, 16384)),

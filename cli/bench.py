@@ -8,6 +8,9 @@ from pathlib import Path
 
 import typer
 
+from omniduplex.cli.bench_speech import bench_tts, bench_tts_stream
+from omniduplex.cli.options import levels as _levels
+
 bench = typer.Typer(
     help="Benchmarks that print tables and write JSON (no timed tests).", no_args_is_help=True
 )
@@ -16,10 +19,8 @@ bench = typer.Typer(
 ROOT = Path(__file__).parents[1]
 """The repository root (``examples/``, ``benchmarks/speech/``)."""
 
-
-def _levels(concurrency: str) -> list[int]:
-    """``"1,4,16"`` → ``[1, 4, 16]`` (a ``--concurrency`` option)."""
-    return [int(c) for c in concurrency.split(",")]
+bench.command("tts")(bench_tts)
+bench.command("tts-stream")(bench_tts_stream)
 
 
 @bench.command("engine")
@@ -191,43 +192,6 @@ def bench_serve(
         cfg_scale=cfg_scale,
         ignore_eos=ignore_eos,
     )
-
-
-@bench.command("tts")
-def bench_tts(
-    model: Path | None = typer.Option(
-        None, help="Qwen3-TTS checkpoint (default: small CustomVoice preset in the cache)."
-    ),
-    concurrency: str = typer.Option("1,16,64", help="Comma-separated concurrent utterance counts."),
-    frames: int = typer.Option(50, help="Codec frames per utterance (12.5 frames = 1 s of audio)."),
-    threads: int | None = typer.Option(
-        None, help="torch intra-op threads (default: 1 per stage process; 2 in-process)."
-    ),
-    processes: bool = typer.Option(
-        True,
-        "--processes/--in-process",
-        help="Talker and codec decoder as two stage processes joined by the relay (the served graph), "
-        "or both in this one process.",
-    ),
-    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
-) -> None:
-    """Qwen3-TTS: TTFP, RTF and audio-seconds per second per concurrency, talker vs codec split."""
-    from omniduplex.app.host.pipeline import cache_dir
-    from omniduplex.benchmarks.tts import run
-    from omniduplex.benchmarks.tts_graph import run_processes
-    from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
-
-    if model is None:
-        model = cache_dir() / "small-qwen3-tts"
-        if not (model / "model.safetensors").is_file():
-            write_tts_checkpoint(model, "small", 0, "custom_voice")
-    levels = _levels(concurrency)
-    if frames < 1 or min(levels) < 1:
-        raise typer.BadParameter("--frames and every --concurrency level must be >= 1")
-    if processes:
-        run_processes(model, levels, frames, threads or 1, json_out)
-    else:
-        run(model, levels, frames, threads or 2, json_out)
 
 
 @bench.command("realtime")

@@ -141,8 +141,11 @@ def serve(
     talker_max_tokens: int = typer.Option(125, help="Talker max codec frames per reply (12.5 frames = 1 s)."),
     speaker: str = typer.Option("ethan", help="Voice (talker_config.speaker_id key)."),
     media_timeout: float = typer.Option(5.0, help="End a session after this long without client audio (s)."),
-    tts: Path | None = typer.Option(
-        None, "--tts", help="Qwen3-TTS checkpoint serving POST /v1/audio/speech (default: the Piper voice)."
+    tts: list[Path] | None = typer.Option(
+        None,
+        "--tts",
+        help="TTS checkpoint serving POST /v1/audio/speech (Qwen3-TTS, VoxCPM2, Higgs Audio v3 or Fish "
+        "Speech S2 Pro; repeatable: a request's model names one by its folder; default: the Piper voice).",
     ),
     tts_graph: bool = typer.Option(
         False,
@@ -200,11 +203,13 @@ def serve(
 
     if turn_detection not in ("silence", "smart"):
         raise typer.BadParameter(f"--turn-detection {turn_detection!r}: choose silence or smart")
-    if tts is not None:
-        from omniduplex.models.qwen3_tts.model import is_qwen3_tts
+    from omniduplex.models.tts_family import tts_family
 
-        if not is_qwen3_tts(tts):
-            raise typer.BadParameter(f"--tts {tts}: not a Qwen3-TTS checkpoint (config.json architectures)")
+    for d in tts or []:
+        if tts_family(d) is None:
+            raise typer.BadParameter(
+                f"--tts {d}: not a Qwen3-TTS, VoxCPM2, Higgs or Fish Speech checkpoint (config.json)"
+            )
     turn = TurnConfig(
         endpoint_ms=endpoint_ms,
         preemptive_ms=preemptive_ms,
@@ -222,7 +227,7 @@ def serve(
         talker_max_tokens=talker_max_tokens,
         speaker=speaker,
         system_prompt=system_prompt,
-        tts=str(tts) if tts else None,
+        tts=[str(d) for d in tts] if tts else None,
         tts_graph=tts_graph,
         media_timeout_s=media_timeout,
         drain_timeout_s=drain_timeout,

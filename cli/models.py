@@ -180,19 +180,27 @@ def init_cascade(
     ),
     tts: Path | None = typer.Option(
         None,
-        help="Piper voice .onnx or a Qwen3-TTS checkpoint directory (default: packaged Piper en_US joe).",
+        help="Piper voice .onnx or a TTS checkpoint directory: Qwen3-TTS, VoxCPM2, Higgs Audio v3 or "
+        "Fish Speech S2 Pro, the family read from its config.json (default: packaged Piper en_US joe).",
     ),
     tts_voice: str | None = typer.Option(
-        None, "--tts-voice", help="Qwen3-TTS CustomVoice speaker (default: the checkpoint's first)."
+        None,
+        "--tts-voice",
+        help="Voice of the --tts checkpoint (Qwen3-TTS: CustomVoice speaker, default its first; "
+        "Higgs: a voices.json voice).",
     ),
     tts_instructions: str | None = typer.Option(
         None, "--tts-instructions", help="Qwen3-TTS VoiceDesign voice description (or CustomVoice style)."
     ),
     tts_ref_audio: Path | None = typer.Option(
-        None, "--tts-ref-audio", help="Qwen3-TTS Base: 24 kHz reference clip to clone (>= 1 s)."
+        None,
+        "--tts-ref-audio",
+        help="Clip to clone: Qwen3-TTS Base 24 kHz (>= 1 s), VoxCPM2 16 kHz, Fish Speech 44.1 kHz.",
     ),
     tts_ref_text: str | None = typer.Option(
-        None, "--tts-ref-text", help="Qwen3-TTS Base: transcript of --tts-ref-audio (in-context cloning)."
+        None,
+        "--tts-ref-text",
+        help="Transcript of --tts-ref-audio (Qwen3-TTS Base: in-context; VoxCPM2: continuation; Fish).",
     ),
 ) -> None:
     """Write a cascade manifest (asr → llm → tts) to pass as --model; unset parts use the packaged weights.
@@ -203,6 +211,7 @@ def init_cascade(
     from omniduplex.models.checkpoint import CheckpointError, read_config
     from omniduplex.models.qwen3_tts.config import TTSConfig
     from omniduplex.models.qwen3_tts.model import is_qwen3_tts
+    from omniduplex.models.tts_family import tts_family
 
     def pick(given: Path | None, packaged) -> Path:
         return given.resolve() if given else weights.locate(packaged)
@@ -213,9 +222,15 @@ def init_cascade(
         "tts_ref_audio": tts_ref_audio.resolve() if tts_ref_audio else None,
         "tts_ref_text": tts_ref_text,
     }
+    family = tts_family(tts) if tts is not None else None  # Qwen3-TTS, VoxCPM2, Higgs or Fish Speech
+    if family is None and any(v is not None for v in voice.values()):
+        raise typer.BadParameter(
+            "--tts-voice / --tts-instructions / --tts-ref-* need a TTS checkpoint (Qwen3-TTS --tts, or a "
+            "VoxCPM2 / Higgs / Fish Speech one)"
+        )
+    if family is None and tts is not None and tts.is_dir():
+        raise typer.BadParameter(f"--tts {tts}: no TTS family's checkpoint (config.json)")
     qwen3 = tts is not None and is_qwen3_tts(tts)
-    if not qwen3 and any(v is not None for v in voice.values()):
-        raise typer.BadParameter("--tts-voice / --tts-instructions / --tts-ref-* need a Qwen3-TTS --tts")
     if qwen3 and tts_voice is not None:
         speakers = TTSConfig.from_dict(read_config(tts)).speakers
         if tts_voice.lower() not in speakers:
@@ -227,7 +242,7 @@ def init_cascade(
             llm=pick(llm, weights.SMOLLM2_135M),
             tts=pick(tts, weights.PIPER_JOE),
             tts_config=None if tts else weights.locate(weights.PIPER_JOE_CONFIG),
-            tts_voice=voice if qwen3 else None,
+            tts_voice=voice if family else None,
         )
         m = load_manifest(path)  # checks that every part exists
     except CheckpointError as e:

@@ -20,10 +20,11 @@ from omniduplex.models.checkpoint import CheckpointError, load_state_dict_into, 
 from omniduplex.models.codecs.dac import DacCodec, DacDecoderConfig, load_codec_into
 from omniduplex.models.codecs.dac_encoder import DacCodecEncoder, DacEncoderConfig, load_codec_encoder_into
 from omniduplex.models.config import ConfigError, DecoderConfig, OmniConfig
+from omniduplex.models.decoder_lm import DecoderLM
 from omniduplex.models.qwen3_omni.audio_encoder import AudioEncoder, AudioEncoderConfig
-from omniduplex.models.qwen3_omni.code2wav import Code2Wav, Code2WavConfig
+from omniduplex.models.qwen3_omni.code2wav import Code2Wav
+from omniduplex.models.qwen3_omni.code2wav_config import Code2WavConfig
 from omniduplex.models.qwen3_omni.talker import Talker
-from omniduplex.models.thinker import Thinker
 from omniduplex.models.unified.model import ARCHITECTURE as UNIFIED
 from omniduplex.models.unified.model import UnifiedConfig, UnifiedLM
 
@@ -46,7 +47,7 @@ class LoadedModel:
     path: Path
     raw_config: dict
     config: OmniConfig | None
-    thinker: Thinker | None = None
+    thinker: DecoderLM | None = None
     talker: Talker | None = None
     code2wav: Code2Wav | None = None
     unified: UnifiedLM | None = None
@@ -107,10 +108,10 @@ def build_modules(raw: dict) -> dict[str, nn.Module]:
         cfg = UnifiedConfig.from_dict(raw)
         return {"": UnifiedLM(cfg), "codec.": DacCodec(DacDecoderConfig.from_dict(cfg.codec_config))}
     if arch != OMNI:
-        return {"": Thinker(text_config(raw, arch))}
+        return {"": DecoderLM(text_config(raw, arch))}
     cfg = OmniConfig.from_dict(raw)
     tower = AudioEncoder(AudioEncoderConfig.from_dict(cfg.thinker.audio))
-    mods: dict[str, nn.Module] = {"thinker.": Thinker(cfg.thinker.text, tower, cfg.thinker.audio_token_id)}
+    mods: dict[str, nn.Module] = {"thinker.": DecoderLM(cfg.thinker.text, tower, cfg.thinker.audio_token_id)}
     if cfg.talker is not None and cfg.code2wav is not None:
         mods["talker."] = Talker(cfg.talker)
         mods["code2wav."] = Code2Wav(Code2WavConfig.from_dict(cfg.code2wav))
@@ -148,7 +149,7 @@ def load_model(
         elif arch == UNIFIED:
             out = _load_unified(raw, files, parts, model_dir)
         else:
-            thinker = Thinker(text_config(raw, arch))
+            thinker = DecoderLM(text_config(raw, arch))
             load_state_dict_into(thinker, files, prefix="")
             out = LoadedModel(arch, model_dir, raw, None, thinker=thinker, parts=("thinker",))
     except ConfigError as e:
@@ -168,7 +169,7 @@ def _load_omni(raw: dict, files, parts: tuple[str, ...], model_dir: Path) -> Loa
         tower = (
             AudioEncoder(AudioEncoderConfig.from_dict(cfg.thinker.audio)) if "audio_tower" in parts else None
         )
-        out.thinker = Thinker(cfg.thinker.text, tower, cfg.thinker.audio_token_id)
+        out.thinker = DecoderLM(cfg.thinker.text, tower, cfg.thinker.audio_token_id)
         if "thinker" in parts:
             load_state_dict_into(
                 out.thinker,

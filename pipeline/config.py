@@ -8,7 +8,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from omniduplex.pipeline.connector import ChunkingConfig
+from omniduplex.pipeline.chunking import ChunkingConfig
 from omniduplex.pipeline.topology import ALL_STAGES, Topology, topology_for, with_side_asr
 
 DEFAULT_GRAPH = Path(__file__).with_name("default_graph.yaml")

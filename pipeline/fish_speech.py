@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -49,23 +48,14 @@ from omniduplex.models.fish_speech.prompt import (
 from omniduplex.pipeline.engine.adapters import TalkerAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
+from omniduplex.pipeline.frame_engine import FrameEngine
 
 _ids = itertools.count()
 DEFAULT_SAMPLING = dict(temperature=0.8, top_k=30, top_p=0.8, repetition_penalty=1.0, max_tokens=1024)
 """Fish Audio's serving defaults (temperature 0.8, top-p 0.8, top-k 30)."""
 
 
-@dataclass
-class FrameEvent:
-    """One engine output of a request: ``codes`` int64 ``[num_codebooks]`` (``None`` on the closing step)."""
-
-    request_id: str
-    codes: torch.Tensor | None
-    finished: bool
-    finish_reason: str | None = None
-
-
-class FishSpeechEngine:
+class FishSpeechEngine(FrameEngine):
     """Continuous-batching Dual-AR generation of one loaded checkpoint.
 
     Args:
@@ -173,21 +163,6 @@ class FishSpeechEngine:
         )
         self.engine.add_request(req)
         self.adapter.end_text(req)  # no text stream: every decode row is the frame's embedding alone
-
-    def abort(self, request_id: str) -> bool:
-        return self.engine.abort(request_id)
-
-    def has_unfinished(self) -> bool:
-        return self.engine.has_unfinished()
-
-    @torch.no_grad()
-    def step(self) -> list[FrameEvent]:
-        """One engine iteration: a frame for every request that sampled a semantic token."""
-        out = []
-        for o in self.engine.step():
-            codes = torch.tensor(o.extras["codes"], dtype=torch.int64) if "codes" in o.extras else None
-            out.append(FrameEvent(o.request_id, codes, o.finished, o.finish_reason))
-        return out
 
 
 class FishStreamDecoder:

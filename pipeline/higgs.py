@@ -8,8 +8,6 @@ The delay-pattern decode state is a slot table updated in one batched step (the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from omniduplex.kernels import cpu_ops
@@ -20,24 +18,13 @@ from omniduplex.models.higgs.rules import RULES, V3
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.higgs_adapter import ENDED, PLACEHOLDER_ID, HiggsAdapter
 from omniduplex.pipeline.engine.request import Request, SamplingParams
+from omniduplex.pipeline.frame_engine import FrameEngine
 
 DEFAULT_SAMPLING = dict(temperature=1.0, top_k=0, top_p=1.0, max_tokens=2048)
 """sglang-omni ``HiggsTtsState`` defaults (temperature 1.0, no top-k / top-p, 2048 new steps)."""
 
 
-@dataclass
-class FrameEvent:
-    """One engine output of a request: ``codes`` int64 ``[N]`` (the un-delayed frame this step completed, ids
-    in ``[0, codebook_size)``; ``None`` when the step completed none), ``finished`` with its ``finish_reason``
-    (``"stop"``: the clip ended; ``"length"``; ``"abort"``)."""
-
-    request_id: str
-    codes: torch.Tensor | None
-    finished: bool
-    finish_reason: str | None = None
-
-
-class HiggsEngine:
+class HiggsEngine(FrameEngine):
     """Continuous-batching Higgs talker of one loaded checkpoint.
 
     Args:
@@ -128,22 +115,6 @@ class HiggsEngine:
             )
         ids = prompt.ids.clamp(min=PLACEHOLDER_ID).tolist()
         self.engine.add_request(Request(request_id, ids, sp, extra={"prompt": prompt}))
-
-    def abort(self, request_id: str) -> bool:
-        return self.engine.abort(request_id)
-
-    def has_unfinished(self) -> bool:
-        return self.engine.has_unfinished()
-
-    @torch.no_grad()
-    def step(self) -> list[FrameEvent]:
-        """One engine iteration: an event for every request that sampled (its frame, if one completed)."""
-        out = []
-        for o in self.engine.step():
-            codes = o.extras.get("codes")
-            codes = torch.tensor(codes, dtype=torch.int64) if codes is not None else None
-            out.append(FrameEvent(o.request_id, codes, o.finished, o.finish_reason))
-        return out
 
 
 @torch.no_grad()

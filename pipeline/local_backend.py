@@ -9,10 +9,11 @@ import threading
 import traceback
 from collections import deque
 
+from omniduplex.pipeline.edge_messages import checked
 from omniduplex.pipeline.messages import StageMessage, goes_downstream
 from omniduplex.pipeline.orchestrator import OutputCallback, output_sources
 from omniduplex.pipeline.stage_stats import worker_stats
-from omniduplex.pipeline.stages import failed_requests
+from omniduplex.pipeline.stages.contract import StageWorker
 from omniduplex.pipeline.topology import SHAPES, Topology, with_side_asr
 
 
@@ -25,7 +26,7 @@ class LocalBackend:
         ValueError: the worker names are not the stages of one graph shape.
     """
 
-    def __init__(self, workers: dict[str, object], topo: Topology | None = None) -> None:
+    def __init__(self, workers: dict[str, StageWorker], topo: Topology | None = None) -> None:
         self.workers = workers
         if topo is None:
             shapes = list(SHAPES) + [with_side_asr(t) for t in SHAPES]
@@ -79,9 +80,7 @@ class LocalBackend:
         if self.thread:
             self.thread.join(timeout=10)
         for w in self.workers.values():
-            close = getattr(w, "close", None)
-            if callable(close):
-                close()
+            w.close()
 
     def _deliver(self, stage: str, msg: StageMessage) -> None:
         try:
@@ -120,9 +119,9 @@ class LocalBackend:
                     for rid in list(self.owner[stage]):
                         self._fail(rid, f"{stage} failed: {err}")
                     continue
-                for rid, error in failed_requests(w):
+                for rid, error in w.pop_errors():
                     self._fail(rid, f"{stage}: {error}")
-                for msg in outs:
+                for msg in checked(stage, outs, self._fail):
                     if msg.last:
                         self.owner[stage].discard(msg.request_id)
                     for source in output_sources(stage, msg, self.topo):

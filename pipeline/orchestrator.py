@@ -27,8 +27,30 @@ from tokenizers import Tokenizer
 
 from omniduplex.pipeline.audio_io import OUTPUT_RATE
 from omniduplex.pipeline.detokenize import IncrementalDetokenizer
-from omniduplex.pipeline.messages import StageMessage, TurnEvent, is_partial_transcript
-from omniduplex.pipeline.stages.tool_calls import EVENT_KEYS as TOOL_CALL_EVENTS
+from omniduplex.pipeline.edge_messages import (
+    CHECK,
+    AudioOutput,
+    DecoderOutput,
+    PartialTranscript,
+    StageError,
+    Transcript,
+    check_message,
+    parse,
+)
+from omniduplex.pipeline.events import (
+    CallArgumentsDelta,
+    CallDone,
+    CallEvent,
+    CallFailed,
+    CallStarted,
+    ReplyAudioChunk,
+    ReplyDone,
+    ReplyFailed,
+    ReplyTextDelta,
+    TurnEvent,
+    UserTranscript,
+)
+from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
 from omniduplex.pipeline.topology import Topology
 
 PartialCallback = Callable[[str, str], None]
@@ -56,7 +78,10 @@ def output_sources(stage: str, msg: StageMessage, topo: Topology) -> list[str]:
 
 
 class Backend(Protocol):
-    """Where the stages run. ``send`` enters a turn at the encoder; ``abort`` reaches every stage."""
+    """Where the stages run. ``send`` enters a turn at the graph's entry; ``abort`` reaches every stage."""
+
+    topo: Topology
+    """The graph the backend routes by."""
 
     def start(self, on_output: OutputCallback) -> None: ...
 
@@ -114,8 +139,7 @@ class Orchestrator:
         self.turns: dict[str, _Turn] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
-        topo = getattr(backend, "topo", None)
-        self.live_asr = topo is not None and tuple(topo.entry_stages) == ("asr",)
+        self.live_asr = tuple(backend.topo.entry_stages) == ("asr",)
         """Whether :meth:`feed` works: the graph's one entry stage is the ASR (the cascade)."""
 
     async def start(self) -> None:
@@ -145,7 +169,7 @@ class Orchestrator:
             turn.open, turn.t_submit = False, time.perf_counter()
             waveform = np.asarray(waveform)[turn.fed :]
         wav = torch.from_numpy(np.ascontiguousarray(waveform, dtype=np.float32))
-        self.backend.send(StageMessage(rid, {"waveform": wav}, dict(meta or {}), last=True))
+        self._send(StageMessage(rid, {"waveform": wav}, dict(meta or {}), last=True))
         return rid
 
     def speak(self, text: str, meta: dict | None = None, request_id: str | None = None) -> str:
@@ -169,7 +193,7 @@ class Orchestrator:
             tensors["ref_audio"] = torch.from_numpy(ref)
         meta.pop("ref_audio", None)
         self.turns[rid] = self._new_turn(rid)
-        self.backend.send(StageMessage(rid, tensors, {**meta, "text": text}, last=True))
+        self._send(StageMessage(rid, tensors, {**meta, "text": text}, last=True))
         return rid
 
     def feed(
@@ -205,7 +229,14 @@ class Orchestrator:
         meta: dict = {"asr_piece": True}
         if prefill is not None:
             meta["prefill"] = prefill
-        self.backend.send(StageMessage(request_id, {"waveform": wav}, meta, last=False))
+        self._send(StageMessage(request_id, {"waveform": wav}, meta, last=False))
+
+    def _send(self, msg: StageMessage) -> None:
+        """Send ``msg`` to the graph's entry (checked against its kind first in debug mode: raises
+        :class:`~.edge_messages.EdgeMessageError`)."""
+        if CHECK:
+            check_message("orchestrator", msg)
+        self.backend.send(msg)
 
     def _new_turn(self, rid: str) -> _Turn:
         return _Turn(
@@ -222,7 +253,7 @@ class Orchestrator:
             while True:
                 ev = await turn.queue.get()
                 yield ev
-                if ev.kind in ("done", "error"):
+                if isinstance(ev, ReplyDone | ReplyFailed):
                     return
         finally:
             self.turns.pop(request_id, None)
@@ -237,7 +268,7 @@ class Orchestrator:
         if turn.open:  # fed, never submitted: nobody reads its events
             self.turns.pop(request_id, None)
             return
-        turn.queue.put_nowait(TurnEvent("error", request_id, error="cancelled"))
+        turn.queue.put_nowait(ReplyFailed("cancelled", request_id))
 
     def turn_record(self, request_id: str) -> dict[str, list]:
         """``prompt_token_ids``, ``text_token_ids`` (Thinker or unified LM text) and ``codes`` (one list of
@@ -254,68 +285,68 @@ class Orchestrator:
         self.loop.call_soon_threadsafe(self._handle, source, msg)
 
     def _handle(self, source: str, msg: StageMessage) -> None:
+        """Dispatch one output of the graph by its source (:data:`OutputCallback`) to its handler, which
+        reads the message as its kind (:mod:`.edge_messages`)."""
         turn = self.turns.get(msg.request_id)
         if turn is None or turn.finished:
             return
-        put = turn.queue.put_nowait
-        if source == "error":
+        handler = self._handlers.get(source)
+        if handler is not None:
+            handler(self, turn, msg)
+
+    def _on_error(self, turn: _Turn, msg: StageMessage) -> None:
+        err = parse(StageError, msg)
+        turn.finished = True
+        self.backend.abort(turn.request_id)
+        if turn.open:  # failed while fed: its submit will find no turn and start afresh
+            self.turns.pop(turn.request_id, None)
+            return
+        turn.queue.put_nowait(ReplyFailed(str(err.error) or "pipeline error", turn.request_id))
+
+    def _on_partial(self, turn: _Turn, msg: StageMessage) -> None:
+        if turn.open and turn.on_partial is not None:
+            p = parse(PartialTranscript, msg)
+            turn.on_partial(str(p.partial_transcript), str(p.stable_transcript))
+
+    def _on_transcript(self, turn: _Turn, msg: StageMessage) -> None:
+        t = parse(Transcript, msg)
+        turn.t_transcript = time.perf_counter()
+        turn.transcript_pending = False
+        turn.stage_ms["asr_wall_ms"] = 1000 * (turn.t_transcript - turn.t_submit)
+        if t.asr_ms is not None:
+            turn.stage_ms["asr_ms"] = float(t.asr_ms)
+        if t.asr_tail_s is not None:  # fed while spoken: the audio left to decode at end of turn
+            turn.stage_ms["asr_tail_s"] = float(t.asr_tail_s)
+        turn.queue.put_nowait(UserTranscript(str(t.transcript), list(t.words), turn.request_id))
+        if turn.done_metrics is not None:
             turn.finished = True
-            self.backend.abort(msg.request_id)
-            if turn.open:  # failed while fed: its submit will find no turn and start afresh
-                self.turns.pop(msg.request_id, None)
-                return
-            put(TurnEvent("error", msg.request_id, error=str(msg.meta.get("error", "stage failure"))))
-            return
-        if source == "partial":
-            if turn.open and turn.on_partial is not None:
-                meta = msg.meta
-                turn.on_partial(str(meta["partial_transcript"]), str(meta.get("stable_transcript", "")))
-            return
-        if source == "transcript":
-            turn.t_transcript = time.perf_counter()
-            turn.transcript_pending = False
-            turn.stage_ms["asr_wall_ms"] = 1000 * (turn.t_transcript - turn.t_submit)
-            if "asr_ms" in msg.meta:
-                turn.stage_ms["asr_ms"] = float(msg.meta["asr_ms"])
-            if "asr_tail_s" in msg.meta:  # fed while spoken: the audio left to decode at end of turn
-                turn.stage_ms["asr_tail_s"] = float(msg.meta["asr_tail_s"])
-            put(
-                TurnEvent(
-                    "transcript",
-                    msg.request_id,
-                    text=str(msg.meta.get("transcript", "")),
-                    words=list(msg.meta.get("words", [])),
-                )
-            )
-            if turn.done_metrics is not None:
-                turn.finished = True
-                put(TurnEvent("done", msg.request_id, metrics=turn.done_metrics))
-            return
-        if source == "text":
-            if "prompt_ids" in msg.tensors:
-                turn.prompt_ids = msg.tensors["prompt_ids"].tolist()
-            ids = msg.tensors["token"].tolist()
-            turn.token_ids += ids
-            for key in TOOL_CALL_EVENTS:  # a call's events, before the text of the same message
-                if key in msg.meta:
-                    put(TurnEvent("tool_call", msg.request_id, tool={"event": key, **dict(msg.meta[key])}))
-            delta = msg.meta["text"] if "text" in msg.meta else turn.detok.push_many(ids, final=msg.last)
-            if delta:
-                put(TurnEvent("text", msg.request_id, text=delta))
-            return
-        if source == "codes":
-            if self.record:
-                turn.codes.append(msg.tensors["codes"].tolist())
-            return
-        if source != "audio":
-            return
+            turn.queue.put_nowait(ReplyDone(turn.done_metrics, turn.request_id))
+
+    def _on_text(self, turn: _Turn, msg: StageMessage) -> None:
+        out = parse(DecoderOutput, msg)
+        if "prompt_ids" in msg.tensors:
+            turn.prompt_ids = msg.tensors["prompt_ids"].tolist()
+        ids = msg.tensors["token"].tolist()
+        turn.token_ids += ids
+        for call in _call_events(out, turn.request_id):  # a call's events, before the same message's text
+            turn.queue.put_nowait(call)
+        delta = out.text if out.text is not None else turn.detok.push_many(ids, final=msg.last)
+        if delta:
+            turn.queue.put_nowait(ReplyTextDelta(delta, turn.request_id))
+
+    def _on_codes(self, turn: _Turn, msg: StageMessage) -> None:
+        if self.record:
+            turn.codes.append(msg.tensors["codes"].tolist())
+
+    def _on_audio(self, turn: _Turn, msg: StageMessage) -> None:
+        out = parse(AudioOutput, msg)
         pcm = msg.tensors.get("pcm")
         if pcm is not None and pcm.numel():
             if turn.t_first_audio is None:
                 turn.t_first_audio = time.perf_counter()
-                self._split_ttfp(turn, msg.meta)
+                self._split_ttfp(turn, out)
             turn.samples += pcm.numel()
-            put(TurnEvent("audio", msg.request_id, pcm=pcm.cpu().numpy(), text=str(msg.meta.get("text", ""))))
+            turn.queue.put_nowait(ReplyAudioChunk(pcm.cpu().numpy(), str(out.text or ""), turn.request_id))
         if msg.last:
             now = time.perf_counter()
             audio_s = turn.samples / self.output_rate
@@ -333,21 +364,45 @@ class Orchestrator:
                 turn.done_metrics = metrics
                 return
             turn.finished = True
-            put(TurnEvent("done", msg.request_id, metrics=metrics))
+            turn.queue.put_nowait(ReplyDone(metrics, turn.request_id))
+
+    _handlers: dict[str, Callable[[Orchestrator, _Turn, StageMessage], None]] = {
+        "error": _on_error,
+        "partial": _on_partial,
+        "transcript": _on_transcript,
+        "text": _on_text,
+        "codes": _on_codes,
+        "audio": _on_audio,
+    }
+    """:data:`OutputCallback` source → its handler."""
 
     @staticmethod
-    def _split_ttfp(turn: _Turn, meta: dict) -> None:
+    def _split_ttfp(turn: _Turn, out: AudioOutput) -> None:
         """TTFP split (ms). Qwen3-TTS graph: ``talker_first_frame_ms`` (the talker stage: admission → first
         frame) and ``codec_first_chunk_ms`` (the decode call of the first piece); the rest is relay hops and
         queueing. Cascade: ``asr_ms`` (the ASR stage's compute; ``asr_wall_ms``: submit → transcript,
         waits and relay hops included), ``tts_first_chunk_ms`` (synthesis of
         the first clause) and ``llm_first_clause_ms`` (transcript out → first clause audio, less that
         synthesis: the LLM's prefill and the tokens of its first clause, plus relay hops)."""
-        if "talker_ms" in meta:  # the Qwen3-TTS graph: the talker's first frame, then its 1-frame decode
-            turn.stage_ms["talker_first_frame_ms"] = float(meta["talker_ms"])
-            turn.stage_ms["codec_first_chunk_ms"] = float(meta.get("codec_ms", 0.0))
-        if "tts_ms" not in meta or turn.t_transcript is None:
+        if out.talker_ms is not None:  # Qwen3-TTS graph: the talker's first frame, then its 1-frame decode
+            turn.stage_ms["talker_first_frame_ms"] = float(out.talker_ms)
+            turn.stage_ms["codec_first_chunk_ms"] = float(out.codec_ms or 0.0)
+        if out.tts_ms is None or turn.t_transcript is None:
             return
-        tts = float(meta["tts_ms"])
+        tts = float(out.tts_ms)
         turn.stage_ms["tts_first_chunk_ms"] = tts
         turn.stage_ms["llm_first_clause_ms"] = max(0.0, 1000 * (turn.t_first_audio - turn.t_transcript) - tts)
+
+
+def _call_events(out: DecoderOutput, request_id: str) -> list[CallEvent]:
+    """The function-call events of one LLM message, in the order :data:`.stages.tool_calls.EVENT_KEYS`."""
+    calls: list[CallEvent] = []
+    if (e := out.tool_call_started) is not None:
+        calls.append(CallStarted(e.call_id, e.name, e.index, request_id))
+    if (e := out.tool_call_arguments_delta) is not None:
+        calls.append(CallArgumentsDelta(e.call_id, e.delta, request_id))
+    if (e := out.tool_call_done) is not None:
+        calls.append(CallDone(e.call_id, e.name, e.arguments, request_id))
+    if (e := out.tool_call_failed) is not None:
+        calls.append(CallFailed(e.call_id, e.name, e.error, request_id))
+    return calls

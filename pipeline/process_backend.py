@@ -21,7 +21,6 @@ import multiprocessing as mp
 import os
 import queue
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -31,7 +30,15 @@ import zmq
 from omniduplex.pipeline.config import PipelineConfig
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.orchestrator import OutputCallback, output_sources
-from omniduplex.pipeline.stage_process import Wiring, edge_config, pack, run_stage, unpack
+from omniduplex.pipeline.stage_process import (
+    StageStartError,
+    Wiring,
+    edge_config,
+    kill_leftovers,
+    pack,
+    run_stage,
+    unpack,
+)
 from omniduplex.pipeline.stage_stats import producer_stats
 from omniduplex.pipeline.topology import ORCHESTRATOR
 from omniduplex.pipeline.workers import prepare
@@ -44,26 +51,6 @@ STARTUP_TIMEOUT_S = 180.0
 CHECK_EVERY_S = 1.0
 """Longest the backend thread blocks before it looks at the stage processes anyway (s); a stage's death
 wakes it at once (its process sentinel)."""
-
-
-class StageStartError(RuntimeError):
-    """A stage process did not report ready: ``stage`` failed with ``cause`` (``"<ExceptionType>: <message>"``
-    as the stage reported it, e.g. ``"CheckpointError: ..."``; ``None`` when it died without a word or timed
-    out)."""
-
-    def __init__(self, message: str, stage: str | None = None, cause: str | None = None) -> None:
-        super().__init__(message)
-        self.stage, self.cause = stage, cause
-
-
-def kill_leftovers(proc: mp.Process) -> None:
-    """Kill what a stopped or dead stage process leaves behind: the processes of the process group it leads,
-    if it made one (a vLLM stage does: vLLM's engine core and workers, which outlive a stage killed outright).
-    A stage that made no group has none with its pid as id, so nothing else is touched."""
-    if proc.pid is None or proc.pid == os.getpgrp():
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 class ProcessBackend:

@@ -15,7 +15,6 @@ top-p 0.8 (the adapter's Qwen3-Omni setting; the reference's is 1.0). Greedy fra
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
@@ -26,22 +25,13 @@ from omniduplex.models.qwen3_tts.prompt import PromptError, TalkerPrompt
 from omniduplex.pipeline.engine.adapters import TalkerAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
+from omniduplex.pipeline.frame_engine import FrameEngine
 
 DEFAULT_SAMPLING = dict(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, max_tokens=2048)
 """``Qwen3TTSForConditionalGeneration.generate`` defaults (qwen-tts 0.1.1; max_new_tokens 4096 there)."""
 
 
-@dataclass
-class FrameEvent:
-    """One engine output of a request: ``codes`` int64 ``[G]`` (``None`` on the closing step)."""
-
-    request_id: str
-    codes: torch.Tensor | None
-    finished: bool
-    finish_reason: str | None = None
-
-
-class Qwen3TTSEngine:
+class Qwen3TTSEngine(FrameEngine):
     """Continuous-batching talker of one loaded checkpoint.
 
     Args:
@@ -100,21 +90,6 @@ class Qwen3TTSEngine:
         if prompt.trailing.shape[0]:
             self.adapter.feed_text(req, prompt.trailing.to(dtype))
         self.adapter.end_text(req)
-
-    def abort(self, request_id: str) -> bool:
-        return self.engine.abort(request_id)
-
-    def has_unfinished(self) -> bool:
-        return self.engine.has_unfinished()
-
-    @torch.no_grad()
-    def step(self) -> list[FrameEvent]:
-        """One engine iteration: a frame for every request that sampled a non-final codebook-0 id."""
-        out = []
-        for o in self.engine.step():
-            codes = torch.tensor(o.extras["codes"], dtype=torch.int64) if "codes" in o.extras else None
-            out.append(FrameEvent(o.request_id, codes, o.finished, o.finish_reason))
-        return out
 
 
 @torch.no_grad()

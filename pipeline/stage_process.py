@@ -12,8 +12,11 @@ idle stage costs no CPU; while it has work it only peeks at them between steps.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import multiprocessing as mp
 import os
+import signal
 import sys
 import traceback
 from dataclasses import dataclass
@@ -22,9 +25,10 @@ import torch
 import zmq
 
 from omniduplex.pipeline.config import PipelineConfig
+from omniduplex.pipeline.edge_messages import checked
 from omniduplex.pipeline.messages import StageMessage, goes_downstream, is_partial_transcript
 from omniduplex.pipeline.stage_stats import StatsReporter, producer_stats, worker_stats
-from omniduplex.pipeline.stages import failed_requests
+from omniduplex.pipeline.stages.contract import StageWorker
 from omniduplex.pipeline.topology import ORCHESTRATOR, Topology
 from omniduplex.relay import ConsumerDied, EdgeConfig, EdgeConsumer, EdgeProducer, RelayError
 
@@ -57,6 +61,26 @@ class Wiring:
 def edge_config(pcfg: PipelineConfig, src: str, dst: str) -> EdgeConfig:
     e = pcfg.edges.get(f"{src}->{dst}")
     return EdgeConfig(slots=e.slots, slot_bytes=e.slot_bytes) if e else EdgeConfig(slots=16)
+
+
+class StageStartError(RuntimeError):
+    """A stage process did not report ready: ``stage`` failed with ``cause`` (``"<ExceptionType>: <message>"``
+    as the stage reported it, e.g. ``"CheckpointError: ..."``; ``None`` when it died without a word or timed
+    out)."""
+
+    def __init__(self, message: str, stage: str | None = None, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.stage, self.cause = stage, cause
+
+
+def kill_leftovers(proc: mp.Process) -> None:
+    """Kill what a stopped or dead stage process leaves behind: the processes of the process group it leads,
+    if it made one (a vLLM stage does: vLLM's engine core and workers, which outlive a stage killed outright).
+    A stage that made no group has none with its pid as id, so nothing else is touched."""
+    if proc.pid is None or proc.pid == os.getpgrp():
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def pack(msg: StageMessage, edge: tuple[str, str], topo: Topology) -> dict[str, torch.Tensor]:
@@ -93,6 +117,7 @@ class StageLoop:
         self.control.setsockopt(zmq.SUBSCRIBE, b"")
         self.producers: dict[str, EdgeProducer] = {}
         self.consumer: EdgeConsumer | None = None
+        self.worker: StageWorker | None = None
         try:
             for dst in self.topo.out_edges(stage):
                 self.producers[dst] = EdgeProducer(
@@ -150,9 +175,8 @@ class StageLoop:
             p.close()
         if self.consumer is not None:
             self.consumer.close()
-        close = getattr(getattr(self, "worker", None), "close", None)
-        if callable(close):
-            close()
+        if self.worker is not None:  # None: the build failed
+            self.worker.close()
 
     def _fail(self, rid: str, error: str) -> None:
         self.worker.abort(rid)
@@ -191,8 +215,8 @@ class StageLoop:
 
     def _step(self) -> bool:
         """One worker step; its outputs go downstream. ``False`` when it produced nothing."""
-        outs = self.worker.step()
-        for rid, error in failed_requests(self.worker):
+        outs = checked(self.stage, self.worker.step(), self._fail)
+        for rid, error in self.worker.pop_errors():
             self._fail(rid, f"{self.stage}: {error}")
         for msg in outs:
             for dst, producer in self.producers.items():

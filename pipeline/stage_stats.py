@@ -15,7 +15,8 @@ STATS_EVERY_S = 1.0
 
 
 def worker_stats(worker) -> dict[str, int]:
-    """Gauges of one stage worker (counts of requests and of 16-token KV blocks).
+    """Gauges of one stage worker, its :meth:`~.stages.contract.StageWorker.stats` (counts of requests and of
+    16-token KV blocks).
 
     ``batch_size``: requests the next step works on (an engine's running requests, a batching worker's next
     batch, a streaming worker's open streams). ``queue_depth``: requests waiting beyond that batch.
@@ -23,23 +24,7 @@ def worker_stats(worker) -> dict[str, int]:
     ``cuda_graph_hits`` / ``cuda_graph_misses``: steps (engine stages; the Talker's code predictor included)
     and pushes (Code2Wav) replayed as CUDA graphs / run eagerly, for stages that captured graphs only.
     """
-    stats = getattr(worker, "stats", None)
-    if callable(stats):  # workers that keep their own gauges (the LLM stage on vLLM)
-        return stats()
-    engine = getattr(worker, "engine", None)
-    if engine is not None:  # thinker, talker, unified, cascade LLM
-        return engine_stats(engine)
-    graphs = getattr(worker, "graph_stats", None)
-    if callable(graphs):  # the vocoder: its open streams, and its CUDA graphs' hits when it has some
-        return {"queue_depth": 0, "batch_size": len(worker.streams), **graphs()}
-    pending = getattr(worker, "pending", None)
-    if pending is not None:  # encoder, codec_encoder, asr: batches of whole turns
-        cap = max(1, int(getattr(worker, "max_batch", 1)))
-        return {"queue_depth": max(0, len(pending) - cap), "batch_size": min(len(pending), cap)}
-    streams = getattr(worker, "streams", None)
-    if streams is None:
-        streams = getattr(worker, "turns", {})  # tts
-    return {"queue_depth": 0, "batch_size": len(streams)}
+    return worker.stats()
 
 
 def engine_stats(engine) -> dict[str, int]:

@@ -40,7 +40,7 @@ class Topology:
     """One graph shape.
 
     Attributes:
-        name: ``qwen3-omni``, ``unified`` or ``cascade``.
+        name: ``qwen3-omni``, ``unified``, ``cascade`` or ``qwen3-tts``.
         stages: stage names in chain order; ``stages[0]`` takes turns, ``stages[-1]`` emits PCM.
         to_orchestrator: stages with an edge back to the orchestrator.
         edge_tensors: ``(producer, consumer)`` → names of the tensors that travel on that edge

@@ -5,6 +5,8 @@ Used both in-process and by the stage processes, so the wiring is defined once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,16 +20,17 @@ from omniduplex.models.qwen3_omni.code2wav_stream import Code2WavStream
 from omniduplex.models.qwen3_omni.talker_prompt import TalkerTextEmbeds
 from omniduplex.models.registry import load_model
 from omniduplex.models.weights import WHISPER_TINY_EN, cache_dir, locate
+from omniduplex.pipeline.chunking import ChunkingConfig
 from omniduplex.pipeline.config import PipelineConfig, StageConfig
-from omniduplex.pipeline.connector import ChunkingConfig
 from omniduplex.pipeline.stage_engines import check_backends
 from omniduplex.pipeline.stages.codec_encoder import CodecEncoderWorker
+from omniduplex.pipeline.stages.contract import StageWorker
 from omniduplex.pipeline.stages.encoder import EncoderWorker
 from omniduplex.pipeline.stages.talker import TalkerWorker
 from omniduplex.pipeline.stages.thinker import ThinkerWorker
 from omniduplex.pipeline.stages.unified import UnifiedWorker
 from omniduplex.pipeline.stages.vocoder import VocoderWorker
-from omniduplex.pipeline.topology import CASCADE, CASCADE_OUTPUT_RATE, QWEN3_TTS
+from omniduplex.pipeline.topology import CASCADE_OUTPUT_RATE
 
 PARTS = {
     "encoder": ("audio_tower",),
@@ -49,7 +52,7 @@ def _dtype(cfg: StageConfig) -> torch.dtype:
 
 def auto_dtype(cpuinfo: str | None = None) -> torch.dtype:
     """bf16 on a CPU with native bf16 matrix units (AMX or AVX512-BF16 in ``/proc/cpuinfo`` flags), else fp32
-    (where bf16 GEMMs are emulated and run slower than fp32: ENVIRONMENT.md)."""
+    (where bf16 GEMMs are emulated and run slower than fp32)."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo") as f:
@@ -87,82 +90,97 @@ def code2wav_graphs(model, cfg: StageConfig, chunking: ChunkingConfig):
     return Code2WavGraphs(model, backend, [chunking.initial_codec_chunk_frames, chunking.codec_chunk_frames])
 
 
-def build_worker(
-    stage: str, model_dir: str | Path, cfg: StageConfig, chunking: ChunkingConfig, side_asr: str | None = None
-):
-    """Load the parts of the checkpoint (or cascade manifest) ``stage`` runs and wrap them in its worker.
+@dataclass(frozen=True)
+class StageBuild:
+    """What a stage's builder gets: the checkpoint (or cascade manifest) directory, the stage's settings, the
+    graph's chunking, and the side ASR's Whisper directory (``"packaged"``: the packaged tiny.en)."""
 
-    ``side_asr``: the Whisper directory of the side ASR stage of a speech-LM graph (``"packaged"`` = the
-    packaged tiny.en), used when ``stage`` is ``asr`` and ``model_dir`` is not a cascade."""
-    if stage == "asr" and not is_cascade(model_dir):
-        return _asr_worker(_side_asr_dir(side_asr), cfg)
-    if stage in CASCADE.stages:
-        return _cascade_worker(stage, load_manifest(model_dir), cfg, chunking)
-    if stage in QWEN3_TTS.stages:
-        return _tts_graph_worker(stage, model_dir, cfg, chunking)
-    model = load_model(model_dir, parts=PARTS[stage], dtype=_dtype(cfg), device=cfg.device)
-    if stage in ENGINE_STAGES:
-        _prepack(getattr(model, "unified" if stage == "unified" else stage), cfg)
-    if stage == "codec_encoder":
-        return CodecEncoderWorker(model, max_batch=cfg.max_num_seqs)
-    if stage == "unified":
-        return UnifiedWorker(
-            model,
-            cfg.num_kv_blocks,
-            cfg.max_num_seqs,
-            cfg.max_num_batched_tokens,
-            enable_prefix_caching=cfg.enable_prefix_caching,
-            cuda_graphs=cfg.cuda_graphs,
-        )
-    if stage == "codec":
-        return VocoderWorker(lambda: DacDecodeStream(model.codec), chunking)
-    if stage == "encoder":
-        return EncoderWorker(model, max_batch=cfg.max_num_seqs)
-    if stage == "thinker":
-        return ThinkerWorker(
-            model,
-            cfg.num_kv_blocks,
-            cfg.max_num_seqs,
-            cfg.max_num_batched_tokens,
-            enable_prefix_caching=cfg.enable_prefix_caching,
-            cuda_graphs=cfg.cuda_graphs,
-        )
-    if stage == "talker":
-        return TalkerWorker(
-            model,
-            talker_specials(model, model_dir),
-            cfg.num_kv_blocks,
-            cfg.max_num_seqs,
-            cfg.max_num_batched_tokens,
-            enable_prefix_caching=cfg.enable_prefix_caching,
-            cuda_graphs=cfg.cuda_graphs,
-        )
-    return VocoderWorker(
-        lambda: Code2WavStream(model.code2wav), chunking, code2wav_graphs(model.code2wav, cfg, chunking)
+    model_dir: Path
+    cfg: StageConfig
+    chunking: ChunkingConfig
+    side_asr: str | None = None
+
+    def load(self, stage: str):
+        """The checkpoint's parts of ``stage`` (:data:`PARTS`), in the stage's dtype on its device; the
+        decoders of engine stages prepacked (:func:`_prepack`)."""
+        model = load_model(self.model_dir, parts=PARTS[stage], dtype=_dtype(self.cfg), device=self.cfg.device)
+        if stage in ENGINE_STAGES:
+            _prepack(getattr(model, stage), self.cfg)
+        return model
+
+
+def _engine_args(b: StageBuild) -> tuple[tuple, dict]:
+    cfg = b.cfg
+    return (cfg.num_kv_blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens), dict(
+        enable_prefix_caching=cfg.enable_prefix_caching, cuda_graphs=cfg.cuda_graphs
     )
+
+
+def _encoder(b: StageBuild) -> StageWorker:
+    return EncoderWorker(b.load("encoder"), max_batch=b.cfg.max_num_seqs)
+
+
+def _thinker(b: StageBuild) -> StageWorker:
+    args, kw = _engine_args(b)
+    return ThinkerWorker(b.load("thinker"), *args, **kw)
+
+
+def _talker(b: StageBuild) -> StageWorker:
+    model = b.load("talker")
+    args, kw = _engine_args(b)
+    return TalkerWorker(model, talker_specials(model, b.model_dir), *args, **kw)
+
+
+def _code2wav(b: StageBuild) -> StageWorker:
+    model = b.load("code2wav")
+    graphs = code2wav_graphs(model.code2wav, b.cfg, b.chunking)
+    return VocoderWorker(lambda: Code2WavStream(model.code2wav), b.chunking, graphs)
+
+
+def _codec_encoder(b: StageBuild) -> StageWorker:
+    return CodecEncoderWorker(b.load("codec_encoder"), max_batch=b.cfg.max_num_seqs)
+
+
+def _unified(b: StageBuild) -> StageWorker:
+    args, kw = _engine_args(b)
+    return UnifiedWorker(b.load("unified"), *args, **kw)
+
+
+def _codec(b: StageBuild) -> StageWorker:
+    model = b.load("codec")
+    return VocoderWorker(lambda: DacDecodeStream(model.codec), b.chunking)
+
+
+def _asr(b: StageBuild) -> StageWorker:
+    """The cascade's ASR, or the side ASR of a speech-LM graph (``model_dir`` is then not a cascade)."""
+    if is_cascade(b.model_dir):
+        return _asr_worker(load_manifest(b.model_dir).asr, b.cfg)
+    return _asr_worker(_side_asr_dir(b.side_asr), b.cfg)
 
 
 TTS_TALKER_PARTS = ("talker", "speaker_encoder", "codec_encoder")
 """Qwen3-TTS parts the talker stage loads: the talker, and what voice cloning needs (Base checkpoints)."""
 
 
-def _tts_graph_worker(stage: str, model_dir, cfg: StageConfig, chunking: ChunkingConfig):
-    """A stage of the Qwen3-TTS graph: the talker (+ code predictor) on our engine, or the streamed, batched
-    codec decoder (``max_num_seqs`` utterances per decode call)."""
+def _tts_talker(b: StageBuild) -> StageWorker:
+    """The Qwen3-TTS graph's talker (+ code predictor) on our engine."""
     from omniduplex.models.qwen3_tts.model import load_qwen3_tts
-
-    dtype = _dtype(cfg)
-    if stage == "tts_codec":
-        from omniduplex.pipeline.stages.qwen3_tts_codec import Qwen3TTSCodecWorker
-
-        model = load_qwen3_tts(model_dir, parts=("codec",), dtype=dtype, device=cfg.device)
-        return Qwen3TTSCodecWorker(
-            model.codec, chunking.tts_first_chunk_frames, chunking.tts_chunk_frames, cfg.max_num_seqs
-        )
     from omniduplex.pipeline.stages.qwen3_tts_talker import Qwen3TTSTalkerWorker
 
-    model = load_qwen3_tts(model_dir, parts=TTS_TALKER_PARTS, dtype=dtype, device=cfg.device)
-    return Qwen3TTSTalkerWorker(*_qwen3_tts_engine(model, model_dir, cfg))
+    model = load_qwen3_tts(b.model_dir, parts=TTS_TALKER_PARTS, dtype=_dtype(b.cfg), device=b.cfg.device)
+    return Qwen3TTSTalkerWorker(*_qwen3_tts_engine(model, b.model_dir, b.cfg))
+
+
+def _tts_codec(b: StageBuild) -> StageWorker:
+    """The Qwen3-TTS graph's streamed, batched codec decoder (``max_num_seqs`` utterances per decode call)."""
+    from omniduplex.models.qwen3_tts.model import load_qwen3_tts
+    from omniduplex.pipeline.stages.qwen3_tts_codec import Qwen3TTSCodecWorker
+
+    model = load_qwen3_tts(b.model_dir, parts=("codec",), dtype=_dtype(b.cfg), device=b.cfg.device)
+    chunking = b.chunking
+    return Qwen3TTSCodecWorker(
+        model.codec, chunking.tts_first_chunk_frames, chunking.tts_chunk_frames, b.cfg.max_num_seqs
+    )
 
 
 def _qwen3_tts_engine(model, model_dir, cfg: StageConfig):
@@ -208,22 +226,42 @@ def _qwen3_tts_worker(manifest, cfg: StageConfig, chunking: ChunkingConfig):
     )
 
 
-def _cascade_worker(stage: str, manifest, cfg: StageConfig, chunking: ChunkingConfig):
-    """The ASR (faster-whisper), LLM (our engine; vLLM with ``backend: vllm``; an OpenAI-compatible server
-    with ``backend: openai``) or TTS (Piper) worker of a cascade; each runs its library on
-    ``cfg.torch_threads`` threads (one per stage process holds up under contention; vLLM's CPU backend binds
-    its own OpenMP threads)."""
-    if stage == "asr":
-        return _asr_worker(manifest.asr, cfg)
-    if stage == "tts" and manifest.tts_is_qwen3:
-        return _qwen3_tts_worker(manifest, cfg, chunking)
-    if stage == "tts":
-        from omniduplex.models.cascade.tts import PiperTTS
-        from omniduplex.pipeline.stages.tts import TTSWorker
+def _family_tts_worker(manifest, cfg: StageConfig) -> StageWorker:
+    """The cascade's TTS stage on a VoxCPM2 / Higgs / Fish Speech checkpoint (its family from
+    ``config.json``), speaking in the manifest's voice (checked here: a bad voice or clip fails the stage's
+    start with the reason)."""
+    import soundfile as sf
 
-        # a 4-word first clause: the first audio waits for ~5 LLM tokens instead of ~8 (TTFP)
-        tts = PiperTTS(manifest.tts, manifest.tts_config, threads=cfg.torch_threads)
-        return TTSWorker(tts, CASCADE_OUTPUT_RATE, first_max_words=4)
+    from omniduplex.pipeline.stages.family_tts import FamilyTTSStageWorker
+    from omniduplex.pipeline.tts_family import load_runner
+
+    runner = load_runner(manifest.tts, max_num_seqs=cfg.max_num_seqs, num_blocks=cfg.num_kv_blocks)
+    voice = manifest.tts_voice
+    if manifest.tts_ref_audio is not None:
+        wav, rate = sf.read(manifest.tts_ref_audio, dtype="float32", always_2d=True)
+        voice = (wav.mean(axis=1), int(rate), manifest.tts_ref_text)
+    return FamilyTTSStageWorker(runner, voice, CASCADE_OUTPUT_RATE, max_frames=manifest.tts_max_frames)
+
+
+def _tts_worker(manifest, cfg: StageConfig, chunking: ChunkingConfig) -> StageWorker:
+    """The cascade's TTS: Qwen3-TTS on our engine when the manifest names a Qwen3-TTS checkpoint, VoxCPM2,
+    Higgs or Fish Speech on theirs (:func:`_family_tts_worker`), else Piper on ``cfg.torch_threads``
+    threads."""
+    if manifest.tts_is_qwen3:
+        return _qwen3_tts_worker(manifest, cfg, chunking)
+    if manifest.tts_family is not None:
+        return _family_tts_worker(manifest, cfg)
+    from omniduplex.models.cascade.tts import PiperTTS
+    from omniduplex.pipeline.stages.tts import TTSWorker
+
+    # a 4-word first clause: the first audio waits for ~5 LLM tokens instead of ~8 (TTFP)
+    tts = PiperTTS(manifest.tts, manifest.tts_config, threads=cfg.torch_threads)
+    return TTSWorker(tts, CASCADE_OUTPUT_RATE, first_max_words=4)
+
+
+def _llm_worker(manifest, cfg: StageConfig) -> StageWorker:
+    """The cascade's LLM: our engine; vLLM with ``backend: vllm`` (its CPU backend binds its own OpenMP
+    threads); an OpenAI-compatible server with ``backend: openai``."""
     if cfg.backend == "openai":  # an OpenAI-compatible server is the brain: no local LLM to load
         from omniduplex.pipeline.stages.openai_llm import OpenAILLMWorker
 
@@ -265,6 +303,42 @@ def _side_asr_dir(side_asr: str | None) -> Path:
     return Path(side_asr)
 
 
+BUILDERS: dict[str, Callable[[StageBuild], StageWorker]] = {
+    "encoder": _encoder,
+    "thinker": _thinker,
+    "talker": _talker,
+    "code2wav": _code2wav,
+    "codec_encoder": _codec_encoder,
+    "unified": _unified,
+    "codec": _codec,
+    "asr": _asr,
+    "llm": lambda b: _llm_worker(load_manifest(b.model_dir), b.cfg),
+    "tts": lambda b: _tts_worker(load_manifest(b.model_dir), b.cfg, b.chunking),
+    "tts_talker": _tts_talker,
+    "tts_codec": _tts_codec,
+}
+"""Stage kind → the builder of its worker: every stage of every :data:`.topology.SHAPES` graph (and the side
+ASR). A new stage kind adds its row here and its worker under :mod:`.stages`."""
+
+
+def build_worker(
+    stage: str, model_dir: str | Path, cfg: StageConfig, chunking: ChunkingConfig, side_asr: str | None = None
+) -> StageWorker:
+    """Load the parts of the checkpoint (or cascade manifest) ``stage`` runs and wrap them in its worker
+    (:data:`BUILDERS`).
+
+    ``side_asr``: the Whisper directory of the side ASR stage of a speech-LM graph (``"packaged"`` = the
+    packaged tiny.en), used when ``stage`` is ``asr`` and ``model_dir`` is not a cascade.
+
+    Raises:
+        ValueError: ``stage`` is no stage kind of any graph.
+    """
+    builder = BUILDERS.get(stage)
+    if builder is None:
+        raise ValueError(f"no stage kind {stage!r} (known: {', '.join(BUILDERS)})")
+    return builder(StageBuild(Path(model_dir), cfg, chunking, side_asr))
+
+
 def prepare(pcfg: PipelineConfig) -> None:
     """Work to do once in the parent before stage processes start: a cascade's GGUF LLM is imported
     (and a Moonshine ASR converted) into the cache here, so the stages (and their restarts) only read the
@@ -282,7 +356,7 @@ def prepare(pcfg: PipelineConfig) -> None:
         manifest = load_manifest(pcfg.model)
         if pcfg.stage("llm").backend != "openai":
             resolve_llm(manifest, cache_dir())
-        from omniduplex.models.cascade.moonshine import converted_dir, is_moonshine_dir
+        from omniduplex.models.cascade.moonshine_files import converted_dir, is_moonshine_dir
 
         if is_moonshine_dir(manifest.asr):  # one-time int8 -> fp32 conversion, before the stage starts
             converted_dir(manifest.asr, cache_dir())
@@ -301,7 +375,7 @@ def talker_specials(model, model_dir) -> TalkerTextEmbeds:
     return TalkerTextEmbeds(bos, eos, pad)
 
 
-def build_all(pcfg: PipelineConfig) -> dict[str, object]:
+def build_all(pcfg: PipelineConfig) -> dict[str, StageWorker]:
     """Every worker of the graph (:meth:`.config.PipelineConfig.topology`), in-process."""
     prepare(pcfg)
     return {

@@ -15,7 +15,8 @@ writes ``tests/golden/qwen3_tts/<set>.npz`` with:
   ``*_frame_sum`` int64 per-frame sums of all 1920 samples.
 
 Everything is seeded; running it again gives the same files (the reference runs in fp32 on CPU).
-Usage: ``REF_PYTHON scripts/qwen3_tts_reference.py CKPT_ROOT OUT_DIR`` (CKPT_ROOT/<set>_<variant>/).
+Usage: ``REF_PYTHON scripts/qwen3_tts_reference.py CKPT_ROOT OUT_DIR`` (CKPT_ROOT/<set>_<variant>/);
+``REF_PYTHON scripts/qwen3_tts_reference.py --check`` exits 0 when ``qwen_tts`` imports (the venv is usable).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def _stub_torchaudio() -> None:
 
 
 _stub_torchaudio()
+import qwen_tts  # noqa: E402,F401 (the whole package: its 25 Hz tokenizer imports sox and onnxruntime)
 from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSConfig  # noqa: E402
 from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSForConditionalGeneration  # noqa: E402
 from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import (  # noqa: E402
@@ -215,4 +217,5 @@ def main(root: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    if sys.argv[1:] != ["--check"]:
+        main(Path(sys.argv[1]), Path(sys.argv[2]))

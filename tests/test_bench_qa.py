@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from omniduplex.benchmarks.qa import Answer, Question, ask, is_right, load_questions, summarize, words
-from omniduplex.pipeline.messages import TurnEvent
+from omniduplex.pipeline.events import ReplyDone, ReplyFailed, ReplyTextDelta, UserTranscript
 
 
 @pytest.mark.parametrize(
@@ -109,17 +109,17 @@ def test_ask_scores_the_whole_reply_text_and_keeps_the_metrics():
     q = Question("What is two plus three?", ("5", "five"))
     orch = ScriptedOrchestrator(
         [
-            TurnEvent("transcript", "turn-1", text=" What is two plus three?"),
-            TurnEvent("text", "turn-1", text="Two plus three is fi"),
-            TurnEvent("text", "turn-1", text="ve."),  # the answer spans two deltas
-            TurnEvent("done", "turn-1", metrics={"ttfp_ms": 420.0, "e2el_ms": 900.0}),
+            UserTranscript(" What is two plus three?", request_id="turn-1"),
+            ReplyTextDelta("Two plus three is fi", "turn-1"),
+            ReplyTextDelta("ve.", "turn-1"),  # the answer spans two deltas
+            ReplyDone({"ttfp_ms": 420.0, "e2el_ms": 900.0}, "turn-1"),
         ]
     )
     a = asyncio.run(ask(orch, q, "wav", {"sampling": {}}))
     assert orch.submitted == [("wav", {"sampling": {}})]
     assert (a.reply, a.right, a.wer, a.error) == ("Two plus three is five.", True, 0.0, None)
     assert a.metrics == {"ttfp_ms": 420.0, "e2el_ms": 900.0}
-    failed = ScriptedOrchestrator([TurnEvent("error", "turn-1", error="stage failure")])
+    failed = ScriptedOrchestrator([ReplyFailed("stage failure", "turn-1")])
     a = asyncio.run(ask(failed, q, "wav", {}))
     assert (a.right, a.metrics, a.error, a.wer) == (False, None, "stage failure", 1.0)
 

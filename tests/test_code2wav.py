@@ -9,7 +9,8 @@ import torch
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
-from omniduplex.models.qwen3_omni.code2wav import Code2Wav, Code2WavConfig
+from omniduplex.models.qwen3_omni.code2wav import Code2Wav
+from omniduplex.models.qwen3_omni.code2wav_config import Code2WavConfig
 from omniduplex.models.qwen3_omni.code2wav_stream import Code2WavStream, chunked_decode
 
 # Tiny layouts of the published architecture. ``peak`` is the waveform peak the last conv is scaled to:

@@ -10,7 +10,7 @@ import torch
 
 from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.registry import load_model
-from omniduplex.pipeline.engine.adapters import ThinkerAdapter
+from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.compile import compile_decoder
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow  # compiling takes tens of seconds
 
 
 def _run(thinker, prompts, staggered: bool) -> dict[str, list[int]]:
-    engine = Engine(ThinkerAdapter(thinker), num_blocks=64, max_num_seqs=8, max_num_batched_tokens=64)
+    engine = Engine(DecoderLMAdapter(thinker), num_blocks=64, max_num_seqs=8, max_num_batched_tokens=64)
     out: dict[str, list[int]] = {}
     pending = list(enumerate(prompts))
     with torch.inference_mode():

@@ -24,7 +24,7 @@ from transformers.models.qwen3_omni_moe import configuration_qwen3_omni_moe as h
 from omniduplex.models.codecs.dac import DacDecoderConfig  # noqa: E402
 from omniduplex.models.config import DECODER_ALIASES, DecoderConfig, OmniConfig  # noqa: E402
 from omniduplex.models.qwen3_omni.audio_encoder import AUDIO_ALIASES, AudioEncoderConfig  # noqa: E402
-from omniduplex.models.qwen3_omni.code2wav import Code2WavConfig  # noqa: E402
+from omniduplex.models.qwen3_omni.code2wav_config import Code2WavConfig  # noqa: E402
 from omniduplex.models.qwen3_omni.presets import omni_config, text_config, write_checkpoint  # noqa: E402
 from omniduplex.models.registry import load_model  # noqa: E402
 from omniduplex.models.unified.model import UnifiedConfig  # noqa: E402

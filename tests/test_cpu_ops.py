@@ -163,7 +163,7 @@ def test_prepared_model_runs_on_the_cpp_kernels_with_reference_outputs(tmp_path)
     prefill + decode hidden states match the same model on the plain-torch paths."""
     from omniduplex.models.qwen3_omni.presets import write_checkpoint
     from omniduplex.models.registry import load_model
-    from omniduplex.pipeline.engine.adapters import ThinkerAdapter
+    from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
     from omniduplex.pipeline.engine.engine import Engine
     from omniduplex.pipeline.engine.request import Request, SamplingParams
 
@@ -175,7 +175,7 @@ def test_prepared_model_runs_on_the_cpp_kernels_with_reference_outputs(tmp_path)
             cpu_linear.prepack_linears(thinker)
         attn = thinker.model.layers[0].self_attn
         assert attn.use_cpu_ops is prepare
-        engine = Engine(ThinkerAdapter(thinker), num_blocks=32, max_num_seqs=4)
+        engine = Engine(DecoderLMAdapter(thinker), num_blocks=32, max_num_seqs=4)
         rows = []
         real_sample = engine._sample
 

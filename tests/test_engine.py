@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from omniduplex.models.forward_batch import ForwardBatch, allocate_kv_cache
 from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.registry import load_model
-from omniduplex.pipeline.engine.adapters import ThinkerAdapter
+from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.block_manager import BlockAllocator, NoFreeBlocks
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
@@ -81,7 +81,7 @@ def test_block_allocator_refcounts():
 
 def test_engine_matches_sequential_reference(thinker):
     prompts = _prompts(6, seed=1)
-    engine = Engine(ThinkerAdapter(thinker), num_blocks=64, max_num_batched_tokens=64)
+    engine = Engine(DecoderLMAdapter(thinker), num_blocks=64, max_num_batched_tokens=64)
     reqs = [Request(f"r{i}", p, SamplingParams(max_tokens=12)) for i, p in enumerate(prompts)]
     got = run(engine, {0: reqs[:3], 2: reqs[3:]})
     for i, p in enumerate(prompts):
@@ -106,10 +106,10 @@ def test_batch_of_32_with_preemption_and_aborts_equals_alone(thinker, seed, num_
     ]
     alone = {}
     for i, p in enumerate(prompts):
-        e = Engine(ThinkerAdapter(thinker), num_blocks=64, max_num_batched_tokens=256)
+        e = Engine(DecoderLMAdapter(thinker), num_blocks=64, max_num_batched_tokens=256)
         alone.update(run(e, {0: [Request(f"r{i}", p, params[i])]}))
     engine = Engine(
-        ThinkerAdapter(thinker), num_blocks=num_blocks, max_num_seqs=32, max_num_batched_tokens=budget
+        DecoderLMAdapter(thinker), num_blocks=num_blocks, max_num_seqs=32, max_num_batched_tokens=budget
     )
     arrivals: dict[int, list[Request]] = {}
     for i, p in enumerate(prompts):
@@ -129,7 +129,7 @@ def test_batch_of_32_with_preemption_and_aborts_equals_alone(thinker, seed, num_
 
 def test_preemption_happens_and_is_transparent(thinker):
     prompts = _prompts(8, seed=5)
-    engine = Engine(ThinkerAdapter(thinker), num_blocks=10, max_num_batched_tokens=128)
+    engine = Engine(DecoderLMAdapter(thinker), num_blocks=10, max_num_batched_tokens=128)
     reqs = [Request(f"r{i}", p, SamplingParams(max_tokens=16)) for i, p in enumerate(prompts)]
     got = run(engine, {0: reqs})
     assert sum(r.num_preemptions for r in reqs) > 0
@@ -138,7 +138,7 @@ def test_preemption_happens_and_is_transparent(thinker):
 
 
 def test_abort_frees_blocks_within_the_step(thinker):
-    engine = Engine(ThinkerAdapter(thinker), num_blocks=32)
+    engine = Engine(DecoderLMAdapter(thinker), num_blocks=32)
     engine.add_request(Request("a", list(range(30)), SamplingParams(max_tokens=50)))
     engine.step()
     assert engine.scheduler.allocator.num_free < 32
@@ -149,7 +149,7 @@ def test_abort_frees_blocks_within_the_step(thinker):
 
 
 def test_bad_requests_are_refused(thinker):
-    engine = Engine(ThinkerAdapter(thinker), num_blocks=4)
+    engine = Engine(DecoderLMAdapter(thinker), num_blocks=4)
     with pytest.raises(ValueError, match="outside vocabulary"):
         engine.add_request(Request("x", [10_000]))
     with pytest.raises(ValueError, match="KV blocks"):
@@ -163,7 +163,7 @@ def test_bad_requests_are_refused(thinker):
 
 def test_stop_tokens_and_max_tokens(thinker):
     ref = sequential_greedy(thinker, [5, 6, 7], 10)
-    engine = Engine(ThinkerAdapter(thinker), num_blocks=16)
+    engine = Engine(DecoderLMAdapter(thinker), num_blocks=16)
     stop = ref[3]
     req = Request("s", [5, 6, 7], SamplingParams(max_tokens=10, stop_token_ids=(stop,)))
     got = run(engine, {0: [req]})

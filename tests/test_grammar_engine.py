@@ -19,7 +19,7 @@ from tool_models import bench_tools, one_thread  # noqa: F401 (fixture)
 from omniduplex.models.cascade.tool_prompt import tool_set
 from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.registry import load_model
-from omniduplex.pipeline.engine.adapters import ThinkerAdapter
+from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.grammar import TokenizerGrammars
 from omniduplex.pipeline.engine.request import Request, SamplingParams
@@ -66,11 +66,11 @@ def test_constrained_and_free_requests_batched_equal_each_alone(tiny, seed, num_
     ]
     alone = {}
     for i, p in enumerate(prompts):
-        e = Engine(ThinkerAdapter(thinker), num_blocks=64, max_num_batched_tokens=256)
+        e = Engine(DecoderLMAdapter(thinker), num_blocks=64, max_num_batched_tokens=256)
         alone.update(run(e, {0: [Request(f"r{i}", p, params[i])]}))
         assert len(e.grammars) == 0  # freed when the request finished
     engine = Engine(
-        ThinkerAdapter(thinker), num_blocks=num_blocks, max_num_seqs=8, max_num_batched_tokens=budget
+        DecoderLMAdapter(thinker), num_blocks=num_blocks, max_num_seqs=8, max_num_batched_tokens=budget
     )
     arrivals: dict[int, list[Request]] = {}
     for i, p in enumerate(prompts):
@@ -100,7 +100,7 @@ def test_constrained_and_free_requests_batched_equal_each_alone(tiny, seed, num_
 
 def test_a_refused_grammar_is_a_clear_error(tiny):
     thinker, tok, stop, grammars = tiny
-    engine = Engine(ThinkerAdapter(thinker), num_blocks=16)
+    engine = Engine(DecoderLMAdapter(thinker), num_blocks=16)
     bad = Request("r", [1, 2, 3], SamplingParams(grammar="get_weather"))
     with pytest.raises(ValueError, match="grammar must be a CompiledGrammar"):
         engine.add_request(bad)

@@ -15,7 +15,7 @@ from omniduplex.benchmarks.engine_device import model_config, write_random_qwen3
 from omniduplex.models.forward_batch import BLOCK_SIZE
 from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.registry import load_model
-from omniduplex.pipeline.engine.adapters import ThinkerAdapter
+from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.graph_runner import (
     GraphRunner,
@@ -64,7 +64,7 @@ def test_buckets_and_modes():
 def test_twin_runner_replays_into_static_outputs():
     x = torch.zeros(8)
     runner = GraphRunner("toy", TwinBackend(), [2, 4, 8])
-    runner.capture(lambda b: (lambda: (x[:b] * 2 + 1,)))
+    runner.capture(lambda b: lambda: (x[:b] * 2 + 1,))
     outs = {b: out[0] for b, (_, out) in runner.graphs.items()}
     ptrs = {b: o.data_ptr() for b, o in outs.items()}
     x[:3] = torch.tensor([1.0, 2.0, 3.0])
@@ -80,8 +80,8 @@ def test_twin_runner_replays_into_static_outputs():
 def _engines(thinker, **kw) -> tuple[Engine, Engine]:
     common = dict(num_blocks=24, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=160)
     common.update(kw)
-    return Engine(ThinkerAdapter(thinker), graphs="off", **common), Engine(
-        ThinkerAdapter(thinker), graphs="twin", **common
+    return Engine(DecoderLMAdapter(thinker), graphs="off", **common), Engine(
+        DecoderLMAdapter(thinker), graphs="twin", **common
     )
 
 
@@ -196,8 +196,8 @@ def test_misses_run_eagerly(thinker):
 
 
 def test_no_graphs_on_cpu_by_default_or_when_off(thinker):
-    assert Engine(ThinkerAdapter(thinker), num_blocks=8).graphs is None
-    assert Engine(ThinkerAdapter(thinker), num_blocks=8, graphs="off").graph_stats() == {}
+    assert Engine(DecoderLMAdapter(thinker), num_blocks=8).graphs is None
+    assert Engine(DecoderLMAdapter(thinker), num_blocks=8, graphs="off").graph_stats() == {}
 
 
 def _naive_metadata(items):

@@ -11,8 +11,8 @@ from omniduplex.kernels import moe
 from omniduplex.models.qwen3_omni.code2wav_stream import Code2WavStream
 from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.registry import load_model
+from omniduplex.pipeline.chunking import ChunkingConfig
 from omniduplex.pipeline.config import PipelineConfig, StageConfig
-from omniduplex.pipeline.connector import ChunkingConfig
 from omniduplex.pipeline.engine.adapters import TalkerAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.graph_runner import TwinBackend

@@ -12,7 +12,7 @@ from omniduplex.models.forward_batch import BLOCK_SIZE
 from omniduplex.models.qwen3_omni.code2wav_stream import Code2WavStream
 from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.registry import load_model
-from omniduplex.pipeline.engine.adapters import TalkerAdapter, ThinkerAdapter
+from omniduplex.pipeline.engine.adapters import DecoderLMAdapter, TalkerAdapter
 from omniduplex.pipeline.engine.decode_graphs import moe_batch_limit
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.graph_runner import CudaGraphBackend
@@ -57,8 +57,8 @@ def test_captured_decode_equals_eager(dense, omni, which):
     # an MoE model captures batches up to moe_batch_limit (larger ones run eagerly): that many prompts
     n = min(6, moe_batch_limit(thinker) or 6)
     prompts = [[(7 * i + j) % 200 for j in range(5 + 3 * i)] for i in range(n)]
-    eager = Engine(ThinkerAdapter(thinker), graphs="off", **kw)
-    graphs = Engine(ThinkerAdapter(thinker), graphs="cuda", **kw)
+    eager = Engine(DecoderLMAdapter(thinker), graphs="off", **kw)
+    graphs = Engine(DecoderLMAdapter(thinker), graphs="cuda", **kw)
     ptrs = [t.data_ptr() for t in graphs.graphs.static_buffers()]
     assert _run(graphs, prompts, 24) == _run(eager, prompts, 24)
     assert graphs.graphs.runner.hits > 10
@@ -67,7 +67,7 @@ def test_captured_decode_equals_eager(dense, omni, which):
 
 @torch.no_grad()
 def test_captured_padding_rows_write_no_kv(dense):
-    engine = Engine(ThinkerAdapter(dense), num_blocks=64, max_num_seqs=4, graphs="cuda", device=CUDA)
+    engine = Engine(DecoderLMAdapter(dense), num_blocks=64, max_num_seqs=4, graphs="cuda", device=CUDA)
     for i in range(3):
         engine.add_request(Request(f"r{i}", [7 + i] * (10 + i), SamplingParams(max_tokens=8)))
     engine.step()

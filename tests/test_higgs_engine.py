@@ -36,7 +36,7 @@ WORK = [  # (id, text, voice, sampling, step at which it joins)
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    """One intra-op thread: two collapse on a shared 2-core host (ENVIRONMENT.md); results do not change."""
+    """One intra-op thread: two collapse on a shared 2-core host; results do not change."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

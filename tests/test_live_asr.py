@@ -26,6 +26,7 @@ from omniduplex.pipeline.local_backend import LocalBackend
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.stages.asr import ASRWorker
+from omniduplex.pipeline.stages.contract import BatchGauges, WorkerBase
 from omniduplex.pipeline.topology import CASCADE
 
 QUESTION = Path(__file__).resolve().parents[1] / "examples" / "question.wav"
@@ -128,12 +129,13 @@ def test_live_transcriber_does_nothing_for_a_responder_that_cannot():
 
 
 # -- end to end, real ASR ----------------------------------------------------------------------------------
-class EchoLLM:
+class EchoLLM(BatchGauges):
     """LLM stand-in: answers each turn with ``You said: <transcript>`` in one token message; keeps the
     prefill hints (partial transcripts with the conversation) it got before in ``hints``."""
 
     def __init__(self) -> None:
         self.pending: list[StageMessage] = []
+        self.max_batch = 8
         self.seen: list[dict] = []
         self.hints: list[StageMessage] = []
 
@@ -159,7 +161,7 @@ class EchoLLM:
         return [StageMessage(rid, token, {"text": text}, True) for rid, text in said]
 
 
-class ToneTTS:
+class ToneTTS(WorkerBase):
     """TTS stand-in: 0.1 s of a tone per finished turn (24 kHz), with the words it speaks."""
 
     def __init__(self) -> None:
@@ -177,6 +179,9 @@ class ToneTTS:
 
     def has_work(self) -> bool:
         return bool(self.done)
+
+    def stats(self) -> dict[str, int]:
+        return {"queue_depth": 0, "batch_size": len(self.pending)}
 
     def step(self) -> list[StageMessage]:
         out, self.done = self.done, []

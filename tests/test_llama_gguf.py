@@ -22,10 +22,10 @@ from omniduplex.models.cascade.chat_template import (
 from omniduplex.models.cascade.gguf_import import cached_import, import_gguf, unpermute_rope_rows
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.config import DecoderConfig
+from omniduplex.models.decoder_lm import DecoderLM
 from omniduplex.models.forward_batch import ForwardBatch, allocate_kv_cache
 from omniduplex.models.registry import load_model
-from omniduplex.models.thinker import Thinker
-from omniduplex.pipeline.engine.adapters import ThinkerAdapter
+from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 
@@ -65,7 +65,7 @@ def tiny_hf_llama(tmp_path, tie: bool, seed: int = 0, **overrides):
 
 
 @torch.no_grad()
-def prefill_logits(thinker: Thinker, ids: list[int]) -> torch.Tensor:
+def prefill_logits(thinker: DecoderLM, ids: list[int]) -> torch.Tensor:
     """Logits ``[T, vocab]`` of one prompt through our model (contiguous paged cache)."""
     cfg = thinker.cfg
     kv = allocate_kv_cache(cfg.num_hidden_layers, 8, cfg.num_key_value_heads, cfg.head_dim)
@@ -168,7 +168,7 @@ def test_tiny_llama_matches_transformers_logits(tmp_path, tie):
 def test_tiny_llama_greedy_on_engine_matches_transformers(tmp_path):
     ref = tiny_hf_llama(tmp_path, tie=False, seed=4)
     ours = load_model(tmp_path, parts=("thinker",))
-    engine = Engine(ThinkerAdapter(ours.thinker), num_blocks=32, max_num_seqs=4, max_num_batched_tokens=16)
+    engine = Engine(DecoderLMAdapter(ours.thinker), num_blocks=32, max_num_seqs=4, max_num_batched_tokens=16)
     prompts = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [2, 7, 1, 8], list(range(40, 70))]
     for i, p in enumerate(prompts):
         engine.add_request(Request(f"r{i}", p, SamplingParams(max_tokens=12)))
@@ -192,7 +192,7 @@ def test_qwen3_attention_keeps_qk_norm():
         intermediate_size=8,
     )
     assert cfg.qk_norm
-    assert "model.layers.0.self_attn.q_norm.weight" in Thinker(cfg).state_dict()
+    assert "model.layers.0.self_attn.q_norm.weight" in DecoderLM(cfg).state_dict()
 
 
 @pytest.mark.parametrize(
@@ -436,7 +436,7 @@ def test_greedy_alone_and_in_a_mixed_batch_matches_transformers(smol, oracle, ou
     stop = (tok.convert_tokens_to_ids("<|im_end|>"),)
 
     def run(idx: list[int], budget: int) -> dict[int, list[int]]:
-        engine = Engine(ThinkerAdapter(ours.thinker), 64, 8, budget)
+        engine = Engine(DecoderLMAdapter(ours.thinker), 64, 8, budget)
         for i in idx:
             engine.add_request(Request(str(i), prompts[i], SamplingParams(max_tokens=n, stop_token_ids=stop)))
         got = {i: [] for i in idx}

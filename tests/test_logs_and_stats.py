@@ -16,6 +16,7 @@ from omniduplex.app.host.metrics import MeteredResponder, ServerMetrics
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.server import ServerConfig
 from omniduplex.pipeline.stage_stats import StatsReporter, worker_stats
+from omniduplex.pipeline.stages.contract import BatchGauges, EngineGauges, StreamGauges
 
 
 @pytest.fixture
@@ -113,13 +114,13 @@ def test_worker_stats_of_each_worker_kind():
     class Engine:
         scheduler = Sched()
 
-    class EngineWorker:
+    class EngineWorker(EngineGauges):
         engine = Engine()
 
-    class Batcher:
+    class Batcher(BatchGauges):
         max_batch, pending = 4, list(range(6))
 
-    class Streams:
+    class Streams(StreamGauges):
         streams = {"a": 1, "b": 2}
 
     assert worker_stats(EngineWorker()) == {

@@ -21,9 +21,9 @@ import jsonschema
 import pytest
 from tool_models import bench_tools, qwen05_dir
 
-from omniduplex.app.respond import default_model
+from omniduplex.app.host.pipeline import default_model
+from omniduplex.pipeline.chunking import ChunkingConfig
 from omniduplex.pipeline.config import GraphConfigError, StageConfig, load_graph
-from omniduplex.pipeline.connector import ChunkingConfig
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.spoken import SPOKEN_SYSTEM_PROMPT
 from omniduplex.pipeline.stage_engines import vllm_installed

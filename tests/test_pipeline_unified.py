@@ -18,8 +18,8 @@ from omniduplex.models.unified.presets import write_unified_checkpoint
 from omniduplex.models.unified.prompt import conversation_steps, speech_steps
 from omniduplex.models.unified.reference import generate
 from omniduplex.pipeline.audio_io import MODEL_INPUT_RATE, load_audio
+from omniduplex.pipeline.chunking import ChunkingConfig
 from omniduplex.pipeline.config import PipelineConfig
-from omniduplex.pipeline.connector import ChunkingConfig
 from omniduplex.pipeline.local_backend import LocalBackend
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.topology import UNIFIED, output_rate, topology_for
@@ -37,8 +37,6 @@ def _orchestrator(ckpt, chunking: ChunkingConfig | None = None):
     pcfg = PipelineConfig(model=str(ckpt), chunking=chunking or ChunkingConfig())
     backend = LocalBackend(build_all(pcfg))
     return Orchestrator(backend, load_tokenizer(ckpt), record=True, output_rate=output_rate(ckpt)), backend
-
-
 
 
 def _meta(**kw):

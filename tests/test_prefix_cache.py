@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.registry import load_model
-from omniduplex.pipeline.engine.adapters import ThinkerAdapter
+from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.block_manager import BlockAllocator
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.prefix_cache import chain_hash, default_row_key
@@ -128,10 +128,10 @@ def test_outputs_equal_with_and_without_caching(thinker, data):
             i: Request(f"r{i}", p, SamplingParams(seed=100 + i, **sp)) for i, (p, sp, _) in enumerate(jobs)
         }
 
-    off = Engine(ThinkerAdapter(thinker), num_blocks=64, max_num_seqs=16, enable_prefix_caching=False)
+    off = Engine(DecoderLMAdapter(thinker), num_blocks=64, max_num_seqs=16, enable_prefix_caching=False)
     ref, _ = run(off, {0: list(reqs().values())})
     on = Engine(
-        ThinkerAdapter(thinker), num_blocks=num_blocks, max_num_seqs=16, max_num_batched_tokens=budget
+        DecoderLMAdapter(thinker), num_blocks=num_blocks, max_num_seqs=16, max_num_batched_tokens=budget
     )
     arrivals: dict[int, list[Request]] = {}
     for i, r in reqs().items():
@@ -153,8 +153,8 @@ def test_shared_prefix_preemption_and_eviction_are_transparent(thinker):
     system = [rng.randrange(256) for _ in range(40)]
     prompts = [system + [rng.randrange(256) for _ in range(rng.randrange(1, 30))] for _ in range(12)]
     reqs = lambda: [Request(f"r{i}", p, SamplingParams(max_tokens=16)) for i, p in enumerate(prompts)]  # noqa: E731
-    ref, _ = run(Engine(ThinkerAdapter(thinker), num_blocks=128, enable_prefix_caching=False), {0: reqs()})
-    engine = Engine(ThinkerAdapter(thinker), num_blocks=14, max_num_batched_tokens=64)
+    ref, _ = run(Engine(DecoderLMAdapter(thinker), num_blocks=128, enable_prefix_caching=False), {0: reqs()})
+    engine = Engine(DecoderLMAdapter(thinker), num_blocks=14, max_num_batched_tokens=64)
     waves = reqs()
     got, cached = run(engine, {0: waves[:6], 40: waves[6:]})
     assert got == ref
@@ -166,7 +166,7 @@ def test_shared_prefix_preemption_and_eviction_are_transparent(thinker):
 
 def test_refcounts_follow_sharers_and_blocks_outlive_their_requests(thinker):
     prefix = list(range(1, 49))  # three full blocks
-    engine = Engine(ThinkerAdapter(thinker), num_blocks=32)
+    engine = Engine(DecoderLMAdapter(thinker), num_blocks=32)
     alloc = engine.scheduler.allocator
     engine.add_request(Request("a", prefix + [7, 8], SamplingParams(max_tokens=30)))
     engine.step()  # a's prompt is computed and its three full blocks registered
@@ -191,8 +191,8 @@ def test_a_second_turn_computes_only_its_new_tokens(thinker):
     uncached tail only, and the reply equals the no-caching one."""
     rng = random.Random(3)
     p1 = [rng.randrange(256) for _ in range(45)]
-    off = Engine(ThinkerAdapter(thinker), num_blocks=64, enable_prefix_caching=False)
-    on = Engine(ThinkerAdapter(thinker), num_blocks=64)
+    off = Engine(DecoderLMAdapter(thinker), num_blocks=64, enable_prefix_caching=False)
+    on = Engine(DecoderLMAdapter(thinker), num_blocks=64)
     r1, cached1 = one(on, "t1", p1, 20)
     assert cached1 == 0 and on.num_prefill_tokens == 45
     assert r1 == one(off, "t1", p1, 20)[0]
@@ -222,8 +222,8 @@ def test_a_longer_prompt_reuses_every_shared_row_of_a_partly_filled_last_block(t
     rng = random.Random(5)
     hint = [rng.randrange(256) for _ in range(40)]  # two full blocks + 8 rows
     turn = hint + [rng.randrange(256) for _ in range(5)]
-    off = Engine(ThinkerAdapter(thinker), num_blocks=64, enable_prefix_caching=False)
-    on = Engine(ThinkerAdapter(thinker), num_blocks=64)
+    off = Engine(DecoderLMAdapter(thinker), num_blocks=64, enable_prefix_caching=False)
+    on = Engine(DecoderLMAdapter(thinker), num_blocks=64)
     one(on, "hint", hint, 1)  # computes its 40 prompt rows, then lets them go
     before = on.num_prefill_tokens
     out, cached = one(on, "turn", turn, 6)
@@ -240,7 +240,7 @@ def test_a_longer_prompt_reuses_every_shared_row_of_a_partly_filled_last_block(t
 
 
 def test_caching_off_reuses_nothing(thinker):
-    engine = Engine(ThinkerAdapter(thinker), num_blocks=32, enable_prefix_caching=False)
+    engine = Engine(DecoderLMAdapter(thinker), num_blocks=32, enable_prefix_caching=False)
     one(engine, "a", list(range(40)), 3)
     _, cached = one(engine, "b", list(range(40)), 3)
     assert cached == 0 and engine.num_prefill_tokens == 80 and engine.scheduler.allocator.num_cached == 0
@@ -252,8 +252,8 @@ def test_embedding_rows_are_keyed_by_content(thinker):
     emb = thinker.embed(torch.tensor(ids)).detach().clone()
     other = emb.clone()
     other[20] += 0.5  # an "audio" row in block 1 differs
-    engine = Engine(ThinkerAdapter(thinker), num_blocks=32)
-    off = Engine(ThinkerAdapter(thinker), num_blocks=32, enable_prefix_caching=False)
+    engine = Engine(DecoderLMAdapter(thinker), num_blocks=32)
+    off = Engine(DecoderLMAdapter(thinker), num_blocks=32, enable_prefix_caching=False)
     one(engine, "a", ids, 4, prompt_embeds=emb)
     out_b, cached_b = one(engine, "b", ids, 4, prompt_embeds=other)
     assert cached_b == 16  # block 0 only: the chain breaks at the differing row
@@ -269,7 +269,7 @@ def test_thinker_capture_reuses_only_rows_the_talker_does_not_read(thinker):
     ids = list(range(30, 100))  # 70 rows
     outs = {}
     for caching in (True, False):
-        adapter = ThinkerAdapter(thinker, capture_layer=1)
+        adapter = DecoderLMAdapter(thinker, capture_layer=1)
         engine = Engine(adapter, num_blocks=32, enable_prefix_caching=caching)
         got = {}
         for rid, capture_from in (("warm", 0), ("a", 0), ("b", 40)):

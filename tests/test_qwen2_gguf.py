@@ -18,7 +18,7 @@ from omniduplex.models.cascade.chat_template import CHATML_TEMPLATE
 from omniduplex.models.cascade.gguf_import import import_gguf
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.registry import load_model
-from omniduplex.pipeline.engine.adapters import ThinkerAdapter
+from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 
@@ -91,7 +91,7 @@ def write_qwen2_gguf(path, model, arch: str = "qwen2") -> None:
 
 
 def engine_greedy(thinker, prompts: list[list[int]], n: int) -> list[list[int]]:
-    engine = Engine(ThinkerAdapter(thinker), num_blocks=32, max_num_seqs=4, max_num_batched_tokens=16)
+    engine = Engine(DecoderLMAdapter(thinker), num_blocks=32, max_num_seqs=4, max_num_batched_tokens=16)
     for i, p in enumerate(prompts):
         engine.add_request(Request(f"r{i}", p, SamplingParams(max_tokens=n)))
     got: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}

@@ -21,8 +21,8 @@ from omniduplex.cli.respond import respond
 from omniduplex.models.cascade.manifest import load_manifest, write_manifest
 from omniduplex.models.qwen3_tts.generate import generate_codes
 from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
+from omniduplex.pipeline.chunking import ChunkingConfig
 from omniduplex.pipeline.config import StageConfig
-from omniduplex.pipeline.connector import ChunkingConfig
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.stages.qwen3_tts_stage import Qwen3TTSStageWorker
 from omniduplex.pipeline.topology import CASCADE_OUTPUT_RATE, output_rate
@@ -155,9 +155,9 @@ def test_turn_voice_picks_the_speaker(manifest):
 
 
 def test_speech_endpoint_uses_the_cascade_tts(manifest):
-    from omniduplex.app.host.speech.services import qwen3_tts_dir as _tts_dir
+    from omniduplex.app.host.speech.services import tts_dirs
     from omniduplex.app.server import ServerConfig
 
-    assert _tts_dir(ServerConfig(model=str(manifest))) == str(load_manifest(manifest).tts)
-    assert _tts_dir(ServerConfig(model=str(manifest), tts="/x")) == "/x"
-    assert _tts_dir(ServerConfig()) is None
+    assert tts_dirs(ServerConfig(model=str(manifest))) == [str(load_manifest(manifest).tts)]
+    assert tts_dirs(ServerConfig(model=str(manifest), tts="/x")) == ["/x"]
+    assert tts_dirs(ServerConfig()) == []

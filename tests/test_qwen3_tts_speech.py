@@ -169,10 +169,11 @@ def test_voice_design_needs_instructions(services):
 
 def test_piper_stays_the_default():
     """Without ``tts`` the route never loads Qwen3-TTS (the Piper path is tested in test_openai_rest.py)."""
-    from omniduplex.app.host.speech.services import qwen3_tts_dir
+    from omniduplex.app.host.speech.services import PIPER, tts_dirs
 
     state = create_app(ServerConfig(max_sessions=1), responder=IdleResponder()).state.server
-    assert qwen3_tts_dir(state.cfg) is None and state.speech is None
+    assert tts_dirs(state.cfg) == [] and state.speech is None
+    assert state.speech_registry().names == [PIPER]
 
 
 def test_leaving_a_stream_early_aborts_its_request(services):

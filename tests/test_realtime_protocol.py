@@ -266,7 +266,7 @@ def sdk_server_classes() -> dict[str, type[BaseModel]]:
 
 def test_every_server_event_model_is_a_ga_event_with_ga_field_names():
     sdk = sdk_server_classes()
-    assert len(S.SERVER_EVENTS) == 29
+    assert len(S.SERVER_EVENTS) == 39  # + function_call_arguments.*, mcp_list_tools.*, mcp_call*
     for kind, cls in S.SERVER_EVENTS.items():
         assert kind in sdk, f"{kind} is not a GA server event"
         assert set(cls.model_fields) <= set(sdk[kind].model_fields), kind
@@ -530,8 +530,10 @@ MALFORMED = [  # (event or raw text, code, event_id, param)
      "e9", "session.audio.input.format.rate"),
     (ev("e10", "conversation.item.create", item=user_item({"type": "output_text", "text": "x"})), INVALID,
      "e10", "item.content[0].type"),
-    (ev("e11", "conversation.item.create", item={"type": "function_call_output", "output": ""}), INVALID,
+    (ev("e11", "conversation.item.create", item={"type": "mcp_approval_response", "approve": True}), INVALID,
      "e11", "item"),
+    (ev("e11b", "conversation.item.create", item={"type": "function_call_output", "output": ""}),
+     "missing_required_parameter", "e11b", "item.call_id"),
     (ev("e12", "input_audio_buffer.append", audio="abc"), "invalid_audio", "e12", "audio"),
     (ev("e13", "session.update", session=rt_session(output_modalities=["audio", "text"])), INVALID, "e13",
      "session.output_modalities"),

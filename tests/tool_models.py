@@ -44,7 +44,7 @@ def qwen05_dir() -> Path:
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for the module: small models gain little from a second one, and two threads crawl
-    on a busy 2-core host (ENVIRONMENT.md)."""
+    on a busy 2-core host."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

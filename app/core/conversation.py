@@ -403,12 +403,12 @@ class Conversation:
         self, r: Reply, stream: AsyncIterator[ReplyEvent], final: bool = True
     ) -> AsyncIterator[ReplyEvent] | None:
         """Consume one pipeline request of reply ``r``; the stream of its continuation when the reply goes on
-        after server-run calls (:mod:`.tools`), else ``None``. ``final=False``: words said during a call (a
-        filler) — the reply goes on after them."""
+        after server-run calls (:mod:`.tools`), else ``None``; ``final=False``: a call's filler."""
         done = False
         async for ev in stream:
             if isinstance(ev, UserTranscript):  # what the user said stands even if the reply is cut
-                self._user_transcript(r, ev)
+                if not r.segments:  # (a continuation after tool calls answers no new user words)
+                    self._user_transcript(r, ev)
                 continue
             if self.reply is not r or r.interrupted_at is not None or self.closed:
                 continue
@@ -426,10 +426,10 @@ class Conversation:
             elif isinstance(ev, ReplyFailed):
                 self.playout.flush()
                 self._end_reply(r, "error", error=ev.error)
-        if r.calls and done:  # outputs are recorded even if the reply was interrupted meanwhile
+        if r.calls and done:
             say = lambda text: self._drain(r, self.calls.say(r, text, self.responder), False)  # noqa: E731
-            apologised = await self.calls.run(r, say)
-            if self._current(r) and not apologised:
+            apologised = await self.calls.run(r, say)  # outputs recorded even if the reply was interrupted
+            if self._current(r) and not (r.client_calls or apologised):  # client calls: it asks for more
                 return self._continue(r)
         if done and final and self._current(r):
             r.generated += self.playout.push(np.zeros(0, np.float32), last=True)

@@ -148,9 +148,10 @@ class History:
         """The entries held now, oldest first."""
         return tuple(self._entries)
 
-    def new(self, role: str, text: str) -> Entry:
-        """An entry with a fresh key, not yet held (for :meth:`replace_all`)."""
-        return Entry(role, text, next(self._keys))
+    def new(self, role: str, text: str, call_id: str = "", name: str = "") -> Entry:
+        """An entry with a fresh key, not yet held (for :meth:`replace_all`); ``call_id`` / ``name``: a tool
+        entry's."""
+        return Entry(role, text, next(self._keys), call_id, name)
 
     def add(self, role: str, text: str) -> Entry | None:
         """Append a turn and return its entry; empty text is not recorded (``None``)."""

@@ -1,8 +1,9 @@
 """The session ↔ orchestrator contract: start a reply to a user turn, stream it, cancel it.
 
 A :class:`Responder` turns one committed user turn (16 kHz mono float32 audio + history) into a
-stream of typed :data:`ReplyEvent` s. :class:`OrchestratorResponder` is the real one, over
-:class:`~omniduplex.pipeline.orchestrator.Orchestrator`; tests script their own.
+stream of typed :data:`ReplyEvent` s (the orchestrator's own events, :mod:`omniduplex.pipeline.events`).
+:class:`OrchestratorResponder` is the real one, over :class:`~omniduplex.pipeline.orchestrator.Orchestrator`;
+tests script their own.
 
 A responder may also transcribe a turn while it is spoken (:class:`LiveTranscription`): the session feeds
 it the open turn's audio and gets partial transcripts back; ``start`` then finishes that turn.
@@ -11,58 +12,36 @@ it the open turn's audio and gets partial transcripts back; ``start`` then finis
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from omniduplex.app.core.tools import CallArgumentsDelta, CallDone, CallEvent, CallFailed, CallStarted
 from omniduplex.models.tokenizer import DEFAULT_SYSTEM_PROMPT
+from omniduplex.pipeline.events import (
+    ReplyAudioChunk,
+    ReplyDone,
+    ReplyFailed,
+    ReplyTextDelta,
+    TurnEvent,
+    UserTranscript,
+)
 from omniduplex.pipeline.orchestrator import Orchestrator
 
-
-@dataclass
-class UserTranscript:
-    """What the user said in this turn (ASR stage), with ``words`` as ``[word, start_s, end_s]``."""
-
-    text: str
-    words: list = field(default_factory=list)
-
-
-@dataclass
-class ReplyTextDelta:
-    """A piece of the reply's transcript."""
-
-    text: str
+__all__ = [
+    "LiveTranscription",
+    "OrchestratorResponder",
+    "ReplyAudioChunk",
+    "ReplyDone",
+    "ReplyEvent",
+    "ReplyFailed",
+    "ReplyTextDelta",
+    "Responder",
+    "UserTranscript",
+]
 
 
-@dataclass
-class ReplyAudioChunk:
-    """Reply audio: float32 mono PCM at the responder's ``output_rate`` (Hz).
-
-    ``text``: the words these samples speak, when the audio stage knows them (the cascade's TTS speaks
-    clause by clause); "" otherwise. Chunk texts concatenate to the spoken reply: the alignment used to
-    keep only what was played of an interrupted reply."""
-
-    pcm: np.ndarray
-    text: str = ""
-
-
-@dataclass
-class ReplyDone:
-    """The reply is complete; pipeline ``metrics``: ``ttfp_ms``, ``e2el_ms``, ``rtf``, ``audio_s``."""
-
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class ReplyFailed:
-    """The reply ended early: ``error`` is ``"cancelled"`` after :meth:`Responder.cancel`, else the cause."""
-
-    error: str
-
-
-ReplyEvent = UserTranscript | ReplyTextDelta | CallEvent | ReplyAudioChunk | ReplyDone | ReplyFailed
+ReplyEvent = TurnEvent
+"""The orchestrator's own events (:mod:`omniduplex.pipeline.events`), passed on as they are."""
 OnPartial = Callable[[str, str], None]
 """``on_partial(text, stable)``: a partial transcript of a turn being spoken; ``stable``: its fixed prefix."""
 TurnContext = tuple[list[list[str]], dict]
@@ -118,19 +97,6 @@ class LiveTranscription(Protocol):
     ) -> bool: ...
 
 
-def call_event(tool: dict) -> CallEvent:
-    """The typed event of one ``tool_call`` turn event (``tool``: ``{"event": key, ...fields}``, the LLM
-    stage's meta keys, :mod:`omniduplex.pipeline.stages.tool_calls`)."""
-    kind, cid, name = tool["event"], str(tool.get("call_id", "")), str(tool.get("name", ""))
-    if kind == "tool_call_started":
-        return CallStarted(cid, name, int(tool.get("index", 0)))
-    if kind == "tool_call_arguments_delta":
-        return CallArgumentsDelta(cid, str(tool.get("delta", "")))
-    if kind == "tool_call_done":
-        return CallDone(cid, name, str(tool.get("arguments", "{}")))
-    return CallFailed(cid, name, str(tool.get("error", "malformed call")))
-
-
 class OrchestratorResponder:
     """A :class:`Responder` over the pipeline orchestrator, shared by every session of a server.
 
@@ -168,20 +134,9 @@ class OrchestratorResponder:
             meta["say"] = opts["say"]
         return meta
 
-    async def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]:
-        async for ev in self.orch.events(turn_id):
-            if ev.kind == "transcript":
-                yield UserTranscript(ev.text, ev.words)
-            elif ev.kind == "text":
-                yield ReplyTextDelta(ev.text)
-            elif ev.kind == "tool_call":
-                yield call_event(ev.tool)
-            elif ev.kind == "audio":
-                yield ReplyAudioChunk(ev.pcm, ev.text)
-            elif ev.kind == "done":
-                yield ReplyDone(dict(ev.metrics))
-            else:
-                yield ReplyFailed(ev.error or "pipeline error")
+    def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]:
+        """The turn's events as the orchestrator makes them (:mod:`omniduplex.pipeline.events`)."""
+        return self.orch.events(turn_id)
 
     def feed_audio(
         self, turn_id: str, samples: np.ndarray, on_partial: OnPartial, context: TurnContext | None = None

@@ -33,6 +33,7 @@ class Reply:
     request_id: str = ""  # the pipeline request producing it now ("" = turn_id; a continuation's own id)
     calls: list[FunctionCall] = field(default_factory=list)  # server-run calls made, not run yet
     n_calls: int = 0  # function calls the reply made (all its continuations included)
+    client_calls: int = 0  # calls its client must answer (a continuation waits for none)
     segments: int = 0  # continuations started after server-run calls
     filled: bool = False  # a filler was said while a slow server-run call ran
 

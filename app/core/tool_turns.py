@@ -36,6 +36,11 @@ from omniduplex.app.core.tools import (
 log = logging.getLogger("omniduplex.session")
 
 
+def _name(tool: dict) -> str:
+    """A function tool's name (Realtime / Responses shape, or Chat Completions ``{"function": {...}}``)."""
+    return tool.get("name") or (tool.get("function") or {}).get("name", "")
+
+
 class ToolCalls:
     """Function calls of one session. Call from the event loop thread.
 
@@ -62,17 +67,22 @@ class ToolCalls:
         )
 
     def offer(self, override: dict | None = None) -> dict:
-        """The ``tools`` / ``tool_choice`` options of a reply: ``override`` (a response's own, when it has a
-        ``tools`` key), else the session's (``cfg.tools``), else the runner's; ``{}`` when none."""
+        """The ``tools`` / ``tool_choice`` options of a reply: the client's tools (``override``, a response's
+        own when it has a ``tools`` key, else the session's ``cfg.tools``) and the runner's, whose names the
+        client's do not take; ``{}`` when none."""
         if override is not None and "tools" in override:
-            tools, choice = override.get("tools"), override.get("tool_choice", self.cfg.tool_choice)
-        elif self.cfg.tools:
-            tools, choice = self.cfg.tools, self.cfg.tool_choice
-        elif self.runner is not None:
-            tools, choice = self.runner.tools, "auto"
+            tools = list(override.get("tools") or [])
+            choice = override.get("tool_choice", self.cfg.tool_choice)
         else:
-            return {}
-        return {"tools": list(tools), "tool_choice": choice or "auto"} if tools else {}
+            tools, choice = list(self.cfg.tools or []), self.cfg.tool_choice
+        if self.runner is not None:
+            taken = {_name(t) for t in tools}
+            tools += [t for t in self.runner.tools if _name(t) not in taken]
+        return {"tools": tools, "tool_choice": choice or "auto"} if tools else {}
+
+    def runs_here(self, name: str) -> bool:
+        """Whether the session runs a call of ``name`` (one of its runner's tools) rather than its client."""
+        return self.runner is not None and any(_name(t) == name for t in self.runner.tools)
 
     def on_event(self, r: Reply, ev: CallEvent) -> None:
         """One call event of reply ``r``: its session event; a finished call joins the history (and, with a
@@ -85,9 +95,11 @@ class ToolCalls:
         elif isinstance(ev, CallDone):
             self.history.add_tool(FUNCTION_CALL, ev.arguments, ev.call_id, ev.name)
             r.n_calls += 1
-            if self.runner is not None:
+            run_here = self.runs_here(ev.name)
+            if run_here:
                 r.calls.append(ev.call)
-            run_here = self.runner is not None
+            else:
+                r.client_calls += 1
             self.emit(FunctionCallDone(self.name, tid, ev.call_id, ev.name, ev.arguments, run_here))
         elif isinstance(ev, CallFailed):
             log.warning("%s: call %s of %s failed: %s", tid, ev.call_id, ev.name, ev.error)

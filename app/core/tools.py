@@ -25,33 +25,32 @@ Barge-in cancels the reply and any continuation still to come; a call already ma
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from omniduplex.pipeline.events import (  # the calls a reply streams: the orchestrator's own events
+    CallArgumentsDelta,
+    CallDone,
+    CallEvent,
+    CallFailed,
+    CallStarted,
+    FunctionCall,
+)
+
+__all__ = [
+    "MAX_CALLS_PER_TURN",
+    "CallArgumentsDelta",
+    "CallDone",
+    "CallEvent",
+    "CallFailed",
+    "CallStarted",
+    "FunctionCall",
+    "ToolRunner",
+    "error_output",
+]
 
 MAX_CALLS_PER_TURN = 4
 """Default most server-run calls per user turn (a :class:`ToolRunner` without ``max_calls``)."""
 
-
-@dataclass(frozen=True)
-class FunctionCall:
-    """One call the model made: ``call_id`` (``call_`` + 24 hex digits, the OpenAI shape), the function's
-    ``name`` and its ``arguments`` (a JSON object as a string; with grammar-constrained decoding it always
-    parses and satisfies the tool's schema)."""
-
-    call_id: str
-    name: str
-    arguments: str
-
-    def parsed_arguments(self) -> dict:
-        """``arguments`` as a dict.
-
-        Raises:
-            ValueError: not a JSON object (an unconstrained model's malformed call).
-        """
-        args = json.loads(self.arguments)
-        if not isinstance(args, dict):
-            raise ValueError(f"arguments of {self.name} must be a JSON object, got {self.arguments!r}")
-        return args
 
 
 @runtime_checkable
@@ -76,47 +75,6 @@ class ToolRunner(Protocol):
 
 
 # -- what the responder streams (pipeline → conversation) ------------------------------------------------
-@dataclass
-class CallStarted:
-    """The model started call ``index`` (0, 1, ... within the reply) of function ``name``."""
-
-    call_id: str
-    name: str
-    index: int = 0
-
-
-@dataclass
-class CallArgumentsDelta:
-    """More of call ``call_id``'s arguments text, as the model writes it."""
-
-    call_id: str
-    delta: str
-
-
-@dataclass
-class CallDone:
-    """Call ``call_id`` is complete: its whole ``arguments`` (a JSON object as a string)."""
-
-    call_id: str
-    name: str
-    arguments: str
-
-    @property
-    def call(self) -> FunctionCall:
-        return FunctionCall(self.call_id, self.name, self.arguments)
-
-
-@dataclass
-class CallFailed:
-    """Call ``call_id`` could not be read (cut off by the token budget, or malformed): ``error`` says why.
-    It joins no history and is not run."""
-
-    call_id: str
-    name: str
-    error: str
-
-
-CallEvent = CallStarted | CallArgumentsDelta | CallDone | CallFailed
 
 
 def error_output(error: BaseException | str) -> str:

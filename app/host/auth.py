@@ -36,7 +36,7 @@ OPEN_PREFIXES = ("/healthz", "/readyz", "/phone/twilio/")
 """Paths served without an API key (the Twilio webhooks have their own signature check)."""
 PROTECTED_PREFIXES = ("/v1/", "/offer", "/sessions/", "/metrics", "/stats", "/session-token", "/kiosk/")
 """Paths that need a key or token when keys are configured; everything else is a static page or asset."""
-CONNECTION_PATHS = ("/offer", "/v1/realtime", "/phone/twilio/stream")
+CONNECTION_PATHS = ("/offer", "/v1/realtime", "/phone/twilio/stream", "/v1/audio/speech/stream")
 """Requests that open a session: counted by the per-address connection rate limit."""
 SUBPROTOCOL_KEY = "openai-insecure-api-key."
 

@@ -48,9 +48,10 @@ class HostConfig:
     backend is available). Replies: ``max_tokens`` (Thinker / LLM), ``talker_max_tokens`` (codec frames,
     12.5 per second of audio); ``ignore_eos`` makes every reply run to those budgets (benchmarks and tests;
     see ``pipeline.engine.request.SamplingParams``). ``start_in_background``: ``/healthz`` answers at once,
-    ``/readyz`` is 503 until the stages are up (``serve``). ``tts``: a Qwen3-TTS checkpoint serving
-    ``/v1/audio/speech`` (``None``: Piper, :mod:`.speech`), on the TTS graph's stage processes with
-    ``tts_graph``. ``drain_timeout_s``: SIGTERM's longest wait for replies in flight (:mod:`.drain`).
+    ``/readyz`` is 503 until the stages are up (``serve``). ``tts``: the TTS checkpoint(s) serving
+    ``/v1/audio/speech``, any family (``None``: Piper, :mod:`.speech.services`), a Qwen3-TTS one on the TTS
+    graph's stage processes with ``tts_graph``. ``drain_timeout_s``: SIGTERM's longest wait for replies in
+    flight (:mod:`.drain`).
     ``start_timeout_s``: how long a stage process has to report ready; past it a background start keeps
     waiting, the server up and answering "not ready" (:mod:`.readiness`), a foreground start fails.
     ``tools``: server-side tools from MCP servers (:class:`ToolsConfig`).
@@ -68,7 +69,7 @@ class HostConfig:
     ignore_eos: bool = False
     start_in_background: bool = False
     auth: AuthConfig = field(default_factory=AuthConfig)
-    tts: str | None = None
+    tts: str | list[str] | None = None
     tts_graph: bool = False
     drain_timeout_s: float = 30.0
     start_timeout_s: float = 180.0

@@ -22,7 +22,7 @@ from omniduplex.app.host.auth import TokenStore
 from omniduplex.app.host.config import HostConfig
 from omniduplex.app.host.metrics import MeteredResponder, ServerMetrics
 from omniduplex.app.host.speech.contract import SpeechService, Transcriber
-from omniduplex.app.host.speech.services import load_speech, packaged_whisper
+from omniduplex.app.host.speech.services import SpeechModels, packaged_whisper
 from omniduplex.app.host.tools.mcp_client import MCPHub
 from omniduplex.app.host.tools.runner import MCPToolRunner
 
@@ -68,14 +68,14 @@ class ServerState:
             if cfg.tools.mcp.servers
             else None
         )
-        self.speech: SpeechService | None = None  # /v1/audio/speech: given (tests) or loaded on first use
+        self.speech: SpeechService | None = None  # /v1/audio/speech's first model, given (tests)
+        self.speech_models: SpeechModels | None = None  # every speech model, built on first use
         self.started = False  # the pipeline (or the given responder) is up
         self.draining = False  # SIGTERM received: no new sessions on any surface (:mod:`.drain`)
         self.start_error: Exception | None = None  # why a background start failed
         self.on_start_failed = None  # called after a background start failed (serve: stop the server)
         self._starting: asyncio.Task | None = None
         self._speech_lock = threading.Lock()
-        self._speech_loaded = False  # self.speech was loaded here (stop closes it), not given
 
     # -- readiness and admission ---------------------------------------------------------------------
     @property
@@ -167,8 +167,8 @@ class ServerState:
         await asyncio.gather(*(c.close("server shutdown") for c in list(self.sessions.values())))
         if self.orchestrator is not None:
             await self.orchestrator.stop()
-        if self.speech is not None and self._speech_loaded:
-            await asyncio.to_thread(self.speech.close)
+        if self.speech_models is not None:
+            await asyncio.to_thread(self.speech_models.close)
         await self.mcp.aclose()
 
     # -- shared models and services ---------------------------------------------------------------------
@@ -181,13 +181,20 @@ class ServerState:
             self.turn_model = SmartTurnModel()
         return self.turn_model
 
-    def speech_service(self) -> SpeechService:
-        """The ``/v1/audio/speech`` service (:func:`.speech.services.load_speech`), loaded on first use
-        unless one was given (blocking: call it in a worker thread)."""
+    def speech_registry(self) -> SpeechModels:
+        """The server's speech models (:class:`.speech.services.SpeechModels`; :attr:`speech`, when given,
+        serves the first)."""
         with self._speech_lock:
-            if self.speech is None:
-                self.speech, self._speech_loaded = load_speech(self.cfg), True
-        return self.speech
+            if self.speech_models is None:
+                self.speech_models = SpeechModels(self.cfg, self.speech)
+        return self.speech_models
+
+    def speech_service(self, model: str | None = None) -> SpeechService:
+        """The ``/v1/audio/speech`` service of ``model`` (``None``: the first), loaded on first use
+        (blocking: call it in a worker thread).
+
+        Raises SpeechError: an unknown model (``model_not_found``)."""
+        return self.speech_registry().get(model)
 
     def transcriber(self) -> Transcriber:
         """The ``/v1/audio/transcriptions`` model: the packaged Whisper, loaded once a process (blocking)."""

@@ -37,6 +37,7 @@ import yaml
 
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.qwen3_tts.model import is_qwen3_tts
+from omniduplex.models.tts_family import tts_family
 from omniduplex.models.weights import (
     PIPER_JOE,
     PIPER_JOE_CONFIG,
@@ -107,6 +108,11 @@ class CascadeManifest:
         """Whether the TTS is a Qwen3-TTS checkpoint (else a Piper voice)."""
         return self.tts.is_dir() and is_qwen3_tts(self.tts)
 
+    @property
+    def tts_family(self) -> str | None:
+        """The TTS checkpoint's family (:func:`~omniduplex.models.tts_family.tts_family`; ``None``: Piper)."""
+        return tts_family(self.tts)
+
 
 def manifest_file(model: str | Path) -> Path | None:
     """The manifest ``model`` names (a ``.yaml``/``.yml`` file, or a folder holding ``cascade.yaml``), or
@@ -155,15 +161,17 @@ def load_manifest(model: str | Path) -> CascadeManifest:
         return p.resolve()
 
     tts = part("tts", raw["tts"])
-    qwen3 = tts.is_dir() and is_qwen3_tts(tts)
+    qwen3 = tts_family(tts) is not None  # a checkpoint folder of a TTS family (Qwen3-TTS, VoxCPM2, ...)
     if tts.is_dir() and not qwen3:
-        raise CheckpointError(f"{path}: tts {tts} is a folder but not a Qwen3-TTS checkpoint")
+        raise CheckpointError(
+            f"{path}: tts {tts} is a folder but no TTS family's checkpoint (Qwen3-TTS, VoxCPM2, Higgs, Fish)"
+        )
     tts_config = None if qwen3 else part("tts_config", raw.get("tts_config") or f"{tts}.json")
     voice = {k: raw.get(k) for k in ("tts_voice", "tts_instructions", "tts_ref_text")}
     ref_audio = part("tts_ref_audio", raw["tts_ref_audio"]) if raw.get("tts_ref_audio") else None
     if not qwen3 and (ref_audio or any(voice.values()) or "tts_max_frames" in raw):
         raise CheckpointError(
-            f"{path}: tts_voice / tts_instructions / tts_ref_* / tts_max_frames need a Qwen3-TTS tts"
+            f"{path}: tts_voice / tts_instructions / tts_ref_* / tts_max_frames need a TTS checkpoint"
         )
     max_frames = raw.get("tts_max_frames", 1024)
     if not isinstance(max_frames, int) or isinstance(max_frames, bool) or max_frames < 1:
@@ -212,7 +220,7 @@ def write_manifest(
         {k: v if isinstance(v, int) else str(v) for k, v in (tts_voice or {}).items() if v is not None}
     )
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    kind = "Qwen3-TTS" if is_qwen3_tts(tts) else "Piper TTS"
+    kind = tts_family(tts) or "Piper TTS"
     tmp.write_text(f"# omniduplex cascade: ASR -> LLM -> {kind} (models/cascade)\n" + yaml.safe_dump(doc))
     tmp.replace(out)
     return out

@@ -23,9 +23,11 @@ _IDS = preset_token_ids()
 CODEBOOK = {"tiny": 256, "small": 1024}
 
 
-def _decoder(
+def decoder_config(
     hidden, layers, heads, kv, head_dim, inter, vocab, experts=0, topk=0, moe_inter=0, **extra
 ) -> dict:
+    """A Qwen3-style decoder ``config.json`` section (SiLU, RMSNorm 1e-6, RoPE θ 1e6, no attention bias) of
+    the given sizes; with ``experts`` a sparse MoE in every layer; ``extra`` keys override."""
     d = dict(
         hidden_size=hidden,
         num_hidden_layers=layers,
@@ -62,7 +64,7 @@ def omni_config(preset: str) -> dict:
     groups = 4 if tiny else 8
     th = 64 if tiny else 512
     tk = 64 if tiny else 256
-    text = _decoder(
+    text = decoder_config(
         th,
         2 if tiny else 8,
         4 if tiny else 8,
@@ -98,7 +100,7 @@ def omni_config(preset: str) -> dict:
         attention_dropout=0.0,
         activation_dropout=0.0,
     )
-    talker_text = _decoder(
+    talker_text = decoder_config(
         tk,
         2 if tiny else 4,
         4,
@@ -113,7 +115,9 @@ def omni_config(preset: str) -> dict:
     )
     talker_text["norm_topk_prob"] = False
     talker_text["rope_scaling"] = dict(text["rope_scaling"])
-    predictor = _decoder(tk, 2, 4, 2, 16 if tiny else 64, 128 if tiny else 512, cb, num_code_groups=groups)
+    predictor = decoder_config(
+        tk, 2, 4, 2, 16 if tiny else 64, 128 if tiny else 512, cb, num_code_groups=groups
+    )
     code2wav = dict(
         codebook_size=cb,
         hidden_size=64 if tiny else 256,

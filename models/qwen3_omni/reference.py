@@ -20,26 +20,16 @@ from omniduplex.models.qwen3_omni.talker_prompt import (
     trailing_text_embed,
 )
 from omniduplex.models.registry import LoadedModel
+from omniduplex.models.sampling import repetition_penalty
 
 
 @dataclass
 class TurnOutput:
-    """One turn: Thinker ids (incl. the final EOS), Talker frames ``[F][G]``, waveform ``[samples]``."""
+    """One turn: DecoderLM ids (incl. the final EOS), Talker frames ``[F][G]``, waveform ``[samples]``."""
 
     thinker_token_ids: list[int]
     talker_codes: list[list[int]] = field(default_factory=list)
     waveform: torch.Tensor | None = None
-
-
-def repetition_penalty(logits: torch.Tensor, seen: list[int], penalty: float) -> torch.Tensor:
-    """CTRL repetition penalty on ``logits`` ``[V]``: seen ids' logits ÷ penalty if > 0, else × penalty."""
-    if penalty == 1.0 or not seen:
-        return logits
-    idx = torch.tensor(sorted(set(seen)))
-    s = logits[idx]
-    logits = logits.clone()
-    logits[idx] = torch.where(s < 0, s * penalty, s / penalty)
-    return logits
 
 
 @torch.no_grad()

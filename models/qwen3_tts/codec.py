@@ -37,12 +37,12 @@ from torch import nn
 from omniduplex.models.qwen3_omni.code2wav import (
     CausalConv1d,
     CausalTransConv1d,
-    Code2WavConfig,
     ConvNeXtBlock,
     DecoderBlock,
     PreTransformer,
     SnakeBeta,
 )
+from omniduplex.models.qwen3_omni.code2wav_config import Code2WavConfig
 from omniduplex.models.qwen3_tts.config import CodecDecoderConfig
 
 STREAM_FIRST_CHUNK = 1
@@ -152,11 +152,10 @@ class CodecDecoder(nn.Module):
     def __init__(self, cfg: CodecDecoderConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        c2w = Code2WavConfig(**cfg.code2wav_dict())
         lat = cfg.latent_dim
         self.quantizer = SplitResidualVQ(cfg)
         self.pre_conv = CausalConv1d(cfg.codebook_dim, lat, 3)
-        self.pre_transformer = FrameTransformer(c2w, lat)
+        self.pre_transformer = FrameTransformer(cfg, lat)
         self.upsample = nn.ModuleList(
             nn.ModuleList([CausalTransConv1d(lat, lat, f, f), ConvNeXtBlock(lat)])
             for f in cfg.upsampling_ratios

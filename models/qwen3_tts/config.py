@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omniduplex.models.config import ConfigError, DecoderConfig
+from omniduplex.models.qwen3_omni.code2wav_config import Code2WavConfig
 
 ARCHITECTURE = "Qwen3TTSForConditionalGeneration"
 CODEC_ARCHITECTURE = "Qwen3TTSTokenizerV2Model"
@@ -153,68 +154,30 @@ class TTSConfig:
 
 
 @dataclass
-class CodecDecoderConfig:
-    """``decoder_config`` of the 12 Hz speech tokenizer (defaults: ``Qwen3TTSTokenizerV2DecoderConfig``).
+class CodecDecoderConfig(Code2WavConfig):
+    """``decoder_config`` of the 12 Hz speech tokenizer (defaults: ``Qwen3TTSTokenizerV2DecoderConfig``):
+    Qwen3-Omni's Code2Wav settings (its frame transformer and conv stack, :class:`Code2WavConfig`), plus the
+    split RVQ's ``codebook_dim`` (required) and the ``latent_dim`` the conv stack runs on.
 
-    ``head_dim`` is ``hidden_size // num_attention_heads`` (the reference reads no head_dim key).
+    ``head_dim``: the attention head width; ``0`` (no key) means ``hidden_size // num_attention_heads``, as
+    the reference's ``getattr(config, "head_dim", hidden_size // num_attention_heads)`` (qwen-tts 0.1.1,
+    ``Qwen3TTSTokenizerV2DecoderAttention``; its RoPE reads the same key).
     """
 
-    codebook_dim: int
-    codebook_size: int = 2048
-    hidden_size: int = 1024
+    codebook_dim: int = 0
     latent_dim: int = 1024
-    max_position_embeddings: int = 8000
-    rope_theta: float = 10000.0
-    num_attention_heads: int = 16
-    num_key_value_heads: int = 16
-    attention_bias: bool = False
-    sliding_window: int = 72
-    intermediate_size: int = 3072
-    hidden_act: str = "silu"
-    layer_scale_initial_scale: float = 0.01
-    rms_norm_eps: float = 1e-5
-    num_hidden_layers: int = 8
-    num_quantizers: int = 16
-    upsample_rates: tuple[int, ...] = (8, 5, 4, 3)
-    upsampling_ratios: tuple[int, ...] = (2, 2)
-    decoder_dim: int = 1536
 
     def __post_init__(self) -> None:
-        self.upsample_rates = tuple(int(r) for r in self.upsample_rates)
-        self.upsampling_ratios = tuple(int(r) for r in self.upsampling_ratios)
-        if self.codebook_dim % 2:
-            raise ConfigError(f"codec decoder: codebook_dim={self.codebook_dim} must be even")
+        super().__post_init__()
+        if self.codebook_dim < 2 or self.codebook_dim % 2:
+            raise ConfigError(f"codec decoder: codebook_dim={self.codebook_dim} must be even and >= 2")
         if self.num_quantizers < 2:
             raise ConfigError(f"codec decoder: num_quantizers={self.num_quantizers} must be >= 2")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CodecDecoderConfig:
-        """Raises ConfigError when ``codebook_dim`` (no reference default) is missing."""
+        """Raises ConfigError when ``codebook_dim`` (no reference default) is missing, or as
+        :meth:`Code2WavConfig.from_dict` does."""
         if "codebook_dim" not in d:
             raise ConfigError("speech tokenizer decoder_config is missing 'codebook_dim'")
-        names = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in d.items() if k in names and v is not None})
-
-    def code2wav_dict(self) -> dict[str, Any]:
-        """The settings shared with Qwen3-Omni's ``Code2WavConfig`` (its transformer and conv stack run on
-        ``hidden_size``; here the conv stack runs on ``latent_dim``)."""
-        keys = (
-            "codebook_size",
-            "max_position_embeddings",
-            "rope_theta",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "attention_bias",
-            "sliding_window",
-            "intermediate_size",
-            "hidden_act",
-            "layer_scale_initial_scale",
-            "rms_norm_eps",
-            "num_hidden_layers",
-            "num_quantizers",
-            "upsample_rates",
-            "upsampling_ratios",
-            "decoder_dim",
-            "hidden_size",
-        )
-        return {k: getattr(self, k) for k in keys}
+        return super().from_dict(d)  # head_dim honoured (0 or absent: hidden_size // heads)

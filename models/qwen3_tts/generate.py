@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 
 from omniduplex.models.forward_batch import SequenceCache
-from omniduplex.models.qwen3_omni.reference import repetition_penalty
 from omniduplex.models.qwen3_tts.prompt import TalkerPrompt
 from omniduplex.models.qwen3_tts.talker import Talker
+from omniduplex.models.sampling import repetition_penalty
 
 
 @torch.no_grad()

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 from omniduplex.models.checkpoint import published_shapes_of
-from omniduplex.models.qwen3_omni.presets import draw_tensor
+from omniduplex.models.qwen3_omni.presets import decoder_config, draw_tensor
 from omniduplex.models.qwen3_tts.config import ARCHITECTURE, CODEC_ARCHITECTURE, VARIANTS
 from omniduplex.models.qwen3_tts.model import CODEC_DIR, build_modules
 from omniduplex.models.tokenizer import preset_token_ids, write_tokenizer
@@ -61,25 +61,6 @@ SPEAKERS = {"serena": 3066, "vivian": 3065, "ryan": 3061, "aiden": 2861, "eric":
 DIALECTS = {"eric": "sichuan_dialect", "dylan": "beijing_dialect"}
 
 
-def _decoder(hidden, layers, heads, kv, head_dim, inter, vocab, **extra) -> dict:
-    d = dict(
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        head_dim=head_dim,
-        intermediate_size=inter,
-        vocab_size=vocab,
-        hidden_act="silu",
-        rms_norm_eps=1e-6,
-        rope_theta=1_000_000.0,
-        attention_bias=False,
-        max_position_embeddings=32768,
-    )
-    d.update(extra)
-    return d
-
-
 def tts_config(preset: str, variant: str = "custom_voice") -> dict:
     """``config.json`` of a preset and variant. Raises ValueError for an unknown preset or variant."""
     if preset not in PRESETS:
@@ -93,8 +74,8 @@ def tts_config(preset: str, variant: str = "custom_voice") -> dict:
     }[preset]
     ph, pl, pi = {"tiny": (64, 2, 128), "small": (256, 3, 512), "heldout": (64, 5, 128)}[preset]
     groups = 16
-    predictor = _decoder(ph, pl, 4, 2, 16, pi, 2048, num_code_groups=groups, rope_theta=1_000_000.0)
-    talker = _decoder(h, layers, heads, kv, hd, inter, 3072)
+    predictor = decoder_config(ph, pl, 4, 2, 16, pi, 2048, num_code_groups=groups, rope_theta=1_000_000.0)
+    talker = decoder_config(h, layers, heads, kv, hd, inter, 3072)
     talker.update(
         rope_scaling={
             "rope_type": "default",

@@ -1,7 +1,7 @@
 """Model adapters: how the engine embeds input rows and what a sampled id produces, per model.
 
-* :class:`ThinkerAdapter` — the Thinker or any Qwen3 text LM: inputs are token ids (prompt rows may
-  be given as embeddings, e.g. with audio merged); optionally records the prompt's hidden states at
+* :class:`DecoderLMAdapter` — the Thinker or any text LM (the cascade's): inputs are token ids (prompt rows
+  may be given as embeddings, e.g. with audio merged); optionally records the prompt's hidden states at
   one layer (the Talker's ``accept_hidden_layer``) and streams each sampled token's embedding.
 * :class:`TalkerAdapter` — the Talker: inputs are embeddings; after codebook 0 is sampled, the code
   predictor fills the residual codebooks of all the step's frames in one batched call, and the next
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
+from omniduplex.models.decoder_lm import DecoderLM
 from omniduplex.models.forward_batch import ForwardBatch
 from omniduplex.models.qwen3_omni.talker import Talker
-from omniduplex.models.thinker import Thinker
 from omniduplex.pipeline.engine.predictor_graphs import NOISE_BASE, PredictorGraphs
 from omniduplex.pipeline.engine.request import Request
 from omniduplex.pipeline.engine.sampler import SamplingBatch
@@ -30,8 +30,9 @@ PREDICTOR_TOP_K, PREDICTOR_TOP_P = 50, 0.8
 """Code-predictor sampling filters of ``transformers``' Qwen3-Omni Talker when sampling is on."""
 
 
-class ThinkerAdapter:
-    """Adapter for :class:`Thinker` (also plain Qwen3 / Qwen3-MoE text checkpoints).
+class DecoderLMAdapter:
+    """Adapter for a :class:`~omniduplex.models.decoder_lm.DecoderLM`: Qwen3-Omni's Thinker, or any text LM
+    checkpoint (Qwen3 / Qwen3-MoE, Qwen2, Llama: the cascade's LLM).
 
     Args:
         thinker: the model.
@@ -44,7 +45,9 @@ class ThinkerAdapter:
     rows of ``prompt_hidden`` are zeros. The Thinker stage sets it to the first row the Talker reads.
     """
 
-    def __init__(self, thinker: Thinker, capture_layer: int | None = None, emit_embeds: bool = False) -> None:
+    def __init__(
+        self, thinker: DecoderLM, capture_layer: int | None = None, emit_embeds: bool = False
+    ) -> None:
         self.model, self.capture_layer, self.emit_embeds = thinker, capture_layer, emit_embeds
         cfg = thinker.cfg
         self.num_layers, self.num_kv_heads, self.head_dim = (

@@ -47,6 +47,7 @@ import torch
 from omniduplex.models.cascade.asr import SAMPLE_RATE
 from omniduplex.models.cascade.streaming_asr import ChunkPolicy, IncrementalTranscriber
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stages.contract import BatchGauges
 
 HYPOTHESIS_BUDGET = 0.5
 """Largest share of ``hypothesis_every_s`` a step's decode may take (running mean) for periodic hypotheses
@@ -61,7 +62,7 @@ MIN_SAMPLES = SAMPLE_RATE // 10
 """Shortest turn accepted: 0.1 s at 16 kHz (1600 samples)."""
 
 
-class ASRWorker:
+class ASRWorker(BatchGauges):
     """Batches every pending turn of a step through one ``transcribe_batch`` call.
 
     Args:

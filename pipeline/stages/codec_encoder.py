@@ -18,12 +18,13 @@ from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.models.unified.prompt import conversation_steps
 from omniduplex.pipeline.audio_io import MODEL_INPUT_RATE
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stages.contract import BatchGauges
 
 MAX_INPUT_S = 60.0
 """Longest user turn accepted (s): the prompt grows by ~86 steps per second at 44.1 kHz / hop 512."""
 
 
-class CodecEncoderWorker:
+class CodecEncoderWorker(BatchGauges):
     """Encodes pending turns one DAC call each (utterances differ in length; the encoder is cheap)."""
 
     def __init__(self, model: LoadedModel, max_batch: int = 16) -> None:

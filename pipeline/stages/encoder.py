@@ -9,9 +9,10 @@ from omniduplex.models.qwen3_omni.audio_encoder import audio_token_count
 from omniduplex.models.registry import LoadedModel
 from omniduplex.models.tokenizer import DEFAULT_SYSTEM_PROMPT, load_tokenizer, voice_turn_prompt
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stages.contract import BatchGauges
 
 
-class EncoderWorker:
+class EncoderWorker(BatchGauges):
     """Batches every pending turn of a step through one mel + encoder call.
 
     Input tensors: ``waveform`` float32 ``[samples]`` at 16 kHz; meta ``system_prompt`` (optional) and

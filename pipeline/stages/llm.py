@@ -16,9 +16,7 @@ also carries ``prompt_ids`` int64 ``[P]`` and the turn's input meta without ``sa
 one (``last=True``) carries ``finish_reason`` (``stop``, ``length`` or ``tool_calls``: :mod:`.reply_stream`)
 and, when the token budget cut a clause, ``unspoken`` (the text dropped). With tools, decoding is
 grammar-constrained (:mod:`omniduplex.pipeline.engine.grammar`): every call's arguments parse and satisfy its
-tool's schema. A turn with meta ``say`` (str) is not generated: one ``last`` message whose ``text`` is it (the
-words a session has spoken as written, :mod:`omniduplex.app.core.tool_turns`). A transcript with no letters
-or digits does not reach the engine: one message ``token``
+tool's schema. A transcript with no letters or digits does not reach the engine: one message ``token``
 int64 ``[0]``, meta ``text=""``, ``skipped="empty transcript"`` + turn meta, ``last=True``.
 
 Prefill while the user speaks: before a turn's message, the ASR stage may send ``last=False`` messages of
@@ -33,226 +31,32 @@ not yet run; the turn's own message drops a hint still queued. Hints produce no 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 
 import torch
 from tokenizers import Tokenizer
 
-from omniduplex.models.cascade.chat_template import ChatTemplate, encode_chat, load_chat_template
-from omniduplex.models.cascade.tool_prompt import (
-    CALL_OPEN,
-    ToolSet,
-    calls_since_user,
-    chat_messages,
-    history_item,
-    tool_set,
-)
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.registry import LoadedModel
 from omniduplex.pipeline.detokenize import IncrementalDetokenizer
-from omniduplex.pipeline.engine.adapters import ThinkerAdapter
+from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.grammar import TokenizerGrammars
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
+from omniduplex.pipeline.stages.chat_prompt import (
+    MAX_TOOL_CALLS,
+    ChatPrompter,
+    ChatTurn,
+)
+from omniduplex.pipeline.stages.contract import EngineGauges
 from omniduplex.pipeline.stages.reply_stream import ReplyStream
 from omniduplex.pipeline.stages.tool_calls import EVENT_KEYS
 
-__all__ = ["ChatPrompter", "IncrementalDetokenizer", "LLMWorker", "TurnStream"]
+__all__ = ["ChatPrompter", "ChatTurn", "IncrementalDetokenizer", "LLMWorker", "TurnStream"]
 
-EXTRA_STOP_TOKENS = ("<|endoftext|>",)
 HINT_SUFFIX = "#prefill"
 """Engine request id of a turn's prefill hint: the turn id + this suffix."""
-"""Stop tokens besides the tokenizer's eos, when the vocabulary has them."""
-_PROBE = " and then"
-"""Words appended to a partial transcript to find the tokens a longer transcript keeps
-(:meth:`ChatPrompter.hint_ids`)."""
-MAX_TOOL_CALLS = 4
-"""Default most tool calls per user turn (the call loop is cut there: ``max_tool_calls`` of the stage)."""
-CALL_TOKENS = 128
-"""Tokens a reply may spend per tool call beyond its text budget (``max_tokens`` counts text only)."""
-
-
-def has_words(text: str) -> bool:
-    return any(ch.isalnum() for ch in text)
-
-
-@dataclass
-class ChatTurn:
-    """A turn ready for an engine: ``ids`` the chat prompt's token ids, ``sampling`` its decoding controls
-    (the stop ids included), ``meta`` the turn's input meta to hand on (without ``sampling``/``words``/
-    ``tools``/``tool_choice``), ``tools`` what the reply may call (the call limit applied), ``reply`` the
-    :class:`~.reply_stream.ReplyStream` arguments of its output."""
-
-    ids: list[int]
-    sampling: SamplingParams
-    meta: dict
-    tools: ToolSet = field(default_factory=lambda: ToolSet((), "auto"))
-    reply: dict = field(default_factory=dict)
-
-
-class ChatPrompter:
-    """The turn → prompt half of the LLM stage, shared by both backends (:class:`LLMWorker`, our engine;
-    :class:`~.vllm_llm.VLLMLLMWorker`, vLLM), so both feed their engine the same ids.
-
-    Args:
-        path: the checkpoint folder: ``tokenizer.json`` and optionally a chat template
-            (else ChatML, see :mod:`.chat_template`).
-        raw_config: its ``config.json`` (``eos_token_id`` when the tokenizer names no eos token).
-        max_tool_calls: most tool calls per user turn (:data:`MAX_TOOL_CALLS`).
-
-    Raises:
-        CheckpointError: no ``tokenizer.json`` or no eos token.
-    """
-
-    def __init__(self, path: Path, raw_config: dict, max_tool_calls: int = MAX_TOOL_CALLS) -> None:
-        self.max_tool_calls = max_tool_calls
-        tok_file = path / "tokenizer.json"
-        if not tok_file.is_file():
-            raise CheckpointError(f"{path}: no tokenizer.json (the LLM stage detokenizes itself)")
-        self.path = path
-        self.tokenizer = Tokenizer.from_file(str(tok_file))
-        self.template: ChatTemplate = load_chat_template(path)
-        self.stop_ids = self._stop_ids(raw_config)
-
-    def _stop_ids(self, raw_config: dict) -> tuple[int, ...]:
-        eos = self.template.special_tokens.get("eos_token")
-        ids = [self.tokenizer.token_to_id(eos)] if eos else []
-        if not ids or ids[0] is None:
-            raw = raw_config.get("eos_token_id")
-            ids = list(raw) if isinstance(raw, list) else [raw]
-        ids += [self.tokenizer.token_to_id(t) for t in EXTRA_STOP_TOKENS]
-        out = tuple(dict.fromkeys(i for i in ids if isinstance(i, int)))
-        if not out:
-            raise CheckpointError(f"{self.path}: no eos token in tokenizer_config.json or config.json")
-        return out
-
-    def messages(self, rid: str, meta: dict) -> list[dict]:
-        """The chat of a turn: system prompt, history (``[role, text]`` pairs and function_call /
-        function_call_output items, :mod:`~omniduplex.models.cascade.tool_prompt`), then the transcript as the
-        user's message.
-
-        Raises:
-            ValueError: a field of the wrong type or a history entry of neither form.
-        """
-        out = []
-        system = meta.get("system_prompt")
-        if system is not None:
-            if not isinstance(system, str):
-                raise ValueError(f"turn {rid}: system_prompt must be a string")
-            out.append({"role": "system", "content": system})
-        history = meta.get("history") or []
-        if not isinstance(history, (list, tuple)):
-            raise ValueError(f"turn {rid}: history must be a list of [role, text] or call items")
-        where = f"turn {rid}: history"
-        out += chat_messages([history_item(i, item, where) for i, item in enumerate(history)])
-        if meta["transcript"]:  # "" for a typed turn, or a response after tool outputs
-            out.append({"role": "user", "content": meta["transcript"]})
-        return out
-
-    def tools(self, rid: str, meta: dict, messages: list[dict]) -> ToolSet:
-        """The turn's :class:`ToolSet` (meta ``tools``, ``tool_choice``), with no tool left to call once the
-        turn has made :attr:`max_tool_calls` calls (the call loop is cut).
-
-        Raises:
-            ValueError: a bad tool or choice, naming the field (``turn 7: tools[1].parameters: ...``).
-        """
-        try:
-            tools = tool_set(meta.get("tools"), meta.get("tool_choice"))
-        except ValueError as e:
-            raise ValueError(f"turn {rid}: {e}") from None
-        if tools.active and calls_since_user(messages_items(messages)) >= self.max_tool_calls:
-            return ToolSet(tools.tools, "none")
-        return tools
-
-    def hint_ids(self, rid: str, meta: dict) -> list[int]:
-        """The prompt ids of a turn whose transcript so far is ``meta['transcript']`` that the finished turn's
-        prompt will most likely start with: the chat rendered with that transcript, cut before the first
-        token that changes when more words follow (BPE merges at the end of the text, the template's closing
-        tokens). Empty when the transcript has no words.
-
-        Raises:
-            ValueError: as :meth:`messages`.
-        """
-        if not has_words(meta.get("transcript") or ""):
-            return []
-        messages = self.messages(rid, meta)
-        tools = self.tools(rid, meta, messages)
-        ids = encode_chat(self.tokenizer, self.template, messages, tools=tools)
-        longer = {**meta, "transcript": meta["transcript"] + _PROBE}
-        other = encode_chat(self.tokenizer, self.template, self.messages(rid, longer), tools=tools)
-        n = 0
-        while n < min(len(ids), len(other)) and ids[n] == other[n]:
-            n += 1
-        return ids[:n]
-
-    def sampling(self, rid: str, raw) -> SamplingParams:
-        """The turn's :class:`SamplingParams` from its ``sampling`` meta, with this model's stop ids added.
-
-        Raises:
-            ValueError: an unknown field or an invalid value.
-        """
-        sp = dict(raw or {})
-        if "grammar" in sp:
-            raise ValueError(f"turn {rid}: bad sampling parameters (grammar is set by the stage, from tools)")
-        sp["stop_token_ids"] = tuple(dict.fromkeys((*sp.get("stop_token_ids", ()), *self.stop_ids)))
-        sp["suppress_token_ids"] = tuple(sp.get("suppress_token_ids", ()))
-        try:
-            return SamplingParams(**sp)
-        except TypeError as e:
-            raise ValueError(f"turn {rid}: bad sampling parameters ({e})") from e
-
-    def prepare(self, msg: StageMessage) -> ChatTurn | StageMessage:
-        """A :class:`ChatTurn` for the engine, or, for a spoken turn without words, the one message that
-        answers it (see the module docstring).
-
-        Raises:
-            ValueError: a missing or non-string ``transcript``, malformed ``history``/``system_prompt``/
-                ``sampling``, or a template that rejects the chat.
-        """
-        rid, meta = msg.request_id, msg.meta
-        transcript = meta.get("transcript")
-        if not isinstance(transcript, str):
-            raise ValueError(
-                f"turn {rid}: meta 'transcript' must be a string, got {type(transcript).__name__}"
-            )
-        turn_meta = {k: v for k, v in meta.items() if k not in ("sampling", "words", "tools", "tool_choice")}
-        if isinstance(meta.get("say"), str):  # said as written: a tool call's filler or apology
-            said = {**turn_meta, "text": meta["say"]}
-            return StageMessage(rid, {"token": torch.zeros(0, dtype=torch.int64)}, said, last=True)
-        typed = isinstance(meta.get("user_text"), str)  # typed turns are answered even when empty
-        if not typed and not has_words(transcript):
-            return StageMessage(
-                rid,
-                {"token": torch.zeros(0, dtype=torch.int64)},
-                {**turn_meta, "text": "", "skipped": "empty transcript"},
-                last=True,
-            )
-        sampling = self.sampling(rid, meta.get("sampling"))
-        messages = self.messages(rid, meta)
-        tools = self.tools(rid, meta, messages)
-        ids = encode_chat(self.tokenizer, self.template, messages, tools=tools)
-        reply = {"speech": meta.get("spoken", True) is not False, "calls": bool(tools.tools)}
-        if tools.active:  # the calls left to the turn, and their tokens beyond the text budget
-            left = self.max_tool_calls - calls_since_user(messages_items(messages))
-            reply.update(max_calls=left, text_budget=sampling.max_tokens)
-            sampling = replace(sampling, max_tokens=sampling.max_tokens + CALL_TOKENS * left)
-        elif tools.tools:  # tool_choice none, or the call limit reached: no call
-            reply["max_calls"] = 0
-            if (trigger := self.tokenizer.token_to_id(CALL_OPEN)) is not None:
-                sampling = replace(sampling, suppress_token_ids=(*sampling.suppress_token_ids, trigger))
-        return ChatTurn(ids, sampling, turn_meta, tools, reply)
-
-
-def messages_items(messages: list[dict]) -> list[dict]:
-    """Chat messages as history items for :func:`~omniduplex.models.cascade.tool_prompt.calls_since_user`:
-    each tool call of an assistant message counts as one ``function_call``."""
-    out: list[dict] = []
-    for m in messages:
-        out.append(m)
-        out += [{"type": "function_call"} for _ in m.get("tool_calls") or ()]
-    return out
 
 
 class TurnStream:
@@ -320,7 +124,7 @@ def compact_metas(metas: list[dict]) -> list[dict]:
     return out
 
 
-class LLMWorker:
+class LLMWorker(EngineGauges):
     """Continuous batching of a text LLM (Llama / Qwen3 checkpoints) over every turn in flight.
 
     Args:
@@ -353,7 +157,7 @@ class LLMWorker:
         self.stop_ids = self.chat.stop_ids
         weight = model.thinker.lm_head.weight
         self.engine = Engine(
-            ThinkerAdapter(model.thinker),
+            DecoderLMAdapter(model.thinker),
             num_blocks,
             max_num_seqs,
             max_num_batched_tokens,

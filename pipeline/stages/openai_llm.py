@@ -45,7 +45,9 @@ from omniduplex.pipeline.config import StageConfig
 from omniduplex.pipeline.engine.request import SamplingParams
 from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
 from omniduplex.pipeline.stage_engines import require_openai
-from omniduplex.pipeline.stages.llm import CALL_TOKENS, compact_metas, has_words
+from omniduplex.pipeline.stages.chat_prompt import CALL_TOKENS, has_words
+from omniduplex.pipeline.stages.contract import WorkerBase
+from omniduplex.pipeline.stages.llm import compact_metas
 from omniduplex.pipeline.stages.reply_stream import ReplyStream
 from omniduplex.pipeline.stages.tool_calls import ARGUMENTS_DELTA, DONE, FAILED, STARTED, new_call_id
 
@@ -171,7 +173,7 @@ class _Turn:
         self.calls = _Calls()
 
 
-class OpenAILLMWorker:
+class OpenAILLMWorker(WorkerBase):
     """The cascade LLM stage on an OpenAI-compatible server: ``submit`` / ``abort`` / ``step`` / ``has_work``
     as :class:`~.llm.LLMWorker`, plus ``pop_errors``, ``stats`` and ``close``.
 

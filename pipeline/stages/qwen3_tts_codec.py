@@ -30,6 +30,7 @@ from omniduplex.models.qwen3_tts.codec import STREAM_CHUNK, STREAM_FIRST_CHUNK, 
 from omniduplex.models.qwen3_tts.codec_batch import push_together
 from omniduplex.models.qwen3_tts.codec_stream import StreamingDecoder
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stages.contract import WorkerBase
 
 _ABORTED_MEMORY = 1024
 FRAMES_PER_CALL = 200
@@ -46,7 +47,7 @@ class _Utterance:
     meta: dict = field(default_factory=dict)  # passed on with the first piece
 
 
-class Qwen3TTSCodecWorker:
+class Qwen3TTSCodecWorker(WorkerBase):
     """Streaming, batched codec decode of every utterance in flight.
 
     Args:

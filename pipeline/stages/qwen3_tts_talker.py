@@ -27,9 +27,10 @@ from omniduplex.models.qwen3_tts.voice import VoiceError, VoicePrompter
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
 from omniduplex.pipeline.stage_stats import engine_stats
+from omniduplex.pipeline.stages.contract import WorkerBase
 
 
-class Qwen3TTSTalkerWorker:
+class Qwen3TTSTalkerWorker(WorkerBase):
     """The talker stage.
 
     Args:

@@ -15,12 +15,13 @@ from omniduplex.pipeline.engine.adapters import TalkerAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stages.contract import EngineGauges
 
 DEFAULT_TALKER_SAMPLING = dict(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, max_tokens=1024)
 """``transformers``' Qwen3-Omni ``generate`` defaults for the Talker (``talker_*`` kwargs)."""
 
 
-class TalkerWorker:
+class TalkerWorker(EngineGauges):
     """Continuous-batching Talker; ``specials`` are the projected ``tts_bos/eos/pad`` embeddings.
     ``cuda_graphs``: decode steps and the code predictor replay as CUDA graphs on a CUDA device
     (:mod:`.engine.decode_graphs`)."""

@@ -13,13 +13,14 @@ import torch
 
 from omniduplex.models.qwen3_omni.talker_prompt import user_token_mask
 from omniduplex.models.registry import LoadedModel
-from omniduplex.pipeline.engine.adapters import ThinkerAdapter
+from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stages.contract import EngineGauges
 
 
-class ThinkerWorker:
+class ThinkerWorker(EngineGauges):
     """Continuous-batching Thinker over all turns in flight.
 
     Prefix caching: a turn reuses the KV of the prompt rows it shares with earlier turns (system prompt,
@@ -45,7 +46,7 @@ class ThinkerWorker:
         accept = cfg.talker.accept_hidden_layer if cfg.talker else None
         self.eos = cfg.im_end_token_id
         self.engine = Engine(
-            ThinkerAdapter(model.thinker, capture_layer=accept, emit_embeds=True),
+            DecoderLMAdapter(model.thinker, capture_layer=accept, emit_embeds=True),
             num_blocks,
             max_num_seqs,
             max_num_batched_tokens,

@@ -40,6 +40,7 @@ from omniduplex.models.cascade.piper_stream import FIRST_PIECE_FRAMES, PIECE_FRA
 from omniduplex.models.cascade.tts import PiperTTS
 from omniduplex.pipeline.clauses import ClauseSplitter
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stages.contract import WorkerBase
 
 PASSED_OPTIONS = ("skipped",)
 """Meta keys of a turn's first message copied onto every message the turn emits."""
@@ -59,7 +60,7 @@ class _Turn:
     silent: bool = False  # a text-only turn (meta ``spoken: false``): no audio, only the closing message
 
 
-class TTSWorker:
+class TTSWorker(WorkerBase):
     """Streaming synthesis of every reply in flight.
 
     Args:
@@ -97,6 +98,10 @@ class TTSWorker:
             if not t.silent:
                 t.clauses.extend(t.splitter.flush())
             t.finished = True
+
+    def stats(self) -> dict[str, int]:
+        """``batch_size``: the turns open (each step speaks a clause of those ready, round robin)."""
+        return {"queue_depth": 0, "batch_size": len(self.turns)}
 
     def abort(self, request_id: str) -> None:
         """Drop the turn at once: nothing more of it is emitted, even if text for it still arrives."""

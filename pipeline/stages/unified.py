@@ -14,12 +14,13 @@ from omniduplex.models.registry import LoadedModel
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.unified_adapter import UnifiedAdapter
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stages.contract import EngineGauges
 
 DEFAULT_MAX_TEXT_TOKENS = 48
 DEFAULT_MAX_AUDIO_FRAMES = 256
 
 
-class UnifiedWorker:
+class UnifiedWorker(EngineGauges):
     """Continuous batching of every turn in flight over one :class:`UnifiedAdapter` engine (``cuda_graphs``:
     decode steps replay as CUDA graphs on a CUDA device, :mod:`.engine.decode_graphs`)."""
 

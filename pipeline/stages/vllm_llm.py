@@ -1,10 +1,10 @@
 """The cascade's LLM stage on vLLM (``backend: vllm`` in the stage graph): the same contract as
 :class:`~.llm.LLMWorker` (see :mod:`.llm` for the messages in and out), with vLLM's V1 engine underneath.
 
-Turns become prompts exactly as on our engine (:class:`~.llm.ChatPrompter`: same chat template, same ids,
-same stop ids); vLLM gets the ids (``TokensPrompt``, ``skip_tokenizer_init``) and streams sampled ids back
-(``RequestOutputKind.DELTA``); this worker detokenizes them itself (:class:`~.llm.TurnStream`), so the text
-deltas and the stage messages are those of our engine. ``abort`` aborts the vLLM request (the engine core
+Turns become prompts exactly as on our engine (:class:`~.chat_prompt.ChatPrompter`: same chat template, same
+ids, same stop ids); vLLM gets the ids (``TokensPrompt``, ``skip_tokenizer_init``) and streams sampled ids
+back (``RequestOutputKind.DELTA``); this worker detokenizes them itself (:class:`~.llm.TurnStream`), so the
+text deltas and the stage messages are those of our engine. ``abort`` aborts the vLLM request (the engine core
 frees its KV blocks at its next step); a request vLLM rejects or fails is reported through
 :meth:`VLLMLLMWorker.pop_errors` (the stage fails that turn only); a dead engine raises from
 :meth:`VLLMLLMWorker.step` (the stage process exits and is restarted).
@@ -56,7 +56,9 @@ from omniduplex.pipeline.config import StageConfig
 from omniduplex.pipeline.engine.request import SamplingParams
 from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
 from omniduplex.pipeline.stage_engines import require_vllm
-from omniduplex.pipeline.stages.llm import ChatPrompter, ChatTurn, TurnStream
+from omniduplex.pipeline.stages.chat_prompt import ChatPrompter, ChatTurn
+from omniduplex.pipeline.stages.contract import WorkerBase
+from omniduplex.pipeline.stages.llm import TurnStream
 
 STEP_WAIT_S = 0.002
 """Longest :meth:`VLLMLLMWorker.step` waits for vLLM's next output when none is ready (s)."""
@@ -139,7 +141,7 @@ def _allow_children() -> None:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 
-class VLLMLLMWorker:
+class VLLMLLMWorker(WorkerBase):
     """The cascade LLM stage on vLLM's ``AsyncLLM``: ``submit`` / ``abort`` / ``step`` / ``has_work`` as
     :class:`~.llm.LLMWorker`, plus ``pop_errors`` (failed turns), ``stats`` and ``close``.
 

@@ -20,8 +20,9 @@ from typing import Protocol
 
 import torch
 
-from omniduplex.pipeline.connector import ChunkingConfig
+from omniduplex.pipeline.chunking import ChunkingConfig
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stages.contract import StreamGauges
 
 
 class VocoderStream(Protocol):
@@ -40,7 +41,7 @@ class _Turn:
     started: bool = False  # some audio has gone out
 
 
-class VocoderWorker:
+class VocoderWorker(StreamGauges):
     """Streaming decode of every turn in flight.
 
     Args:
@@ -74,9 +75,10 @@ class VocoderWorker:
     def abort(self, request_id: str) -> None:
         self.streams.pop(request_id, None)
 
-    def graph_stats(self) -> dict[str, int]:
-        """``cuda_graph_hits`` / ``cuda_graph_misses`` of the pushes (empty without graphs)."""
-        return {} if self.graphs is None else self.graphs.stats()
+    def stats(self) -> dict[str, int]:
+        """Open streams (``batch_size``), and ``cuda_graph_hits`` / ``cuda_graph_misses`` of the pushes when
+        it has CUDA graphs."""
+        return {**super().stats(), **({} if self.graphs is None else self.graphs.stats())}
 
     def _ready(self, t: _Turn) -> bool:
         need = self.cfg.codec_chunk_frames if t.started else self.cfg.initial_codec_chunk_frames

@@ -7,6 +7,10 @@ it: the packaged Piper voice (:mod:`.piper`, the default), a Qwen3-TTS checkpoin
 server process (:mod:`.qwen3`), or on its own graph of stage processes (:mod:`.qwen3_graph`). Transcription
 (``POST /v1/audio/transcriptions``) is a :class:`Transcriber`: the packaged Whisper tiny.en. Which ones a
 server runs: :mod:`.services`.
+
+Text streamed in (``WS /v1/audio/speech/stream``) needs nothing more: it cuts the text into clauses and speaks
+each as one request (:meth:`~SpeechService.prompt` then :meth:`~SpeechService.stream`), cancelling a clause by
+leaving its stream, so every service serves it as it is.
 """
 
 from __future__ import annotations
@@ -82,6 +86,12 @@ class SpeechService(ABC):
         Raises:
             SpeechError: the request was refused once queued (before any audio).
         """
+
+    def describe(self) -> dict:
+        """What ``GET /v1/audio/voices`` lists for this service: ``family``, ``voices`` (``[{"name"}]``, the
+        first the default), whether a request may clone (``cloning``: ``ref_audio``) and whether it reads
+        ``instructions``."""
+        return {"family": type(self).__name__, "voices": [], "cloning": False, "instructions": False}
 
     def close(self) -> None:  # noqa: B027 (a service without threads or processes has nothing to free)
         """Free what the service holds (threads, stage processes); requests in flight get no more audio."""

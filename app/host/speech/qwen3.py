@@ -20,20 +20,15 @@ pieces (:class:`~omniduplex.models.qwen3_tts.codec_stream.StreamingDecoder`).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import contextlib
-import itertools
-import logging
-import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from omniduplex.app.host.speech.contract import SpeechError, SpeechRequest, SpeechService
+from omniduplex.app.host.speech.contract import SpeechError, SpeechRequest
+from omniduplex.app.host.speech.engine_speech import EngineSpeech
 from omniduplex.models.forward_batch import BLOCK_SIZE
 from omniduplex.models.qwen3_tts.codec_stream import StreamingDecoder
 from omniduplex.models.qwen3_tts.model import SAMPLE_RATE, load_qwen3_tts
@@ -41,8 +36,6 @@ from omniduplex.models.qwen3_tts.prompt import TalkerPrompt
 from omniduplex.models.qwen3_tts.voice import VoiceError, VoicePrompter, read_ref_audio
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
-
-log = logging.getLogger("omniduplex.speech")
 
 
 def speech_error(e: VoiceError) -> SpeechError:
@@ -68,18 +61,7 @@ def decode_ref_audio(data: str) -> np.ndarray:
         raise speech_error(e) from e
 
 
-class _Job:
-    """One request's output queue (filled from the worker thread) and streaming decoder."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, stream: StreamingDecoder) -> None:
-        self.loop, self.stream, self.queue = loop, stream, asyncio.Queue()
-
-    def put(self, item) -> None:
-        with contextlib.suppress(RuntimeError):  # the request's event loop is closed: nobody listens
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-
-
-class Qwen3Speech(SpeechService):
+class Qwen3Speech(EngineSpeech):
     """A loaded Qwen3-TTS checkpoint serving speech requests.
 
     Args:
@@ -110,13 +92,8 @@ class Qwen3Speech(SpeechService):
         self.context = min(context or self.model.config.talker.max_position_embeddings, kv_positions)
         self.prompter = VoicePrompter(self.model, self.tok, self.context)
         self.max_frames, self.sampling = max_frames, dict(sampling or {})
-        self._cv = threading.Condition()
-        self._incoming: list[tuple[str, TalkerPrompt, dict, _Job]] = []
-        self._aborts: list[str] = []
-        self._closed = False
-        self._ids = itertools.count()
-        self._thread = threading.Thread(target=self._run, name="qwen3-tts", daemon=True)
-        self._thread.start()
+        self._empty = torch.zeros((1, self.model.codec.cfg.num_quantizers, 0), dtype=torch.long)
+        self._start("qwen3-tts")
 
     @property
     def voices(self) -> list[str]:
@@ -133,79 +110,26 @@ class Qwen3Speech(SpeechService):
         except VoiceError as e:
             raise speech_error(e) from e
 
-    async def stream(self, prompt: TalkerPrompt) -> AsyncIterator[np.ndarray]:
-        """Speak ``prompt``: float32 24 kHz pieces ``[n]`` as the decoder completes them. Leaving the
-        iteration early (client gone) aborts the request."""
-        rid = f"speech-{next(self._ids)}"
-        job = _Job(asyncio.get_running_loop(), StreamingDecoder(self.model.codec))
+    def describe(self) -> dict:
+        """Voices and options: CustomVoice speakers; Base clones (``ref_audio``); VoiceDesign and CustomVoice
+        read ``instructions``."""
+        return {
+            "family": "qwen3-tts",
+            "voices": [{"name": v} for v in self.voices],
+            "cloning": self.variant == "base",
+            "instructions": self.variant != "base",
+        }
+
+    # -- the engine thread's parts (:class:`~.engine_speech.EngineSpeech`) -------------------------------
+    def _add(self, request_id: str, prompt: TalkerPrompt) -> None:
         frames = min(self.max_frames, self.context - prompt.prefill.shape[0])
-        with self._cv:
-            self._incoming.append((rid, prompt, {**self.sampling, "max_tokens": frames}, job))
-            self._cv.notify()
-        done = False
-        try:
-            while True:
-                item = await job.queue.get()
-                if item is None:
-                    done = True
-                    return
-                if isinstance(item, Exception):
-                    done = True
-                    raise item
-                yield item
-        finally:
-            if not done:
-                with self._cv:
-                    self._aborts.append(rid)
-                    self._cv.notify()
+        self.engine.add(request_id, prompt, {**self.sampling, "max_tokens": frames})
 
-    def close(self) -> None:
-        """Stop the worker thread (requests in flight get no more audio)."""
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        self._thread.join(timeout=10)
+    def _decoder(self, prompt: TalkerPrompt) -> StreamingDecoder:
+        return StreamingDecoder(self.model.codec)
 
-    # -- worker thread -----------------------------------------------------------------------------------
-    def _run(self) -> None:
-        jobs: dict[str, _Job] = {}
-        empty = torch.zeros((1, self.model.codec.cfg.num_quantizers, 0), dtype=torch.long)
-        while True:
-            with self._cv:
-                while not (self._closed or self._incoming or self._aborts or self.engine.has_unfinished()):
-                    self._cv.wait()
-                if self._closed:
-                    return
-                incoming, self._incoming = self._incoming, []
-                aborts, self._aborts = self._aborts, []
-            for rid in aborts:
-                if jobs.pop(rid, None) is not None:
-                    self.engine.abort(rid)
-            for rid, prompt, sampling, job in incoming:
-                try:
-                    self.engine.add(rid, prompt, sampling)
-                    jobs[rid] = job
-                except ValueError as e:
-                    job.put(SpeechError(str(e), "input"))
-            if not self.engine.has_unfinished():
-                continue
-            try:
-                events = self.engine.step()
-                for ev in events:
-                    job = jobs.get(ev.request_id)
-                    if job is None:
-                        continue
-                    pieces = job.stream.push(ev.codes.view(1, -1, 1)) if ev.codes is not None else []
-                    if ev.finished:
-                        pieces += job.stream.push(empty, final=True)
-                    for p in pieces:
-                        job.put(p.reshape(-1).float().numpy())
-                    if ev.finished:
-                        job.put(None)
-                        del jobs[ev.request_id]
-            except Exception as e:  # a bug: fail the requests in flight, keep serving new ones
-                log.exception("qwen3-tts step failed")
-                for rid, job in jobs.items():
-                    self.engine.abort(rid)
-                    job.put(RuntimeError(f"speech generation failed: {e}"))
-                jobs.clear()
+    def _pieces(self, stream: StreamingDecoder, ev) -> list[np.ndarray]:
+        pieces = stream.push(ev.codes.view(1, -1, 1)) if ev.codes is not None else []
+        if ev.finished:
+            pieces += stream.push(self._empty, final=True)
+        return [p.reshape(-1).float().numpy() for p in pieces]

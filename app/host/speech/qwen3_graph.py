@@ -75,6 +75,15 @@ class Qwen3GraphSpeech(SpeechService):
         self.orch: Orchestrator | None = None
         self._starting: asyncio.Lock | None = None
 
+    def describe(self) -> dict:
+        """As :meth:`.qwen3.Qwen3Speech.describe` (read from the config: no weights in this process)."""
+        return {
+            "family": "qwen3-tts",
+            "voices": [{"name": v} for v in self.voices],
+            "cloning": self.variant == "base",
+            "instructions": self.variant != "base",
+        }
+
     def prepare(self, request: SpeechRequest) -> GraphRequest:
         """Check what the server process can and package the request.
 

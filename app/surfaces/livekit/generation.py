@@ -4,7 +4,8 @@ the capabilities they claim, and the ``error`` event.
 Contract (``livekit/agents/llm/realtime.py`` 1.8.9, and how ``voice/agent_activity.py`` consumes it):
 
 * ``GenerationCreatedEvent.message_stream`` yields one :class:`llm.MessageGeneration` per assistant message
-  of the reply; ``function_stream`` yields tool calls (never, here). The framework treats the reply as
+  of the reply; ``function_stream`` yields the function calls it makes (``llm.FunctionCall``, the in-process
+  plugin: :mod:`.tools`). The framework treats the reply as
   still generating until **both** streams end, and only then stops sending ``interrupt()`` for it, so they
   stay open until the reply is over (completed, interrupted, failed).
 * A message's ``text_stream`` carries transcript deltas (str), ``audio_stream`` :class:`rtc.AudioFrame` s
@@ -98,15 +99,16 @@ class Generation:
         self.functions.close()
 
 
-def pipeline_capabilities(user_transcription: bool) -> llm.RealtimeCapabilities:
+def pipeline_capabilities(user_transcription: bool, tools: bool = False) -> llm.RealtimeCapabilities:
     """What the pipeline does, as the framework asks it.
 
     True: ``message_truncation`` (``truncate`` cuts our history to the played audio), ``turn_detection``
     (our VAD/end-of-turn reports speech start/stop and starts replies), ``audio_output``,
     ``mutable_chat_context`` and ``mutable_instructions`` (both apply from the next reply on).
     ``user_transcription``: the graph transcribes the user (the cascade's ASR, or a side ASR stage).
-    False: tools (``auto_tool_reply_generation``, ``manual_function_calls``, ``mutable_tools``,
-    ``per_response_tool_choice``: the pipeline has no function calling), ``can_disable_turn_detection``
+    ``tools``: the plugin passes function tools through (``mutable_tools``, ``per_response_tool_choice``;
+    the in-process plugin). False: ``auto_tool_reply_generation`` (the framework asks for the reply to a
+    tool result), ``manual_function_calls``, ``can_disable_turn_detection``
     (turn-taking is always ours), ``supports_overlapping_speech`` (a user turn interrupts the reply),
     ``supports_say`` (no text-to-speech entry point outside a reply).
     """
@@ -121,8 +123,8 @@ def pipeline_capabilities(user_transcription: bool) -> llm.RealtimeCapabilities:
         supports_overlapping_speech=False,
         mutable_chat_context=True,
         mutable_instructions=True,
-        mutable_tools=False,
-        per_response_tool_choice=False,
+        mutable_tools=tools,
+        per_response_tool_choice=tools,
         supports_say=False,
     )
 
@@ -137,8 +139,8 @@ class PipelineModel(llm.RealtimeModel):
     """What both plugins' models share: the pipeline's capabilities (:func:`pipeline_capabilities`), the
     name the framework reports, and the sessions the model made (closed by :meth:`aclose`)."""
 
-    def __init__(self, user_transcription: bool) -> None:
-        super().__init__(capabilities=pipeline_capabilities(user_transcription))
+    def __init__(self, user_transcription: bool, tools: bool = False) -> None:
+        super().__init__(capabilities=pipeline_capabilities(user_transcription, tools))
         self.sessions: weakref.WeakSet[llm.RealtimeSession] = weakref.WeakSet()
 
     @property

@@ -62,7 +62,7 @@ class PipelineRealtimeModel(PipelineModel):
         turn_model=None,
         lead_s: float = 0.2,
     ) -> None:
-        super().__init__(user_transcription)
+        super().__init__(user_transcription, tools=True)
         self.options = options or PipelineOptions()
         self.responder, self.turn_model, self.lead_s = responder, turn_model, lead_s
         self.orchestrator = None  # the pipeline this model built (and stops)
@@ -98,7 +98,7 @@ class PipelineRealtimeModel(PipelineModel):
         )
         self.responder = OrchestratorResponder(self.orchestrator, meta)
         transcribes = topo.name == CASCADE.name or bool(pcfg.topology().side)  # ASR chain or side ASR
-        self._capabilities = pipeline_capabilities(transcribes)
+        self._capabilities = pipeline_capabilities(transcribes, tools=True)
 
     def session(self, *, turn_detection_disabled: bool = False) -> PipelineRealtimeSession:
         """A new conversation over the pipeline. ``turn_detection_disabled`` is not supported (turn-taking is

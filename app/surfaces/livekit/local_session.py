@@ -5,14 +5,17 @@ Framework → session (the contract of each method is in its docstring):
 ``push_audio`` → 20 ms 16 kHz frames into :meth:`Session.push_audio`; ``generate_reply`` →
 :meth:`Session.respond`; ``interrupt`` → :meth:`Session.cancel_reply`; ``truncate`` →
 :meth:`Session.truncate`; ``update_instructions`` → :meth:`Session.set_options`; ``update_chat_ctx`` → the
-history (:mod:`.chat_sync`); ``commit_audio`` / ``clear_audio`` → a manual commit of the audio since the
-last turn / dropping it (the core's :class:`~omniduplex.app.core.input_buffer.InputAudioBuffer`).
+history (:mod:`.chat_sync`, function calls and outputs included); ``update_tools`` / ``update_options``
+→ the session's tools and tool choice (:mod:`.tools`); ``commit_audio`` / ``clear_audio`` → a manual
+commit of the audio since the last turn / dropping it (the core's
+:class:`~omniduplex.app.core.input_buffer.InputAudioBuffer`).
 
 Session → framework: ``UserSpeechStarted`` / ``BargeIn`` / ``UserTurnCommitted`` → ``input_speech_started``
 / ``input_speech_stopped`` (policy: :mod:`.turn_signals`); ``UserTranscriptEvent`` →
 ``input_audio_transcription_completed``; ``ReplyStarted`` → ``generation_created``; ``ReplyText`` → the
-message's text stream; reply audio → its audio stream; ``ReplyEnded`` → the streams end; a failed reply or
-``SessionError`` → ``error`` (recoverable).
+message's text stream; ``FunctionCallDone`` → an ``llm.FunctionCall`` on its function stream (the framework
+runs the tool, then ``update_chat_ctx`` + ``generate_reply``); reply audio → its audio stream;
+``ReplyEnded`` → the streams end; a failed reply or ``SessionError`` → ``error`` (recoverable).
 
 Room audio goes through the session's :class:`~omniduplex.app.core.audio.AudioPort` (16 kHz, 20 ms
 frames). Reply audio is pulled from it on every tick of its 20 ms clock and forwarded at most ``lead_s`` ahead
@@ -40,6 +43,7 @@ from omniduplex.app.core.audio import AudioPort
 from omniduplex.app.core.input_buffer import InputAudioBuffer
 from omniduplex.app.core.replies import Responder
 from omniduplex.app.core.session import Session, SessionConfig
+from omniduplex.app.surfaces.livekit import tools as lk_tools
 from omniduplex.app.surfaces.livekit.audio import frame_pcm, pcm_frame
 from omniduplex.app.surfaces.livekit.chat_sync import ItemIds, apply_chat_ctx, history_chat_ctx
 from omniduplex.app.surfaces.livekit.generation import Generation, Message, model_error
@@ -86,7 +90,7 @@ class PipelineRealtimeSession(llm.RealtimeSession):
         self._manual = InputAudioBuffer(MAX_MANUAL_S)  # audio since the last turn (commit_audio)
         self._signals = SpeechSignals()
         self._ids = ItemIds()
-        self._warned_tools = False
+        self._tools: list[llm.Tool] = []
         self.session = Session(
             session_id,
             responder,
@@ -107,8 +111,8 @@ class PipelineRealtimeSession(llm.RealtimeSession):
 
     @property
     def tools(self) -> llm.ToolContext:
-        """Always empty: the pipeline has no function calling."""
-        return llm.ToolContext.empty()
+        """The tools every reply is offered (``update_tools``)."""
+        return llm.ToolContext(self._tools)
 
     # -- framework → pipeline -------------------------------------------------------------------------
     def push_audio(self, frame: rtc.AudioFrame) -> None:
@@ -135,8 +139,9 @@ class PipelineRealtimeSession(llm.RealtimeSession):
     ) -> asyncio.Future[llm.GenerationCreatedEvent]:
         """Start a reply now (a reply in flight is cancelled first). It answers the committed spoken turn,
         else the conversation as it stands (a trailing user message is the turn's text); ``instructions``
-        add to the system prompt for this reply only. The future resolves with the ``user_initiated``
-        generation as soon as the pipeline accepted the turn, or fails with ``RealtimeError``."""
+        add to the system prompt for this reply only, ``tools`` / ``tool_choice`` replace the session's for
+        it. The future resolves with the ``user_initiated`` generation as soon as the pipeline accepted the
+        turn, or fails with ``RealtimeError``."""
         fut: asyncio.Future[llm.GenerationCreatedEvent] = asyncio.get_running_loop().create_future()
         if self._closed:
             fut.set_exception(llm.RealtimeError("the realtime session is closed"))
@@ -144,7 +149,10 @@ class PipelineRealtimeSession(llm.RealtimeSession):
         self._reply_future = fut
         try:
             with self._cancelling():
-                turn = self.session.respond(instructions if is_given(instructions) and instructions else None)
+                turn = self.session.respond(
+                    instructions if is_given(instructions) and instructions else None,
+                    tools=self._reply_tools(tools, tool_choice),
+                )
         finally:
             self._reply_future = None
         if turn is None and not fut.done():
@@ -188,13 +196,21 @@ class PipelineRealtimeSession(llm.RealtimeSession):
         apply_chat_ctx(self.session.history, self._ids, chat_ctx)
 
     async def update_tools(self, tools: list[llm.Tool]) -> None:
-        """Tools are not supported by the pipeline: a non-empty list is ignored with one warning."""
-        if tools and not self._warned_tools:
-            self._warned_tools = True
-            log.warning("omniduplex pipeline has no function calling: %d tool(s) ignored", len(tools))
+        """The function tools every reply is offered from now on (the agent's ``@function_tool`` s)."""
+        self._tools = list(tools)
+        self.session.set_options(tools=lk_tools.function_tools(self._tools) or None)
 
     def update_options(self, *, tool_choice: NotGivenOr[llm.ToolChoice | None] = NOT_GIVEN) -> None:
-        """Nothing to set: no tools."""
+        """How replies may use the tools from now on (``None``: ``auto``)."""
+        if is_given(tool_choice):
+            self.session.set_options(tool_choice=lk_tools.tool_choice(tool_choice))
+
+    def _reply_tools(self, tools: NotGivenOr[list], choice: NotGivenOr[llm.ToolChoice]) -> dict | None:
+        """One reply's own ``{"tools", "tool_choice"}`` (``None``: the session's)."""
+        if not is_given(tools) and not is_given(choice):
+            return None
+        offered = lk_tools.function_tools(tools) if is_given(tools) else self.session.cfg.tools or []
+        return {"tools": offered, "tool_choice": lk_tools.tool_choice(choice) if is_given(choice) else "auto"}
 
     def commit_audio(self) -> None:
         """Commit the user audio since the last turn as a turn now (whatever the VAD says); the framework's
@@ -241,6 +257,10 @@ class PipelineRealtimeSession(llm.RealtimeSession):
             self._start_generation(e.turn_id)
         elif isinstance(e, se.ReplyText) and e.turn_id in self._gens:
             self._gens[e.turn_id][1].push_text(e.text)
+        elif isinstance(e, se.FunctionCallDone) and e.turn_id in self._gens and not e.run_here:
+            call = llm.FunctionCall(call_id=e.call_id, name=e.name, arguments=e.arguments)
+            self._ids.name(self.session.history.call(e.call_id), call.id)
+            self._gens[e.turn_id][0].functions.send_nowait(call)
         elif isinstance(e, se.ReplyEnded):
             self._end_generation(e)
         elif isinstance(e, se.SessionError):

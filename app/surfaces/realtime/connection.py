@@ -39,6 +39,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import get_args
 
 import numpy as np
 from fastapi import WebSocket, WebSocketDisconnect
@@ -46,6 +47,7 @@ from fastapi import WebSocket, WebSocketDisconnect
 from omniduplex.app.core.audio import AudioPort, StreamResampler
 from omniduplex.app.core.events import (
     BargeIn,
+    FunctionCallStarted,
     ReplyEnded,
     ReplyStarted,
     ReplyText,
@@ -56,13 +58,18 @@ from omniduplex.app.core.events import (
     UserTranscriptPartial,
     UserTurnCommitted,
 )
+from omniduplex.app.core.events import FunctionCallOutput as CallOutputEvent
+from omniduplex.app.core.history import TOOL_ROLES
 from omniduplex.app.core.input_buffer import InputAudioBuffer
 from omniduplex.app.core.replies import Responder
 from omniduplex.app.core.session import Session, SessionConfig
 from omniduplex.app.core.vad import SAMPLE_RATE
+from omniduplex.app.host.tools.mcp_client import MCPHub
 from omniduplex.app.surfaces.realtime.items import ConversationItems, StoredItem
-from omniduplex.app.surfaces.realtime.responses import OUTPUT_RATE, ResponseLifecycle
+from omniduplex.app.surfaces.realtime.mcp import RealtimeMcp, split_tools
+from omniduplex.app.surfaces.realtime.responses import OUTPUT_RATE, CallEvent, ResponseLifecycle
 from omniduplex.app.surfaces.realtime.settings import session_options, turn_config
+from omniduplex.app.surfaces.realtime.tools import add_tool_item, check_tools, response_tools, tool_item
 from omniduplex.app.surfaces.wire.realtime import server_events as ev
 from omniduplex.app.surfaces.wire.realtime.audio import (
     FORMAT_RATE,
@@ -76,6 +83,8 @@ from omniduplex.app.surfaces.wire.realtime.client_events import (
     ConversationItemDelete,
     ConversationItemRetrieve,
     ConversationItemTruncate,
+    FunctionCall,
+    FunctionCallOutput,
     InputAudioBufferAppend,
     InputAudioBufferClear,
     InputAudioBufferCommit,
@@ -91,6 +100,7 @@ from omniduplex.app.surfaces.wire.realtime.client_events import SessionConfig as
 from omniduplex.app.surfaces.wire.realtime.protocol import ProtocolError, parse_client_event
 
 log = logging.getLogger("omniduplex.realtime")
+CALL_EVENTS = get_args(CallEvent)
 
 
 @dataclass
@@ -112,6 +122,7 @@ class RealtimeConnection:
         base: the server's session settings (turn thresholds; the output rate is set to 24 kHz).
         turn_model: returns the shared Smart Turn model (loaded on first use) for ``semantic_vad``.
         limits: size limits.
+        mcp: the server's MCP connections, for ``type: "mcp"`` tools (``None``: refused).
     """
 
     def __init__(
@@ -122,17 +133,19 @@ class RealtimeConnection:
         base: SessionConfig,
         turn_model: Callable[[], object],
         limits: RealtimeLimits | None = None,
+        mcp: MCPHub | None = None,
     ) -> None:
         self.ws, self.turn_model, self.limits = ws, turn_model, limits or RealtimeLimits()
         self.outbox: asyncio.Queue[dict | None] = asyncio.Queue()
         self.cfg = RealtimeConfig(id=session_id)
         self.base_turn = base.turn
         scfg = replace(base, output_rate=OUTPUT_RATE, turn=turn_config(self.cfg, base.turn))
-        self.session = Session(session_id, responder, self._on_event, scfg)
+        self.items = ConversationItems()
+        self.mcp = RealtimeMcp(mcp, self._send, self.items)  # runs the session's MCP tools' calls
+        self.session = Session(session_id, responder, self._on_event, scfg, tool_runner=self.mcp)
         self.port = AudioPort(self.session, self._input_rate)
         self.buffer = InputAudioBuffer(self.limits.max_buffer_s)  # audio since the last commit
         self.speech_item: str | None = None  # the user item the open speech segment will become
-        self.items = ConversationItems()
         self.responses = ResponseLifecycle(self._send, "conv_" + session_id, self.items, lambda: self.cfg)
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -153,6 +166,7 @@ class RealtimeConnection:
             pass
         finally:
             pacer.cancel()
+            self.mcp.close()
             await self.session.close("client disconnected")
             self.outbox.put_nowait(None)
             with contextlib.suppress(Exception):
@@ -200,6 +214,9 @@ class RealtimeConnection:
 
     def _session_update(self, e: SessionUpdate) -> None:
         cfg = apply_session_update(self.cfg, e.session)
+        _, mcp = split_tools(cfg.tools)
+        check_tools(cfg.tools, cfg.tool_choice, "session", e.event_id)
+        servers = self.mcp.connections(mcp, "session", e.event_id)
         turn = turn_config(cfg, self.base_turn)
         self.session.set_turn_config(turn, self.turn_model() if turn.turn_detection == "smart" else None)
         self.session.set_options(**session_options(cfg))
@@ -207,6 +224,8 @@ class RealtimeConnection:
             self.responses.out = OutputConverter(cfg.audio.output.format)
         self.cfg = cfg
         self._send(ev.session_updated(cfg))
+        if "tools" in e.session.model_fields_set:
+            self.mcp.configure(servers)
 
     def _append(self, e: InputAudioBufferAppend) -> None:
         wire = decode_payload(e.audio, self.cfg.audio.input.format, e.event_id)
@@ -249,6 +268,12 @@ class RealtimeConnection:
         item, item_id = e.item, e.item.id or ev.new_id("item")
         if item_id in self.items:
             raise ProtocolError("invalid_value", f"item {item_id} already exists", e.event_id, "item.id")
+        if isinstance(item, (FunctionCall, FunctionCallOutput)):
+            stored, done = add_tool_item(self.session, item, item_id, e.event_id)
+            prev = self.items.append(item_id, stored)
+            self._send(ev.conversation_item_added(done, prev))
+            self._send(ev.conversation_item_done(done, prev))
+            return
         if isinstance(item, SystemMessage):
             text = " ".join(c.text for c in item.content if getattr(c, "text", None))
             instructions = "\n".join(x for x in (self.session.cfg.instructions, text) if x)
@@ -313,6 +338,9 @@ class RealtimeConnection:
         entry = None if item is None else item.entry or self.session.entry(item.turn_id, item.role)
         if entry is None:
             raise ProtocolError("invalid_value", f"no item {e.item_id!r}", e.event_id, "item_id")
+        if entry.role in TOOL_ROLES:
+            self._send(ev.conversation_item_retrieved(tool_item(e.item_id, entry)))
+            return
         part = ev.input_text(entry.text) if entry.role == "user" else ev.output_audio(entry.text)
         self._send(ev.conversation_item_retrieved(ev.message_item(e.item_id, entry.role, [part])))
 
@@ -329,7 +357,8 @@ class RealtimeConnection:
             p.output_modalities if p and p.output_modalities else self.cfg.output_modalities
         )[0]
         metadata = dict(p.metadata or {}) if p else {}
-        if self.session.respond(p.instructions if p else None, metadata) is None:
+        tools = response_tools(p, self.cfg, e.event_id)
+        if self.session.respond(p.instructions if p else None, metadata, tools) is None:
             raise ProtocolError("server_error", "the response could not start", e.event_id)
 
     def _response_cancel(self, e: ResponseCancel) -> None:
@@ -391,6 +420,11 @@ class RealtimeConnection:
             self.responses.text(e.text)
         elif isinstance(e, BargeIn) and self.responses.current is not None:
             self.buffer.clear()
+        elif isinstance(e, CALL_EVENTS) and self.responses.of(e.turn_id) is not None:
+            label = self.mcp.label.get(e.name, "") if isinstance(e, FunctionCallStarted) else ""
+            self.responses.call(e, self.session.history.call(e.call_id), label)
+        elif isinstance(e, CallOutputEvent) and self.responses.of(e.turn_id) is not None:
+            self.responses.call_output(e)
         elif isinstance(e, ReplyEnded) and self.responses.of(e.turn_id) is not None:
             self.responses.finish(e)
         elif isinstance(e, SessionError):

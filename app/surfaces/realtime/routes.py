@@ -74,7 +74,7 @@ def router(host: ServerState) -> APIRouter:
             await _refuse(ws, reason, NOT_READY_CODE)
             return
         conn = RealtimeConnection(
-            ws, new_call_id("rt"), host.responder, host.cfg.session, host.smart_turn_model
+            ws, new_call_id("rt"), host.responder, host.cfg.session, host.smart_turn_model, mcp=host.mcp
         )
         call = _RealtimeCall(ws, conn)
         try:

@@ -38,11 +38,14 @@ def turn_config(cfg: RealtimeConfig, base: TurnConfig) -> TurnConfig:
 def session_options(cfg: RealtimeConfig) -> dict:
     """The session options (:meth:`~omniduplex.app.core.session.Session.set_options`) for ``cfg``: the VAD
     commits turns when turn detection is on, and they are answered at once unless ``create_response`` is
-    off (with turn detection off, ``response.create`` answers); the instructions and the voice."""
+    off (with turn detection off, ``response.create`` answers); the instructions, the voice and the function
+    tools every response is offered (checked by :func:`.tools.check_tools` before)."""
     td = cfg.audio.input.turn_detection
     return {
         "vad_commit": td is not None,
         "auto_respond": td is None or td.create_response,
         "instructions": cfg.instructions or None,
         "voice": cfg.audio.output.voice,
+        "tools": [t for t in cfg.tools if t.get("type", "function") != "mcp"] or None,  # mcp: .mcp
+        "tool_choice": cfg.tool_choice,
     }

@@ -1,4 +1,5 @@
-"""OpenAI-compatible REST audio routes: ``/v1/models``, ``/v1/audio/transcriptions``, ``/v1/audio/speech``.
+"""OpenAI-compatible REST audio routes: ``/v1/models``, ``/v1/audio/transcriptions``, ``/v1/audio/speech``
+(and ``WS /v1/audio/speech/stream``, text streamed in: :mod:`.speech_stream`).
 Shapes follow the OpenAI API reference (``openai`` SDK 3.54 types). The models are the host's services
 (:mod:`omniduplex.app.host.speech`): loaded on first use, run in a worker thread or their own engine.
 """
@@ -16,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from omniduplex.app.host.speech.contract import SPEECH_RATE, SpeechError
 from omniduplex.app.host.state import ServerState
+from omniduplex.app.surfaces.rest.speech_stream import add_route as add_speech_stream
 from omniduplex.app.surfaces.wire.openai_rest import MODEL_ID, error_response
 from omniduplex.pipeline.audio_io import AudioInputError, load_audio
 
@@ -27,7 +29,10 @@ class SpeechRequest(BaseModel):
     """``POST /v1/audio/speech``: ``input`` text (≤ 4096 characters, the API's limit), ``response_format``
     ``wav`` or ``pcm`` (24 kHz 16-bit mono) — the compressed formats are not produced here.
 
-    With a Qwen3-TTS checkpoint (``serve --tts DIR``, or a cascade ``--model`` whose TTS is one;
+    ``model`` picks one of the server's speech models (``serve --tts DIR``, repeatable: the folder's name;
+    ``omniduplex`` / ``tts-1``: the first; see ``GET /v1/audio/voices``). With a VoxCPM2, Higgs or Fish Speech
+    checkpoint: :mod:`omniduplex.app.host.speech.family`. With a Qwen3-TTS checkpoint (or a cascade
+    ``--model`` whose TTS is one;
     :mod:`omniduplex.app.host.speech.qwen3`): ``voice`` is a CustomVoice speaker, ``instructions`` the
     VoiceDesign voice description (or a CustomVoice style), ``language`` ``auto`` or a language the checkpoint
     knows, and the extension fields ``ref_audio`` (base64 24 kHz WAV, ≥ 1 s) + ``ref_text`` (its transcript)
@@ -109,6 +114,14 @@ def router(host: ServerState) -> APIRouter:
             }
         return {"text": t.text}
 
+    @r.get("/v1/audio/voices")
+    async def voices():
+        """Each speech model's voices and what a request may ask of it: ``{"object": "list", "data":
+        [{"model", "family", "voices": [{"name", ...}], "cloning", "instructions", ...}]}`` (a model whose
+        checkpoint does not load: ``{"model", "error"}``)."""
+        data = await asyncio.to_thread(lambda: host.speech_registry().describe())
+        return {"object": "list", "data": data}
+
     @r.post("/v1/audio/speech")
     async def speech(req: SpeechRequest):
         """Speak ``input`` with the host's speech service, streamed as it makes pieces (Qwen3-TTS: the first
@@ -117,7 +130,10 @@ def router(host: ServerState) -> APIRouter:
             return error_response(
                 400, f"response_format {req.response_format!r}: use wav or pcm", "invalid_value"
             )
-        service = await asyncio.to_thread(host.speech_service)
+        try:
+            service = await asyncio.to_thread(host.speech_service, req.model)
+        except SpeechError as e:
+            return error_response(404 if e.code == "model_not_found" else 400, str(e), e.code, e.param)
         fields = (req.input, req.voice, req.instructions, req.language, req.ref_audio, req.ref_text)
         try:
             request = await asyncio.to_thread(service.prompt, *fields)
@@ -148,4 +164,5 @@ def router(host: ServerState) -> APIRouter:
 
         return StreamingResponse(wav_stream(), media_type="audio/wav")
 
+    add_speech_stream(r, host)
     return r

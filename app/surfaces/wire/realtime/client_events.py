@@ -7,10 +7,12 @@ every event the SDK can build against these models. Parse with
 into ``ProtocolError``.
 
 Leniency: unknown fields are ignored (``extra="ignore"``), as are fields we accept but cannot honour
-(``tools``, ``tool_choice``, ``noise_reduction``, ``include``, ``tracing``, ``truncation``, ``prompt``,
-``reasoning``, ``parallel_tool_calls``). Known fields are validated strictly (no ``"5"`` → 5, no
-``1.0`` → 1), since a silently mis-read field (an audio format, a modality) breaks a call later and
-far from its cause. Beta-only fields are rejected before these models see them (``protocol.py``).
+(``noise_reduction``, ``include``, ``tracing``, ``truncation``, ``prompt``, ``reasoning``,
+``parallel_tool_calls``). ``tools`` / ``tool_choice`` are checked where they are applied
+(:mod:`omniduplex.app.surfaces.realtime.tools`), so an error names the tool and field. Known fields are
+validated strictly (no ``"5"`` → 5, no ``1.0`` → 1), since a silently mis-read field (an audio format, a
+modality) breaks a call later and far from its cause. Beta-only fields are rejected before these models
+see them (``protocol.py``).
 """
 
 from __future__ import annotations
@@ -153,7 +155,8 @@ class SessionConfig(_Model):
 
     Also the shape of ``session.update``'s ``session`` (:class:`SessionUpdateParams`), where only the
     fields the client sent count (``model_fields_set``); merge with :func:`apply_session_update`.
-    ``id`` and ``model`` are the server's; ``tools``/``tool_choice`` are stored and echoed only.
+    ``id`` and ``model`` are the server's; ``tools``/``tool_choice``: the function tools every response is
+    offered (a response may override them).
     """
 
     type: Literal["realtime"] = "realtime"
@@ -277,6 +280,29 @@ class AssistantMessage(_Message):
     content: list[Annotated[OutputText | OutputAudio, Field(discriminator="type")]]
 
 
+class FunctionCall(_Model):
+    """A ``function_call`` item a client adds (a call made elsewhere, replayed into the conversation)."""
+
+    type: Literal["function_call"]
+    id: str | None = None
+    object: Literal["realtime.item"] | None = None
+    status: Literal["completed", "incomplete", "in_progress"] | None = None
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class FunctionCallOutput(_Model):
+    """A ``function_call_output`` item: the client's result (``output``, any string) of call ``call_id``."""
+
+    type: Literal["function_call_output"]
+    id: str | None = None
+    object: Literal["realtime.item"] | None = None
+    status: Literal["completed", "incomplete", "in_progress"] | None = None
+    call_id: str = Field(min_length=1)
+    output: str
+
+
 class ItemReference(_Model):
     """``{"type": "item_reference", "id": …}``: an existing conversation item, in ``response.input``."""
 
@@ -285,9 +311,10 @@ class ItemReference(_Model):
 
 
 _UNSUPPORTED_ITEM = (
-    "unsupported item: only type 'message' with role 'user', 'assistant' or 'system'"
-    " (and 'item_reference' in response.input) is supported"
+    "unsupported item: only type 'message' with role 'user', 'assistant' or 'system', 'function_call' and"
+    " 'function_call_output' (and 'item_reference' in response.input) are supported"
 )
+_TOOL_ITEMS = ("item_reference", "function_call", "function_call_output")
 
 
 def _item_tag(v: Any) -> str | None:
@@ -295,7 +322,7 @@ def _item_tag(v: Any) -> str | None:
         kind, role = v.get("type"), v.get("role")
     else:
         kind, role = getattr(v, "type", None), getattr(v, "role", None)
-    if kind == "item_reference":
+    if kind in _TOOL_ITEMS:
         return kind
     return role if kind == "message" and role in ("user", "assistant", "system") else None
 
@@ -303,15 +330,19 @@ def _item_tag(v: Any) -> str | None:
 MessageItem = Annotated[
     Annotated[SystemMessage, Tag("system")]
     | Annotated[UserMessage, Tag("user")]
-    | Annotated[AssistantMessage, Tag("assistant")],
+    | Annotated[AssistantMessage, Tag("assistant")]
+    | Annotated[FunctionCall, Tag("function_call")]
+    | Annotated[FunctionCallOutput, Tag("function_call_output")],
     Discriminator(_item_tag, custom_error_type="invalid_value", custom_error_message=_UNSUPPORTED_ITEM),
 ]
-"""A message item (``conversation.item.create``), discriminated on ``role``."""
+"""An item of ``conversation.item.create``: a message (discriminated on ``role``) or a tool item."""
 
 ResponseInputItem = Annotated[
     Annotated[SystemMessage, Tag("system")]
     | Annotated[UserMessage, Tag("user")]
     | Annotated[AssistantMessage, Tag("assistant")]
+    | Annotated[FunctionCall, Tag("function_call")]
+    | Annotated[FunctionCallOutput, Tag("function_call_output")]
     | Annotated[ItemReference, Tag("item_reference")],
     Discriminator(_item_tag, custom_error_type="invalid_value", custom_error_message=_UNSUPPORTED_ITEM),
 ]

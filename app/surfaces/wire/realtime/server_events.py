@@ -22,13 +22,13 @@ the session started (``audio_start_ms``, ``audio_end_ms``) or of an item's audio
 from __future__ import annotations
 
 import base64
-import secrets
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal, Union, get_args
 
 from pydantic import Field
 
 from omniduplex.app.surfaces.wire.realtime.client_events import SessionConfig
 from omniduplex.app.surfaces.wire.realtime.server_objects import (  # noqa: F401 (the builders are re-exported)
+    AnyItem,
     AudioPart,
     DurationUsage,
     ErrorBody,
@@ -65,17 +65,11 @@ from omniduplex.app.surfaces.wire.realtime.server_objects import (  # noqa: F401
     text_part,
     usage_object,
 )
-
-
-def new_id(prefix: str) -> str:
-    """A fresh id ``<prefix>_<20 hex digits>`` (80 random bits)."""
-    return f"{prefix}_{secrets.token_hex(10)}"
-
-
-# -- events ------------------------------------------------------------------------------------------
-class _Event(WireModel):
-    event_id: str = Field(default_factory=lambda: new_id("event"))
-    """This event's own id (fresh for each event)."""
+from omniduplex.app.surfaces.wire.realtime.tool_events import (  # noqa: E402,F401 (re-exported)
+    TOOL_EVENTS,
+    _Event,
+    new_id,
+)
 
 
 class SessionCreated(_Event):
@@ -120,7 +114,7 @@ class ConversationItemAdded(_Event):
 
     type: Literal["conversation.item.added"] = "conversation.item.added"
     previous_item_id: str | None = None
-    item: Item
+    item: AnyItem
 
 
 class ConversationItemDone(_Event):
@@ -128,7 +122,7 @@ class ConversationItemDone(_Event):
 
     type: Literal["conversation.item.done"] = "conversation.item.done"
     previous_item_id: str | None = None
-    item: Item
+    item: AnyItem
 
 
 class ConversationItemDeleted(_Event):
@@ -147,7 +141,7 @@ class ConversationItemTruncated(_Event):
 
 class ConversationItemRetrieved(_Event):
     type: Literal["conversation.item.retrieved"] = "conversation.item.retrieved"
-    item: Item
+    item: AnyItem
 
 
 class ConversationItemInputAudioTranscriptionCompleted(_Event):
@@ -195,7 +189,7 @@ class ResponseDone(_ResponseEvent):
 class _OutputItemEvent(_Event):
     response_id: str
     output_index: int = 0
-    item: Item
+    item: AnyItem
 
 
 class ResponseOutputItemAdded(_OutputItemEvent):
@@ -313,6 +307,7 @@ ServerEvent = Annotated[
     | OutputAudioBufferStarted
     | OutputAudioBufferStopped
     | OutputAudioBufferCleared
+    | Union[TOOL_EVENTS]  # noqa: UP007 (a tuple of classes: tool_events.py)
     | Error,
     Field(discriminator="type"),
 ]

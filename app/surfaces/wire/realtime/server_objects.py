@@ -93,6 +93,60 @@ class Item(WireModel):
         return " ".join(p for p in parts if p).strip()
 
 
+class FunctionCallItem(WireModel):
+    """A ``function_call`` item: the model called function ``name`` (``arguments``: a JSON object as a string,
+    "" while it streams); ``call_id`` names the call for its ``function_call_output``."""
+
+    id: str
+    object: Literal["realtime.item"] = "realtime.item"
+    type: Literal["function_call"] = "function_call"
+    status: ItemStatus = "completed"
+    call_id: str
+    name: str
+    arguments: str = ""
+
+
+class FunctionCallOutputItem(WireModel):
+    """A ``function_call_output`` item: the result (``output``, any string) of call ``call_id``."""
+
+    id: str
+    object: Literal["realtime.item"] = "realtime.item"
+    type: Literal["function_call_output"] = "function_call_output"
+    status: ItemStatus = "completed"
+    call_id: str
+    output: str
+
+
+class McpListToolsItem(WireModel):
+    """An ``mcp_list_tools`` item: the tools MCP server ``server_label`` offers (``{name, description,
+    input_schema}`` each)."""
+
+    id: str
+    type: Literal["mcp_list_tools"] = "mcp_list_tools"
+    server_label: str
+    tools: list[dict] = Field(default_factory=list)
+
+
+class McpCallItem(WireModel):
+    """An ``mcp_call`` item: the server called tool ``name`` of MCP server ``server_label`` itself;
+    ``output`` its result, or ``error`` (``{"type": "tool_execution_error", "message"}``) when it failed."""
+
+    id: str
+    type: Literal["mcp_call"] = "mcp_call"
+    server_label: str
+    name: str
+    arguments: str = ""
+    output: str | None = None
+    error: dict | None = None
+
+
+AnyItem = Annotated[
+    Item | FunctionCallItem | FunctionCallOutputItem | McpListToolsItem | McpCallItem,
+    Field(discriminator="type"),
+]
+"""Any conversation item we report."""
+
+
 class AudioPart(WireModel):
     """The ``part`` of ``response.content_part.added|done`` for audio (``audio``, not ``output_audio``)."""
 
@@ -165,7 +219,7 @@ class Response(WireModel):
     object: Literal["realtime.response"] = "realtime.response"
     status: ResponseStatus = "in_progress"
     status_details: StatusDetails | None = None
-    output: list[Item] = Field(default_factory=list)
+    output: list[AnyItem] = Field(default_factory=list)
     conversation_id: str | None = None
     output_modalities: list[Literal["audio", "text"]] = Field(default_factory=lambda: ["audio"])
     max_output_tokens: int | Literal["inf"] = "inf"

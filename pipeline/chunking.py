@@ -1,4 +1,4 @@
-"""Connector chunking between a codec LM and its vocoder: how many frames the vocoder stage gathers
+"""Chunking between a codec LM and its vocoder: how many frames the vocoder stage gathers
 before it decodes them.
 
 Knobs (``ChunkingConfig``): ``initial_codec_chunk_frames`` (small first push → low time to first audio

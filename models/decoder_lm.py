@@ -1,4 +1,5 @@
-"""The Thinker: Qwen3-Omni's text LLM (MoE decoder) with its audio tower, or a plain Qwen3 / Qwen3-MoE LM.
+"""A decoder-only LM on our layers: Qwen3-Omni's Thinker (MoE decoder + audio tower), or a plain text LM
+(Qwen3 / Qwen3-MoE, Qwen2, Llama: the cascade's SmolLM2 too).
 
 Tensor names follow ``thinker.*`` of ``Qwen3OmniMoeForConditionalGeneration`` (``audio_tower.*``,
 ``model.embed_tokens``, ``model.layers.N.*``, ``model.norm``, ``lm_head``); a ``Qwen3ForCausalLM`` /
@@ -15,7 +16,7 @@ from omniduplex.models.forward_batch import ForwardBatch
 from omniduplex.models.layers import DecoderStack
 
 
-class ThinkerTextModel(DecoderStack):
+class DecoderLMTextModel(DecoderStack):
     """Decoder stack with its token embedding ``embed_tokens`` ``[vocab, hidden]``."""
 
     def __init__(self, cfg: DecoderConfig) -> None:
@@ -23,7 +24,7 @@ class ThinkerTextModel(DecoderStack):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
 
 
-class Thinker(nn.Module):
+class DecoderLM(nn.Module):
     """Text LLM over a flat token batch; audio embeddings replace the ``<|audio_pad|>`` token rows.
 
     Args:
@@ -39,7 +40,7 @@ class Thinker(nn.Module):
         self.cfg = text_cfg
         self.audio_tower = audio_tower
         self.audio_token_id = audio_token_id
-        self.model = ThinkerTextModel(text_cfg)
+        self.model = DecoderLMTextModel(text_cfg)
         self.lm_head = nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False)
         if text_cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

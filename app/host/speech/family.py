@@ -1,0 +1,101 @@
+"""An engine-family checkpoint (VoxCPM2, Higgs Audio v3, Fish Speech S2 Pro) behind ``POST /v1/audio/speech``:
+the family's :class:`~omniduplex.pipeline.tts_family.FamilyRunner` (checks, prompts, engine, streaming
+decoder) on the shared engine thread (:class:`~.engine_speech.EngineSpeech`), each request's audio resampled
+as one stream from the family's rate (48, 24 or 44.1 kHz) to the API's 24 kHz.
+
+Request fields: ``voice`` one of the family's voices (``GET /v1/audio/voices``; none: the default);
+``ref_audio`` a base64 WAV (or ``data:audio/wav;base64,`` URL) to clone, at the family's reference rate,
+with ``ref_text`` its transcript (Fish Speech needs it; VoxCPM2 uses it as a continuation prompt); Higgs
+refuses a raw clip with the reason. ``instructions`` and ``language`` are ignored (no family reads them).
+Every refusal is a :class:`~.contract.SpeechError` naming the field, raised before anything is queued.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+from omniduplex.app.host.speech.contract import SPEECH_RATE, SpeechError, SpeechRequest
+from omniduplex.app.host.speech.engine_speech import EngineSpeech
+from omniduplex.pipeline.tts_family import FamilyRunner, TTSInputError
+
+
+def decode_clip(data: str, param: str = "ref_audio") -> tuple[np.ndarray, int]:
+    """A base64 audio file (or ``data:…;base64,`` URL) → (float32 mono ``[n]``, its rate in Hz); the rate
+    and length are the family's to check.
+
+    Raises SpeechError: not base64, or not audio libsndfile reads."""
+    if data.startswith("data:"):
+        data = data.partition(",")[2]
+    try:
+        raw = base64.b64decode(data, validate=True)
+        wav, rate = sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)
+    except (binascii.Error, ValueError) as e:
+        raise SpeechError(f"{param} is not base64: {e}", param) from e
+    except (RuntimeError, sf.LibsndfileError) as e:
+        raise SpeechError(f"{param} is not an audio file: {e}", param) from e
+    return wav.mean(axis=1), int(rate)
+
+
+class FamilySpeech(EngineSpeech):
+    """A loaded engine-family checkpoint serving speech requests (module docstring).
+
+    Args:
+        runner: the loaded checkpoint (one module per family: :mod:`.voxcpm2`, :mod:`.higgs`,
+            :mod:`.fish_speech`).
+        max_frames: frames per request at most (the family's frame: a VoxCPM2 patch is 160 ms, a Higgs or
+            Fish frame 40 / 46 ms); the context caps it too.
+        sampling: the family engine's sampling keys over its defaults (``{"temperature": 0}`` greedy for
+            Higgs and Fish; ``{"seed": 0}`` for VoxCPM2's flow noise).
+    """
+
+    sample_rate = SPEECH_RATE
+
+    def __init__(self, runner: FamilyRunner, max_frames: int = 1024, sampling: dict | None = None) -> None:
+        self.runner, self.engine = runner, runner.engine
+        self.max_frames, self.sampling = max_frames, dict(sampling or {})
+        self._start(f"{runner.family}-speech")
+
+    def describe(self) -> dict:
+        r = self.runner
+        return {
+            "family": r.family,
+            "voices": [{"name": v.name, "cloned": v.cloned} for v in r.voices()],
+            "cloning": r.cloning,
+            "instructions": r.instructions,
+            "sample_rate": r.sample_rate,
+            "ref_sample_rate": r.ref_rate if r.cloning else None,
+        }
+
+    def prepare(self, request: SpeechRequest):
+        """Check one request and build its prompt. Raises SpeechError naming the field at fault."""
+        ref = decode_clip(request.ref_audio) if request.ref_audio is not None else None
+        try:
+            return self.runner.prompt(request.text, request.voice, ref, request.ref_text)
+        except TTSInputError as e:
+            raise SpeechError(str(e), e.param, e.code) from e
+
+    def _add(self, request_id: str, prompt) -> None:
+        try:
+            self.runner.add(request_id, prompt, self.max_frames, self.sampling)
+        except TTSInputError as e:
+            raise SpeechError(str(e), e.param, e.code) from e
+
+    def _decoder(self, prompt):
+        rate = self.runner.sample_rate
+        resampler = None if rate == SPEECH_RATE else soxr.ResampleStream(rate, SPEECH_RATE, 1, "float32")
+        return self.runner.decoder(prompt), resampler
+
+    def _pieces(self, state, ev) -> list[np.ndarray]:
+        decoder, resampler = state
+        pcm = self.runner.decode(decoder, ev)
+        if ev.finished:
+            pcm = np.concatenate([pcm, self.runner.flush(decoder)])
+        if resampler is not None:
+            pcm = resampler.resample_chunk(pcm, last=ev.finished)
+        return [pcm] if pcm.size else []
