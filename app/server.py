@@ -39,6 +39,7 @@ from omniduplex.app.host.metrics import CONTENT_TYPE
 from omniduplex.app.host.readiness import readiness
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.browser import routes as browser
+from omniduplex.app.surfaces.chat import routes as chat
 from omniduplex.app.surfaces.kiosk import routes as kiosk
 from omniduplex.app.surfaces.kiosk.config import KioskConfig
 from omniduplex.app.surfaces.phone import routes as phone
@@ -138,6 +139,7 @@ def create_app(cfg: ServerConfig | None = None, responder: Responder | None = No
     app.include_router(phone.router(state, cfg.twilio))
     app.include_router(kiosk.router(cfg.kiosk, cfg.web_dir))
     app.include_router(realtime.router(state))
+    app.include_router(chat.router(state))
     app.include_router(rest.router(state))
 
     if cfg.web_dir.is_dir():

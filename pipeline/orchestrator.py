@@ -356,6 +356,8 @@ class Orchestrator:
                 "e2el_ms": 1000 * e2el,
                 "audio_s": audio_s,
                 "rtf": e2el / audio_s if audio_s else float("inf"),
+                "prompt_tokens": len(turn.prompt_ids or ()),
+                "completion_tokens": len(turn.token_ids),
                 **turn.stage_ms,
             }
             if turn.transcript_pending:

@@ -17,6 +17,7 @@ from omniduplex.app.host.tools import MCPConfig, MCPHub, MCPServerSpec
 from omniduplex.app.host.tools.runner import MCPToolRunner, ToolFailed
 
 SERVER = str(Path(__file__).with_name("mcp_order_server.py"))
+ALL_TOOLS = {"order_status", "slow_lookup", "hanging_lookup", "broken_lookup"}
 
 
 def test_runner_calls_fails_fills_and_counts():
@@ -49,7 +50,7 @@ def test_runner_calls_fails_fills_and_counts():
         return runner, out, errors, slow, quick, quick_said
 
     runner, out, errors, slow, quick, quick_said = asyncio.run(go())
-    assert {t["function"]["name"] for t in runner.tools} == {"order_status", "slow_lookup", "broken_lookup"}
+    assert {t["function"]["name"] for t in runner.tools} == ALL_TOOLS
     assert out == "Order A100 is shipped on Monday, arriving Thursday."
     assert "database is down" in errors[0] and "timed out" in errors[1] and "JSON object" in errors[2]
     assert slow == "done after 1.5 s" and said == ["One moment, let me check."]

@@ -211,3 +211,16 @@ def test_bad_text_raises_for_that_turn(tts):
     w = TTSWorker(tts)
     with pytest.raises(ValueError):
         w.submit(StageMessage("bad", meta={"text": 3}))
+
+
+def test_text_only_turn_gets_no_audio_and_others_are_spoken(tts):
+    """A ``spoken: false`` turn (``/v1/chat/completions``) ends with its closing message and no audio; a turn
+    beside it is spoken as usual."""
+    w = TTSWorker(tts)
+    feed(w, "chat", "Seven days are in a week. That is all.", first_meta={"spoken": False})
+    feed(w, "voice", "Hello there, nice to meet you.")
+    outs = drain(w)
+    chat = [m for m in outs if m.request_id == "chat"]
+    voice = [m for m in outs if m.request_id == "voice"]
+    assert len(chat) == 1 and chat[0].last and chat[0].tensors["pcm"].numel() == 0
+    assert sum(m.tensors["pcm"].numel() for m in voice) > tts.sample_rate // 2 and voice[-1].last

@@ -4,6 +4,8 @@
 // clause by clause as each clause's audio starts playing (`reply_spoken`), so the words on screen are
 // the words being heard, never the generation-time text (`reply_text`) that runs ahead of the audio.
 // New words are appended as text nodes, so an aria-live region announces only what is new.
+// A tool call the server runs shows beside them while it runs: the tool's name, then done or failed
+// (`function_call_started`, `function_call_output`, `function_call_failed`).
 "use strict";
 
 class OmniCaptions {
@@ -26,7 +28,24 @@ class OmniCaptions {
       case "reply_spoken": this.line(ev.turn_id, "assistant", ev.text, false); break;
       case "barge_in": this.markInterrupted(ev.turn_id); break;
       case "reply_ended": if (ev.reason === "interrupted") this.markInterrupted(ev.turn_id); break;
+      case "function_call_started": this.tool(ev.turn_id, ev.call_id, ev.name, "running"); break;
+      case "function_call_output": this.tool(ev.turn_id, ev.call_id, ev.name, ev.error ? "failed" : "done"); break;
+      case "function_call_failed": this.tool(ev.turn_id, ev.call_id, ev.name, "failed"); break;
     }
+  }
+
+  /** Show tool call `callId` of a turn (`state`: running, done or failed), one line per call. */
+  tool(turnId, callId, name, state) {
+    const t = this.turn(turnId);
+    let p = t.el.querySelector(`.cap.tool[data-call="${CSS.escape(callId)}"]`);
+    if (!p) {
+      p = document.createElement("p");
+      p.className = "cap tool";
+      p.dataset.call = callId;
+      if (t.assistant) t.el.insertBefore(p, t.assistant.p); else t.el.appendChild(p);
+    }
+    p.dataset.state = state;
+    p.textContent = `⚙ ${name}: ${state === "running" ? "checking…" : state}`;
   }
 
   /** Clear every caption (privacy reset, new connection). */

@@ -399,9 +399,11 @@ class Conversation:
     def _current(self, r: Reply) -> bool:
         return self.reply is r and r.interrupted_at is None and not self.closed
 
-    async def _drain(self, r: Reply, stream: AsyncIterator[ReplyEvent]) -> AsyncIterator[ReplyEvent] | None:
+    async def _drain(
+        self, r: Reply, stream: AsyncIterator[ReplyEvent], final: bool = True
+    ) -> AsyncIterator[ReplyEvent] | None:
         """Consume one pipeline request of reply ``r``; the stream of its continuation when the reply goes on
-        after server-run calls (:mod:`.tools`), else ``None``."""
+        after server-run calls (:mod:`.tools`), else ``None``; ``final=False``: a call's filler."""
         done = False
         async for ev in stream:
             if isinstance(ev, UserTranscript):  # what the user said stands even if the reply is cut
@@ -425,10 +427,11 @@ class Conversation:
                 self.playout.flush()
                 self._end_reply(r, "error", error=ev.error)
         if r.calls and done:
-            await self.calls.run(r)  # outputs are recorded even if the reply was interrupted meanwhile
-            if self._current(r) and not r.client_calls:  # the client's calls: it asks for the next reply
+            say = lambda text: self._drain(r, self.calls.say(r, text, self.responder), False)  # noqa: E731
+            apologised = await self.calls.run(r, say)  # outputs recorded even if the reply was interrupted
+            if self._current(r) and not (r.client_calls or apologised):  # client calls: it asks for more
                 return self._continue(r)
-        if done and self._current(r):
+        if done and final and self._current(r):
             r.generated += self.playout.push(np.zeros(0, np.float32), last=True)
             r.generation_done = True
         return None

@@ -68,7 +68,10 @@ class Responder(Protocol):
         stands), ``system_prompt`` (the session's, replacing the server default), ``instructions`` (added
         to the system prompt for this reply only), ``metadata`` (travels with the turn), ``voice`` (the
         session's TTS voice), ``tools`` / ``tool_choice`` (function tools the reply may call:
-        :mod:`~omniduplex.app.core.tools`; its calls then stream as :data:`~.tools.CallEvent` s).
+        :mod:`~omniduplex.app.core.tools`; its calls then stream as :data:`~.tools.CallEvent` s),
+        ``sampling`` (LLM sampling fields over the server's: ``max_tokens``, ``temperature``, ``top_p``,
+        ``seed``), ``spoken`` (``False``: a text-only turn, as ``/v1/chat/completions`` asks: no audio),
+        ``say`` (words spoken as written, not generated: a tool call's filler or apology).
         ``history`` holds ``[role, text]`` pairs and tool items (:meth:`.history.Entry.wire`)."""
 
     def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]: ...
@@ -123,6 +126,12 @@ class OrchestratorResponder:
             meta["voice"] = opts["voice"]  # the cascade's LLM stage passes it on to the TTS stage
         if opts.get("tools"):
             meta["tools"], meta["tool_choice"] = list(opts["tools"]), opts.get("tool_choice") or "auto"
+        if opts.get("sampling"):
+            meta["sampling"] = {**meta.get("sampling", {}), **opts["sampling"]}
+        if opts.get("spoken") is False:
+            meta["spoken"] = False
+        if isinstance(opts.get("say"), str):
+            meta["say"] = opts["say"]
         return meta
 
     def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]:

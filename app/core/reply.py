@@ -35,6 +35,7 @@ class Reply:
     n_calls: int = 0  # function calls the reply made (all its continuations included)
     client_calls: int = 0  # calls its client must answer (a continuation waits for none)
     segments: int = 0  # continuations started after server-run calls
+    filled: bool = False  # a filler was said while a slow server-run call ran
 
     def __post_init__(self) -> None:
         self.request_id = self.request_id or self.turn_id

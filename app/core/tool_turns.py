@@ -4,8 +4,9 @@ them and what the reply's continuation is offered (:mod:`omniduplex.app.core.too
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 
@@ -104,21 +105,54 @@ class ToolCalls:
             log.warning("%s: call %s of %s failed: %s", tid, ev.call_id, ev.name, ev.error)
             self.emit(FunctionCallFailed(self.name, tid, ev.call_id, ev.name, ev.error))
 
-    async def run(self, r: Reply) -> None:
+    async def run(self, r: Reply, speak: Callable[[str], Awaitable] | None = None) -> bool:
         """Run reply ``r``'s calls not run yet, in order, recording each output (a runner's exception
         becomes an ``{"error": ...}`` output, logged). An output is recorded even if the reply was
-        interrupted meanwhile: the call was made."""
+        interrupted meanwhile: the call was made.
+
+        With ``speak`` (says words as written within the reply) and a runner that has them: a call still
+        running after ``runner.filler_after_s`` gets ``runner.filler_text`` said once per reply, so the line
+        is never silent; when every call failed, ``runner.apology_text`` is said and ``True`` returned (the
+        reply ends with it: a small model would rather invent a result than explain an error)."""
         calls, r.calls = r.calls, []
+        filler_s = getattr(self.runner, "filler_after_s", None) if speak is not None else None
+        failures = 0
         for call in calls:
             t0 = self.clock()
+            task = asyncio.ensure_future(self.runner.run(call))
+            if filler_s and not r.filled:
+                done, _ = await asyncio.wait({task}, timeout=filler_s)
+                if not done:
+                    r.filled = True
+                    await speak(self.runner.filler_text)
             try:
-                output, failed = str(await self.runner.run(call)), False
+                output, failed = str(await task), False
             except Exception as e:  # a tool's failure is the model's to explain, never a crash
                 log.warning("%s: tool %s failed: %s", r.turn_id, call.name, e)
                 output, failed = error_output(e), True
+            failures += failed
             self.history.add_tool(FUNCTION_CALL_OUTPUT, output, call.call_id)
             ms = 1000.0 * (self.clock() - t0)
             self.emit(FunctionCallOutput(self.name, r.turn_id, call.call_id, call.name, output, failed, ms))
+        apology = getattr(self.runner, "apology_text", None) if speak is not None else None
+        if apology and calls and failures == len(calls):
+            await speak(apology)
+            return True
+        return False
+
+    def say(self, r: Reply, text: str, responder: Responder) -> AsyncIterator[ReplyEvent]:
+        """Start words said as written within reply ``r`` (pipeline request ``{turn_id}.{n}``, meta
+        ``say``: the LLM stage passes them to the TTS stage ungenerated); their event stream (empty when the
+        request could not start)."""
+        r.segments += 1
+        rid = r.request_id = f"{r.turn_id}.{r.segments}"
+        try:
+            options = {"say": text + " ", "user_text": ""}
+            responder.start(rid, np.zeros(0, np.float32), self.history.snapshot(), options)
+        except Exception:
+            log.exception("%s: could not say %r", rid, text)
+            return _nothing()
+        return responder.events(rid)
 
     def continuation(self, r: Reply) -> dict:
         """The tool options of reply ``r``'s continuation after its calls ran: as it was offered, with no
@@ -148,3 +182,8 @@ class ToolCalls:
         if self.history.call(call_id) is None:
             raise KeyError(f"no function_call with call_id {call_id!r} in the conversation")
         return self.history.add_tool(FUNCTION_CALL_OUTPUT, output, call_id)
+
+
+async def _nothing() -> AsyncIterator[ReplyEvent]:
+    return
+    yield  # an async generator with no events

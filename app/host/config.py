@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from omniduplex.app.core.session import SessionConfig
 from omniduplex.app.host.auth import AuthConfig
-from omniduplex.app.host.tools.mcp_client import MCPConfig, MCPServerSpec
+from omniduplex.app.host.tools.mcp_config import MCPConfig, MCPServerSpec
 
 
 @dataclass

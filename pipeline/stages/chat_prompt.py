@@ -181,6 +181,9 @@ class ChatPrompter:
                 f"turn {rid}: meta 'transcript' must be a string, got {type(transcript).__name__}"
             )
         turn_meta = {k: v for k, v in meta.items() if k not in ("sampling", "words", "tools", "tool_choice")}
+        if isinstance(meta.get("say"), str):  # said as written, not generated: a call's filler or apology
+            said = {**turn_meta, "text": meta["say"]}
+            return StageMessage(rid, {"token": torch.zeros(0, dtype=torch.int64)}, said, last=True)
         typed = isinstance(meta.get("user_text"), str)  # typed turns are answered even when empty
         if not typed and not has_words(transcript):
             return StageMessage(

@@ -252,6 +252,11 @@ class OpenAILLMWorker(WorkerBase):
         if rid in self.turns or any(m.request_id == rid for m in self._ready):
             raise ValueError(f"turn {rid}: already running")
         kwargs, reply, turn_meta = chat_request(rid, msg.meta, self.model, self.max_tool_calls)
+        if isinstance(msg.meta.get("say"), str):  # said as written (:mod:`.llm`)
+            meta = {**turn_meta, "text": msg.meta["say"]}
+            empty = torch.zeros(0, dtype=torch.int64)
+            self._ready.append(StageMessage(rid, {"token": empty}, meta, last=True))
+            return
         if not isinstance(msg.meta.get("user_text"), str) and not has_words(msg.meta["transcript"]):
             empty = torch.zeros(0, dtype=torch.int64)
             meta = {**turn_meta, "text": "", "skipped": "empty transcript"}

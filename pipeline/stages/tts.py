@@ -2,7 +2,8 @@
 
 Input: one message per LLM token, meta ``text`` = the token's text delta (may be ""), ``last`` when the
 reply's text is complete. The turn's first message may carry options in its meta; ``skipped`` is passed
-through on every output message of the turn.
+through on every output message of the turn. A text-only turn (first meta ``spoken: false``, a
+``/v1/chat/completions`` request) gets no audio: only its closing message.
 
 Output, per clause (:class:`~omniduplex.pipeline.clauses.ClauseSplitter`), one message per piece of its
 audio (:meth:`~omniduplex.models.cascade.tts.PiperTTS.stream`: the turn's first clause starts with a short
@@ -56,6 +57,7 @@ class _Turn:
     finished: bool = False  # the reply's text is complete
     started: bool = False  # some audio has gone out
     chunk: int = 0  # clauses spoken
+    silent: bool = False  # a text-only turn (meta ``spoken: false``): no audio, only the closing message
 
 
 class TTSWorker(WorkerBase):
@@ -90,9 +92,11 @@ class TTSWorker(WorkerBase):
         t = self.turns.get(rid)
         if t is None:
             t = self.turns[rid] = self._new_turn(msg.meta)
-        t.clauses.extend(t.splitter.push(delta))
+        if not t.silent:
+            t.clauses.extend(t.splitter.push(delta))
         if msg.last and not t.finished:
-            t.clauses.extend(t.splitter.flush())
+            if not t.silent:
+                t.clauses.extend(t.splitter.flush())
             t.finished = True
 
     def stats(self) -> dict[str, int]:
@@ -152,6 +156,7 @@ class TTSWorker(WorkerBase):
             ClauseSplitter(self.first_max_words, self.min_words),
             resampler,
             {k: meta[k] for k in PASSED_OPTIONS if k in meta},
+            silent=meta.get("spoken") is False,
         )
 
     @staticmethod

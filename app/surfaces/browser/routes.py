@@ -53,6 +53,7 @@ async def open_peer(host: ServerState, sdp: str, opts: PeerOptions) -> tuple[str
         opts.connect_timeout_s,
         host.turn_model,
         opts.greeting,
+        host.tool_runner,
     )
     try:
         host.admit(peer)  # take the slot before awaiting, so concurrent offers count it

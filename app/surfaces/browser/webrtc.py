@@ -97,6 +97,7 @@ class PeerSession:
         connect_timeout_s: close when no inbound audio arrives this long after the answer.
         turn_model: the shared end-of-turn model for ``turn_detection="smart"`` (see :class:`Session`).
         greeting: what a ``{"type": "greet"}`` message has the assistant say.
+        tool_runner: runs the replies' calls on the server (MCP tools, :mod:`omniduplex.app.host.tools`).
     """
 
     def __init__(
@@ -109,6 +110,7 @@ class PeerSession:
         connect_timeout_s: float = 20.0,
         turn_model=None,
         greeting: str = "Hello! How can I help?",
+        tool_runner=None,
     ) -> None:
         self.id, self.on_closed = session_id, on_closed
         self.media_timeout_s, self.connect_timeout_s = media_timeout_s, connect_timeout_s
@@ -116,7 +118,9 @@ class PeerSession:
         self.pc = RTCPeerConnection()
         self.channel = None
         self.pending: list[str] = []  # events emitted before the data channel opened
-        self.session = Session(session_id, responder, self._send_event, cfg, turn_model=turn_model)
+        self.session = Session(
+            session_id, responder, self._send_event, cfg, turn_model=turn_model, tool_runner=tool_runner
+        )
         self.port = AudioPort(self.session, WIRE_RATE)
         self.out_track = SessionAudioTrack(self.port)
         self.tasks = Tasks(session_id)

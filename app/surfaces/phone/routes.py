@@ -151,6 +151,7 @@ async def twilio_stream(host: ServerState, cfg: TwilioConfig, ws: WebSocket) -> 
         cfg.lead_ms,
         cfg.mark_ms,
         turn_model=host.turn_model,
+        tool_runner=host.tool_runner,
     )
     call = TwilioCall(ws, bridge)
     try:

@@ -189,6 +189,7 @@ class TwilioBridge:
         lead_ms: reply audio sent ahead of the caller's ear, at most (ms).
         mark_ms: reply audio between marks (ms).
         turn_model: the server's shared end-of-turn model (``turn_detection="smart"``), else ``None``.
+        tool_runner: runs the replies' calls on the server (MCP tools, :mod:`omniduplex.app.host.tools`).
     """
 
     def __init__(
@@ -201,11 +202,15 @@ class TwilioBridge:
         mark_ms: int = 100,
         clock: Callable[[], float] = time.monotonic,
         turn_model=None,
+        tool_runner=None,
     ) -> None:
         self.id, self.send, self.clock = call_id, send, clock
         self.lead_s = lead_ms / 1000.0
         cfg.output_rate = TELEPHONE_RATE
-        self.session = Session(call_id, responder, self._on_event, cfg, clock=clock, turn_model=turn_model)
+        self.session = Session(
+            call_id, responder, self._on_event, cfg, clock=clock,
+            turn_model=turn_model, tool_runner=tool_runner
+        )
         self.port = AudioPort(self.session, TELEPHONE_RATE, clock=clock)
         self.mark_samples = max(self.port.out_frame, TELEPHONE_RATE * mark_ms // 1000)
         self.ear = float("-inf")  # when the caller will have heard everything sent so far (clock s)

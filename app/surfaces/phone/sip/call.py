@@ -99,7 +99,13 @@ class SipCall:
         self.bye_answered = asyncio.Event()
         cfg = replace(session_cfg, output_rate=TELEPHONE_RATE)
         self.session = Session(
-            sid, server.responder, self._on_event, cfg, clock=clock, turn_model=server.turn_model
+            sid,
+            server.responder,
+            self._on_event,
+            cfg,
+            clock=clock,
+            turn_model=server.turn_model,
+            tool_runner=getattr(server, "tool_runner", None),
         )
         self.jitter = JitterBuffer()
         self.audio = AudioPort(self.session, TELEPHONE_RATE, clock=clock)

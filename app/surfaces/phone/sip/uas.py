@@ -72,6 +72,10 @@ class SipServer:
     def turn_model(self):
         return self.host.turn_model
 
+    @property
+    def tool_runner(self):
+        return getattr(self.host, "tool_runner", None)
+
     async def start(self) -> None:
         """Bind UDP and TCP. Raises ``OSError`` when the address is taken."""
         loop = asyncio.get_running_loop()

@@ -1,0 +1,1 @@
+"""OpenAI-compatible text chat: ``POST /v1/chat/completions`` (:mod:`.routes`)."""

@@ -1,0 +1,87 @@
+"""``backend: openai`` against our own ``POST /v1/chat/completions``: ``omniduplex serve`` (the default
+cascade) in another process is the brain of an LLM stage here. The reply streams, and a forced tool call's
+streamed deltas become our ``tool_call_*`` events with arguments that satisfy the tool's schema (grammar-
+constrained on the serving side)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import jsonschema
+import pytest
+
+from omniduplex.pipeline.config import StageConfig
+from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stages.openai_llm import OpenAILLMWorker
+from omniduplex.pipeline.stages.tool_calls import DONE, STARTED
+
+pytestmark = pytest.mark.slow
+ORDER = {
+    "type": "function",
+    "name": "order_status",
+    "description": "Look up the delivery status of an order by its id.",
+    "parameters": {
+        "type": "object",
+        "properties": {"order_id": {"type": "string"}},
+        "required": ["order_id"],
+        "additionalProperties": False,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def ours():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "omniduplex.cli.main", "serve", "--in-process", "--max-tokens", "40"]
+    proc = subprocess.Popen([*cmd, "--port", str(port), "--log-level", "warning"], env=dict(os.environ))
+    deadline = time.monotonic() + 900
+    try:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, "omniduplex serve exited"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def drain(worker, deadline_s: float = 300):
+    outs, errors, end = [], [], time.monotonic() + deadline_s
+    while worker.has_work() and time.monotonic() < end:
+        outs += worker.step()
+        errors += worker.pop_errors()
+    return outs, errors
+
+
+def test_backend_openai_on_our_chat_completions(ours):
+    worker = OpenAILLMWorker(StageConfig(backend="openai", base_url=ours, model="omniduplex", timeout_s=300))
+    try:
+        worker.submit(StageMessage("1", {}, {"transcript": "How many days are in a week?", "voice": "joe"}))
+        outs, errors = drain(worker)
+        assert not errors and outs[-1].last and outs[0].meta["voice"] == "joe"
+        assert "".join(o.meta.get("text", "") for o in outs).strip()
+        assert outs[-1].meta["finish_reason"] in ("stop", "length")
+
+        meta = {"transcript": "Where is my order A100?", "tools": [ORDER], "tool_choice": "required"}
+        worker.submit(StageMessage("2", {}, meta))
+        outs, errors = drain(worker)
+        assert not errors and outs[-1].meta["finish_reason"] == "tool_calls"
+        (start,) = [o.meta[STARTED] for o in outs if STARTED in o.meta]
+        (done,) = [o.meta[DONE] for o in outs if DONE in o.meta]
+        assert start["name"] == done["name"] == "order_status"
+        jsonschema.validate(json.loads(done["arguments"]), ORDER["parameters"])
+    finally:
+        worker.close()
