@@ -2,7 +2,7 @@
 per response), a response's calls are ``function_call`` items with streamed arguments, every server event
 parses with the ``openai`` SDK's models, the client's ``function_call_output`` joins the history the next
 reply is started with, and bad input is refused with an ``error`` naming the field. The responder here is
-scripted (the session ↔ pipeline seam); tests/e2e/test_realtime_tools.py runs the real cascade."""
+scripted (the session ↔ pipeline seam); tests/e2e/test_realtime_tools_e2e.py runs the real cascade."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 the reply makes and continues the same reply with their outputs; a runner's error becomes an ``{"error"}``
 output; the per-turn call limit leaves no tool to call; barge-in while a tool runs keeps the call and its
 output but starts no continuation. The pipeline is scripted at the session ↔ pipeline seam (the real
-cascade: tests/e2e/test_realtime_tools.py)."""
+cascade: tests/e2e/test_realtime_tools_e2e.py)."""
 
 from __future__ import annotations
 
