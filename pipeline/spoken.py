@@ -15,7 +15,8 @@ cut by its token budget mid-sentence ("3. Once") sounds broken. Three parts, all
   streams (the TTS cuts it early for time to first audio), then up to the last complete clause or sentence
   (:func:`~omniduplex.pipeline.clauses.clause_ends`), holding the rest until its clause completes. When the
   reply ends on its token budget (``length``), the held tail is dropped: what is said, and kept, ends at the
-  last complete clause. A reply that ends naturally (``stop``) releases everything.
+  last complete clause. A reply that ends naturally (``stop``) releases everything. Tool results a small
+  model copies into its answer (``<tool_response>`` … blocks, :class:`EchoFilter`) are never said.
 """
 
 from __future__ import annotations
@@ -151,6 +152,60 @@ class MarkdownStripper:
         return out
 
 
+ECHO_TAGS = ("tool_response", "tool_error")
+"""Blocks a small model copies from its prompt into its answer (the tool results as
+:mod:`omniduplex.models.cascade.tool_prompt` renders them): never to be read out."""
+_ECHO_OPEN = re.compile(r"<(tool_response|tool_error)>")
+_ECHO_CLOSE = re.compile(r"</(?:tool_response|tool_error)>")
+_ECHO_LONGEST = max(len(f"</{t}>") for t in ECHO_TAGS)
+
+
+class EchoFilter:
+    """Drops echoed tool-result blocks (``<tool_response>`` … ``</tool_response>``, ``<tool_error>`` …, and a
+    stray closing tag) from a stream of text deltas: ``push`` returns what can be decided (a possible tag's
+    start is held back), ``flush`` the rest (an unclosed block is dropped to the end). Joined, the outputs
+    are the input without those blocks, however it was split."""
+
+    def __init__(self) -> None:
+        self.buf, self.inside = "", None
+
+    def push(self, delta: str, final: bool = False) -> str:
+        self.buf += delta
+        out = []
+        while self.buf:
+            if self.inside is not None:
+                close = f"</{self.inside}>"
+                j = self.buf.find(close)
+                if j < 0:  # keep only what could start the closing tag
+                    self.buf = "" if final else self.buf[-(len(close) - 1) :]
+                    break
+                self.buf, self.inside = self.buf[j + len(close) :], None
+                continue
+            i = self.buf.find("<")
+            if i < 0:
+                out.append(self.buf)
+                self.buf = ""
+                break
+            out.append(self.buf[:i])
+            rest = self.buf[i:]
+            if m := _ECHO_OPEN.match(rest):
+                self.buf, self.inside = rest[m.end() :], m.group(1)
+                continue
+            if m := _ECHO_CLOSE.match(rest):
+                self.buf = rest[m.end() :]
+                continue
+            tags = [f"<{t}>" for t in ECHO_TAGS] + [f"</{t}>" for t in ECHO_TAGS]
+            if not final and len(rest) < _ECHO_LONGEST and any(t.startswith(rest) for t in tags):
+                self.buf = rest  # maybe a tag: wait for more
+                break
+            out.append("<")
+            self.buf = rest[1:]
+        return "".join(out)
+
+    def flush(self) -> str:
+        return self.push("", final=True)
+
+
 class SpokenReply:
     """The reply text released to the TTS and the history (see the module docstring).
 
@@ -163,6 +218,7 @@ class SpokenReply:
 
     def __init__(self, strip: bool = True) -> None:
         self.md = MarkdownStripper() if strip else None
+        self.echo = EchoFilter()  # copied tool results are never said
         self.text = ""  # all (stripped) text so far
         self.released = 0  # characters of text released
         self.first_done = False  # a clause boundary has been seen: hold back from now on
@@ -171,6 +227,7 @@ class SpokenReply:
 
     def push(self, delta: str) -> str:
         """Add reply text; the text to say now."""
+        delta = self.echo.push(delta)
         new = self.md.push(delta) if self.md else delta
         if not new:
             return ""
@@ -197,8 +254,11 @@ class SpokenReply:
     def finish(self, reason: str | None) -> str:
         """End of the reply: the text still to say. ``reason == "length"`` (token budget): up to the last
         complete clause only, the rest kept in :attr:`unspoken`; otherwise everything."""
+        rest = self.echo.flush()
         if self.md is not None:
-            self.text += self.md.flush()
+            self.text += self.md.push(rest) + self.md.flush()
+        else:
+            self.text += rest
         if reason == "length":
             out = self._release(self._clause_end(final=True))
             self.unspoken = self.text[self.released :]

@@ -8,7 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from omniduplex.pipeline.clauses import clause_ends
-from omniduplex.pipeline.spoken import SPOKEN_SYSTEM_PROMPT, MarkdownStripper, SpokenReply, strip_markdown
+from omniduplex.pipeline.spoken import (
+    SPOKEN_SYSTEM_PROMPT,
+    EchoFilter,
+    MarkdownStripper,
+    SpokenReply,
+    strip_markdown,
+)
 
 # README command 1's answer as SmolLM2 wrote it before this policy: a numbered list cut at "3. Once"
 GREEN_TEA = (
@@ -91,3 +97,28 @@ def test_the_default_prompt_asks_for_speech():
         and "markdown" in SPOKEN_SYSTEM_PROMPT
         and "short" in SPOKEN_SYSTEM_PROMPT
     )
+
+
+ECHOED = (
+    'Sure. <tool_response>\n{"city": "Paris", "temp_c": 18}\n</tool_response> It is 18 degrees in Paris. '
+    "<tool_error>timeout</tool_error>Sorry. A <b> tag and 3 < 4 stay.</tool_response>"
+)
+
+
+def test_echo_filter_drops_copied_tool_results_on_any_split():
+    """Every two-way and several three-way splits of a reply that copies tool results give the same text."""
+    want = "Sure.  It is 18 degrees in Paris. Sorry. A <b> tag and 3 < 4 stay."
+    for i in range(len(ECHOED) + 1):
+        for j in sorted({i, (i + len(ECHOED)) // 2, len(ECHOED)}):
+            f = EchoFilter()
+            got = f.push(ECHOED[:i]) + f.push(ECHOED[i:j]) + f.push(ECHOED[j:]) + f.flush()
+            assert got == want, (i, j)
+
+
+def test_an_unclosed_echo_is_dropped_to_the_end_and_a_spoken_reply_never_says_it():
+    f = EchoFilter()
+    assert f.push("The order <tool_resp") == "The order "
+    assert f.push('onse>{"status": "shipped"') + f.flush() == ""
+    reply = SpokenReply()
+    said = "".join(reply.push(d) for d in ["It <tool_", "response>{}</tool_", "response>shipped."])
+    assert said + reply.finish("stop") == "It shipped."
