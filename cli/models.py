@@ -126,7 +126,8 @@ def _init_family(out: Path, family: str, preset: str, seed: int) -> None:
 
         architecture = "fish_qwen3_omni"
     if preset not in PRESETS:
-        raise typer.BadParameter(f"unknown preset {preset!r} for {family}; choose from {list(PRESETS)}")
+        name = family.replace("_", "-")
+        raise typer.BadParameter(f"unknown --arch {name}-{preset}; choose a preset from {list(PRESETS)}")
     t0 = time.perf_counter()
     write(out, preset, seed)
     written = time.perf_counter() - t0
