@@ -15,8 +15,8 @@ cut by its token budget mid-sentence ("3. Once") sounds broken. Three parts, all
   streams (the TTS cuts it early for time to first audio), then up to the last complete clause or sentence
   (:func:`~omniduplex.pipeline.clauses.clause_ends`), holding the rest until its clause completes. When the
   reply ends on its token budget (``length``), the held tail is dropped: what is said, and kept, ends at the
-  last complete clause. A reply that ends naturally (``stop``) releases everything. Tool results a small
-  model copies into its answer (``<tool_response>`` … blocks, :class:`EchoFilter`) are never said.
+  last complete clause. A reply that ends naturally (``stop``) releases everything. The tool-result tags a
+  small model copies into its answer (``<tool_response>``, :class:`EchoFilter`) are never said.
 """
 
 from __future__ import annotations
@@ -153,34 +153,26 @@ class MarkdownStripper:
 
 
 ECHO_TAGS = ("tool_response", "tool_error")
-"""Blocks a small model copies from its prompt into its answer (the tool results as
+"""Tags a small model copies from its prompt into its answer (the tool results as
 :mod:`omniduplex.models.cascade.tool_prompt` renders them): never to be read out."""
-_ECHO_OPEN = re.compile(r"<(tool_response|tool_error)>")
-_ECHO_CLOSE = re.compile(r"</(?:tool_response|tool_error)>")
-_ECHO_LONGEST = max(len(f"</{t}>") for t in ECHO_TAGS)
+_ECHO_TAG = re.compile(r"</?(?:tool_response|tool_error)>")
+_ECHO_TAGS = [f"<{t}>" for t in ECHO_TAGS] + [f"</{t}>" for t in ECHO_TAGS]
+_ECHO_LONGEST = max(map(len, _ECHO_TAGS))
 
 
 class EchoFilter:
-    """Drops echoed tool-result blocks (``<tool_response>`` … ``</tool_response>``, ``<tool_error>`` …, and a
-    stray closing tag) from a stream of text deltas: ``push`` returns what can be decided (a possible tag's
-    start is held back), ``flush`` the rest (an unclosed block is dropped to the end). Joined, the outputs
-    are the input without those blocks, however it was split."""
+    """Drops echoed tool-result tags (``<tool_response>``, ``</tool_error>``, ...) from a stream of text
+    deltas, keeping what they enclose (the result in the model's words is often all it says: dropping the
+    block would leave the reply silent). ``push`` returns what can be decided (a possible tag's start is held
+    back), ``flush`` the rest. Joined, the outputs are the input without those tags, however it was split."""
 
     def __init__(self) -> None:
-        self.buf, self.inside = "", None
+        self.buf = ""
 
     def push(self, delta: str, final: bool = False) -> str:
         self.buf += delta
         out = []
         while self.buf:
-            if self.inside is not None:
-                close = f"</{self.inside}>"
-                j = self.buf.find(close)
-                if j < 0:  # keep only what could start the closing tag
-                    self.buf = "" if final else self.buf[-(len(close) - 1) :]
-                    break
-                self.buf, self.inside = self.buf[j + len(close) :], None
-                continue
             i = self.buf.find("<")
             if i < 0:
                 out.append(self.buf)
@@ -188,14 +180,10 @@ class EchoFilter:
                 break
             out.append(self.buf[:i])
             rest = self.buf[i:]
-            if m := _ECHO_OPEN.match(rest):
-                self.buf, self.inside = rest[m.end() :], m.group(1)
-                continue
-            if m := _ECHO_CLOSE.match(rest):
+            if m := _ECHO_TAG.match(rest):
                 self.buf = rest[m.end() :]
                 continue
-            tags = [f"<{t}>" for t in ECHO_TAGS] + [f"</{t}>" for t in ECHO_TAGS]
-            if not final and len(rest) < _ECHO_LONGEST and any(t.startswith(rest) for t in tags):
+            if not final and len(rest) < _ECHO_LONGEST and any(t.startswith(rest) for t in _ECHO_TAGS):
                 self.buf = rest  # maybe a tag: wait for more
                 break
             out.append("<")

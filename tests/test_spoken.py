@@ -100,14 +100,15 @@ def test_the_default_prompt_asks_for_speech():
 
 
 ECHOED = (
-    'Sure. <tool_response>\n{"city": "Paris", "temp_c": 18}\n</tool_response> It is 18 degrees in Paris. '
-    "<tool_error>timeout</tool_error>Sorry. A <b> tag and 3 < 4 stay.</tool_response>"
+    'Sure. <tool_response>\n{"city": "Paris"}\n</tool_response> It is 18 degrees. '
+    "<tool_error>timeout</tool_error> A <b> tag and 3 < 4 stay.</tool_response>"
 )
 
 
-def test_echo_filter_drops_copied_tool_results_on_any_split():
-    """Every two-way and several three-way splits of a reply that copies tool results give the same text."""
-    want = "Sure.  It is 18 degrees in Paris. Sorry. A <b> tag and 3 < 4 stay."
+def test_echo_filter_drops_copied_tool_result_tags_on_any_split():
+    """Every two-way and several three-way splits of a reply that copies tool results give the same text:
+    the tags gone, what they enclose kept (often the only words of a small model's answer)."""
+    want = 'Sure. \n{"city": "Paris"}\n It is 18 degrees. timeout A <b> tag and 3 < 4 stay.'
     for i in range(len(ECHOED) + 1):
         for j in sorted({i, (i + len(ECHOED)) // 2, len(ECHOED)}):
             f = EchoFilter()
@@ -115,10 +116,10 @@ def test_echo_filter_drops_copied_tool_results_on_any_split():
             assert got == want, (i, j)
 
 
-def test_an_unclosed_echo_is_dropped_to_the_end_and_a_spoken_reply_never_says_it():
+def test_a_held_tag_start_is_released_when_it_is_no_tag_and_a_spoken_reply_never_says_a_tag():
     f = EchoFilter()
     assert f.push("The order <tool_resp") == "The order "
-    assert f.push('onse>{"status": "shipped"') + f.flush() == ""
+    assert f.push("ite") + f.flush() == "<tool_respite"
     reply = SpokenReply()
-    said = "".join(reply.push(d) for d in ["It <tool_", "response>{}</tool_", "response>shipped."])
-    assert said + reply.finish("stop") == "It shipped."
+    said = "".join(reply.push(d) for d in ["It <tool_", "response>ships</tool_", "response> today."])
+    assert said + reply.finish("stop") == "It ships today."
