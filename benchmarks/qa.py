@@ -6,8 +6,9 @@ cache), and each question is sent as one spoken turn through the stage processes
 one turn at a time (c = 1), after a warm-up turn. Per turn we keep the ASR transcript, the reply text,
 whether the reply is right (:func:`is_right`), and the pipeline's TTFP (turn submitted at end of speech →
 first PCM chunk) with its cascade split (ASR compute, LLM prefill + first clause, TTS first chunk; see
-:meth:`Orchestrator._split_ttfp`). Printed per manifest: accuracy, the transcripts' word error rate, TTFP
-p50/p90 and the split's p50/p90. Replies are greedy by default, so a rerun scores the same.
+:meth:`~omniduplex.pipeline.turn_state.TurnState.split_ttfp`). Printed per manifest: accuracy, the
+transcripts' word error rate, TTFP p50/p90 and the split's p50/p90. Replies are greedy by
+default, so a rerun scores the same.
 
 By default each question is fed to the ASR stage while it is "spoken" (real-time pace, 400 ms pieces, then
 the 0.5 s of silence a session feeds while it detects the end of turn), as a session does

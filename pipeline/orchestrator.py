@@ -4,7 +4,7 @@ It speaks to a :class:`Backend` (stages in this process, or stage processes join
 turns the ASR stage's transcript into a ``transcript`` event (the user's words), the text stage's tokens
 (Thinker, unified LM, cascade LLM) into reply-text deltas and the last stage's PCM (Code2Wav, DAC, Piper)
 into audio chunks, measuring TTFP (turn submitted → first PCM chunk), E2EL, RTF and, for the cascade, the
-per-stage split of TTFP on the way.
+per-stage split of TTFP on the way (each turn's state and the reading of its outputs: :mod:`.turn_state`).
 
 Live transcription (cascade graphs, whose one entry stage is the ASR): :meth:`Orchestrator.feed` sends the
 audio of a turn still being spoken to the ASR stage in pieces; its partial transcripts go to the turn's
@@ -18,7 +18,6 @@ import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -27,35 +26,11 @@ from tokenizers import Tokenizer
 
 from omniduplex.pipeline.audio_io import OUTPUT_RATE
 from omniduplex.pipeline.detokenize import IncrementalDetokenizer
-from omniduplex.pipeline.edge_messages import (
-    CHECK,
-    AudioOutput,
-    DecoderOutput,
-    PartialTranscript,
-    StageError,
-    Transcript,
-    check_message,
-    parse,
-)
-from omniduplex.pipeline.events import (
-    CallArgumentsDelta,
-    CallDone,
-    CallEvent,
-    CallFailed,
-    CallStarted,
-    ReplyAudioChunk,
-    ReplyDone,
-    ReplyFailed,
-    ReplyTextDelta,
-    TurnEvent,
-    UserTranscript,
-)
+from omniduplex.pipeline.edge_messages import CHECK, StageError, check_message, parse
+from omniduplex.pipeline.events import ReplyDone, ReplyFailed, TurnEvent
 from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
 from omniduplex.pipeline.topology import Topology
-
-PartialCallback = Callable[[str, str], None]
-"""``(text, stable)``: the partial transcript of a turn still being spoken (``text``: all heard so far, the
-open chunk's latest hypothesis included; ``stable``: the prefix that will not change)."""
+from omniduplex.pipeline.turn_state import PartialCallback, TurnState
 
 OutputCallback = Callable[[str, StageMessage], None]
 """``(source, message)``: source is ``"transcript"`` (meta ``transcript``, ``words``: the ASR stage),
@@ -92,26 +67,6 @@ class Backend(Protocol):
     def stop(self) -> None: ...
 
 
-@dataclass
-class _Turn:
-    request_id: str
-    queue: asyncio.Queue
-    detok: IncrementalDetokenizer | None
-    t_submit: float = field(default_factory=time.perf_counter)
-    t_transcript: float | None = None
-    t_first_audio: float | None = None
-    stage_ms: dict[str, float] = field(default_factory=dict)
-    samples: int = 0
-    prompt_ids: list[int] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    codes: list[list[int]] = field(default_factory=list)
-    finished: bool = False
-    transcript_pending: bool = False  # a side ASR's transcript has not arrived yet
-    done_metrics: dict | None = None  # the audio ended; ``done`` waits for the transcript
-    open: bool = False  # fed in pieces (:meth:`Orchestrator.feed`), not submitted yet
-    fed: int = 0  # samples fed before submit
-    on_partial: PartialCallback | None = None
-
 
 class Orchestrator:
     """Turn-level API over a backend.
@@ -136,7 +91,7 @@ class Orchestrator:
     ) -> None:
         self.backend, self.tok, self.record = backend, tokenizer, record
         self.output_rate, self.side_transcript = output_rate, side_transcript
-        self.turns: dict[str, _Turn] = {}
+        self.turns: dict[str, TurnState] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
         self.live_asr = tuple(backend.topo.entry_stages) == ("asr",)
@@ -238,8 +193,8 @@ class Orchestrator:
             check_message("orchestrator", msg)
         self.backend.send(msg)
 
-    def _new_turn(self, rid: str) -> _Turn:
-        return _Turn(
+    def _new_turn(self, rid: str) -> TurnState:
+        return TurnState(
             rid,
             asyncio.Queue(),
             IncrementalDetokenizer(self.tok) if self.tok else None,
@@ -294,7 +249,7 @@ class Orchestrator:
         if handler is not None:
             handler(self, turn, msg)
 
-    def _on_error(self, turn: _Turn, msg: StageMessage) -> None:
+    def _on_error(self, turn: TurnState, msg: StageMessage) -> None:
         err = parse(StageError, msg)
         turn.finished = True
         self.backend.abort(turn.request_id)
@@ -303,106 +258,16 @@ class Orchestrator:
             return
         turn.queue.put_nowait(ReplyFailed(str(err.error) or "pipeline error", turn.request_id))
 
-    def _on_partial(self, turn: _Turn, msg: StageMessage) -> None:
-        if turn.open and turn.on_partial is not None:
-            p = parse(PartialTranscript, msg)
-            turn.on_partial(str(p.partial_transcript), str(p.stable_transcript))
-
-    def _on_transcript(self, turn: _Turn, msg: StageMessage) -> None:
-        t = parse(Transcript, msg)
-        turn.t_transcript = time.perf_counter()
-        turn.transcript_pending = False
-        turn.stage_ms["asr_wall_ms"] = 1000 * (turn.t_transcript - turn.t_submit)
-        if t.asr_ms is not None:
-            turn.stage_ms["asr_ms"] = float(t.asr_ms)
-        if t.asr_tail_s is not None:  # fed while spoken: the audio left to decode at end of turn
-            turn.stage_ms["asr_tail_s"] = float(t.asr_tail_s)
-        turn.queue.put_nowait(UserTranscript(str(t.transcript), list(t.words), turn.request_id))
-        if turn.done_metrics is not None:
-            turn.finished = True
-            turn.queue.put_nowait(ReplyDone(turn.done_metrics, turn.request_id))
-
-    def _on_text(self, turn: _Turn, msg: StageMessage) -> None:
-        out = parse(DecoderOutput, msg)
-        if "prompt_ids" in msg.tensors:
-            turn.prompt_ids = msg.tensors["prompt_ids"].tolist()
-        ids = msg.tensors["token"].tolist()
-        turn.token_ids += ids
-        for call in _call_events(out, turn.request_id):  # a call's events, before the same message's text
-            turn.queue.put_nowait(call)
-        delta = out.text if out.text is not None else turn.detok.push_many(ids, final=msg.last)
-        if delta:
-            turn.queue.put_nowait(ReplyTextDelta(delta, turn.request_id))
-
-    def _on_codes(self, turn: _Turn, msg: StageMessage) -> None:
+    def _on_codes(self, turn: TurnState, msg: StageMessage) -> None:
         if self.record:
             turn.codes.append(msg.tensors["codes"].tolist())
 
-    def _on_audio(self, turn: _Turn, msg: StageMessage) -> None:
-        out = parse(AudioOutput, msg)
-        pcm = msg.tensors.get("pcm")
-        if pcm is not None and pcm.numel():
-            if turn.t_first_audio is None:
-                turn.t_first_audio = time.perf_counter()
-                self._split_ttfp(turn, out)
-            turn.samples += pcm.numel()
-            turn.queue.put_nowait(ReplyAudioChunk(pcm.cpu().numpy(), str(out.text or ""), turn.request_id))
-        if msg.last:
-            now = time.perf_counter()
-            audio_s = turn.samples / self.output_rate
-            e2el = now - turn.t_submit
-            metrics = {
-                "ttfp_ms": 1000 * ((turn.t_first_audio or now) - turn.t_submit),
-                "e2el_ms": 1000 * e2el,
-                "audio_s": audio_s,
-                "rtf": e2el / audio_s if audio_s else float("inf"),
-                "prompt_tokens": len(turn.prompt_ids or ()),
-                "completion_tokens": len(turn.token_ids),
-                **turn.stage_ms,
-            }
-            if turn.transcript_pending:
-                turn.done_metrics = metrics
-                return
-            turn.finished = True
-            turn.queue.put_nowait(ReplyDone(metrics, turn.request_id))
-
-    _handlers: dict[str, Callable[[Orchestrator, _Turn, StageMessage], None]] = {
+    _handlers: dict[str, Callable[[Orchestrator, TurnState, StageMessage], None]] = {
         "error": _on_error,
-        "partial": _on_partial,
-        "transcript": _on_transcript,
-        "text": _on_text,
+        "partial": lambda self, turn, msg: turn.read_partial(msg),
+        "transcript": lambda self, turn, msg: turn.read_transcript(msg),
+        "text": lambda self, turn, msg: turn.read_text(msg),
         "codes": _on_codes,
-        "audio": _on_audio,
+        "audio": lambda self, turn, msg: turn.read_audio(msg, self.output_rate),
     }
     """:data:`OutputCallback` source → its handler."""
-
-    @staticmethod
-    def _split_ttfp(turn: _Turn, out: AudioOutput) -> None:
-        """TTFP split (ms). Qwen3-TTS graph: ``talker_first_frame_ms`` (the talker stage: admission → first
-        frame) and ``codec_first_chunk_ms`` (the decode call of the first piece); the rest is relay hops and
-        queueing. Cascade: ``asr_ms`` (the ASR stage's compute; ``asr_wall_ms``: submit → transcript,
-        waits and relay hops included), ``tts_first_chunk_ms`` (synthesis of
-        the first clause) and ``llm_first_clause_ms`` (transcript out → first clause audio, less that
-        synthesis: the LLM's prefill and the tokens of its first clause, plus relay hops)."""
-        if out.talker_ms is not None:  # Qwen3-TTS graph: the talker's first frame, then its 1-frame decode
-            turn.stage_ms["talker_first_frame_ms"] = float(out.talker_ms)
-            turn.stage_ms["codec_first_chunk_ms"] = float(out.codec_ms or 0.0)
-        if out.tts_ms is None or turn.t_transcript is None:
-            return
-        tts = float(out.tts_ms)
-        turn.stage_ms["tts_first_chunk_ms"] = tts
-        turn.stage_ms["llm_first_clause_ms"] = max(0.0, 1000 * (turn.t_first_audio - turn.t_transcript) - tts)
-
-
-def _call_events(out: DecoderOutput, request_id: str) -> list[CallEvent]:
-    """The function-call events of one LLM message, in the order :data:`.stages.tool_calls.EVENT_KEYS`."""
-    calls: list[CallEvent] = []
-    if (e := out.tool_call_started) is not None:
-        calls.append(CallStarted(e.call_id, e.name, e.index, request_id))
-    if (e := out.tool_call_arguments_delta) is not None:
-        calls.append(CallArgumentsDelta(e.call_id, e.delta, request_id))
-    if (e := out.tool_call_done) is not None:
-        calls.append(CallDone(e.call_id, e.name, e.arguments, request_id))
-    if (e := out.tool_call_failed) is not None:
-        calls.append(CallFailed(e.call_id, e.name, e.error, request_id))
-    return calls

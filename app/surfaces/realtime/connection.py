@@ -2,7 +2,8 @@
 :class:`~omniduplex.app.core.session.Session`, and the session's events become the GA server events (wire
 shapes in :mod:`omniduplex.app.surfaces.wire.realtime`). No turn-taking lives here: VAD, end of turn,
 barge-in and history are the session's. The connection is the loop and the dispatch; its items are
-:mod:`.items`' store, its responses :mod:`.responses`' lifecycle, its manual-commit audio the core's
+:mod:`.items`' store (the ``conversation.item.*`` handlers :mod:`.item_events`), its responses
+:mod:`.responses`' lifecycle, its manual-commit audio the core's
 :class:`~omniduplex.app.core.input_buffer.InputAudioBuffer`.
 
 Mapping (client → session): ``input_audio_buffer.append`` → 20 ms frames at 16 kHz into
@@ -41,10 +42,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import get_args
 
-import numpy as np
 from fastapi import WebSocket, WebSocketDisconnect
 
-from omniduplex.app.core.audio import AudioPort, StreamResampler
+from omniduplex.app.core.audio import AudioPort
 from omniduplex.app.core.events import (
     BargeIn,
     FunctionCallStarted,
@@ -59,17 +59,17 @@ from omniduplex.app.core.events import (
     UserTurnCommitted,
 )
 from omniduplex.app.core.events import FunctionCallOutput as CallOutputEvent
-from omniduplex.app.core.history import TOOL_ROLES
 from omniduplex.app.core.input_buffer import InputAudioBuffer
 from omniduplex.app.core.replies import Responder
 from omniduplex.app.core.session import Session, SessionConfig
 from omniduplex.app.core.vad import SAMPLE_RATE
 from omniduplex.app.host.tools.mcp_client import MCPHub
+from omniduplex.app.surfaces.realtime.item_events import ItemEvents
 from omniduplex.app.surfaces.realtime.items import ConversationItems, StoredItem
 from omniduplex.app.surfaces.realtime.mcp import RealtimeMcp, split_tools
 from omniduplex.app.surfaces.realtime.responses import OUTPUT_RATE, CallEvent, ResponseLifecycle
 from omniduplex.app.surfaces.realtime.settings import session_options, turn_config
-from omniduplex.app.surfaces.realtime.tools import add_tool_item, check_tools, response_tools, tool_item
+from omniduplex.app.surfaces.realtime.tools import check_tools, response_tools
 from omniduplex.app.surfaces.wire.realtime import server_events as ev
 from omniduplex.app.surfaces.wire.realtime.audio import (
     FORMAT_RATE,
@@ -78,13 +78,10 @@ from omniduplex.app.surfaces.wire.realtime.audio import (
     format_type,
 )
 from omniduplex.app.surfaces.wire.realtime.client_events import (
-    AssistantMessage,
     ConversationItemCreate,
     ConversationItemDelete,
     ConversationItemRetrieve,
     ConversationItemTruncate,
-    FunctionCall,
-    FunctionCallOutput,
     InputAudioBufferAppend,
     InputAudioBufferClear,
     InputAudioBufferCommit,
@@ -92,8 +89,6 @@ from omniduplex.app.surfaces.wire.realtime.client_events import (
     ResponseCancel,
     ResponseCreate,
     SessionUpdate,
-    SystemMessage,
-    UserMessage,
     apply_session_update,
 )
 from omniduplex.app.surfaces.wire.realtime.client_events import SessionConfig as RealtimeConfig
@@ -112,7 +107,7 @@ class RealtimeLimits:
     max_buffer_s: float = 60.0
 
 
-class RealtimeConnection:
+class RealtimeConnection(ItemEvents):
     """Serve one ``/v1/realtime`` WebSocket until it closes.
 
     Args:
@@ -264,86 +259,6 @@ class RealtimeConnection:
         self.buffer.clear()
         self._send(ev.input_audio_buffer_cleared())
 
-    def _item_create(self, e: ConversationItemCreate) -> None:
-        item, item_id = e.item, e.item.id or ev.new_id("item")
-        if item_id in self.items:
-            raise ProtocolError("invalid_value", f"item {item_id} already exists", e.event_id, "item.id")
-        if isinstance(item, (FunctionCall, FunctionCallOutput)):
-            stored, done = add_tool_item(self.session, item, item_id, e.event_id)
-            prev = self.items.append(item_id, stored)
-            self._send(ev.conversation_item_added(done, prev))
-            self._send(ev.conversation_item_done(done, prev))
-            return
-        if isinstance(item, SystemMessage):
-            text = " ".join(c.text for c in item.content if getattr(c, "text", None))
-            instructions = "\n".join(x for x in (self.session.cfg.instructions, text) if x)
-            self.session.set_options(instructions=instructions)
-        elif isinstance(item, AssistantMessage):
-            texts = [c.text for c in item.content if getattr(c, "text", None)]  # else audio transcripts
-            texts = texts or [c.transcript for c in item.content if getattr(c, "transcript", None)]
-            text = " ".join(texts)
-            entry = self.session.add_message("assistant", text)
-            if entry is not None:
-                self.items.put(item_id, StoredItem(None, "assistant", entry=entry))
-        elif isinstance(item, UserMessage):
-            audio = [c for c in item.content if c.type == "input_audio" and c.audio]
-            if audio:
-                fmt, rate = self.cfg.audio.input.format, self._input_rate
-                wav = np.concatenate(
-                    [StreamResampler(rate, SAMPLE_RATE).process(decode_payload(c.audio, fmt)) for c in audio]
-                )
-                turn_id = self._commit_audio_item(wav, item_id)
-                self.items.put(item_id, StoredItem(turn_id, "user"))
-                return  # its item events come with the commit
-            text = " ".join(c.text for c in item.content if c.type == "input_text" and c.text)
-            entry = self.session.add_user_text(text)
-            if entry is not None:
-                self.items.put(item_id, StoredItem(None, "user", entry=entry))
-        prev = self.items.append(item_id)
-        done = ev.client_item(item, item_id)
-        self._send(ev.conversation_item_added(done, prev))
-        self._send(ev.conversation_item_done(done, prev))
-
-    def _commit_audio_item(self, wav: np.ndarray, item_id: str) -> str:
-        self.speech_item = item_id
-        return self.session.commit_audio(wav, respond=False)
-
-    def _item_delete(self, e: ConversationItemDelete) -> None:
-        item = self.items.pop(e.item_id)
-        if item is None:
-            raise ProtocolError("invalid_value", f"no item {e.item_id!r}", e.event_id, "item_id")
-        if item.entry is not None:
-            self.session.remove_entry(item.entry)
-        else:
-            self.session.forget(item.turn_id, item.role)
-        self._send(ev.conversation_item_deleted(e.item_id))
-
-    def _item_truncate(self, e: ConversationItemTruncate) -> None:
-        item = self.items.get(e.item_id)
-        if item is None or item.turn_id is None or item.role != "assistant":
-            raise ProtocolError("invalid_value", f"no assistant item {e.item_id!r}", e.event_id, "item_id")
-        playing = self.responses.of(item.turn_id)
-        if playing is not None:
-            playing.cancel_reason = "client_cancelled"  # truncating the playing reply stops it
-        try:  # the session stops the reply if it still plays, then keeps what was played, in any order
-            kept = self.session.truncate(item.turn_id, e.audio_end_ms)
-        except ValueError as err:
-            raise ProtocolError("invalid_value", str(err), e.event_id, "audio_end_ms") from err
-        if kept is None:
-            raise ProtocolError("invalid_value", f"item {e.item_id} has no audio to truncate", e.event_id)
-        self._send(ev.conversation_item_truncated(e.item_id, e.content_index, e.audio_end_ms))
-
-    def _item_retrieve(self, e: ConversationItemRetrieve) -> None:
-        item = self.items.get(e.item_id)
-        entry = None if item is None else item.entry or self.session.entry(item.turn_id, item.role)
-        if entry is None:
-            raise ProtocolError("invalid_value", f"no item {e.item_id!r}", e.event_id, "item_id")
-        if entry.role in TOOL_ROLES:
-            self._send(ev.conversation_item_retrieved(tool_item(e.item_id, entry)))
-            return
-        part = ev.input_text(entry.text) if entry.role == "user" else ev.output_audio(entry.text)
-        self._send(ev.conversation_item_retrieved(ev.message_item(e.item_id, entry.role, [part])))
-
     def _response_create(self, e: ResponseCreate) -> None:
         if self.responses.current is not None:
             raise ProtocolError(
@@ -380,10 +295,10 @@ class RealtimeConnection:
         InputAudioBufferAppend: _append,
         InputAudioBufferCommit: _commit,
         InputAudioBufferClear: _clear,
-        ConversationItemCreate: _item_create,
-        ConversationItemDelete: _item_delete,
-        ConversationItemTruncate: _item_truncate,
-        ConversationItemRetrieve: _item_retrieve,
+        ConversationItemCreate: ItemEvents._item_create,
+        ConversationItemDelete: ItemEvents._item_delete,
+        ConversationItemTruncate: ItemEvents._item_truncate,
+        ConversationItemRetrieve: ItemEvents._item_retrieve,
         ResponseCreate: _response_create,
         ResponseCancel: _response_cancel,
         OutputAudioBufferClear: _output_clear,
