@@ -267,12 +267,13 @@ def test_tool_call_deltas_become_our_events_and_the_output_reaches_the_reply(wor
             "output": '{"conditions": "heavy snow"}',
         },
     ]
-    worker.submit(
-        turn("3", "", user_text="", history=history, tools=bench_tools(), sampling={"temperature": 0})
-    )
+    # after a forced call the session continues with tool_choice "none" (app/core/tool_turns.py): no call can
+    # complete, the model answers from the output (with "auto" the 0.5B model sometimes calls again)
+    follow = dict(history=history, tools=bench_tools(), tool_choice="none", sampling={"temperature": 0})
+    worker.submit(turn("3", "", user_text="", **follow))
     outs, errors = drain(worker)
     said = "".join(o.meta["text"] for o in outs).lower()
-    assert not errors and "snow" in said and not events(outs, STARTED)
+    assert not errors and "snow" in said and not events(outs, DONE)
 
 
 @pytest.mark.slow
