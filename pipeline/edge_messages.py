@@ -4,9 +4,9 @@ On the wire a :class:`~.messages.StageMessage` keeps its ``meta`` dict (JSON bet
 the key names below; these models say which keys each kind has and their types. The meta of every kind is
 its own fields plus the turn's options (:class:`TurnOptions`: what the session sent with the turn, passed down
 the chain with each stage's first message of the turn). :func:`parse` reads a message as the kind its
-producer sends; with checking on (:data:`CHECK`: tests, or ``OMNIDUPLEX_CHECK_MESSAGES=1``) it validates the
-types of every key named here (and rejects a message missing a required one), else it only sorts the keys (no
-validation cost on the hot path). Keys not named anywhere pass as the session's own turn options.
+producer sends and always validates the types of every key named here (a message missing a required one is
+rejected): the same typed objects in production and in the tests. Keys not named anywhere pass as the
+session's own turn options.
 
 Which kind travels where (:data:`OUTPUT_KINDS`): the orchestrator sends :class:`TurnRequest` (a turn's
 audio), :class:`AsrPiece` (audio of a turn still being spoken) or :class:`SpeechRequest` (text to speak);
@@ -18,17 +18,12 @@ events of :mod:`.stages.tool_calls`; the audio stages :class:`AudioOutput`; a fa
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
-
-CHECK = os.environ.get("OMNIDUPLEX_CHECK_MESSAGES", "") not in ("", "0")
-"""Validate every message at each edge (debug mode: ``OMNIDUPLEX_CHECK_MESSAGES=1``; the tests set it)."""
-
 
 class EdgeMessageError(ValueError):
     """A message's meta does not fit its kind (the stage and the offending keys named)."""
@@ -230,16 +225,14 @@ def output_kind(stage: str, msg: StageMessage) -> type[_Kind]:
     return OUTPUT_KINDS[stage]
 
 
-def parse(kind: type[_Kind], msg: StageMessage, check: bool = CHECK) -> Any:
-    """``msg``'s meta as ``kind``: its own keys as fields, the rest as :class:`TurnOptions`.
+def parse(kind: type[_Kind], msg: StageMessage) -> Any:
+    """``msg``'s meta as ``kind``: its own keys as fields, the rest as :class:`TurnOptions`; always validated.
 
     Raises:
-        EdgeMessageError: with ``check``, a key of the wrong type (or a required one missing).
+        EdgeMessageError: a key of the wrong type (or a required one missing).
     """
     own = {k: v for k, v in msg.meta.items() if k in kind.model_fields}
     rest = {k: v for k, v in msg.meta.items() if k not in kind.model_fields}
-    if not check:
-        return kind.model_construct(turn=TurnOptions.model_construct(**rest), **own)
     try:
         return kind(turn=TurnOptions(**rest), **own)
     except ValidationError as e:
@@ -253,16 +246,14 @@ def check_message(stage: str, msg: StageMessage) -> None:
     Raises:
         EdgeMessageError: its meta does not fit (names the stage, the kind and the keys)."""
     try:
-        parse(output_kind(stage, msg), msg, check=True)
+        parse(output_kind(stage, msg), msg)
     except EdgeMessageError as e:
         raise EdgeMessageError(f"{stage}: {e}") from None
 
 
 def checked(stage: str, outs: list[StageMessage], fail: Callable[[str, str], None]) -> list[StageMessage]:
-    """The output messages of one step of ``stage`` to send on: all of them unless :data:`CHECK`; in debug
-    mode those whose meta fits their kind, the request of any other failed through ``fail(rid, error)``."""
-    if not CHECK:
-        return outs
+    """The output messages of one step of ``stage`` to send on: those whose meta fits their kind, the request
+    of any other failed through ``fail(rid, error)``."""
     ok = []
     for msg in outs:
         try:

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 
 from omniduplex.pipeline.audio_io import OUTPUT_RATE
 from omniduplex.pipeline.detokenize import IncrementalDetokenizer
-from omniduplex.pipeline.edge_messages import CHECK, StageError, check_message, parse
+from omniduplex.pipeline.edge_messages import StageError, check_message, parse
 from omniduplex.pipeline.events import ReplyDone, ReplyFailed, TurnEvent
 from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
 from omniduplex.pipeline.topology import Topology
@@ -187,10 +187,11 @@ class Orchestrator:
         self._send(StageMessage(request_id, {"waveform": wav}, meta, last=False))
 
     def _send(self, msg: StageMessage) -> None:
-        """Send ``msg`` to the graph's entry (checked against its kind first in debug mode: raises
-        :class:`~.edge_messages.EdgeMessageError`)."""
-        if CHECK:
-            check_message("orchestrator", msg)
+        """Send ``msg`` to the graph's entry, checked against its kind first.
+
+        Raises:
+            EdgeMessageError: its meta does not fit its kind."""
+        check_message("orchestrator", msg)
         self.backend.send(msg)
 
     def _new_turn(self, rid: str) -> TurnState:

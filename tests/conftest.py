@@ -10,7 +10,3 @@ if not torch.cuda.is_available():
 # Engines keep the intra-op thread count the test set: on a shared host the thread governor would follow
 # other processes' load, and a changed thread count may change float rounding between runs a test compares.
 os.environ.setdefault("OMNIDUPLEX_ADAPT_THREADS", "0")
-
-# Every message on every stage edge is checked against its kind (pipeline/edge_messages.py): a stage that
-# sends a key of the wrong type fails its turn with the reason, in every test that runs a graph.
-os.environ.setdefault("OMNIDUPLEX_CHECK_MESSAGES", "1")

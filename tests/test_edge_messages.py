@@ -25,7 +25,7 @@ def test_kind_keeps_the_wire_keys_and_the_turn_options():
         "system_prompt": "be brief",
         "metadata": {"k": 1},
     }
-    t = em.parse(em.Transcript, StageMessage("r", meta=meta), check=True)
+    t = em.parse(em.Transcript, StageMessage("r", meta=meta))
     assert t.transcript == "hi" and t.asr_ms == 12.5 and t.turn.system_prompt == "be brief"
     assert t.to_meta() == meta  # the session's own keys travel untouched
 
