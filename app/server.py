@@ -159,7 +159,7 @@ def check_graph(cfg: ServerConfig) -> None:
             that asks for it.
     """
     from omniduplex.pipeline.config import load_graph
-    from omniduplex.pipeline.stage_engines import check_backends
+    from omniduplex.pipeline.runtime.stage_engines import check_backends
     from omniduplex.pipeline.topology import CASCADE
 
     pcfg = load_graph(cfg.graph, model=cfg.model)

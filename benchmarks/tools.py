@@ -221,7 +221,7 @@ def run_turns(worker, turns: dict[str, dict], concurrency: int) -> dict[str, Tur
 
 def run_model(worker, requests: list[ToolRequest], tools: list[dict], date: str, concurrency: int = 8):
     """``(results, seconds)``: every request and its follow-up through ``worker`` (:func:`llm_worker`)."""
-    from omniduplex.pipeline.spoken import spoken_tools_prompt
+    from omniduplex.pipeline.text.spoken import spoken_tools_prompt
 
     # the date: the booking requests say "tomorrow"
     system = spoken_tools_prompt([t.get("description", "") for t in tools], date)

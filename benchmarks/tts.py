@@ -2,7 +2,7 @@
 
 For each concurrency ``c``, ``c`` utterances (the sentences below in turn, CustomVoice speakers in turn on
 a CustomVoice checkpoint) arrive together at ``t0`` on one
-:class:`~omniduplex.pipeline.qwen3_tts.Qwen3TTSEngine` (continuous batching, paged KV); each has its
+:class:`~omniduplex.pipeline.speech.qwen3_tts.Qwen3TTSEngine` (continuous batching, paged KV); each has its
 own :class:`~omniduplex.models.qwen3_tts.codec_stream.StreamingDecoder` (1-frame first chunk, then
 25-frame chunks, per-layer decoder state: each frame decoded once). Each utterance runs to exactly
 ``frames`` codec frames (``ignore_eos``: random-weight presets have no natural end), sampling with the
@@ -35,7 +35,7 @@ from omniduplex.models.qwen3_tts.codec_stream import StreamingDecoder
 from omniduplex.models.qwen3_tts.model import SAMPLE_RATE, Qwen3TTS, load_qwen3_tts
 from omniduplex.models.qwen3_tts.prompt import TalkerPrompt, build_prompt
 from omniduplex.models.tokenizer import load_tokenizer
-from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
+from omniduplex.pipeline.speech.qwen3_tts import Qwen3TTSEngine
 
 SENTENCES = (
     "Hello! Thanks for calling, how can I help you today?",

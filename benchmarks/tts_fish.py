@@ -2,8 +2,9 @@
 family's two levers on or off and their own counters.
 
 For each concurrency ``c``, ``c`` utterances (the sentences below in turn) arrive together at ``t0`` on one
-:class:`~omniduplex.pipeline.fish_speech.FishSpeechEngine` (continuous batching, paged KV); each has its own
-:class:`~omniduplex.pipeline.fish_speech.FishStreamDecoder` (a 1-frame first chunk, then
+:class:`~omniduplex.pipeline.speech.fish_speech.FishSpeechEngine` (continuous batching, paged KV); each
+has its own
+:class:`~omniduplex.pipeline.speech.fish_speech.FishStreamDecoder` (a 1-frame first chunk, then
 ``chunk_frames``-frame chunks; every frame decoded once). Each utterance runs to exactly ``frames`` frames
 (``ignore_eos``: random-weight presets have no natural end), sampling with Fish Audio's defaults. The engine
 (slow AR + fast AR) and the codec run in turn in this one thread.
@@ -34,7 +35,7 @@ from omniduplex.kernels.paged_attention_ref import paged_attention_torch
 from omniduplex.models.fish_speech.config import SAMPLE_RATE
 from omniduplex.models.fish_speech.load import load_fish_speech
 from omniduplex.models.tokenizer import load_tokenizer
-from omniduplex.pipeline.fish_speech import FishSpeechEngine, FishStreamDecoder
+from omniduplex.pipeline.speech.fish_speech import FishSpeechEngine, FishStreamDecoder
 
 SENTENCES = (
     "Hello! Thanks for calling, how can I help you today?",

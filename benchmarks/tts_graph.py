@@ -30,7 +30,7 @@ from omniduplex.models.qwen3_tts.config import TTSConfig
 from omniduplex.models.qwen3_tts.model import SAMPLE_RATE
 from omniduplex.pipeline.config import load_graph
 from omniduplex.pipeline.orchestrator import Orchestrator
-from omniduplex.pipeline.process_backend import ProcessBackend
+from omniduplex.pipeline.runtime.process_backend import ProcessBackend
 
 STATS_SETTLE_S = 3.0
 """Longest wait for the stages' gauges to report a level's last frames (they report about once a second)."""

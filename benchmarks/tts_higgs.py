@@ -2,7 +2,7 @@
 counter (host time of the decode-state work per step), with the lever on or off.
 
 For each concurrency ``c``, ``c`` utterances (:data:`SENTENCES` in turn, the checkpoint's voices in turn)
-arrive together at ``t0`` on one :class:`~omniduplex.pipeline.higgs.HiggsEngine`; each runs to exactly
+arrive together at ``t0`` on one :class:`~omniduplex.pipeline.speech.higgs.HiggsEngine`; each runs to exactly
 ``frames`` frames (``ignore_eos``: random presets have no natural end; ``max_tokens = frames + N − 1``
 under the v3 rules), sampling at the v3 serving defaults. Each utterance has its own
 :class:`~omniduplex.models.higgs.codec_stream.StreamingDecoder`: frames are fed one by one until its first
@@ -26,7 +26,7 @@ import torch
 
 from omniduplex.models.higgs.codec_stream import StreamingDecoder
 from omniduplex.models.higgs.model import Higgs, load_higgs
-from omniduplex.pipeline.higgs import HiggsEngine
+from omniduplex.pipeline.speech.higgs import HiggsEngine
 
 SENTENCES = (
     "Hello! Thanks for calling, how can I help you today?",

@@ -1,7 +1,7 @@
 """VoxCPM2 serving speed on our engine, in process, over a concurrency sweep, with its lever on and off.
 
 For each concurrency ``c``, ``c`` utterances (the sentences below in turn, the default voice or a cloned one)
-arrive together at ``t0`` on one :class:`~omniduplex.pipeline.voxcpm2.VoxCPM2Engine`; each has its own
+arrive together at ``t0`` on one :class:`~omniduplex.pipeline.speech.voxcpm2.VoxCPM2Engine`; each has its own
 :class:`~omniduplex.models.voxcpm2.vae_stream.VAEStream` fed every patch as it comes (one patch = 4 latent
 frames = 160 ms of 48 kHz audio). Each utterance runs to exactly ``patches`` patches (``ignore_stop``: random
 weights have no natural end). Engine steps are charged to "lm" (both LMs, the flow-matching solve, the
@@ -33,7 +33,7 @@ from tokenizers import Tokenizer
 from omniduplex.models.voxcpm2.model import VoxCPM2, load_voxcpm2
 from omniduplex.models.voxcpm2.prompt import TextTokenizer, VoiceBank, build_prompt
 from omniduplex.models.voxcpm2.vae_stream import VAEStream, feed_together
-from omniduplex.pipeline.voxcpm2 import VoxCPM2Engine
+from omniduplex.pipeline.speech.voxcpm2 import VoxCPM2Engine
 
 SENTENCES = (
     "Hello! Thanks for calling, how can I help you today?",

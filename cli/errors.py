@@ -30,7 +30,7 @@ def known_error_types() -> tuple[type[BaseException], ...]:
         AudioInputError,
     ]
     with contextlib.suppress(ImportError):  # needs pyzmq
-        from omniduplex.pipeline.process_backend import StageStartError
+        from omniduplex.pipeline.runtime.process_backend import StageStartError
 
         types.append(StageStartError)
     with contextlib.suppress(ImportError):

@@ -260,7 +260,7 @@ def speak(
     from omniduplex.models.qwen3_tts.prompt import PromptError, build_prompt
     from omniduplex.models.tokenizer import load_tokenizer
     from omniduplex.pipeline.audio_io import AudioInputError, load_audio, write_wav
-    from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine, stream_speech
+    from omniduplex.pipeline.speech.qwen3_tts import Qwen3TTSEngine, stream_speech
 
     try:
         loaded = load_qwen3_tts(model)

@@ -8,10 +8,32 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from omniduplex.pipeline.chunking import ChunkingConfig
+from omniduplex.models.qwen3_tts.codec import STREAM_CHUNK, STREAM_FIRST_CHUNK
 from omniduplex.pipeline.topology import ALL_STAGES, Topology, topology_for, with_side_asr
 
 DEFAULT_GRAPH = Path(__file__).with_name("default_graph.yaml")
+
+
+class ChunkingConfig(BaseModel):
+    """Codec LM → vocoder chunking knobs, in codec frames: how many frames the vocoder stage gathers before
+    it decodes them.
+
+    ``initial_codec_chunk_frames`` (small first push → low time to first audio packet),
+    ``codec_chunk_frames`` (steady cadence: fewer, larger pushes cost less per frame). The vocoder keeps
+    per-layer decoder state, so no frame is decoded twice whatever the sizes (:mod:`.stages.vocoder`). At
+    12.5 frames/s (Qwen3-Omni codec) 1 frame = 80 ms of audio; at the 44.1 kHz DAC of the unified presets,
+    11.6 ms. Qwen3-TTS reads its own pair (``tts_first_chunk_frames``, ``tts_chunk_frames``): the codec stage
+    of its graph, and the cascade's TTS stage that holds talker and decoder in one."""
+
+    model_config = {"extra": "forbid"}
+
+    initial_codec_chunk_frames: int = Field(2, ge=1)
+    codec_chunk_frames: int = Field(8, ge=1)
+    tts_first_chunk_frames: int = Field(STREAM_FIRST_CHUNK, ge=1)
+    """Qwen3-TTS (its graph's codec stage, the cascade's TTS stage): frames of the first waveform piece
+    (vLLM-Omni's 1)."""
+    tts_chunk_frames: int = Field(STREAM_CHUNK, ge=1)
+    """Qwen3-TTS: frames of each later piece (vLLM-Omni's 25)."""
 
 
 class GraphConfigError(ValueError):

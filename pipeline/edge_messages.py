@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
 
+
 class EdgeMessageError(ValueError):
     """A message's meta does not fit its kind (the stage and the offending keys named)."""
 

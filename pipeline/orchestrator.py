@@ -25,10 +25,10 @@ import torch
 from tokenizers import Tokenizer
 
 from omniduplex.pipeline.audio_io import OUTPUT_RATE
-from omniduplex.pipeline.detokenize import IncrementalDetokenizer
 from omniduplex.pipeline.edge_messages import StageError, check_message, parse
 from omniduplex.pipeline.events import ReplyDone, ReplyFailed, TurnEvent
 from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
+from omniduplex.pipeline.text.detokenize import IncrementalDetokenizer
 from omniduplex.pipeline.topology import Topology
 from omniduplex.pipeline.turn_state import PartialCallback, TurnState
 

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from omniduplex.pipeline.detokenize import IncrementalDetokenizer
 from omniduplex.pipeline.edge_messages import AudioOutput, DecoderOutput, PartialTranscript, Transcript, parse
 from omniduplex.pipeline.events import (
     CallArgumentsDelta,
@@ -28,6 +27,7 @@ from omniduplex.pipeline.events import (
     UserTranscript,
 )
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.text.detokenize import IncrementalDetokenizer
 
 PartialCallback = Callable[[str, str], None]
 """``(text, stable)``: the partial transcript of a turn still being spoken (``text``: all heard so far, the

@@ -20,9 +20,8 @@ from omniduplex.models.qwen3_omni.code2wav_stream import Code2WavStream
 from omniduplex.models.qwen3_omni.talker_prompt import TalkerTextEmbeds
 from omniduplex.models.registry import load_model
 from omniduplex.models.weights import WHISPER_TINY_EN, cache_dir, locate
-from omniduplex.pipeline.chunking import ChunkingConfig
-from omniduplex.pipeline.config import PipelineConfig, StageConfig
-from omniduplex.pipeline.stage_engines import check_backends
+from omniduplex.pipeline.config import ChunkingConfig, PipelineConfig, StageConfig
+from omniduplex.pipeline.runtime.stage_engines import check_backends
 from omniduplex.pipeline.stages.codec_encoder import CodecEncoderWorker
 from omniduplex.pipeline.stages.contract import StageWorker
 from omniduplex.pipeline.stages.encoder import EncoderWorker
@@ -188,7 +187,7 @@ def _qwen3_tts_engine(model, model_dir, cfg: StageConfig):
     the prompter's context is what the model's positions and the stage's KV blocks both hold."""
     from omniduplex.models.qwen3_tts.voice import VoicePrompter
     from omniduplex.models.tokenizer import load_tokenizer
-    from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
+    from omniduplex.pipeline.speech.qwen3_tts import Qwen3TTSEngine
 
     tts = Qwen3TTSEngine(
         model,
@@ -232,8 +231,8 @@ def _family_tts_worker(manifest, cfg: StageConfig) -> StageWorker:
     start with the reason)."""
     import soundfile as sf
 
+    from omniduplex.pipeline.speech.family_runner import load_runner
     from omniduplex.pipeline.stages.family_tts import FamilyTTSStageWorker
-    from omniduplex.pipeline.tts_family import load_runner
 
     runner = load_runner(manifest.tts, max_num_seqs=cfg.max_num_seqs, num_blocks=cfg.num_kv_blocks)
     voice = manifest.tts_voice

@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniduplex.pipeline.clauses import MARKDOWN, MAX_RUN_CHARS, ClauseSplitter, clean, count_words
+from omniduplex.pipeline.text.clauses import MARKDOWN, MAX_RUN_CHARS, ClauseSplitter, clean, count_words
 
 
 def split(text: str, deltas: list[int] | None = None, **kw) -> list[str]:

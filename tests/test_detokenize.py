@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from omniduplex.pipeline.detokenize import IncrementalDetokenizer
+from omniduplex.pipeline.text.detokenize import IncrementalDetokenizer
 
 SPECIALS = ["<|im_start|>", "<|im_end|>"]
 

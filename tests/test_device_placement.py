@@ -24,9 +24,9 @@ from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.models.unified.presets import write_unified_checkpoint
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.config import PipelineConfig, load_graph
-from omniduplex.pipeline.local_backend import LocalBackend
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.orchestrator import Orchestrator
+from omniduplex.pipeline.runtime.local_backend import LocalBackend
 from omniduplex.pipeline.stages.llm import LLMWorker
 from omniduplex.pipeline.topology import QWEN3_TTS, output_rate
 from omniduplex.pipeline.workers import build_all

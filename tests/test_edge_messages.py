@@ -6,14 +6,10 @@ import pytest
 import torch
 
 from omniduplex.pipeline import edge_messages as em
-from omniduplex.pipeline.local_backend import LocalBackend
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.runtime.local_backend import LocalBackend
 from omniduplex.pipeline.stages.contract import BatchGauges
 from omniduplex.pipeline.topology import CASCADE
-
-
-def test_the_suite_checks_messages():
-    assert em.CHECK  # tests/conftest.py turns the debug mode on
 
 
 def test_kind_keeps_the_wire_keys_and_the_turn_options():

@@ -22,7 +22,7 @@ from omniduplex.models.fish_speech.load import is_fish_speech, load_fish_speech
 from omniduplex.models.fish_speech.presets import write_fish_checkpoint
 from omniduplex.models.fish_speech.prompt import FishVoice
 from omniduplex.models.forward_batch import SequenceCache
-from omniduplex.pipeline.fish_speech import FishSpeechEngine, FishStreamDecoder
+from omniduplex.pipeline.speech.fish_speech import FishSpeechEngine, FishStreamDecoder
 
 # fishaudio/s2-pro config.json (the values its model card's config holds)
 S2_PRO = {

@@ -12,7 +12,7 @@ from omniduplex.kernels import attention, cpu_ops
 from omniduplex.models.fish_speech.load import load_fish_speech
 from omniduplex.models.fish_speech.presets import write_fish_checkpoint
 from omniduplex.models.fish_speech.prompt import PromptError
-from omniduplex.pipeline.fish_speech import FishSpeechEngine, synthesize
+from omniduplex.pipeline.speech.fish_speech import FishSpeechEngine, synthesize
 
 TEXTS = ("Hello there!", "The weather tomorrow will be sunny and warm.", "Tea at eight?")
 

@@ -11,14 +11,13 @@ from omniduplex.kernels import moe
 from omniduplex.models.qwen3_omni.code2wav_stream import Code2WavStream
 from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.registry import load_model
-from omniduplex.pipeline.chunking import ChunkingConfig
-from omniduplex.pipeline.config import PipelineConfig, StageConfig
+from omniduplex.pipeline.config import ChunkingConfig, PipelineConfig, StageConfig
 from omniduplex.pipeline.engine.adapters import TalkerAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.graph_runner import TwinBackend
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.messages import StageMessage
-from omniduplex.pipeline.stage_stats import worker_stats
+from omniduplex.pipeline.runtime.stage_stats import worker_stats
 from omniduplex.pipeline.stages.code2wav_graphs import Code2WavGraphs
 from omniduplex.pipeline.stages.vocoder import VocoderWorker
 from omniduplex.pipeline.workers import code2wav_graphs

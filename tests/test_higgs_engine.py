@@ -22,7 +22,7 @@ from omniduplex.models.higgs.prompt import PromptError, check_reference_audio, d
 from omniduplex.models.higgs.rules import RULES, advance, forced, step_one
 from omniduplex.models.unified.delay_pattern import deinterleave
 from omniduplex.pipeline.engine.sampler import SamplingBatch, sample_inverse_cdf
-from omniduplex.pipeline.higgs import HiggsEngine, synthesize
+from omniduplex.pipeline.speech.higgs import HiggsEngine, synthesize
 
 GREEDY = {"temperature": 0.0, "max_tokens": 36}
 SAMPLED = {"temperature": 0.9, "top_k": 40, "top_p": 0.9, "max_tokens": 30, "seed": 7}

@@ -12,7 +12,7 @@ from higgs_reference import generate_transformers, generate_v3, reference_codec,
 from omniduplex.models.higgs.codec_stream import StreamingDecoder
 from omniduplex.models.higgs.model import load_higgs
 from omniduplex.models.higgs.presets import write_higgs_checkpoint
-from omniduplex.pipeline.higgs import HiggsEngine
+from omniduplex.pipeline.speech.higgs import HiggsEngine
 
 MAX_STEPS = 40
 # (preset, seed): prompts (text, voice) per rule set; the seeds were picked so that each rule set has clips

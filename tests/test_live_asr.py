@@ -22,9 +22,9 @@ from omniduplex.app.core.replies import OrchestratorResponder
 from omniduplex.app.core.session import Session, SessionConfig
 from omniduplex.app.core.vad import TurnConfig, WebRtcVad
 from omniduplex.pipeline.audio_io import load_audio
-from omniduplex.pipeline.local_backend import LocalBackend
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.orchestrator import Orchestrator
+from omniduplex.pipeline.runtime.local_backend import LocalBackend
 from omniduplex.pipeline.stages.asr import ASRWorker
 from omniduplex.pipeline.stages.contract import BatchGauges, WorkerBase
 from omniduplex.pipeline.topology import CASCADE

@@ -11,11 +11,11 @@ import pytest
 from tool_models import bench_tools, one_thread, smollm2_dir  # noqa: F401 (fixture)
 
 from omniduplex.models.registry import load_model
-from omniduplex.pipeline.clauses import clause_ends
 from omniduplex.pipeline.messages import StageMessage
-from omniduplex.pipeline.spoken import SPOKEN_SYSTEM_PROMPT
 from omniduplex.pipeline.stages.llm import LLMWorker
 from omniduplex.pipeline.stages.tool_calls import ARGUMENTS_DELTA, DONE, STARTED
+from omniduplex.pipeline.text.clauses import clause_ends
+from omniduplex.pipeline.text.spoken import SPOKEN_SYSTEM_PROMPT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SCHEMAS = {t["name"]: t["parameters"] for t in bench_tools()}

@@ -15,7 +15,7 @@ from omniduplex.app.host import logs
 from omniduplex.app.host.metrics import MeteredResponder, ServerMetrics
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.server import ServerConfig
-from omniduplex.pipeline.stage_stats import StatsReporter, worker_stats
+from omniduplex.pipeline.runtime.stage_stats import StatsReporter, worker_stats
 from omniduplex.pipeline.stages.contract import BatchGauges, EngineGauges, StreamGauges
 
 

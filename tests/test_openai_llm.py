@@ -22,13 +22,12 @@ import pytest
 from tool_models import bench_tools, qwen05_dir
 
 from omniduplex.app.host.pipeline import default_model
-from omniduplex.pipeline.chunking import ChunkingConfig
-from omniduplex.pipeline.config import GraphConfigError, StageConfig, load_graph
+from omniduplex.pipeline.config import ChunkingConfig, GraphConfigError, StageConfig, load_graph
 from omniduplex.pipeline.messages import StageMessage
-from omniduplex.pipeline.spoken import SPOKEN_SYSTEM_PROMPT
-from omniduplex.pipeline.stage_engines import vllm_installed
+from omniduplex.pipeline.runtime.stage_engines import vllm_installed
 from omniduplex.pipeline.stages.openai_llm import OpenAILLMWorker, chat_request
 from omniduplex.pipeline.stages.tool_calls import ARGUMENTS_DELTA, DONE, STARTED
+from omniduplex.pipeline.text.spoken import SPOKEN_SYSTEM_PROMPT
 from omniduplex.pipeline.workers import build_worker
 
 SCHEMAS = {t["name"]: t["parameters"] for t in bench_tools()}

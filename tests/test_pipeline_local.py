@@ -18,11 +18,10 @@ from omniduplex.models.qwen3_omni.reference import generate_turn
 from omniduplex.models.registry import load_model
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.audio_io import load_audio
-from omniduplex.pipeline.chunking import ChunkingConfig
-from omniduplex.pipeline.config import PipelineConfig
-from omniduplex.pipeline.local_backend import LocalBackend
+from omniduplex.pipeline.config import ChunkingConfig, PipelineConfig
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.orchestrator import Orchestrator
+from omniduplex.pipeline.runtime.local_backend import LocalBackend
 from omniduplex.pipeline.stages.vocoder import VocoderWorker
 from omniduplex.pipeline.workers import build_all
 

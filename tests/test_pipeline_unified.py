@@ -18,10 +18,9 @@ from omniduplex.models.unified.presets import write_unified_checkpoint
 from omniduplex.models.unified.prompt import conversation_steps, speech_steps
 from omniduplex.models.unified.reference import generate
 from omniduplex.pipeline.audio_io import MODEL_INPUT_RATE, load_audio
-from omniduplex.pipeline.chunking import ChunkingConfig
-from omniduplex.pipeline.config import PipelineConfig
-from omniduplex.pipeline.local_backend import LocalBackend
+from omniduplex.pipeline.config import ChunkingConfig, PipelineConfig
 from omniduplex.pipeline.orchestrator import Orchestrator
+from omniduplex.pipeline.runtime.local_backend import LocalBackend
 from omniduplex.pipeline.topology import UNIFIED, output_rate, topology_for
 from omniduplex.pipeline.workers import build_all
 

@@ -21,8 +21,7 @@ from omniduplex.cli.respond import respond
 from omniduplex.models.cascade.manifest import load_manifest, write_manifest
 from omniduplex.models.qwen3_tts.generate import generate_codes
 from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
-from omniduplex.pipeline.chunking import ChunkingConfig
-from omniduplex.pipeline.config import StageConfig
+from omniduplex.pipeline.config import ChunkingConfig, StageConfig
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.stages.qwen3_tts_stage import Qwen3TTSStageWorker
 from omniduplex.pipeline.topology import CASCADE_OUTPUT_RATE, output_rate

@@ -16,7 +16,7 @@ from omniduplex.cli.main import cli
 from omniduplex.models.qwen3_tts.model import load_qwen3_tts
 from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
 from omniduplex.models.qwen3_tts.prompt import build_prompt
-from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine, stream_speech
+from omniduplex.pipeline.speech.qwen3_tts import Qwen3TTSEngine, stream_speech
 
 GOLDEN = Path(__file__).parent / "golden" / "qwen3_tts" / "tiny.npz"
 

@@ -20,10 +20,10 @@ from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
 from omniduplex.models.qwen3_tts.voice import VoicePrompter
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.config import PipelineConfig
-from omniduplex.pipeline.local_backend import LocalBackend
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.orchestrator import Orchestrator
-from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
+from omniduplex.pipeline.runtime.local_backend import LocalBackend
+from omniduplex.pipeline.speech.qwen3_tts import Qwen3TTSEngine
 from omniduplex.pipeline.stages.qwen3_tts_codec import Qwen3TTSCodecWorker
 from omniduplex.pipeline.topology import QWEN3_TTS, output_rate, topology_for
 from omniduplex.pipeline.workers import build_all
@@ -191,7 +191,7 @@ def test_graph_in_process_speaks_and_fails_bad_requests_alone(ckpt, model):
 
 @pytest.mark.slow
 def test_two_stage_processes_equal_in_process_decode_and_abort_frees_state(ckpt, model):
-    from omniduplex.pipeline.process_backend import ProcessBackend
+    from omniduplex.pipeline.runtime.process_backend import ProcessBackend
 
     voices = sorted(model.config.speakers)[:2]
     refs = [_reference(ckpt, model, v, t, FRAMES) for v, t in zip(voices, TEXTS)]

@@ -22,7 +22,7 @@ from websockets.exceptions import ConnectionClosed
 from omniduplex.benchmarks.local_server import LocalServer
 from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.pipeline.config import PipelineConfig
-from omniduplex.pipeline.process_backend import ProcessBackend, StageStartError
+from omniduplex.pipeline.runtime.process_backend import ProcessBackend, StageStartError
 from omniduplex.relay import list_segments
 
 LIMIT_S = 0.05

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from omniduplex.pipeline.clauses import clause_ends
-from omniduplex.pipeline.spoken import (
+from omniduplex.pipeline.text.clauses import clause_ends
+from omniduplex.pipeline.text.spoken import (
     SPOKEN_SYSTEM_PROMPT,
     EchoFilter,
     MarkdownStripper,

@@ -8,8 +8,7 @@ import pkgutil
 import pytest
 
 import omniduplex.pipeline.stages as stages
-from omniduplex.pipeline.chunking import ChunkingConfig
-from omniduplex.pipeline.config import StageConfig
+from omniduplex.pipeline.config import ChunkingConfig, StageConfig
 from omniduplex.pipeline.stages.contract import StageWorker
 from omniduplex.pipeline.topology import SHAPES, with_side_asr
 from omniduplex.pipeline.workers import BUILDERS, build_worker

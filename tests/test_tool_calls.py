@@ -9,7 +9,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from omniduplex.models.cascade.tool_prompt import call_block
-from omniduplex.pipeline.stages.reply_stream import ReplyStream
 from omniduplex.pipeline.stages.tool_calls import (
     ARGUMENTS_DELTA,
     DONE,
@@ -18,6 +17,7 @@ from omniduplex.pipeline.stages.tool_calls import (
     STARTED,
     ToolCallParser,
 )
+from omniduplex.pipeline.text.reply_text import ReplyStream
 
 REPLY = (
     "Let me check both.\n"

@@ -24,13 +24,12 @@ from omniduplex.models.cascade.manifest import load_manifest, write_manifest
 from omniduplex.models.fish_speech.presets import write_fish_checkpoint
 from omniduplex.models.higgs.presets import write_higgs_checkpoint
 from omniduplex.models.voxcpm2.presets import write_voxcpm2_checkpoint
-from omniduplex.pipeline import fish_speech, higgs, voxcpm2
-from omniduplex.pipeline.chunking import ChunkingConfig
-from omniduplex.pipeline.config import StageConfig
+from omniduplex.pipeline.config import ChunkingConfig, StageConfig
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.speech import fish_speech, higgs, voxcpm2
+from omniduplex.pipeline.speech.family_runner import TTSInputError
 from omniduplex.pipeline.stages.family_tts import FamilyTTSStageWorker
 from omniduplex.pipeline.topology import output_rate
-from omniduplex.pipeline.tts_family import TTSInputError
 from omniduplex.pipeline.workers import build_worker
 
 QUESTION = Path(__file__).resolve().parents[1] / "examples" / "green_tea.wav"

@@ -29,7 +29,7 @@ from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.models.fish_speech.presets import write_fish_checkpoint
 from omniduplex.models.higgs.presets import write_higgs_checkpoint
 from omniduplex.models.voxcpm2.presets import write_voxcpm2_checkpoint
-from omniduplex.pipeline import fish_speech, higgs, voxcpm2
+from omniduplex.pipeline.speech import fish_speech, higgs, voxcpm2
 
 FRAMES = 6  # frames per request (a VoxCPM2 patch, a Higgs or Fish frame)
 BLOCKS = 24  # KV blocks of 16 positions: a sentence fits, a long text does not

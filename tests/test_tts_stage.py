@@ -14,9 +14,9 @@ from omniduplex.models.cascade.asr import SAMPLE_RATE, WhisperASR
 from omniduplex.models.cascade.piper_stream import FIRST_PIECE_FRAMES
 from omniduplex.models.cascade.tts import PiperTTS
 from omniduplex.models.weights import PIPER_JOE, PIPER_JOE_CONFIG, WHISPER_TINY_EN, locate
-from omniduplex.pipeline.clauses import MARKDOWN, count_words
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.stages.tts import TTSWorker
+from omniduplex.pipeline.text.clauses import MARKDOWN, count_words
 
 OUT_RATE = 24_000
 REPLY = (

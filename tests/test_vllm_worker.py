@@ -19,7 +19,7 @@ from omniduplex.models.weights import SMOLLM2_135M, WeightsError, cache_dir, loc
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.config import GraphConfigError, StageConfig, load_graph
 from omniduplex.pipeline.messages import StageMessage
-from omniduplex.pipeline.stage_engines import VLLMUnavailableError, check_backends, vllm_installed
+from omniduplex.pipeline.runtime.stage_engines import VLLMUnavailableError, check_backends, vllm_installed
 from omniduplex.pipeline.stages.llm import LLMWorker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -333,7 +333,7 @@ def test_a_dead_stage_takes_its_process_group_with_it():
 
     import psutil
 
-    from omniduplex.pipeline.process_backend import kill_leftovers
+    from omniduplex.pipeline.runtime.process_backend import kill_leftovers
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()

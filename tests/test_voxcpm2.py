@@ -19,7 +19,7 @@ from omniduplex.models.voxcpm2.model import load_voxcpm2
 from omniduplex.models.voxcpm2.presets import write_voxcpm2_checkpoint
 from omniduplex.models.voxcpm2.prompt import PromptError, TextTokenizer, VoiceBank, build_prompt
 from omniduplex.models.voxcpm2.vae_stream import VAEStream, feed_together
-from omniduplex.pipeline.voxcpm2 import VoxCPM2Engine, synthesize
+from omniduplex.pipeline.speech.voxcpm2 import VoxCPM2Engine, synthesize
 
 LSB = 1 / 32768
 TEXTS = ("Hello the world!", "a b c", "The quick brown fox", "你好世界 in the end", "x")

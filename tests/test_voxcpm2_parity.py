@@ -29,7 +29,7 @@ from omniduplex.models.voxcpm2.presets import write_voxcpm2_checkpoint
 from omniduplex.models.voxcpm2.prompt import TextTokenizer, build_prompt, make_voice
 from omniduplex.models.voxcpm2.vae_stream import VAEStream
 from omniduplex.models.weights import packages_dir
-from omniduplex.pipeline.voxcpm2 import VoxCPM2Engine, synthesize
+from omniduplex.pipeline.speech.voxcpm2 import VoxCPM2Engine, synthesize
 
 LSB = 1 / 32768
 TEXTS = ("Hello the world!", "a b 你好世界 in the end")

@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
-from omniduplex.pipeline.clauses import is_unspoken
+from omniduplex.pipeline.text.clauses import is_unspoken
 
 
 def truncate_reply(text: str, played_ms: float, generated_ms: float) -> str:
@@ -46,7 +46,7 @@ def truncate_aligned(chunks: list[tuple[int, str]], played: int, text: str) -> s
 
     ``chunks``: ``(end, said)`` per reply audio chunk in order, ``end`` the cumulative sample count at the
     end of that chunk (any fixed rate, the same as ``played``); ``said`` the words the chunk speaks (the
-    cascade's TTS emits one clause per chunk, :func:`~omniduplex.pipeline.clauses.clean`-ed: whitespace
+    cascade's TTS emits one clause per chunk, :func:`~omniduplex.pipeline.text.clauses.clean`-ed: whitespace
     collapsed, markup dropped). ``played``: samples of reply audio sent to the client. ``text``: the reply as
     generated (its text deltas joined).
 
@@ -78,7 +78,7 @@ def spoken_prefix(text: str, spoken: str) -> str | None:
     """The shortest prefix of ``text`` that holds the characters of ``spoken`` in order.
 
     ``spoken`` is ``text`` as a TTS front end said it (whitespace collapsed, markup and emoji dropped:
-    :func:`~omniduplex.pipeline.clauses.clean`), so between two of its characters ``text`` may only hold
+    :func:`~omniduplex.pipeline.text.clauses.clean`), so between two of its characters ``text`` may only hold
     whitespace and such unspoken characters. ``None`` when ``spoken`` does not match ``text`` that way.
     Example: ``spoken_prefix("Hi!\n\n**Yes** sir", "Hi! Yes")`` is ``"Hi!\n\n**Yes"``.
     """

@@ -22,7 +22,8 @@ graphs / run eagerly, since the start; stages on a GPU that captured graphs); pe
 ``..._inline_in_use`` (inline messages not yet credited).
 
 Stage gauges come from the backend's ``stats()`` (a stage process reports them about once a second while
-busy, :mod:`omniduplex.pipeline.stage_stats`). Session events reach :meth:`ServerMetrics.observe` through
+busy, :mod:`omniduplex.pipeline.runtime.stage_stats`). Session events reach
+:meth:`ServerMetrics.observe` through
 :class:`MeteredResponder`, the wrapper the server puts around its responder.
 """
 

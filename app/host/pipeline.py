@@ -12,11 +12,11 @@ from pathlib import Path
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.models.weights import cache_dir
 from omniduplex.pipeline.orchestrator import Orchestrator
-from omniduplex.pipeline.spoken import SPOKEN_SYSTEM_PROMPT
+from omniduplex.pipeline.text.spoken import SPOKEN_SYSTEM_PROMPT
 from omniduplex.pipeline.topology import CASCADE, QWEN3_TTS, UNIFIED, output_rate
 
 CASCADE_SYSTEM_PROMPT = SPOKEN_SYSTEM_PROMPT
-"""The cascade's default system prompt: replies for the ear (:mod:`omniduplex.pipeline.spoken`)."""
+"""The cascade's default system prompt: replies for the ear (:mod:`omniduplex.pipeline.text.spoken`)."""
 CASCADE_SAMPLING = {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
 """SmolLM2-Instruct model card sampling (temperature 0.2, top-p 0.9), plus a mild repetition penalty:
 a 135M model otherwise loops on long replies."""
@@ -98,10 +98,10 @@ def make_backend(pcfg, processes: bool, **start):
     """Stage processes joined by the relay (default), or all stages in this process. ``start``: how the stage
     processes start (``start_timeout_s``, ``wait_when_late``: ``pipeline.process_backend.ProcessBackend``)."""
     if processes:
-        from omniduplex.pipeline.process_backend import ProcessBackend
+        from omniduplex.pipeline.runtime.process_backend import ProcessBackend
 
         return ProcessBackend(pcfg, **start)
-    from omniduplex.pipeline.local_backend import LocalBackend
+    from omniduplex.pipeline.runtime.local_backend import LocalBackend
     from omniduplex.pipeline.workers import build_all
 
     return LocalBackend(build_all(pcfg), pcfg.topology())

@@ -30,9 +30,9 @@ log = logging.getLogger("omniduplex.server")
 
 
 def process_backend_available() -> bool:
-    """Whether ``omniduplex.pipeline.process_backend`` imports (the multi-process backend)."""
+    """Whether ``omniduplex.pipeline.runtime.process_backend`` imports (the multi-process backend)."""
     try:
-        import omniduplex.pipeline.process_backend  # noqa: F401
+        import omniduplex.pipeline.runtime.process_backend  # noqa: F401
     except ImportError:
         return False
     return True

@@ -52,7 +52,8 @@ class HiggsCodecStream(OneShotEnd):
 class StreamingDecoder:
     """One utterance's 24 kHz waveform from its code frames as the engine emits them.
 
-    ``feed(frames)``: int ``[n, Q]`` frames (the un-delayed codes of :class:`~omniduplex.pipeline.higgs.
+    ``feed(frames)``: int ``[n, Q]`` frames (the un-delayed codes of
+    :class:`~omniduplex.pipeline.speech.higgs.
     HiggsEngine` events, ``n >= 0``) → fp32 ``[m]``, the samples now final. ``flush()`` → fp32 ``[m]``,
     the rest; the stream then ends. Every frame is decoded once; the pieces concatenated equal the one-shot
     decode of all frames (``T · hop_length`` samples).

@@ -62,7 +62,7 @@ class EngineGauges(WorkerBase):
 
     def stats(self) -> dict[str, int]:
         """:func:`~..stage_stats.engine_stats` of ``self.engine``."""
-        from omniduplex.pipeline.stage_stats import engine_stats
+        from omniduplex.pipeline.runtime.stage_stats import engine_stats
 
         return engine_stats(self.engine)
 

@@ -6,7 +6,7 @@ text delta, ``last`` when the reply's text is complete; ``skipped`` on the first
 Output: ``pcm`` float32 ``[n]`` at the graph's rate, meta ``text``, ``chunk`` (0, 1, ... per turn) and
 ``tts_ms``, ``last=False``; then one ``last=True`` message (empty ``pcm``, meta ``text`` "").
 
-Each clause (:class:`~omniduplex.pipeline.clauses.ClauseSplitter`) is one utterance on the engine, its
+Each clause (:class:`~omniduplex.pipeline.text.clauses.ClauseSplitter`) is one utterance on the engine, its
 events streamed through its own decoder, each frame decoded once. A turn speaks one clause at a time, in
 order; the next starts in the step its predecessor ends. The clause's text rides on its first piece (a
 clause with no audio still sends its text, with empty ``pcm``), so the chunk texts in order are the reply
@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from omniduplex.pipeline.clauses import ClauseSplitter
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.stages.contract import EngineGauges
+from omniduplex.pipeline.text.clauses import ClauseSplitter
 
 log = logging.getLogger(__name__)
 

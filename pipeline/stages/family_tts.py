@@ -1,6 +1,7 @@
 """The cascade's TTS stage on an engine-family checkpoint (manifest ``tts:`` a VoxCPM2, Higgs Audio v3 or
 Fish Speech S2 Pro folder): the LLM's streamed reply text → speech in the manifest's voice, every turn's
-clauses on the family's continuous-batching engine (:class:`~omniduplex.pipeline.tts_family.FamilyRunner`)
+clauses on the family's continuous-batching engine
+(:class:`~omniduplex.pipeline.speech.family_runner.FamilyRunner`)
 with its serving lever on.
 
 Contract and turn plumbing: :class:`~.engine_tts.EngineTTSStageWorker`. Each clause's audio streams out of
@@ -18,8 +19,8 @@ import numpy as np
 import soxr
 import torch
 
+from omniduplex.pipeline.speech.family_runner import FamilyRunner
 from omniduplex.pipeline.stages.engine_tts import EngineTTSStageWorker
-from omniduplex.pipeline.tts_family import FamilyRunner
 
 
 class FamilyTTSStageWorker(EngineTTSStageWorker):
@@ -30,7 +31,7 @@ class FamilyTTSStageWorker(EngineTTSStageWorker):
         voice: the stage's voice: a voice name, or ``(clip float32 [n], rate, transcript or None)`` to clone
             (``None``: the family's default).
         output_rate: rate the graph declares for the stage's ``pcm`` (Hz).
-        first_max_words, min_words: clause sizes (:class:`~omniduplex.pipeline.clauses.ClauseSplitter`).
+        first_max_words, min_words: clause sizes (:class:`~omniduplex.pipeline.text.clauses.ClauseSplitter`).
         max_frames: frames per clause at most (the family's frames; the context caps it too);
             ``sampling``: the family engine's keys over its defaults.
 

@@ -4,7 +4,7 @@ Input (from the ASR stage): no tensors; meta ``transcript`` (str), optional ``sy
 ``history`` (list of ``[role, text]``, role ``user``/``assistant``, and ``function_call`` /
 ``function_call_output`` items), ``tools`` and ``tool_choice`` (OpenAI function tools and the choice,
 :mod:`omniduplex.models.cascade.tool_prompt`), ``spoken`` (default ``true``: the reply is for the ear,
-:mod:`omniduplex.pipeline.spoken`; ``false`` passes the model's text as written), ``sampling`` (dict of
+:mod:`omniduplex.pipeline.text.spoken`; ``false`` passes the model's text as written), ``sampling`` (dict of
 :class:`SamplingParams` fields) and any other keys (``voice``, ...), passed on untouched.
 
 Output per sampled token: ``token`` int64 ``[1]``; meta ``text`` = the text this token adds to what is
@@ -38,7 +38,6 @@ from tokenizers import Tokenizer
 
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.registry import LoadedModel
-from omniduplex.pipeline.detokenize import IncrementalDetokenizer
 from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.grammar import TokenizerGrammars
@@ -50,8 +49,9 @@ from omniduplex.pipeline.stages.chat_prompt import (
     ChatTurn,
 )
 from omniduplex.pipeline.stages.contract import EngineGauges
-from omniduplex.pipeline.stages.reply_stream import ReplyStream
 from omniduplex.pipeline.stages.tool_calls import EVENT_KEYS
+from omniduplex.pipeline.text.detokenize import IncrementalDetokenizer
+from omniduplex.pipeline.text.reply_text import ReplyStream
 
 __all__ = ["ChatPrompter", "ChatTurn", "IncrementalDetokenizer", "LLMWorker", "TurnStream"]
 

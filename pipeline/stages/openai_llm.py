@@ -44,12 +44,12 @@ from omniduplex.models.cascade.tool_prompt import ToolSet, calls_since_user, his
 from omniduplex.pipeline.config import StageConfig
 from omniduplex.pipeline.engine.request import SamplingParams
 from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
-from omniduplex.pipeline.stage_engines import require_openai
+from omniduplex.pipeline.runtime.stage_engines import require_openai
 from omniduplex.pipeline.stages.chat_prompt import CALL_TOKENS, has_words
 from omniduplex.pipeline.stages.contract import WorkerBase
 from omniduplex.pipeline.stages.llm import compact_metas
-from omniduplex.pipeline.stages.reply_stream import ReplyStream
 from omniduplex.pipeline.stages.tool_calls import ARGUMENTS_DELTA, DONE, FAILED, STARTED, new_call_id
+from omniduplex.pipeline.text.reply_text import ReplyStream
 
 STEP_WAIT_S = 0.002
 """Longest :meth:`OpenAILLMWorker.step` waits for the next chunk when none is ready (s)."""

@@ -9,8 +9,8 @@ Voice: the manifest's, except that ``voice`` on a turn's first message (the Real
 that speaker; any other name (``alloy``, or any name on a Base / VoiceDesign checkpoint) keeps the
 manifest's voice, so a client's default voice never fails a turn.
 
-Each clause (:class:`~omniduplex.pipeline.clauses.ClauseSplitter`) is one utterance on
-:class:`~omniduplex.pipeline.qwen3_tts.Qwen3TTSEngine`, its frames streamed through its own
+Each clause (:class:`~omniduplex.pipeline.text.clauses.ClauseSplitter`) is one utterance on
+:class:`~omniduplex.pipeline.speech.qwen3_tts.Qwen3TTSEngine`, its frames streamed through its own
 :class:`~omniduplex.models.qwen3_tts.codec_stream.StreamingDecoder`, each frame decoded once (first piece
 after ``tts_first_chunk_frames`` frames, 1 = 80 ms of audio, then ``tts_chunk_frames``-frame pieces: the
 graph's ``chunking`` keys, 1 and 25 by default). A turn speaks one clause at a time, in order; the next
@@ -30,7 +30,7 @@ from omniduplex.models.qwen3_tts.codec import STREAM_CHUNK, STREAM_FIRST_CHUNK
 from omniduplex.models.qwen3_tts.codec_stream import StreamingDecoder
 from omniduplex.models.qwen3_tts.model import SAMPLE_RATE
 from omniduplex.models.qwen3_tts.voice import Voice, VoicePrompter
-from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
+from omniduplex.pipeline.speech.qwen3_tts import Qwen3TTSEngine
 from omniduplex.pipeline.stages.engine_tts import EngineTTSStageWorker
 
 
@@ -41,7 +41,7 @@ class Qwen3TTSStageWorker(EngineTTSStageWorker):
         tts: the engine (talker + code predictor) of a checkpoint loaded with its codec decoder.
         prompter: builds each clause's prompt; ``voice`` the checked voice every reply speaks in.
         output_rate: rate the graph declares for the stage's ``pcm`` (Hz); must be 24000.
-        first_max_words, min_words: clause sizes (:class:`~omniduplex.pipeline.clauses.ClauseSplitter`).
+        first_max_words, min_words: clause sizes (:class:`~omniduplex.pipeline.text.clauses.ClauseSplitter`).
         max_frames: codec frames per clause at most; ``sampling``: over the reference's defaults.
         chunks: frames of a clause's first waveform piece and of each later one.
 

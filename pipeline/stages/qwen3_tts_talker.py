@@ -1,6 +1,6 @@
 """Stage 1 of the Qwen3-TTS graph (:data:`~omniduplex.pipeline.topology.QWEN3_TTS`): text + voice → codec
 frames, every utterance on one continuous-batching engine (talker + code predictor, paged KV, voice
-prompts shared through the prefix cache: :class:`~omniduplex.pipeline.qwen3_tts.Qwen3TTSEngine`).
+prompts shared through the prefix cache: :class:`~omniduplex.pipeline.speech.qwen3_tts.Qwen3TTSEngine`).
 
 Input: one message per utterance (``last=True``), meta ``text`` (str, required), ``voice`` (CustomVoice
 speaker), ``instructions``, ``language`` (default ``auto``), ``ref_text``, ``sampling`` (dict of
@@ -25,8 +25,8 @@ import torch
 
 from omniduplex.models.qwen3_tts.voice import VoiceError, VoicePrompter
 from omniduplex.pipeline.messages import StageMessage
-from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
-from omniduplex.pipeline.stage_stats import engine_stats
+from omniduplex.pipeline.runtime.stage_stats import engine_stats
+from omniduplex.pipeline.speech.qwen3_tts import Qwen3TTSEngine
 from omniduplex.pipeline.stages.contract import WorkerBase
 
 

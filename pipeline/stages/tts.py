@@ -5,7 +5,7 @@ reply's text is complete. The turn's first message may carry options in its meta
 through on every output message of the turn. A text-only turn (first meta ``spoken: false``, a
 ``/v1/chat/completions`` request) gets no audio: only its closing message.
 
-Output, per clause (:class:`~omniduplex.pipeline.clauses.ClauseSplitter`), one message per piece of its
+Output, per clause (:class:`~omniduplex.pipeline.text.clauses.ClauseSplitter`), one message per piece of its
 audio (:meth:`~omniduplex.models.cascade.tts.PiperTTS.stream`: the turn's first clause starts with a short
 piece, ~0.3 s, for time to first audio; later pieces are up to ~1.9 s, so most later clauses are one
 piece): ``pcm`` float32 ``[n]`` at ``output_rate`` (Hz), meta ``text`` = the exact clause on the clause's
@@ -38,9 +38,9 @@ import torch
 
 from omniduplex.models.cascade.piper_stream import FIRST_PIECE_FRAMES, PIECE_FRAMES, Piece
 from omniduplex.models.cascade.tts import PiperTTS
-from omniduplex.pipeline.clauses import ClauseSplitter
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.stages.contract import WorkerBase
+from omniduplex.pipeline.text.clauses import ClauseSplitter
 
 PASSED_OPTIONS = ("skipped",)
 """Meta keys of a turn's first message copied onto every message the turn emits."""
@@ -66,7 +66,7 @@ class TTSWorker(WorkerBase):
     Args:
         tts: the Piper voice.
         output_rate: rate of the emitted ``pcm`` (Hz; the cascade's 24000).
-        first_max_words, min_words: clause sizes (:class:`~omniduplex.pipeline.clauses.ClauseSplitter`).
+        first_max_words, min_words: clause sizes (:class:`~omniduplex.pipeline.text.clauses.ClauseSplitter`).
     """
 
     def __init__(

@@ -55,7 +55,7 @@ from omniduplex.models.checkpoint import read_config
 from omniduplex.pipeline.config import StageConfig
 from omniduplex.pipeline.engine.request import SamplingParams
 from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
-from omniduplex.pipeline.stage_engines import require_vllm
+from omniduplex.pipeline.runtime.stage_engines import require_vllm
 from omniduplex.pipeline.stages.chat_prompt import ChatPrompter, ChatTurn
 from omniduplex.pipeline.stages.contract import WorkerBase
 from omniduplex.pipeline.stages.llm import TurnStream

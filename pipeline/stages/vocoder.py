@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from omniduplex.pipeline.chunking import ChunkingConfig
+from omniduplex.pipeline.config import ChunkingConfig
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.stages.contract import StreamGauges
 

@@ -16,9 +16,9 @@ from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.config import PipelineConfig
-from omniduplex.pipeline.local_backend import LocalBackend
 from omniduplex.pipeline.orchestrator import Orchestrator
-from omniduplex.pipeline.process_backend import ProcessBackend
+from omniduplex.pipeline.runtime.local_backend import LocalBackend
+from omniduplex.pipeline.runtime.process_backend import ProcessBackend
 from omniduplex.pipeline.workers import build_all
 from omniduplex.relay import list_segments
 

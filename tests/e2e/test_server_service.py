@@ -19,7 +19,7 @@ from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.benchmarks.local_server import free_port
 from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.pipeline.config import PipelineConfig
-from omniduplex.pipeline.process_backend import ProcessBackend, StageStartError
+from omniduplex.pipeline.runtime.process_backend import ProcessBackend, StageStartError
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]

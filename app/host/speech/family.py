@@ -1,5 +1,6 @@
 """An engine-family checkpoint (VoxCPM2, Higgs Audio v3, Fish Speech S2 Pro) behind ``POST /v1/audio/speech``:
-the family's :class:`~omniduplex.pipeline.tts_family.FamilyRunner` (checks, prompts, engine, streaming
+the family's :class:`~omniduplex.pipeline.speech.family_runner.FamilyRunner` (checks, prompts, engine,
+streaming
 decoder) on the shared engine thread (:class:`~.engine_speech.EngineSpeech`), each request's audio resampled
 as one stream from the family's rate (48, 24 or 44.1 kHz) to the API's 24 kHz.
 
@@ -22,7 +23,7 @@ import soxr
 
 from omniduplex.app.host.speech.contract import SPEECH_RATE, SpeechError, SpeechRequest
 from omniduplex.app.host.speech.engine_speech import EngineSpeech
-from omniduplex.pipeline.tts_family import FamilyRunner, TTSInputError
+from omniduplex.pipeline.speech.family_runner import FamilyRunner, TTSInputError
 
 
 def decode_clip(data: str, param: str = "ref_audio") -> tuple[np.ndarray, int]:

@@ -1,5 +1,6 @@
 """Fish Speech S2 Pro behind ``POST /v1/audio/speech`` (:class:`~.family.FamilySpeech` over
-:class:`~omniduplex.pipeline.tts_family.FishRunner`): 44.1 kHz DAC audio resampled to 24 kHz, slow AR on the
+:class:`~omniduplex.pipeline.speech.family_runner.FishRunner`): 44.1 kHz DAC audio resampled to 24 kHz,
+slow AR on the
 q_len = 1 decode fast path, the fast AR on buffers allocated once.
 
 Fields: ``voice`` ``default`` or a registered clone; ``ref_audio`` a 44.1 kHz clip (≥ 1 s) cloned for this
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from omniduplex.app.host.speech.family import FamilySpeech
-from omniduplex.pipeline.tts_family import FishRunner
+from omniduplex.pipeline.speech.family_runner import FishRunner
 
 
 class FishSpeechSpeech(FamilySpeech):

@@ -1,5 +1,6 @@
 """Higgs Audio v3 behind ``POST /v1/audio/speech`` (:class:`~.family.FamilySpeech` over
-:class:`~omniduplex.pipeline.tts_family.HiggsRunner`): 24 kHz audio, 8 codebooks in the delay pattern, the
+:class:`~omniduplex.pipeline.speech.family_runner.HiggsRunner`): 24 kHz audio, 8 codebooks in the delay
+pattern, the
 decode state batched in one slot table.
 
 Fields: ``voice`` a ``voices.json`` voice of the checkpoint (none: the model's own voice); ``ref_audio`` is
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from omniduplex.app.host.speech.family import FamilySpeech
-from omniduplex.pipeline.tts_family import HiggsRunner
+from omniduplex.pipeline.speech.family_runner import HiggsRunner
 
 
 class HiggsSpeech(FamilySpeech):

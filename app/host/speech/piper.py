@@ -1,5 +1,6 @@
 """The packaged Piper voice behind the speech contract (:class:`~.contract.SpeechService`): the text cut into
-clauses (the cascade's :class:`~omniduplex.pipeline.clauses.ClauseSplitter`), each spoken in a worker thread
+clauses (the cascade's :class:`~omniduplex.pipeline.text.clauses.ClauseSplitter`), each spoken in a
+worker thread
 in pieces (the voice split at its decoder, :mod:`omniduplex.models.cascade.piper_stream`: the first ~0.3 s
 of a clause comes after one short decode) and resampled as one stream to 24 kHz. Piper has one voice:
 ``voice``, ``instructions``, ``language`` and the reference clip are accepted and ignored."""
@@ -16,7 +17,7 @@ import soxr
 
 from omniduplex.app.host.speech.contract import SPEECH_RATE, SpeechRequest, SpeechService
 from omniduplex.models.cascade.tts import PiperTTS
-from omniduplex.pipeline.clauses import ClauseSplitter
+from omniduplex.pipeline.text.clauses import ClauseSplitter
 
 
 class PiperSpeech(SpeechService):

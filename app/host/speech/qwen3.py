@@ -35,7 +35,7 @@ from omniduplex.models.qwen3_tts.model import SAMPLE_RATE, load_qwen3_tts
 from omniduplex.models.qwen3_tts.prompt import TalkerPrompt
 from omniduplex.models.qwen3_tts.voice import VoiceError, VoicePrompter, read_ref_audio
 from omniduplex.models.tokenizer import load_tokenizer
-from omniduplex.pipeline.qwen3_tts import Qwen3TTSEngine
+from omniduplex.pipeline.speech.qwen3_tts import Qwen3TTSEngine
 
 
 def speech_error(e: VoiceError) -> SpeechError:

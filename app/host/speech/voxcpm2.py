@@ -1,5 +1,6 @@
 """VoxCPM2 behind ``POST /v1/audio/speech`` (:class:`~.family.FamilySpeech` over
-:class:`~omniduplex.pipeline.tts_family.VoxCPM2Runner`): 48 kHz audio resampled to 24 kHz, one patch (160 ms)
+:class:`~omniduplex.pipeline.speech.family_runner.VoxCPM2Runner`): 48 kHz audio resampled to 24 kHz, one
+patch (160 ms)
 per engine step, every due request's flow-matching solve in one call.
 
 Fields: ``voice`` ``default`` or a registered voice; ``ref_audio`` a 16 kHz clip (≥ 0.5 s) cloned for this
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from omniduplex.app.host.speech.family import FamilySpeech
-from omniduplex.pipeline.tts_family import VoxCPM2Runner
+from omniduplex.pipeline.speech.family_runner import VoxCPM2Runner
 
 
 class VoxCPM2Speech(FamilySpeech):

@@ -3,7 +3,7 @@ clause by clause, over the host's speech service (Piper, Qwen3-TTS, or any other
 :class:`~omniduplex.app.host.speech.contract.SpeechService`). The wire format: :mod:`..wire.speech_stream`.
 
 One :class:`SpeechStream` per socket runs two tasks: the reader parses messages and cuts the text into
-clauses (:class:`~omniduplex.pipeline.clauses.ClauseSplitter`, as the cascade's TTS stage), queueing each
+clauses (:class:`~omniduplex.pipeline.text.clauses.ClauseSplitter`, as the cascade's TTS stage), queueing each
 complete clause; the speaker speaks the queue in order, one clause at a time, each as one speech request
 (:meth:`~.SpeechService.prompt` then :meth:`~.SpeechService.stream`), sending its pieces as they come. A
 ``cancel`` cancels the clause being spoken (leaving the service's stream aborts the request) and empties the
@@ -30,7 +30,7 @@ from omniduplex.app.host.readiness import CLOSE_TRY_AGAIN_LATER, close_reason
 from omniduplex.app.host.speech.contract import SpeechError, SpeechService
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.wire import speech_stream as wire
-from omniduplex.pipeline.clauses import ClauseSplitter
+from omniduplex.pipeline.text.clauses import ClauseSplitter
 
 log = logging.getLogger("omniduplex.speech_stream")
 

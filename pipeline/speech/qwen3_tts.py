@@ -25,7 +25,7 @@ from omniduplex.models.qwen3_tts.prompt import PromptError, TalkerPrompt
 from omniduplex.pipeline.engine.adapters import TalkerAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
-from omniduplex.pipeline.frame_engine import FrameEngine
+from omniduplex.pipeline.speech.frame_engine import FrameEngine
 
 DEFAULT_SAMPLING = dict(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, max_tokens=2048)
 """``Qwen3TTSForConditionalGeneration.generate`` defaults (qwen-tts 0.1.1; max_new_tokens 4096 there)."""

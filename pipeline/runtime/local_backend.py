@@ -12,7 +12,7 @@ from collections import deque
 from omniduplex.pipeline.edge_messages import checked
 from omniduplex.pipeline.messages import StageMessage, goes_downstream
 from omniduplex.pipeline.orchestrator import OutputCallback, output_sources
-from omniduplex.pipeline.stage_stats import worker_stats
+from omniduplex.pipeline.runtime.stage_stats import worker_stats
 from omniduplex.pipeline.stages.contract import StageWorker
 from omniduplex.pipeline.topology import SHAPES, Topology, with_side_asr
 

@@ -27,7 +27,7 @@ import zmq
 from omniduplex.pipeline.config import PipelineConfig
 from omniduplex.pipeline.edge_messages import checked
 from omniduplex.pipeline.messages import StageMessage, goes_downstream, is_partial_transcript
-from omniduplex.pipeline.stage_stats import StatsReporter, producer_stats, worker_stats
+from omniduplex.pipeline.runtime.stage_stats import StatsReporter, producer_stats, worker_stats
 from omniduplex.pipeline.stages.contract import StageWorker
 from omniduplex.pipeline.topology import ORCHESTRATOR, Topology
 from omniduplex.relay import ConsumerDied, EdgeConfig, EdgeConsumer, EdgeProducer, RelayError

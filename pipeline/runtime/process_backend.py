@@ -30,7 +30,7 @@ import zmq
 from omniduplex.pipeline.config import PipelineConfig
 from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.orchestrator import OutputCallback, output_sources
-from omniduplex.pipeline.stage_process import (
+from omniduplex.pipeline.runtime.stage_process import (
     StageStartError,
     Wiring,
     edge_config,
@@ -39,7 +39,7 @@ from omniduplex.pipeline.stage_process import (
     run_stage,
     unpack,
 )
-from omniduplex.pipeline.stage_stats import producer_stats
+from omniduplex.pipeline.runtime.stage_stats import producer_stats
 from omniduplex.pipeline.topology import ORCHESTRATOR
 from omniduplex.pipeline.workers import prepare
 from omniduplex.relay import ConsumerDied, EdgeConsumer, EdgeProducer, RelayError, sweep_orphans

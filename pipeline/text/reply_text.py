@@ -7,7 +7,7 @@ with ``text`` (the delta to say, maybe ``""``) and at most one event per ``tool_
 
 * calls (when the turn offers tools): :class:`~.tool_calls.ToolCallParser` splits call blocks off the text;
   the text said before a call is released whole when the call starts (its order against the call is kept);
-* the ear (:class:`~omniduplex.pipeline.spoken.SpokenReply`, for speech turns): markdown stripped, the
+* the ear (:class:`~omniduplex.pipeline.text.spoken.SpokenReply`, for speech turns): markdown stripped, the
   reply cut at its last complete clause when the token budget runs out;
 * limits: ``text_budget`` tokens of text outside call blocks (a call's own tokens do not count, so a long
   call does not eat the spoken answer), and at most ``max_calls`` calls: :attr:`ReplyStream.stop` then says
@@ -19,8 +19,8 @@ after making calls, or the call limit was reached), ``length`` (the token budget
 
 from __future__ import annotations
 
-from omniduplex.pipeline.spoken import SpokenReply
 from omniduplex.pipeline.stages.tool_calls import DONE, EVENT_KEYS, FAILED, STARTED, ToolCallParser
+from omniduplex.pipeline.text.spoken import SpokenReply
 
 
 class ReplyStream:

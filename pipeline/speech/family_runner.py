@@ -160,7 +160,7 @@ class VoxCPM2Runner(FamilyRunner):
 
         from omniduplex.models.voxcpm2.model import load_voxcpm2
         from omniduplex.models.voxcpm2.prompt import TextTokenizer, VoiceBank
-        from omniduplex.pipeline.voxcpm2 import VoxCPM2Engine
+        from omniduplex.pipeline.speech.voxcpm2 import VoxCPM2Engine
 
         self.model = load_voxcpm2(model_dir)
         self.tok = TextTokenizer(Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json")))
@@ -226,7 +226,7 @@ class HiggsRunner(FamilyRunner):
 
     def __init__(self, model_dir, max_num_seqs: int = 16, num_blocks: int = 512, lever: bool = True) -> None:
         from omniduplex.models.higgs.model import load_higgs
-        from omniduplex.pipeline.higgs import HiggsEngine
+        from omniduplex.pipeline.speech.higgs import HiggsEngine
 
         self.model = load_higgs(model_dir)
         self.engine = HiggsEngine(self.model, lever=lever, num_blocks=num_blocks, max_num_seqs=max_num_seqs)
@@ -276,7 +276,7 @@ class FishRunner(FamilyRunner):
         from omniduplex.models.fish_speech.config import SAMPLE_RATE
         from omniduplex.models.fish_speech.load import load_fish_speech
         from omniduplex.models.tokenizer import load_tokenizer
-        from omniduplex.pipeline.fish_speech import FishSpeechEngine
+        from omniduplex.pipeline.speech.fish_speech import FishSpeechEngine
 
         self.model = load_fish_speech(model_dir)
         self.engine = FishSpeechEngine(
@@ -330,7 +330,7 @@ class FishRunner(FamilyRunner):
         return {"max_tokens": min(max_frames, room)}
 
     def decoder(self, prompt):
-        from omniduplex.pipeline.fish_speech import FishStreamDecoder
+        from omniduplex.pipeline.speech.fish_speech import FishStreamDecoder
 
         return FishStreamDecoder(self.model.codec)
 

@@ -18,7 +18,7 @@ from omniduplex.models.higgs.rules import RULES, V3
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.higgs_adapter import ENDED, PLACEHOLDER_ID, HiggsAdapter
 from omniduplex.pipeline.engine.request import Request, SamplingParams
-from omniduplex.pipeline.frame_engine import FrameEngine
+from omniduplex.pipeline.speech.frame_engine import FrameEngine
 
 DEFAULT_SAMPLING = dict(temperature=1.0, top_k=0, top_p=1.0, max_tokens=2048)
 """sglang-omni ``HiggsTtsState`` defaults (temperature 1.0, no top-k / top-p, 2048 new steps)."""

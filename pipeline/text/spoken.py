@@ -13,7 +13,8 @@ cut by its token budget mid-sentence ("3. Once") sounds broken. Three parts, all
   text, joined, equal ``strip_markdown`` of the text);
 * :class:`SpokenReply` releases the (stripped) reply text for the TTS and the history: the first clause as it
   streams (the TTS cuts it early for time to first audio), then up to the last complete clause or sentence
-  (:func:`~omniduplex.pipeline.clauses.clause_ends`), holding the rest until its clause completes. When the
+  (:func:`~omniduplex.pipeline.text.clauses.clause_ends`), holding the rest until its clause completes.
+  When the
   reply ends on its token budget (``length``), the held tail is dropped: what is said, and kept, ends at the
   last complete clause. A reply that ends naturally (``stop``) releases everything. The tool-result tags a
   small model copies into its answer (``<tool_response>``, :class:`EchoFilter`) are never said.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import re
 
-from omniduplex.pipeline.clauses import clause_ends
+from omniduplex.pipeline.text.clauses import clause_ends
 
 SPOKEN_SYSTEM_PROMPT = (
     "You are a friendly voice assistant. Your replies are spoken aloud, so always answer in English, in one "

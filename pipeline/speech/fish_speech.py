@@ -48,7 +48,7 @@ from omniduplex.models.fish_speech.prompt import (
 from omniduplex.pipeline.engine.adapters import TalkerAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
-from omniduplex.pipeline.frame_engine import FrameEngine
+from omniduplex.pipeline.speech.frame_engine import FrameEngine
 
 _ids = itertools.count()
 DEFAULT_SAMPLING = dict(temperature=0.8, top_k=30, top_p=0.8, repetition_penalty=1.0, max_tokens=1024)

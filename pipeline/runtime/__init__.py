@@ -1,0 +1,1 @@
+"""How the stages run: in this process or one OS process per stage, their stats and engines."""

@@ -1,0 +1,1 @@
+"""The TTS families' engine wrappers: add / step / abort over our engine, streaming decoders, synthesize."""

@@ -1,0 +1,1 @@
+"""Text policy between the LLM and the voice: detokenizing, clauses, what is spoken."""
