@@ -63,10 +63,12 @@ class ReplyDone:
 
 @dataclass
 class ReplyFailed:
-    """The turn ended early: ``error`` is ``"cancelled"`` after a cancel, else the cause."""
+    """The turn ended early: ``error`` is ``"cancelled"`` after a cancel, else the cause; ``stage`` names the
+    stage that failed (``None``: a cancel, the backend or the relay)."""
 
     error: str
     request_id: str = ""
+    stage: str | None = None
     kind: ClassVar[str] = "error"
 
 

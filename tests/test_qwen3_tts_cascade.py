@@ -15,7 +15,7 @@ import torch
 from test_tts_stage import norm, tokens
 from typer.testing import CliRunner
 
-from omniduplex.app.host.pipeline import TurnOptions
+from omniduplex.app.host.pipeline import RespondOptions
 from omniduplex.cli.main import cli
 from omniduplex.cli.respond import respond
 from omniduplex.models.cascade.manifest import load_manifest, write_manifest
@@ -120,7 +120,7 @@ def test_abort_mid_turn_stops_it(manifest):
 @pytest.mark.slow
 def test_a_spoken_question_gets_a_qwen3_tts_reply(manifest, tmp_path):
     out = tmp_path / "reply.wav"
-    code = respond(QUESTION, out, manifest, None, TurnOptions(greedy=True, max_tokens=10), processes=False)
+    code = respond(QUESTION, out, manifest, None, RespondOptions(greedy=True, max_tokens=10), processes=False)
     assert code == 0
     wav, rate = sf.read(str(out), dtype="float32")
     assert rate == CASCADE_OUTPUT_RATE == 24000

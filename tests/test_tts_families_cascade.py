@@ -17,7 +17,7 @@ import torch
 from test_tts_stage import norm, tokens
 from typer.testing import CliRunner
 
-from omniduplex.app.host.pipeline import TurnOptions
+from omniduplex.app.host.pipeline import RespondOptions
 from omniduplex.cli.main import cli
 from omniduplex.cli.respond import respond
 from omniduplex.models.cascade.manifest import load_manifest, write_manifest
@@ -110,7 +110,7 @@ def test_a_spoken_question_gets_a_reply_in_the_family_voice(manifest, tmp_path):
     """A whole cascade turn (ASR → LLM → this family's TTS stage, in process) answers in audio."""
     _, path = manifest
     out = tmp_path / "reply.wav"
-    code = respond(QUESTION, out, path, None, TurnOptions(greedy=True, max_tokens=10), processes=False)
+    code = respond(QUESTION, out, path, None, RespondOptions(greedy=True, max_tokens=10), processes=False)
     assert code == 0
     wav, rate = sf.read(str(out), dtype="float32")
     assert rate == 24000 and wav.shape[0] > 0 and np.abs(wav).max() > 0

@@ -25,6 +25,7 @@ from omniduplex.pipeline.events import (
     TurnEvent,
     UserTranscript,
 )
+from omniduplex.pipeline.messages import Prefill, TurnOptions
 from omniduplex.pipeline.orchestrator import Orchestrator
 
 __all__ = [
@@ -100,39 +101,42 @@ class LiveTranscription(Protocol):
 class OrchestratorResponder:
     """A :class:`Responder` over the pipeline orchestrator, shared by every session of a server.
 
-    ``meta``: per-turn pipeline options merged into each turn (``sampling``, ``talker_sampling``,
-    ``speaker``, ``system_prompt``); ``history`` is set per turn.
+    ``meta``: the server's defaults of every turn's options (``sampling``, ``talker_sampling``, ``speaker``,
+    ``system_prompt``: :class:`~omniduplex.pipeline.messages.TurnOptions`); ``history`` is set per turn.
     """
 
-    def __init__(self, orchestrator: Orchestrator, meta: dict | None = None) -> None:
-        self.orch, self.meta = orchestrator, dict(meta or {})
+    def __init__(self, orchestrator: Orchestrator, meta: TurnOptions | None = None) -> None:
+        self.orch, self.defaults = orchestrator, meta or TurnOptions()
         self.output_rate = orchestrator.output_rate
 
     def start(
         self, turn_id: str, waveform: np.ndarray, history: list[list[str]], options: dict | None = None
     ) -> None:
-        meta = self._turn_meta(history, options or {})
+        opts = self._turn_options(history, options or {})
         if (options or {}).get("user_text") is not None and not waveform.size:
-            meta["user_text"] = options["user_text"]
-        self.orch.submit(waveform, meta, request_id=turn_id)
+            opts.user_text = options["user_text"]
+        self.orch.submit(waveform, opts, request_id=turn_id)
 
-    def _turn_meta(self, history: list[list[str]], opts: dict) -> dict:
-        meta = {**self.meta, "history": history}
-        prompt = opts.get("system_prompt") or meta.get("system_prompt") or DEFAULT_SYSTEM_PROMPT
+    def _turn_options(self, history: list[list[str]], opts: dict) -> TurnOptions:
+        """The pipeline's options of a turn: the server's defaults, the history, and the reply's options
+        (``system_prompt``, ``instructions``, ``voice``, ``tools``, ``tool_choice``, ``sampling``,
+        ``spoken``, ``say``)."""
+        d = self.defaults
+        prompt = opts.get("system_prompt") or d.system_prompt or DEFAULT_SYSTEM_PROMPT
         if opts.get("instructions"):
             prompt = f"{prompt}\n\n{opts['instructions']}"
-        meta["system_prompt"] = prompt
+        turn = d.model_copy(update={"history": history, "system_prompt": prompt})
         if opts.get("voice"):
-            meta["voice"] = opts["voice"]  # the cascade's LLM stage passes it on to the TTS stage
+            turn.voice = opts["voice"]  # the cascade's LLM stage passes it on to the TTS stage
         if opts.get("tools"):
-            meta["tools"], meta["tool_choice"] = list(opts["tools"]), opts.get("tool_choice") or "auto"
+            turn.tools, turn.tool_choice = list(opts["tools"]), opts.get("tool_choice") or "auto"
         if opts.get("sampling"):
-            meta["sampling"] = {**meta.get("sampling", {}), **opts["sampling"]}
+            turn.sampling = {**(d.sampling or {}), **opts["sampling"]}
         if opts.get("spoken") is False:
-            meta["spoken"] = False
+            turn.spoken = False
         if isinstance(opts.get("say"), str):
-            meta["say"] = opts["say"]
-        return meta
+            turn.say = opts["say"]
+        return turn
 
     def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]:
         """The turn's events as the orchestrator makes them (:mod:`omniduplex.pipeline.events`)."""
@@ -147,8 +151,8 @@ class OrchestratorResponder:
             return False
         prefill = None
         if context is not None:
-            meta = self._turn_meta(*context)
-            prefill = {"system_prompt": meta["system_prompt"], "history": meta["history"]}
+            turn = self._turn_options(*context)
+            prefill = Prefill(system_prompt=turn.system_prompt or "", history=turn.history or [])
         self.orch.feed(turn_id, samples, on_partial, prefill)
         return True
 

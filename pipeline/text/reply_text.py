@@ -19,6 +19,7 @@ after making calls, or the call limit was reached), ``length`` (the token budget
 
 from __future__ import annotations
 
+from omniduplex.pipeline.events import CallFailed
 from omniduplex.pipeline.stages.tool_calls import DONE, EVENT_KEYS, FAILED, STARTED, ToolCallParser
 from omniduplex.pipeline.text.spoken import SpokenReply
 
@@ -100,8 +101,8 @@ class ReplyStream:
                 out[-1]["text"] += self.spoken.finish("stop")
                 self.spoken = SpokenReply(strip=self.spoken.md is not None)
             if key == DONE and self.max_calls == 0:  # tool_choice none: a block written anyway is no call
-                key, value = FAILED, {**value, "error": "no tool call is allowed in this reply"}
-                value.pop("arguments", None)
+                refused = "no tool call is allowed in this reply"
+                key, value = FAILED, CallFailed(value.call_id, value.name, refused)
             if key in (DONE, FAILED):
                 self.calls += 1
                 self.done += key == DONE
