@@ -103,6 +103,7 @@ class CallStarted:
     index: int = 0
     request_id: str = ""
     kind: ClassVar[str] = "tool_call"
+    phase: ClassVar[str] = "started"
 
 
 @dataclass
@@ -113,6 +114,7 @@ class CallArgumentsDelta:
     delta: str
     request_id: str = ""
     kind: ClassVar[str] = "tool_call"
+    phase: ClassVar[str] = "arguments_delta"
 
 
 @dataclass
@@ -124,6 +126,7 @@ class CallDone:
     arguments: str
     request_id: str = ""
     kind: ClassVar[str] = "tool_call"
+    phase: ClassVar[str] = "done"
 
     @property
     def call(self) -> FunctionCall:
@@ -140,6 +143,7 @@ class CallFailed:
     error: str
     request_id: str = ""
     kind: ClassVar[str] = "tool_call"
+    phase: ClassVar[str] = "failed"
 
 
 CallEvent = CallStarted | CallArgumentsDelta | CallDone | CallFailed

@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar, Literal
 
+from omniduplex.pipeline.events import CallEvent
+
 EventType = Literal[
     "session_started",
     "user_speech_started",
@@ -19,10 +21,7 @@ EventType = Literal[
     "user_transcript_partial",
     "reply_started",
     "reply_text",
-    "function_call_started",
-    "function_call_arguments_delta",
-    "function_call_done",
-    "function_call_failed",
+    "tool_call",
     "function_call_output",
     "reply_audio_started",
     "reply_spoken",
@@ -129,50 +128,26 @@ class ReplyText(SessionEvent):
 
 
 @dataclass
-class FunctionCallStarted(SessionEvent):
-    """The reply to ``turn_id`` started call ``index`` (0, 1, ...) of function ``name`` (never spoken)."""
+class ToolCall(SessionEvent):
+    """A function call of the reply to ``turn_id``, as the model makes it (never spoken): ``call`` is the
+    call's event itself — :class:`~omniduplex.pipeline.events.CallStarted` (call ``index`` of function
+    ``name``), ``CallArgumentsDelta`` (more of its arguments), ``CallDone`` (complete, a JSON object as a
+    string, and in the history as its ``function_call`` entry) or ``CallFailed`` (cut off or malformed: not
+    recorded, not run) — the one shape a call keeps from the LLM stage to here. ``run_here`` (on ``done``):
+    the session runs it (a server-side :class:`~omniduplex.app.core.tools.ToolRunner`); else its client
+    must add the output. On the wire (:meth:`to_dict`) the call's fields are flat, with its ``phase``."""
 
-    type: ClassVar[EventType] = "function_call_started"
+    type: ClassVar[EventType] = "tool_call"
     turn_id: str = ""
-    call_id: str = ""
-    name: str = ""
-    index: int = 0
-
-
-@dataclass
-class FunctionCallArgumentsDelta(SessionEvent):
-    """More of call ``call_id``'s arguments text, as the model writes it (the deltas joined are its
-    ``arguments``)."""
-
-    type: ClassVar[EventType] = "function_call_arguments_delta"
-    turn_id: str = ""
-    call_id: str = ""
-    delta: str = ""
-
-
-@dataclass
-class FunctionCallDone(SessionEvent):
-    """Call ``call_id`` of the reply to ``turn_id`` is complete and in the history (its ``function_call``
-    entry); ``arguments``: a JSON object as a string. ``run_here``: the session runs it (a server-side
-    :class:`~omniduplex.app.core.tools.ToolRunner`); else its client must add the output."""
-
-    type: ClassVar[EventType] = "function_call_done"
-    turn_id: str = ""
-    call_id: str = ""
-    name: str = ""
-    arguments: str = ""
+    call: CallEvent | None = None
     run_here: bool = False
 
-
-@dataclass
-class FunctionCallFailed(SessionEvent):
-    """Call ``call_id`` could not be read (cut off or malformed: ``error``); not recorded, not run."""
-
-    type: ClassVar[EventType] = "function_call_failed"
-    turn_id: str = ""
-    call_id: str = ""
-    name: str = ""
-    error: str = ""
+    def to_dict(self) -> dict:
+        call = asdict(self.call) if self.call is not None else {}
+        call.pop("request_id", None)
+        phase = self.call.phase if self.call is not None else ""
+        out = {"type": self.type, "session_id": self.session_id, "turn_id": self.turn_id, "phase": phase}
+        return {**out, **call, "run_here": self.run_here}
 
 
 @dataclass

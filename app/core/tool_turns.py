@@ -10,14 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 
-from omniduplex.app.core.events import (
-    FunctionCallArgumentsDelta,
-    FunctionCallDone,
-    FunctionCallFailed,
-    FunctionCallOutput,
-    FunctionCallStarted,
-    SessionEvent,
-)
+from omniduplex.app.core.events import FunctionCallOutput, SessionEvent, ToolCall
 from omniduplex.app.core.history import FUNCTION_CALL, FUNCTION_CALL_OUTPUT, Entry, History
 from omniduplex.app.core.replies import ReplyEvent, Responder
 from omniduplex.app.core.reply import Reply
@@ -88,10 +81,8 @@ class ToolCalls:
         """One call event of reply ``r``: its session event; a finished call joins the history (and, with a
         runner, ``r.calls`` to be run)."""
         tid = r.turn_id
-        if isinstance(ev, CallStarted):
-            self.emit(FunctionCallStarted(self.name, tid, ev.call_id, ev.name, ev.index))
-        elif isinstance(ev, CallArgumentsDelta):
-            self.emit(FunctionCallArgumentsDelta(self.name, tid, ev.call_id, ev.delta))
+        if isinstance(ev, CallStarted | CallArgumentsDelta):
+            self.emit(ToolCall(self.name, tid, ev))
         elif isinstance(ev, CallDone):
             self.history.add_tool(FUNCTION_CALL, ev.arguments, ev.call_id, ev.name)
             r.n_calls += 1
@@ -100,10 +91,10 @@ class ToolCalls:
                 r.calls.append(ev.call)
             else:
                 r.client_calls += 1
-            self.emit(FunctionCallDone(self.name, tid, ev.call_id, ev.name, ev.arguments, run_here))
+            self.emit(ToolCall(self.name, tid, ev, run_here))
         elif isinstance(ev, CallFailed):
             log.warning("%s: call %s of %s failed: %s", tid, ev.call_id, ev.name, ev.error)
-            self.emit(FunctionCallFailed(self.name, tid, ev.call_id, ev.name, ev.error))
+            self.emit(ToolCall(self.name, tid, ev))
 
     async def run(self, r: Reply, speak: Callable[[str], Awaitable] | None = None) -> bool:
         """Run reply ``r``'s calls not run yet, in order, recording each output (a runner's exception

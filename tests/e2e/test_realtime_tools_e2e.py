@@ -18,9 +18,9 @@ import json
 import pytest
 from openai import AsyncOpenAI
 
-from omniduplex.app.core.events import FunctionCallDone, FunctionCallOutput, ReplyEnded
+from omniduplex.app.core.events import FunctionCallOutput, ReplyEnded, ToolCall
 from omniduplex.app.core.session import Session, SessionConfig
-from omniduplex.app.core.tools import FunctionCall
+from omniduplex.app.core.tools import CallDone, FunctionCall
 from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.benchmarks.local_server import LocalServer
 
@@ -138,9 +138,9 @@ def test_a_server_side_runner_runs_the_call_and_the_same_reply_speaks(server):
     ended = next(e for e in events if isinstance(e, ReplyEnded))
     assert ended.turn_id == turn and ended.reason == "completed" and heard > 24000 * 0.5
     assert len(runner.calls) >= 1 and runner.calls[0].name == "get_weather"
-    done = [e for e in events if isinstance(e, FunctionCallDone)]
+    done = [e for e in events if isinstance(e, ToolCall) and isinstance(e.call, CallDone)]
     outputs = [e for e in events if isinstance(e, FunctionCallOutput)]
-    assert [d.call_id for d in done] == [c.call_id for c in runner.calls] == [o.call_id for o in outputs]
+    assert [d.call.call_id for d in done] == [c.call_id for c in runner.calls] == [o.call_id for o in outputs]
     assert all(d.run_here for d in done) and not any(o.error for o in outputs)
     kinds = [h["type"] if isinstance(h, dict) else h[0] for h in history]
     assert kinds[0] == "user" and kinds[-1] == "assistant" and "function_call" in kinds

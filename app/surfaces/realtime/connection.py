@@ -40,19 +40,18 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import get_args
 
 from fastapi import WebSocket, WebSocketDisconnect
 
 from omniduplex.app.core.audio import AudioPort
 from omniduplex.app.core.events import (
     BargeIn,
-    FunctionCallStarted,
     ReplyEnded,
     ReplyStarted,
     ReplyText,
     SessionError,
     SessionEvent,
+    ToolCall,
     UserSpeechStarted,
     UserTranscriptEvent,
     UserTranscriptPartial,
@@ -62,12 +61,13 @@ from omniduplex.app.core.events import FunctionCallOutput as CallOutputEvent
 from omniduplex.app.core.input_buffer import InputAudioBuffer
 from omniduplex.app.core.replies import Responder
 from omniduplex.app.core.session import Session, SessionConfig
+from omniduplex.app.core.tools import CallStarted
 from omniduplex.app.core.vad import SAMPLE_RATE
 from omniduplex.app.host.tools.mcp_client import MCPHub
 from omniduplex.app.surfaces.realtime.item_events import ItemEvents
 from omniduplex.app.surfaces.realtime.items import ConversationItems, StoredItem
 from omniduplex.app.surfaces.realtime.mcp import RealtimeMcp, split_tools
-from omniduplex.app.surfaces.realtime.responses import OUTPUT_RATE, CallEvent, ResponseLifecycle
+from omniduplex.app.surfaces.realtime.responses import OUTPUT_RATE, ResponseLifecycle
 from omniduplex.app.surfaces.realtime.settings import session_options, turn_config
 from omniduplex.app.surfaces.realtime.tools import check_tools, response_tools
 from omniduplex.app.surfaces.wire.realtime import server_events as ev
@@ -95,7 +95,6 @@ from omniduplex.app.surfaces.wire.realtime.client_events import SessionConfig as
 from omniduplex.app.surfaces.wire.realtime.protocol import ProtocolError, parse_client_event
 
 log = logging.getLogger("omniduplex.realtime")
-CALL_EVENTS = get_args(CallEvent)
 
 
 @dataclass
@@ -335,9 +334,10 @@ class RealtimeConnection(ItemEvents):
             self.responses.text(e.text)
         elif isinstance(e, BargeIn) and self.responses.current is not None:
             self.buffer.clear()
-        elif isinstance(e, CALL_EVENTS) and self.responses.of(e.turn_id) is not None:
-            label = self.mcp.label.get(e.name, "") if isinstance(e, FunctionCallStarted) else ""
-            self.responses.call(e, self.session.history.call(e.call_id), label)
+        elif isinstance(e, ToolCall) and e.call is not None and self.responses.of(e.turn_id) is not None:
+            c = e.call
+            label = self.mcp.label.get(c.name, "") if isinstance(c, CallStarted) else ""
+            self.responses.call(c, self.session.history.call(c.call_id), label)
         elif isinstance(e, CallOutputEvent) and self.responses.of(e.turn_id) is not None:
             self.responses.call_output(e)
         elif isinstance(e, ReplyEnded) and self.responses.of(e.turn_id) is not None:
