@@ -13,6 +13,7 @@ from omniduplex.pipeline.messages import StageError, StageMessage, goes_downstre
 from omniduplex.pipeline.orchestrator import OutputCallback
 from omniduplex.pipeline.runtime.stage_stats import worker_stats
 from omniduplex.pipeline.stages.contract import StageWorker
+from omniduplex.pipeline.stages.kinds import STAGE_KINDS
 from omniduplex.pipeline.topology import SHAPES, Topology, with_side_asr
 
 
@@ -120,7 +121,11 @@ class LocalBackend:
                     continue
                 for rid, error in w.pop_errors():
                     self._fail(rid, f"{stage}: {error}", stage)
+                kind = STAGE_KINDS[stage]
                 for msg in outs:
+                    if (error := kind.check_output(msg)) is not None:  # the wrong kind fails its turn only
+                        self._fail(msg.request_id, error, stage)
+                        continue
                     if msg.last:
                         self.owner[stage].discard(msg.request_id)
                     if stage in self.topo.to_orchestrator:

@@ -33,6 +33,7 @@ from omniduplex.pipeline.messages import (
 )
 from omniduplex.pipeline.runtime.stage_stats import StatsReporter, producer_stats, worker_stats
 from omniduplex.pipeline.stages.contract import StageWorker
+from omniduplex.pipeline.stages.kinds import STAGE_KINDS
 from omniduplex.pipeline.topology import ORCHESTRATOR, Topology
 from omniduplex.relay import ConsumerDied, EdgeConfig, EdgeConsumer, EdgeProducer, RelayError
 
@@ -118,6 +119,7 @@ class StageLoop:
         from omniduplex.pipeline.workers import build_worker
 
         self.stage, self.status, self.topo = stage, status, pcfg.topology()
+        self.kind = STAGE_KINDS[stage]
         scfg = pcfg.stage(stage)
         torch.set_num_threads(scfg.torch_threads)
         self.control = ctx.socket(zmq.SUB)
@@ -226,6 +228,9 @@ class StageLoop:
         for rid, error in self.worker.pop_errors():
             self._fail(rid, f"{self.stage}: {error}")
         for msg in outs:
+            if (error := self.kind.check_output(msg)) is not None:  # the wrong kind fails its turn only
+                self._fail(msg.request_id, error)
+                continue
             for dst, producer in self.producers.items():
                 partial = is_partial_transcript(msg)
                 if dst != ORCHESTRATOR and not goes_downstream(msg):
