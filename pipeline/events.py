@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -22,7 +22,7 @@ class UserTranscript:
     """What the user said in this turn (ASR stage), with ``words`` as ``[word, start_s, end_s]``."""
 
     text: str
-    words: list = field(default_factory=list)
+    words: list[list[str | float]] = field(default_factory=list)
     request_id: str = ""
     kind: ClassVar[str] = "transcript"
 
@@ -82,7 +82,7 @@ class FunctionCall:
     name: str
     arguments: str
 
-    def parsed_arguments(self) -> dict:
+    def parsed_arguments(self) -> dict[str, Any]:
         """``arguments`` as a dict.
 
         Raises:

@@ -48,7 +48,7 @@ class TurnOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     system_prompt: str | None = None
-    history: list[list | dict] | None = None
+    history: list[list[Any] | dict[str, Any]] | None = None
     sampling: dict[str, Any] | None = None
     talker_sampling: dict[str, Any] | None = None
     speaker: str | None = None
@@ -57,8 +57,8 @@ class TurnOptions(BaseModel):
     max_text_tokens: int | None = None
     max_audio_frames: int | None = None
     cfg_scale: float | None = None
-    tools: list[dict] | None = None
-    tool_choice: str | dict | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     spoken: bool | None = None
     say: str | None = None
 
@@ -91,7 +91,7 @@ class Prefill(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     system_prompt: str
-    history: list[list | dict]
+    history: list[list[Any] | dict[str, Any]]
 
 
 class AsrPiece(Meta):
@@ -116,7 +116,7 @@ class Transcript(Meta):
     the decode's compute (ms); ``asr_tail_s``: audio left to decode at end of a turn fed while spoken (s)."""
 
     transcript: str = ""
-    words: list[list] = []
+    words: list[list[Any]] = []
     asr_ms: float | None = None
     asr_tail_s: float | None = None
 

@@ -69,14 +69,14 @@ def declare(kind: StageKind) -> StageKind:
     return kind
 
 
-def builds(name: str) -> Callable[[Callable], Callable]:
+def builds(name: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
     """Decorator: the function builds the worker of stage kind ``name``.
 
     Raises:
         KeyError: no stage kind ``name`` is declared.
     """
 
-    def attach(fn: Callable) -> Callable:
+    def attach(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         STAGE_KINDS[name].build = fn
         return fn
 
