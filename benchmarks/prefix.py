@@ -44,11 +44,12 @@ def load_llm(dtype: str = "float32"):
     from omniduplex.models.cascade.manifest import default_manifest, load_manifest, resolve_llm
     from omniduplex.models.registry import load_model
     from omniduplex.models.weights import cache_dir
+    from omniduplex.pipeline.config import StageConfig
     from omniduplex.pipeline.workers import _dtype
 
     cache = cache_dir()
     llm_dir = resolve_llm(load_manifest(default_manifest(cache)), cache)
-    model = load_model(llm_dir, parts=("thinker",), dtype=_dtype(dtype))
+    model = load_model(llm_dir, parts=("thinker",), dtype=_dtype(StageConfig(dtype=dtype)))
     prepack_linears(model.thinker)  # as the serving stage prepares it (C++ kernels; packed GEMMs in bf16)
     return model
 
