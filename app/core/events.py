@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from omniduplex.pipeline.events import CallEvent
 
@@ -32,6 +32,10 @@ EventType = Literal[
 ]
 
 
+EndReason = Literal["completed", "interrupted", "error", "closed"]
+"""Why a reply ended: all of it was played, the user barged in, it failed, or the session closed."""
+
+
 @dataclass
 class SessionEvent:
     """Base of every session event; ``type`` names it on the wire."""
@@ -39,7 +43,7 @@ class SessionEvent:
     type: ClassVar[EventType]
     session_id: str
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, **asdict(self)}
 
     def to_json(self) -> str:
@@ -51,7 +55,7 @@ class SessionStarted(SessionEvent):
     """The session is ready; ``config`` holds its turn-taking thresholds (ms)."""
 
     type: ClassVar[EventType] = "session_started"
-    config: dict = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,7 +90,7 @@ class UserTranscriptEvent(SessionEvent):
     type: ClassVar[EventType] = "user_transcript"
     turn_id: str = ""
     text: str = ""
-    words: list = field(default_factory=list)
+    words: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -115,7 +119,7 @@ class ReplyStarted(SessionEvent):
 
     type: ClassVar[EventType] = "reply_started"
     turn_id: str = ""
-    metadata: dict = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -142,7 +146,7 @@ class ToolCall(SessionEvent):
     call: CallEvent | None = None
     run_here: bool = False
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         call = asdict(self.call) if self.call is not None else {}
         call.pop("request_id", None)
         phase = self.call.phase if self.call is not None else ""
@@ -213,7 +217,7 @@ class ReplyEnded(SessionEvent):
 
     type: ClassVar[EventType] = "reply_ended"
     turn_id: str = ""
-    reason: Literal["completed", "interrupted", "error", "closed"] = "completed"
+    reason: EndReason = "completed"
     played_ms: float = 0.0
     generated_ms: float = 0.0
     text: str = ""

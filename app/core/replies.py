@@ -12,7 +12,7 @@ it the open turn's audio and gets partial transcripts back; ``start`` then finis
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -45,7 +45,7 @@ ReplyEvent = TurnEvent
 """The orchestrator's own events (:mod:`omniduplex.pipeline.events`), passed on as they are."""
 OnPartial = Callable[[str, str], None]
 """``on_partial(text, stable)``: a partial transcript of a turn being spoken; ``stable``: its fixed prefix."""
-TurnContext = tuple[list[list[str]], dict]
+TurnContext = tuple[list[list[str]], dict[str, Any]]
 """``(history, options)`` as :meth:`Responder.start` gets them."""
 
 
@@ -62,7 +62,11 @@ class Responder(Protocol):
     """Sample rate of :class:`ReplyAudioChunk` PCM (Hz)."""
 
     def start(
-        self, turn_id: str, waveform: np.ndarray, history: list[list[str]], options: dict | None = None
+        self,
+        turn_id: str,
+        waveform: np.ndarray,
+        history: list[list[str]],
+        options: dict[str, Any] | None = None,
     ) -> None:
         """Start a reply. ``waveform``: the user's turn, 16 kHz mono float32 (may be empty for a typed turn).
         ``options``: ``user_text`` (a typed turn: the user's words; "" = answer the conversation as it
@@ -110,14 +114,19 @@ class OrchestratorResponder:
         self.output_rate = orchestrator.output_rate
 
     def start(
-        self, turn_id: str, waveform: np.ndarray, history: list[list[str]], options: dict | None = None
+        self,
+        turn_id: str,
+        waveform: np.ndarray,
+        history: list[list[str]],
+        options: dict[str, Any] | None = None,
     ) -> None:
         opts = self._turn_options(history, options or {})
-        if (options or {}).get("user_text") is not None and not waveform.size:
-            opts.user_text = options["user_text"]
+        user_text = (options or {}).get("user_text")
+        if user_text is not None and not waveform.size:
+            opts.user_text = user_text
         self.orch.submit(waveform, opts, request_id=turn_id)
 
-    def _turn_options(self, history: list[list[str]], opts: dict) -> TurnOptions:
+    def _turn_options(self, history: list[list[str]], opts: dict[str, Any]) -> TurnOptions:
         """The pipeline's options of a turn: the server's defaults, the history, and the reply's options
         (``system_prompt``, ``instructions``, ``voice``, ``tools``, ``tool_choice``, ``sampling``,
         ``spoken``, ``say``)."""

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 import numpy as np
 
 from omniduplex.app.core.events import (
+    EndReason,
     ReplyEnded,
     ReplySpoken,
     ReplyText,
@@ -152,7 +153,7 @@ class ReplyStreams:
         for said, start in r.due_captions():
             self.emit(ReplySpoken(self.name, r.turn_id, text=said, at_ms=self._ms(start)))
 
-    def _end_reply(self, r: Reply, reason: str, stop_ms: float | None = None, error: str = "") -> None:
+    def _end_reply(self, r: Reply, reason: EndReason, stop_ms: float | None = None, error: str = "") -> None:
         if self.reply is not r:
             return
         self.reply, r.ended = None, True

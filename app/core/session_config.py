@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from omniduplex.app.core.vad import TurnConfig
 
@@ -33,8 +34,8 @@ class SessionConfig:
     voice: str | None = None
     auto_respond: bool = True
     vad_commit: bool = True
-    tools: list | None = None
-    tool_choice: str | dict = "auto"
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] = "auto"
 
 
 OPTIONS = ("instructions", "voice", "auto_respond", "vad_commit", "tools", "tool_choice")

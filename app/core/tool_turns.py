@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import numpy as np
 
@@ -29,9 +30,9 @@ from omniduplex.app.core.tools import (
 log = logging.getLogger("omniduplex.session")
 
 
-def _name(tool: dict) -> str:
+def _name(tool: dict[str, Any]) -> str:
     """A function tool's name (Realtime / Responses shape, or Chat Completions ``{"function": {...}}``)."""
-    return tool.get("name") or (tool.get("function") or {}).get("name", "")
+    return str(tool.get("name") or (tool.get("function") or {}).get("name", ""))
 
 
 class ToolCalls:
@@ -59,7 +60,7 @@ class ToolCalls:
             name, history, emit, cfg, runner, clock
         )
 
-    def offer(self, override: dict | None = None) -> dict:
+    def offer(self, override: dict[str, Any] | None = None) -> dict[str, Any]:
         """The ``tools`` / ``tool_choice`` options of a reply: the client's tools (``override``, a response's
         own when it has a ``tools`` key, else the session's ``cfg.tools``) and the runner's, whose names the
         client's do not take; ``{}`` when none."""
@@ -96,7 +97,7 @@ class ToolCalls:
             log.warning("%s: call %s of %s failed: %s", tid, ev.call_id, ev.name, ev.error)
             self.emit(ToolCall(self.name, tid, ev))
 
-    async def run(self, r: Reply, speak: Callable[[str], Awaitable] | None = None) -> bool:
+    async def run(self, r: Reply, speak: Callable[[str], Awaitable[Any]] | None = None) -> bool:
         """Run reply ``r``'s calls not run yet, in order, recording each output (a runner's exception
         becomes an ``{"error": ...}`` output, logged). An output is recorded even if the reply was
         interrupted meanwhile: the call was made.
@@ -106,16 +107,19 @@ class ToolCalls:
         is never silent; when every call failed, ``runner.apology_text`` is said and ``True`` returned (the
         reply ends with it: a small model would rather invent a result than explain an error)."""
         calls, r.calls = r.calls, []
-        filler_s = getattr(self.runner, "filler_after_s", None) if speak is not None else None
+        runner = self.runner
+        if runner is None:
+            return False
+        filler_s = getattr(runner, "filler_after_s", None) if speak is not None else None
         failures = 0
         for call in calls:
             t0 = self.clock()
-            task = asyncio.ensure_future(self.runner.run(call))
-            if filler_s and not r.filled:
+            task = asyncio.ensure_future(runner.run(call))
+            if filler_s and speak is not None and not r.filled:
                 done, _ = await asyncio.wait({task}, timeout=filler_s)
                 if not done:
                     r.filled = True
-                    await speak(self.runner.filler_text)
+                    await speak(getattr(runner, "filler_text", ""))
             try:
                 output, failed = str(await task), False
             except Exception as e:  # a tool's failure is the model's to explain, never a crash
@@ -125,8 +129,8 @@ class ToolCalls:
             self.history.add_tool(FUNCTION_CALL_OUTPUT, output, call.call_id)
             ms = 1000.0 * (self.clock() - t0)
             self.emit(FunctionCallOutput(self.name, r.turn_id, call.call_id, call.name, output, failed, ms))
-        apology = getattr(self.runner, "apology_text", None) if speak is not None else None
-        if apology and calls and failures == len(calls):
+        apology = getattr(runner, "apology_text", None) if speak is not None else None
+        if apology and speak is not None and calls and failures == len(calls):
             await speak(apology)
             return True
         return False
@@ -145,10 +149,10 @@ class ToolCalls:
             return _nothing()
         return responder.events(rid)
 
-    def continuation(self, r: Reply) -> dict:
+    def continuation(self, r: Reply) -> dict[str, Any]:
         """The tool options of reply ``r``'s continuation after its calls ran: as it was offered, with no
         call allowed once the turn has made the runner's ``max_calls``."""
-        opts = {k: r.options[k] for k in ("tools", "tool_choice") if k in r.options}
+        opts: dict[str, Any] = {k: r.options[k] for k in ("tools", "tool_choice") if k in r.options}
         limit = getattr(self.runner, "max_calls", MAX_CALLS_PER_TURN)
         if opts and (r.n_calls >= limit or opts.get("tool_choice") not in ("auto", "none")):
             opts["tool_choice"] = "none"  # the loop is cut; a forced choice would only call again
