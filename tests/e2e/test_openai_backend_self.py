@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 
 from omniduplex.pipeline.config import StageConfig
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
 from omniduplex.pipeline.stages.openai_llm import OpenAILLMWorker
 from omniduplex.pipeline.stages.tool_calls import DONE, STARTED
 
@@ -69,19 +69,21 @@ def drain(worker, deadline_s: float = 300):
 def test_backend_openai_on_our_chat_completions(ours):
     worker = OpenAILLMWorker(StageConfig(backend="openai", base_url=ours, model="omniduplex", timeout_s=300))
     try:
-        worker.submit(StageMessage("1", {}, {"transcript": "How many days are in a week?", "voice": "joe"}))
+        ask = Transcript(transcript="How many days are in a week?", turn=TurnOptions(voice="joe"))
+        worker.submit(StageMessage("1", {}, ask, last=True))
         outs, errors = drain(worker)
-        assert not errors and outs[-1].last and outs[0].meta["voice"] == "joe"
-        assert "".join(o.meta.get("text", "") for o in outs).strip()
-        assert outs[-1].meta["finish_reason"] in ("stop", "length")
+        assert not errors and outs[-1].last and outs[0].meta.turn.voice == "joe"
+        assert "".join(o.meta.text or "" for o in outs).strip()
+        assert outs[-1].meta.finish_reason in ("stop", "length")
 
-        meta = {"transcript": "Where is my order A100?", "tools": [ORDER], "tool_choice": "required"}
-        worker.submit(StageMessage("2", {}, meta))
+        opts = TurnOptions(tools=[ORDER], tool_choice="required")
+        order = Transcript(transcript="Where is my order A100?", turn=opts)
+        worker.submit(StageMessage("2", {}, order, last=True))
         outs, errors = drain(worker)
-        assert not errors and outs[-1].meta["finish_reason"] == "tool_calls"
-        (start,) = [o.meta[STARTED] for o in outs if STARTED in o.meta]
-        (done,) = [o.meta[DONE] for o in outs if DONE in o.meta]
-        assert start["name"] == done["name"] == "order_status"
-        jsonschema.validate(json.loads(done["arguments"]), ORDER["parameters"])
+        assert not errors and outs[-1].meta.finish_reason == "tool_calls"
+        (start,) = [getattr(o.meta, STARTED) for o in outs if getattr(o.meta, STARTED) is not None]
+        (done,) = [getattr(o.meta, DONE) for o in outs if getattr(o.meta, DONE) is not None]
+        assert start.name == done.name == "order_status"
+        jsonschema.validate(json.loads(done.arguments), ORDER["parameters"])
     finally:
         worker.close()
