@@ -153,8 +153,9 @@ class _Stage(BatchGauges):
 
 
 def test_a_stage_message_that_does_not_fit_fails_its_turn_only_in_process():
-    """The LLM stage answers turn ``bad`` with a message of another kind than the TTS stage takes: that turn
-    fails, naming the TTS stage and the kind; turn ``good`` beside it is spoken."""
+    """The LLM stage answers turn ``bad`` with an audio stage's kind (not the ``DecoderOutput`` the TTS stage
+    takes): that turn fails, naming the LLM stage and the kind, and reaches neither the orchestrator nor the
+    TTS stage; turn ``good`` beside it is spoken by the real TTS stage."""
     outputs, done = [], threading.Event()
 
     def on_output(msg):
@@ -178,9 +179,10 @@ def test_a_stage_message_that_does_not_fit_fails_its_turn_only_in_process():
         assert done.wait(120)
     finally:
         backend.stop()
-    (err,) = [m.meta for m in outputs if isinstance(m.meta, StageError)]
-    assert err.stage == "tts" and err.error.startswith("tts: ") and "DecoderOutput" in err.error
-    assert all(m.request_id == "good" for m in outputs if isinstance(m.meta, AudioOutput))
+    (err,) = [m for m in outputs if isinstance(m.meta, StageError)]
+    assert err.request_id == "bad" and err.meta.stage == "llm" and err.meta.error.startswith("llm: ")
+    assert "AudioOutput" in err.meta.error and "DecoderOutput" in err.meta.error
+    assert [type(m.meta) for m in outputs if m.request_id == "bad"] == [Transcript, StageError]
     good = [m for m in outputs if m.request_id == "good" and isinstance(m.meta, AudioOutput)]
     assert good[-1].last and sum(m.tensors["pcm"].numel() for m in good) > 0
 
