@@ -285,7 +285,7 @@ def test_spoken_turn_through_the_cascade_gives_the_same_reply(smollm_dir, tmp_pa
     from omniduplex.models.cascade.manifest import load_manifest, write_manifest
 
     wav = load_audio(GREEN_TEA)
-    meta = {"sampling": {"max_tokens": 40, "temperature": 0.0}, "system_prompt": CASCADE_SYSTEM_PROMPT}
+    meta = TurnOptions(sampling={"max_tokens": 40, "temperature": 0.0}, system_prompt=CASCADE_SYSTEM_PROMPT)
     # both on the dequantised fp32 weights (vLLM serves those; the default manifest serves the Q4_1 blocks)
     m = load_manifest(default_model())
     fp32 = write_manifest(tmp_path, asr=m.asr, llm=m.llm, tts=m.tts, tts_config=m.tts_config)
