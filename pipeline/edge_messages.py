@@ -176,9 +176,11 @@ class AudioOutput(_Kind):
 
 
 class StageError(_Kind):
-    """A stage (or the backend) failed the request: ``error`` says why; the turn is over."""
+    """A stage (or the backend) failed the request: ``error`` says why, ``stage`` which stage failed it (when
+    one did); the turn is over."""
 
     error: str = "stage failure"
+    stage: str | None = None
 
 
 EdgeMessage = (

@@ -87,13 +87,15 @@ class LocalBackend:
             self.workers[stage].submit(msg)
             self.owner[stage].add(msg.request_id)
         except Exception as e:  # bad input for this request only
-            self._fail(msg.request_id, f"{stage}: {e}")
+            self._fail(msg.request_id, f"{stage}: {e}", stage)
 
-    def _fail(self, request_id: str, error: str) -> None:
+    def _fail(self, request_id: str, error: str, stage: str | None = None) -> None:
+        """End request ``request_id`` in every stage and report ``error`` (caused by ``stage``, if one)."""
         for s in self.topo.all_stages:
             self.workers[s].abort(request_id)
             self.owner[s].discard(request_id)
-        self.on_output("error", StageMessage(request_id, meta={"error": error}, last=True))
+        meta = {"error": error} if stage is None else {"error": error, "stage": stage}
+        self.on_output("error", StageMessage(request_id, meta=meta, last=True))
 
     def _loop(self) -> None:
         while self.running:
@@ -117,11 +119,11 @@ class LocalBackend:
                 except Exception:
                     err = traceback.format_exc(limit=3)
                     for rid in list(self.owner[stage]):
-                        self._fail(rid, f"{stage} failed: {err}")
+                        self._fail(rid, f"{stage} failed: {err}", stage)
                     continue
                 for rid, error in w.pop_errors():
-                    self._fail(rid, f"{stage}: {error}")
-                for msg in checked(stage, outs, self._fail):
+                    self._fail(rid, f"{stage}: {error}", stage)
+                for msg in checked(stage, outs, lambda rid, e, s=stage: self._fail(rid, e, s)):
                     if msg.last:
                         self.owner[stage].discard(msg.request_id)
                     for source in output_sources(stage, msg, self.topo):

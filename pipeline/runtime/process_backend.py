@@ -259,7 +259,7 @@ class ProcessBackend:
         elif kind == "ready":
             self.up.add(m["stage"])
         elif kind == "error":
-            self._fail(m["request_id"], m["error"])
+            self._fail(m["request_id"], m["error"], m.get("stage"))
         elif kind == "fatal":
             raise StageStartError(f"stage {m['stage']} failed to start: {m['error']}", m["stage"], m["error"])
 
@@ -269,7 +269,7 @@ class ProcessBackend:
                 continue
             kill_leftovers(p)
             for rid in sorted(self.inflight):
-                self._fail(rid, f"stage {s} died (exit code {p.exitcode}); the turn was lost")
+                self._fail(rid, f"stage {s} died (exit code {p.exitcode}); the turn was lost", s)
             self.up.discard(s)
             self.stage_stats.pop(s, None)
             if not self.restart_on_crash:
@@ -285,13 +285,15 @@ class ProcessBackend:
                 self.procs[s].kill()
 
     # -- backend thread ------------------------------------------------------------------------------
-    def _fail(self, rid: int, error: str) -> None:
+    def _fail(self, rid: int, error: str, stage: str | None = None) -> None:
+        """End relay request ``rid`` in every stage and report ``error`` (caused by ``stage``, if one)."""
         if rid not in self.inflight:
             return
         name = self.names.get(rid, str(rid))
         self._forget(rid)
         self.control.send_string(f"abort {rid}")
-        self.on_output("error", StageMessage(name, meta={"error": error}, last=True))
+        meta = {"error": error} if stage is None else {"error": error, "stage": stage}
+        self.on_output("error", StageMessage(name, meta=meta, last=True))
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # pipe full: a wake-up is pending anyway; closed: stopped
@@ -361,7 +363,7 @@ class ProcessBackend:
                 except ConsumerDied:  # the stage was restarted since the last turn: resend
                     producer.send(rid, payload, seq=seq, last=item.last)
             except Exception as e:  # a relay error, or a turn the relay cannot carry
-                self._fail(rid, f"{ORCHESTRATOR}->{s}: {type(e).__name__}: {e}")
+                self._fail(rid, f"{ORCHESTRATOR}->{s}: {type(e).__name__}: {e}", s)
                 break
 
     def _receive(self, stage: str) -> None:
