@@ -44,14 +44,42 @@ def order_mcp_url():
         proc.wait(10)
 
 
-@pytest.fixture(scope="session")
-def default_server(order_mcp_url):
-    with Served("--max-tokens", "40", "--mcp-allow-url", order_mcp_url, "--log-level", "warning") as srv:
-        yield srv
+class _OneServer:
+    """At most one shared server runs at a time (each holds a cascade's worth of memory): asking for another
+    stops the one running. Tests of one server sit in modules next to each other (the quality server's in
+    test_tools_chosen_by_the_model.py), so each starts once per test session."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self.server: Served | None = None
+
+    def get(self, name: str, *args: str) -> Served:
+        if self.name != name:
+            self.stop()
+            self.server, self.name = Served(*args).start(), name
+        return self.server
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.server = self.name = None
 
 
 @pytest.fixture(scope="session")
-def quality_server():
+def _one_server():
+    pool = _OneServer()
+    yield pool
+    pool.stop()
+
+
+@pytest.fixture()
+def default_server(_one_server, order_mcp_url) -> Served:
+    return _one_server.get("default", "--max-tokens", "40", "--mcp-allow-url", order_mcp_url, "--log-level",
+                           "warning")
+
+
+@pytest.fixture()
+def quality_server(_one_server) -> Served:
     orders = f"orders[order_status]={sys.executable} {ORDER_SERVER} stdio"
-    with Served("--model", "quality", "--max-tokens", "40", "--mcp", orders, "--log-level", "warning") as srv:
-        yield srv
+    return _one_server.get("quality", "--model", "quality", "--max-tokens", "40", "--mcp", orders,
+                           "--log-level", "warning")

@@ -2,8 +2,8 @@
 ``OMNIDUPLEX_*`` variable: tests/served.py), driven by the official ``openai`` SDK: a plain answer, streaming
 with usage, a forced tool call (``tool_choice: "required"`` and a named function, on the default model: the
 call is grammar-constrained) whose arguments satisfy the tool's schema, the answer after the tool's output,
-an ``auto`` call chosen by the model (``--model quality``: the 135M default is not relied on to choose a tool
-by itself), and malformed bodies → 400. No request leaves a traceback in the server's log."""
+and malformed bodies → 400. No request leaves a traceback in the server's log. (An ``auto`` call chosen by the
+model: tests/e2e/test_tools_chosen_by_the_model.py.)"""
 
 from __future__ import annotations
 
@@ -130,21 +130,6 @@ def test_the_issue_question_forced_on_the_default_model(server, client):
             assert call.function.name == "get_weather"
             jsonschema.validate(json.loads(call.function.arguments), WEATHER_TOOL["function"]["parameters"])
     no_traceback(server)
-
-
-def test_auto_tool_call_chosen_by_the_model(quality_server):
-    """``tool_choice: "auto"``: the 0.5B model (``--model quality``) decides to call the tool itself."""
-    client = openai.OpenAI(base_url=quality_server.url("/v1"), api_key="unused", timeout=300, max_retries=0)
-    r = client.chat.completions.create(
-        model="omniduplex", messages=WEATHER_QUESTION, tools=[WEATHER_TOOL], tool_choice="auto"
-    )
-    choice = r.choices[0]
-    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
-    call = choice.message.tool_calls[0]
-    assert call.function.name == "get_weather" and call.id.startswith("call_")
-    city = json.loads(call.function.arguments)["city"]
-    assert "lisbo" in city.lower(), city  # "Lisbon" (or the model's "Lisboa")
-    no_traceback(quality_server)
 
 
 @pytest.mark.parametrize(
