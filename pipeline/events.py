@@ -63,8 +63,9 @@ class ReplyDone:
 
 @dataclass
 class ReplyFailed:
-    """The turn ended early: ``error`` is ``"cancelled"`` after a cancel, else the cause; ``stage`` names the
-    stage that failed (``None``: a cancel, the backend or the relay)."""
+    """The turn ended early: ``error`` is ``"cancelled"`` after a cancel, else the cause; ``stage``: the stage
+    whose step, input or output failed it (``"orchestrator"`` when reading an output failed; ``None`` after
+    a cancel, or when no stage is to blame)."""
 
     error: str
     request_id: str = ""

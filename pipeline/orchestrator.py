@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
@@ -43,6 +44,8 @@ from omniduplex.pipeline.messages import (
 from omniduplex.pipeline.text.detokenize import IncrementalDetokenizer
 from omniduplex.pipeline.topology import Topology
 from omniduplex.pipeline.turn_state import PartialCallback, TurnState
+
+log = logging.getLogger("omniduplex.orchestrator")
 
 OutputCallback = Callable[[StageMessage], None]
 """A message a stage of ``topology.to_orchestrator`` sent to the orchestrator (or a :class:`StageError` the
@@ -238,18 +241,30 @@ class Orchestrator:
         if turn is None or turn.finished:
             return
         handler = self._handlers.get(type(msg.meta))
-        if handler is not None:
+        if handler is None:
+            return
+        source = type(msg.meta).__name__
+        try:
             handler(self, turn, msg)
+        except Exception as e:  # an output this turn cannot be read from: the turn fails, the server goes on
+            log.exception("%s: reading its %s output failed", msg.request_id, source)
+            if not turn.finished:  # (its end was already queued otherwise)
+                error = f"orchestrator: reading the {source} output failed: {type(e).__name__}: {e}"
+                self._end_failed(turn, error, "orchestrator")
 
     def _on_error(self, turn: TurnState, msg: StageMessage) -> None:
         err = msg.meta
         assert isinstance(err, StageError)
+        self._end_failed(turn, err.error or "pipeline error", err.stage)
+
+    def _end_failed(self, turn: TurnState, error: str, stage: str | None) -> None:
+        """End ``turn`` with :class:`ReplyFailed` (``stage``: the stage to blame) and abort it everywhere."""
         turn.finished = True
         self.backend.abort(turn.request_id)
         if turn.open:  # failed while fed: its submit will find no turn and start afresh
             self.turns.pop(turn.request_id, None)
             return
-        turn.queue.put_nowait(ReplyFailed(err.error or "pipeline error", turn.request_id, err.stage))
+        turn.queue.put_nowait(ReplyFailed(error, turn.request_id, stage))
 
     def _on_decoder(self, turn: TurnState, msg: StageMessage) -> None:
         if "token" in msg.tensors:

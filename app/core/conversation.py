@@ -346,7 +346,7 @@ class Conversation(ReplyStreams):
                 log.info("%s: first reply audio %.0f ms after end of speech", r.turn_id, latency)
         if r.generation_done and self.playout.queued == 0:
             self._set_key(r.turn_id, "assistant", self.history.add("assistant", r.full_text))
-            self._end_reply(r, "completed")
+            self._end_reply(r, "error" if r.failed else "completed", error=r.failed)
         return out, filled
 
     async def close(self) -> None:

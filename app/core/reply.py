@@ -38,6 +38,7 @@ class Reply:
     client_calls: int = 0  # calls its client must answer (a continuation waits for none)
     segments: int = 0  # continuations started after server-run calls
     filled: bool = False  # a filler was said while a slow server-run call ran
+    failed: str = ""  # the pipeline failed it (why); the apology then plays, and it ends with reason error
 
     def __post_init__(self) -> None:
         self.request_id = self.request_id or self.turn_id

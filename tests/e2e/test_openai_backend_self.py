@@ -1,18 +1,13 @@
 """``backend: openai`` against our own ``POST /v1/chat/completions``: ``omniduplex serve`` (the default
-cascade) in another process is the brain of an LLM stage here. The reply streams, and a forced tool call's
-streamed deltas become our ``tool_call_*`` events with arguments that satisfy the tool's schema (grammar-
-constrained on the serving side)."""
+cascade) run as a user runs it (a child process, scrubbed environment: tests/served.py) is the brain of an
+LLM stage here. The reply streams, and a forced tool call's streamed deltas become our ``tool_call_*``
+events with arguments that satisfy the tool's schema (grammar-constrained on the serving side)."""
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 
-import httpx
 import jsonschema
 import pytest
 
@@ -35,27 +30,9 @@ ORDER = {
 }
 
 
-@pytest.fixture(scope="module")
-def ours():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "omniduplex.cli.main", "serve", "--in-process", "--max-tokens", "40"]
-    proc = subprocess.Popen([*cmd, "--port", str(port), "--log-level", "warning"], env=dict(os.environ))
-    deadline = time.monotonic() + 900
-    try:
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, "omniduplex serve exited"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        proc.wait(60)
+@pytest.fixture()
+def ours(default_server):
+    return default_server.url("/v1")
 
 
 def drain(worker, deadline_s: float = 300):

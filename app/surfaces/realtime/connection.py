@@ -24,7 +24,8 @@ item itself is added at commit); ``UserTranscriptEvent`` →
 ``ReplyStarted`` → ``response.created`` … ``response.content_part.added``; ``ReplyText`` →
 ``response.output_audio_transcript.delta`` (or ``output_text.delta``); reply audio →
 ``response.output_audio.delta``; ``ReplyEnded`` → the ``*.done`` events and ``response.done`` with
-``completed``, ``cancelled`` (``turn_detected`` on barge-in, ``client_cancelled``) or ``failed``.
+``completed``, ``cancelled`` (``turn_detected`` on barge-in, ``client_cancelled``) or ``failed`` (after an
+``error`` event, ``code: pipeline_error``, naming what failed).
 
 Audio goes through the connection's :class:`~omniduplex.app.core.audio.AudioPort`: appends are decoded and
 handed to it (16 kHz session frames); reply audio leaves at real-time pace, one 20 ms frame per tick of its
@@ -341,6 +342,9 @@ class RealtimeConnection(ItemEvents):
         elif isinstance(e, CallOutputEvent) and self.responses.of(e.turn_id) is not None:
             self.responses.call_output(e)
         elif isinstance(e, ReplyEnded) and self.responses.of(e.turn_id) is not None:
+            if e.reason == "error":  # then response.done with status failed, naming the same cause
+                failed = f"the response failed: {e.error}"
+                self._send(ev.error(failed, code="pipeline_error", type="server_error"))
             self.responses.finish(e)
         elif isinstance(e, SessionError):
             self._send(ev.error(e.message, code="server_error", type="server_error"))
