@@ -139,3 +139,15 @@ class Qwen3GraphSpeech(SpeechService):
             with contextlib.suppress(Exception):
                 self.orch.backend.stop()
             self.orch = None
+
+
+def qwen3_service(model_dir: str | Path, cfg) -> SpeechService:
+    """The Qwen3-TTS family's speech service (its ``service`` in
+    :mod:`omniduplex.pipeline.speech.qwen3_tts`): on the TTS graph with ``cfg.tts_graph``
+    (:class:`Qwen3GraphSpeech`), else on an engine thread in the server process
+    (:class:`~.qwen3.Qwen3Speech`).
+
+    Raises CheckpointError / ConfigError: not a loadable Qwen3-TTS checkpoint."""
+    from omniduplex.app.host.speech.qwen3 import Qwen3Speech
+
+    return Qwen3GraphSpeech(model_dir) if cfg.tts_graph else Qwen3Speech(model_dir)

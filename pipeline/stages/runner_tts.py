@@ -1,8 +1,7 @@
-"""The cascade's TTS stage on an engine-family checkpoint (manifest ``tts:`` a VoxCPM2, Higgs Audio v3 or
-Fish Speech S2 Pro folder): the LLM's streamed reply text → speech in the manifest's voice, every turn's
-clauses on the family's continuous-batching engine
-(:class:`~omniduplex.pipeline.speech.family_runner.FamilyRunner`)
-with its serving lever on.
+"""The cascade's TTS stage on a registered TTS family's checkpoint (manifest ``tts:`` a VoxCPM2, Higgs Audio
+v3, Fish Speech S2 Pro or plugin family folder): the LLM's streamed reply text → speech in the manifest's
+voice, every turn's clauses on the family's continuous-batching engine
+(:class:`~omniduplex.pipeline.speech.family_runner.FamilyRunner`) with its serving lever on.
 
 Contract and turn plumbing: :class:`~.engine_tts.EngineTTSStageWorker`. Each clause's audio streams out of
 its decoder at the family's rate (48 / 24 / 44.1 kHz) as frames come, resampled to the graph's rate through
@@ -23,8 +22,8 @@ from omniduplex.pipeline.speech.family_runner import FamilyRunner
 from omniduplex.pipeline.stages.engine_tts import EngineTTSStageWorker
 
 
-class FamilyTTSStageWorker(EngineTTSStageWorker):
-    """Streaming synthesis of every reply in flight on one engine family.
+class RunnerTTSStageWorker(EngineTTSStageWorker):
+    """Streaming synthesis of every reply in flight on one TTS family's runner.
 
     Args:
         runner: the loaded checkpoint and its engine.
