@@ -15,6 +15,7 @@ from fastapi import APIRouter, File, Form, UploadFile
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
+from omniduplex.app.host.auth import Access
 from omniduplex.app.host.speech.contract import SPEECH_RATE, SpeechError
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.rest.speech_stream import add_route as add_speech_stream
@@ -62,6 +63,10 @@ def wav_header() -> bytes:
 
 def _int16(y: np.ndarray) -> bytes:
     return (np.clip(y, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+ACCESS = (Access("/v1/models"), Access("/v1/audio/"), Access("/v1/audio/speech/stream", connection=True))
+"""What the edge asks of these routes: an API key or token (the speech stream opens a session)."""
 
 
 def router(host: ServerState) -> APIRouter:

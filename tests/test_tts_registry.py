@@ -1,0 +1,148 @@
+"""TTS families by registration (``pipeline/speech/registry.py``): the four built-in families are found by
+their ``config.json``; ``omniduplex speak`` says one utterance with a VoxCPM2, Higgs or Fish Speech
+checkpoint (tiny presets) at the family's native rate, equal to the family's one-shot ``synthesize``, and
+resamples with ``--rate``; a toy family registered from a test module (``--plugin tests/toy_family.py``)
+is written by ``init-model``, spoken by ``speak`` and served by ``omniduplex serve --tts`` (a subprocess,
+no ``OMNIDUPLEX_*`` variables) sample for sample."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+import soxr
+import torch
+from typer.testing import CliRunner
+
+from omniduplex.cli.main import cli
+from omniduplex.pipeline.speech import fish_speech, higgs, voxcpm2
+from omniduplex.pipeline.speech.registry import families, family_named, family_of
+
+TOY = str(Path(__file__).with_name("toy_family.py"))
+TEXT = "Hello there."
+FRAMES = 6
+
+
+def invoke(*args: str) -> dict:
+    res = CliRunner().invoke(cli, list(args))
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output.strip().splitlines()[-1])
+
+
+def one_shot(family: str, d: Path) -> tuple[np.ndarray, int]:
+    """The family's one-shot ``synthesize`` of :data:`TEXT` (greedy, seed 7, :data:`FRAMES` frames)."""
+    r = family_named(family).runner(d)
+    if family == "voxcpm2":
+        pcm, rate = voxcpm2.synthesize(r.model, r.tok, TEXT, r.bank.get(None), {"seed": 7, "max_len": FRAMES})
+    elif family == "higgs":
+        n = r.model.config.num_codebooks
+        pcm, rate = higgs.synthesize(r.model, TEXT, None, {"temperature": 0.0, "max_tokens": FRAMES + n - 1})
+    else:
+        pcm, rate = fish_speech.synthesize(
+            r.model, r.engine.tokenizer, TEXT, None, {"temperature": 0.0, "max_tokens": FRAMES}
+        )
+    return np.asarray(torch.as_tensor(pcm).reshape(-1).float().numpy()), rate
+
+
+def test_the_built_in_families_are_registered():
+    names = {f.name for f in families()}
+    assert {"qwen3-tts", "voxcpm2", "higgs", "fish-speech"} <= names
+    rates = {f.name: f.sample_rate for f in families()}
+    assert rates["voxcpm2"] == 48000 and rates["fish-speech"] == 44100 and rates["higgs"] == 24000
+    with pytest.raises(KeyError, match="registered"):
+        family_named("nope")
+
+
+@pytest.mark.parametrize("family", ["voxcpm2", "higgs", "fish-speech"])
+def test_speak_says_every_family_at_its_native_rate(family, tmp_path):
+    d = tmp_path / "ckpt"
+    invoke("init-model", "--arch", f"{family}-tiny", "--out", str(d))
+    assert family_of(d).name == family
+    out = tmp_path / "s.wav"
+    args = ["speak", "--model", str(d), "--text", TEXT, "--max-frames", str(FRAMES), "--greedy"]
+    args += ["--seed", "7"]
+    info = invoke(*args, "--output", str(out))
+    got, rate = sf.read(str(out), dtype="int16")
+    want, native = one_shot(family, d)
+    assert info["family"] == family and rate == native == family_named(family).sample_rate
+    assert got.shape == want.shape and np.abs(want).max() > 0.01
+    assert np.abs(got.astype(np.int32) - (np.clip(want, -1, 1) * 32767).astype(np.int32)).max() <= 2
+    invoke(*args, "--output", str(tmp_path / "r.wav"), "--rate", "16000")
+    low, low_rate = sf.read(str(tmp_path / "r.wav"), dtype="float32")
+    assert low_rate == 16000 and abs(low.shape[0] - round(want.shape[0] * 16000 / native)) <= 1
+
+
+def test_speak_refuses_what_is_no_family(tmp_path):
+    res = CliRunner().invoke(cli, ["speak", "--model", str(tmp_path), "--text", "Hi"])
+    assert res.exit_code != 0 and "registered TTS family" in res.output
+
+
+def test_a_plugin_family_is_written_and_spoken(tmp_path):
+    from toy_family import speech
+
+    d = tmp_path / "toy"
+    info = invoke("init-model", "--plugin", TOY, "--arch", "toy-tone-tiny", "--out", str(d))
+    assert info["architecture"] == "toy-tone" and family_of(d).name == "toy-tone"
+    out = tmp_path / "toy.wav"
+    info = invoke("speak", "--plugin", TOY, "--model", str(d), "--text", "abc", "--output", str(out))
+    got, rate = sf.read(str(out), dtype="float32")
+    assert rate == 16000 and info["family"] == "toy-tone"
+    np.testing.assert_allclose(got, speech("abc"), atol=1 / 32767)
+    bad = CliRunner().invoke(cli, ["speak", "--plugin", "no_such_plugin", "--model", str(d), "--text", "a"])
+    assert bad.exit_code != 0 and "no_such_plugin" in bad.output
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_serve_speaks_with_a_plugin_family(tmp_path):
+    """``omniduplex serve --plugin tests/toy_family.py --tts DIR`` in a subprocess with a scrubbed
+    environment: ``POST /v1/audio/speech`` answers the toy family's tones resampled to 24 kHz, and
+    ``GET /v1/audio/voices`` lists the family."""
+    from toy_family import speech, write_toy
+
+    d = tmp_path / "toy"
+    write_toy(d, "tiny", 0, None)
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNIDUPLEX_")}
+    cmd = [sys.executable, "-m", "omniduplex.cli.main", "serve", "--port", str(port), "--model", "tiny"]
+    cmd += ["--in-process", "--plugin", TOY, "--tts", str(d)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "serve did not come up"
+            time.sleep(0.5)
+        body = {"model": "omniduplex", "input": "hi!", "response_format": "pcm"}
+        r = httpx.post(f"{base}/v1/audio/speech", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        got = np.frombuffer(r.content, "<i2").astype(np.float32) / 32767
+        want = soxr.resample(speech("hi!"), 16000, 24000)
+        assert got.shape == want.shape and np.abs(got - want).max() < 2e-3
+        voices = httpx.get(f"{base}/v1/audio/voices", timeout=30).json()
+        assert "toy-tone" in json.dumps(voices)
+        bad = httpx.post(f"{base}/v1/audio/speech", json={**body, "voice": "alloy"}, timeout=30)
+        assert bad.status_code == 400 and "alloy" in bad.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
