@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from omniduplex.app.host.pipeline import make_backend
-from omniduplex.app.host.speech.contract import SpeechError, SpeechRequest, SpeechService
+from omniduplex.app.host.speech.contract import SpeechError, SpeechParams, SpeechService
 from omniduplex.app.host.speech.qwen3 import decode_ref_audio
 from omniduplex.models.checkpoint import read_config
 from omniduplex.models.qwen3_tts.config import TTSConfig
@@ -84,7 +84,7 @@ class Qwen3GraphSpeech(SpeechService):
             "instructions": self.variant != "base",
         }
 
-    def prepare(self, request: SpeechRequest) -> GraphRequest:
+    def prepare(self, request: SpeechParams) -> GraphRequest:
         """Check what the server process can and package the request.
 
         Raises SpeechError: a reference clip that is not base64 24 kHz audio of at least 1 s.

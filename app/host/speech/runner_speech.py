@@ -22,7 +22,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from omniduplex.app.host.speech.contract import SPEECH_RATE, SpeechError, SpeechRequest
+from omniduplex.app.host.speech.contract import SPEECH_RATE, SpeechError, SpeechParams
 from omniduplex.app.host.speech.engine_speech import EngineSpeech
 from omniduplex.pipeline.speech.family_runner import FamilyRunner, TTSInputError
 
@@ -88,7 +88,7 @@ class RunnerSpeech(EngineSpeech):
             "ref_sample_rate": r.ref_rate if r.cloning else None,
         }
 
-    def prepare(self, request: SpeechRequest):
+    def prepare(self, request: SpeechParams):
         """Check one request and build its prompt. Raises SpeechError naming the field at fault."""
         ref = decode_clip(request.ref_audio) if request.ref_audio is not None else None
         try:

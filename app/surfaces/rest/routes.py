@@ -26,7 +26,7 @@ MAX_UPLOAD_BYTES = 25 << 20
 """Largest ``/v1/audio/transcriptions`` upload (25 MiB, the API's limit)."""
 
 
-class SpeechRequest(BaseModel):
+class SpeechBody(BaseModel):
     """``POST /v1/audio/speech``: ``input`` text (≤ 4096 characters, the API's limit), ``response_format``
     ``wav`` or ``pcm`` (24 kHz 16-bit mono) — the compressed formats are not produced here.
 
@@ -128,7 +128,7 @@ def router(host: ServerState) -> APIRouter:
         return {"object": "list", "data": data}
 
     @r.post("/v1/audio/speech")
-    async def speech(req: SpeechRequest):
+    async def speech(req: SpeechBody):
         """Speak ``input`` with the host's speech service, streamed as it makes pieces (Qwen3-TTS: the first
         after one codec frame; Piper: clause by clause)."""
         if req.response_format not in ("wav", "pcm"):
