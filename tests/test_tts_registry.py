@@ -2,8 +2,8 @@
 their ``config.json``; ``omniduplex speak`` says one utterance with a VoxCPM2, Higgs or Fish Speech
 checkpoint (tiny presets) at the family's native rate, equal to the family's one-shot ``synthesize``, and
 resamples with ``--rate``; a toy family registered from a test module (``--plugin tests/toy_family.py``)
-is written by ``init-model``, spoken by ``speak`` and served by ``omniduplex serve --tts`` (a subprocess,
-no ``OMNIDUPLEX_*`` variables) sample for sample."""
+is written by ``init-model``, spoken by ``speak``, measured by ``bench tts`` and served by ``omniduplex serve
+--tts`` (a subprocess, no ``OMNIDUPLEX_*`` variables) sample for sample."""
 
 from __future__ import annotations
 
@@ -99,6 +99,12 @@ def test_a_plugin_family_is_written_and_spoken(tmp_path):
     np.testing.assert_allclose(got, speech("abc"), atol=1 / 32767)
     bad = CliRunner().invoke(cli, ["speak", "--plugin", "no_such_plugin", "--model", str(d), "--text", "a"])
     assert bad.exit_code != 0 and "no_such_plugin" in bad.output
+    res = CliRunner().invoke(
+        cli, ["bench", "tts", "--plugin", TOY, "--model", str(d), "--concurrency", "1,2"]
+    )
+    assert res.exit_code == 0, res.output
+    rows = [line.split("|")[1:-1] for line in res.output.splitlines() if line.startswith(("| 1 ", "| 2 "))]
+    assert [r[0].strip() for r in rows] == ["1", "2"] and all(float(r[3]) > 0 for r in rows)
 
 
 def _free_port() -> int:
@@ -145,4 +151,8 @@ def test_serve_speaks_with_a_plugin_family(tmp_path):
         assert bad.status_code == 400 and "alloy" in bad.text
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # SIGTERM while the in-process pipeline loads: not our subject
+            proc.kill()
+            proc.wait(timeout=30)

@@ -32,7 +32,7 @@ class SpeechBody(BaseModel):
 
     ``model`` picks one of the server's speech models (``serve --tts DIR``, repeatable: the folder's name;
     ``omniduplex`` / ``tts-1``: the first; see ``GET /v1/audio/voices``). With a VoxCPM2, Higgs or Fish Speech
-    checkpoint: :mod:`omniduplex.app.host.speech.family`. With a Qwen3-TTS checkpoint (or a cascade
+    checkpoint: :mod:`omniduplex.app.host.speech.runner_speech`. With a Qwen3-TTS checkpoint (or a cascade
     ``--model`` whose TTS is one;
     :mod:`omniduplex.app.host.speech.qwen3`): ``voice`` is a CustomVoice speaker, ``instructions`` the
     VoiceDesign voice description (or a CustomVoice style), ``language`` ``auto`` or a language the checkpoint
