@@ -48,12 +48,18 @@ class RunnerTTSStageWorker(EngineTTSStageWorker):
         sampling: dict | None = None,
     ) -> None:
         self.runner, self.tts = runner, runner.engine
-        self.engine = runner.engine.engine  # the KV gauges of stage_stats
+        self.engine = getattr(runner.engine, "engine", None)  # our Engine: the KV gauges of stage_stats
         self.output_rate, self.first_max_words, self.min_words = output_rate, first_max_words, min_words
         self.max_frames, self.sampling = max_frames, dict(sampling or {})
         self.voice = self._check(voice)
         self.names = {v.name for v in runner.voices()}
         self._init_turns()
+
+    def stats(self) -> dict[str, int]:
+        """The engine's gauges when the family runs on our engine, else ``batch_size``: clauses in flight."""
+        if self.engine is not None:
+            return super().stats()
+        return {"batch_size": sum(t.active is not None for t in self.turns.values())}
 
     def _check(self, voice: str | tuple | None) -> str | None:
         """The stage's voice name: a clip is registered once as the voice ``manifest`` (every clause reuses
