@@ -113,49 +113,87 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class Served:
+    """``omniduplex serve ARGS`` in a subprocess with a scrubbed environment (no ``OMNIDUPLEX_*``), its log in
+    ``log``, up once ``path`` answers 200."""
+
+    def __init__(self, args: list[str], log: Path, path: str = "/healthz", timeout_s: float = 300) -> None:
+        port = _free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OMNIDUPLEX_")}
+        cmd = [sys.executable, "-m", "omniduplex.cli.main", "serve", "--port", str(port), *args]
+        self.log = log
+        with log.open("w") as f:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+        self.base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert self.proc.poll() is None, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{self.base}{path}", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"serve did not answer {path}: " + log.read_text()[-3000:])
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # SIGTERM while the in-process pipeline loads: not our subject
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
 @pytest.mark.slow
 def test_serve_speaks_with_a_plugin_family(tmp_path):
-    """``omniduplex serve --plugin tests/toy_family.py --tts DIR`` in a subprocess with a scrubbed
-    environment: ``POST /v1/audio/speech`` answers the toy family's tones resampled to 24 kHz, and
-    ``GET /v1/audio/voices`` lists the family."""
+    """``omniduplex serve --plugin tests/toy_family.py --tts DIR``: ``POST /v1/audio/speech`` answers the toy
+    family's tones resampled to 24 kHz, and ``GET /v1/audio/voices`` lists the family."""
     from toy_family import speech, write_toy
 
     d = tmp_path / "toy"
     write_toy(d, "tiny", 0, None)
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNIDUPLEX_")}
-    cmd = [sys.executable, "-m", "omniduplex.cli.main", "serve", "--port", str(port), "--model", "tiny"]
-    cmd += ["--in-process", "--plugin", TOY, "--tts", str(d)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
+    served = Served(["--model", "tiny", "--in-process", "--plugin", TOY, "--tts", str(d)], tmp_path / "log")
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "serve did not come up"
-            time.sleep(0.5)
         body = {"model": "omniduplex", "input": "hi!", "response_format": "pcm"}
-        r = httpx.post(f"{base}/v1/audio/speech", json=body, timeout=120)
+        r = httpx.post(f"{served.base}/v1/audio/speech", json=body, timeout=120)
         assert r.status_code == 200, r.text
         got = np.frombuffer(r.content, "<i2").astype(np.float32) / 32767
         want = soxr.resample(speech("hi!"), 16000, 24000)
         assert got.shape == want.shape and np.abs(got - want).max() < 2e-3
-        voices = httpx.get(f"{base}/v1/audio/voices", timeout=30).json()
+        voices = httpx.get(f"{served.base}/v1/audio/voices", timeout=30).json()
         assert "toy-tone" in json.dumps(voices)
-        bad = httpx.post(f"{base}/v1/audio/speech", json={**body, "voice": "alloy"}, timeout=30)
+        bad = httpx.post(f"{served.base}/v1/audio/speech", json={**body, "voice": "alloy"}, timeout=30)
         assert bad.status_code == 400 and "alloy" in bad.text
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # SIGTERM while the in-process pipeline loads: not our subject
-            proc.kill()
-            proc.wait(timeout=30)
+        served.stop()
+
+
+@pytest.mark.slow
+def test_stage_processes_import_the_plugins(tmp_path):
+    """A cascade whose TTS is the plugin family, served with stage processes: the ``tts`` stage process
+    imports the plugin (the process backend hands it the list), so the stage comes up (``/readyz`` lists
+    each stage's state; without the plugin it would fail to start: no registered family's checkpoint)."""
+    from toy_family import write_toy
+
+    d = tmp_path / "toy"
+    write_toy(d, "tiny", 0, None)
+    info = invoke("init-cascade", "--plugin", TOY, "--out", str(tmp_path / "m"), "--tts", str(d))
+    served = Served(["--model", info["manifest"], "--processes", "--plugin", TOY], tmp_path / "log")
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            body = httpx.get(f"{served.base}/readyz", timeout=5).json()
+            assert body["status"] != "failed", body
+            state = body.get("stages", {}).get("tts")
+            if state == "up":
+                break
+            assert state in (None, "starting") and time.monotonic() < deadline, served.log.read_text()[-3000:]
+            time.sleep(1)
+    finally:
+        served.stop()
 
 
 def test_a_plugin_family_speaks_as_the_cascade_tts_stage(tmp_path):
