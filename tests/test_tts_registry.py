@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -123,7 +124,9 @@ class Served:
         cmd = [sys.executable, "-m", "omniduplex.cli.main", "serve", "--port", str(port), *args]
         self.log = log
         with log.open("w") as f:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout_s
         while True:
@@ -142,8 +145,8 @@ class Served:
         self.proc.terminate()
         try:
             self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # SIGTERM while the in-process pipeline loads: not our subject
-            self.proc.kill()
+        except subprocess.TimeoutExpired:  # SIGTERM while the pipeline loads: not this test's subject
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the server and its stage processes (its own group)
             self.proc.wait(timeout=30)
 
 
