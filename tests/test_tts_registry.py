@@ -7,6 +7,7 @@ is written by ``init-model``, spoken by ``speak``, measured by ``bench tts`` and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -142,12 +143,13 @@ class Served:
             time.sleep(0.5)
 
     def stop(self) -> None:
+        """SIGTERM, then SIGKILL to the whole process group (the server and any stage process left)."""
         self.proc.terminate()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # SIGTERM while the pipeline loads
             self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # SIGTERM while the pipeline loads: not this test's subject
-            os.killpg(self.proc.pid, signal.SIGKILL)  # the server and its stage processes (its own group)
-            self.proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
 
 
 @pytest.mark.slow
