@@ -6,8 +6,8 @@ Routes (the surfaces' own docstrings give their details):
     ``GET /kiosk``       the kiosk page and ``/kiosk/config.json`` (:mod:`.surfaces.kiosk.routes`).
     ``ws /v1/realtime``, ``POST /v1/realtime/client_secrets``  the Realtime API (:mod:`.surfaces.realtime`).
     ``/v1/models``, ``/v1/audio/*``  the REST audio endpoints (:mod:`.surfaces.rest`).
-    ``/phone/twilio/*``  the Twilio media-stream bridge (:mod:`.surfaces.phone.routes`); with ``sip`` set, the
-                         SIP UAS runs beside it (:mod:`.surfaces.phone.sip`).
+    ``/phone/twilio/*``  the Twilio media-stream bridge (:mod:`.surfaces.phone.twilio_routes`); with ``sip``
+                         set, the SIP UAS runs beside it (:mod:`.surfaces.phone.sip`).
     ``POST /session-token``  a short-lived token for a browser page (needs an API key).
     ``GET /healthz``     liveness and session count (answers while the pipeline is still starting).
     ``GET /readyz``      200 once every stage is up, 503 before (and while a crashed stage restarts, and while
@@ -33,7 +33,7 @@ from fastapi.staticfiles import StaticFiles
 
 from omniduplex.app.core.replies import Responder
 from omniduplex.app.host import logs
-from omniduplex.app.host.auth import EdgeGate
+from omniduplex.app.host.auth import SERVER_ACCESS, EdgeGate
 from omniduplex.app.host.config import HostConfig
 from omniduplex.app.host.metrics import CONTENT_TYPE
 from omniduplex.app.host.readiness import readiness
@@ -42,7 +42,7 @@ from omniduplex.app.surfaces.browser import routes as browser
 from omniduplex.app.surfaces.chat import routes as chat
 from omniduplex.app.surfaces.kiosk import routes as kiosk
 from omniduplex.app.surfaces.kiosk.config import KioskConfig
-from omniduplex.app.surfaces.phone import routes as phone
+from omniduplex.app.surfaces.phone import twilio_routes as phone
 from omniduplex.app.surfaces.phone.config import SipConfig, TwilioConfig
 from omniduplex.app.surfaces.realtime import routes as realtime
 from omniduplex.app.surfaces.rest import routes as rest
@@ -107,9 +107,6 @@ def create_app(cfg: ServerConfig | None = None, responder: Responder | None = No
     app = FastAPI(title="omniduplex", lifespan=lifespan)
     app.state.server = state
     app.state.tokens = state.tokens
-    app.add_middleware(
-        EdgeGate, cfg=cfg.auth, tokens=state.tokens, twilio_signed=cfg.twilio.auth_token is not None
-    )
 
     @app.post("/session-token")
     async def session_token():
@@ -135,12 +132,18 @@ def create_app(cfg: ServerConfig | None = None, responder: Responder | None = No
         return state.metrics()
 
     peers = browser.PeerOptions(cfg.kiosk.greeting, cfg.media_timeout_s, cfg.connect_timeout_s)
-    app.include_router(browser.router(state, peers))
-    app.include_router(phone.router(state, cfg.twilio))
-    app.include_router(kiosk.router(cfg.kiosk, cfg.web_dir))
-    app.include_router(realtime.router(state))
-    app.include_router(chat.router(state))
-    app.include_router(rest.router(state))
+    surfaces = (  # each surface's routes and what the edge asks of them (API key, public, signed)
+        (browser.router(state, peers), browser.ACCESS),
+        (phone.router(state, cfg.twilio), phone.access(cfg.twilio)),
+        (kiosk.router(cfg.kiosk, cfg.web_dir), kiosk.ACCESS),
+        (realtime.router(state), realtime.ACCESS),
+        (chat.router(state), chat.ACCESS),
+        (rest.router(state), rest.ACCESS),
+    )
+    for routes, _ in surfaces:
+        app.include_router(routes)
+    access = [*SERVER_ACCESS, *(a for _, declared in surfaces for a in declared)]
+    app.add_middleware(EdgeGate, cfg=cfg.auth, tokens=state.tokens, access=access)
 
     if cfg.web_dir.is_dir():
         app.mount("/", StaticFiles(directory=cfg.web_dir, html=True), name="web")

@@ -167,3 +167,23 @@ def run_processes(
         out = {"model": str(model_dir), "mode": "processes", "threads": threads, "rows": rows}
         json_out.write_text(json.dumps(out, indent=2))
     return rows
+
+
+def bench(
+    model_dir: Path,
+    levels: list[int],
+    *,
+    threads: int | None = None,
+    json_out: Path | None = None,
+    frames: int = 50,
+    processes: bool = True,
+    **_,
+) -> list[dict]:
+    """``bench tts`` on a Qwen3-TTS checkpoint (its ``bench`` in the family's declaration): the talker and
+    codec as two stage processes (:func:`run_processes`, 1 thread each by default) or both in this process
+    (:func:`omniduplex.benchmarks.tts.run`, 2 threads)."""
+    if processes:
+        return run_processes(model_dir, levels, frames, threads or 1, json_out)
+    from omniduplex.benchmarks.tts import run
+
+    return run(model_dir, levels, frames, threads or 2, json_out)

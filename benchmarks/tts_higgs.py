@@ -116,3 +116,31 @@ def measure(
     _level(model, 1, 12, lever, chunk, seed)  # warm-up: kernel setup off the clock
     levels = [_level(model, c, frames, lever, chunk, seed) for c in concurrency]
     return {"model": str(model_dir), "device": device, "levels": levels}
+
+
+def bench(
+    model_dir: Path, levels: list[int], *, threads: int | None = None, json_out=None, **_
+) -> list[dict]:
+    """``bench tts`` on a Higgs checkpoint (its ``bench`` in the family's declaration): :func:`measure` with
+    the lever on and off (:func:`~.tts_levers.lever_bench`)."""
+    from omniduplex.benchmarks.tts_levers import lever_bench
+
+    torch.set_num_threads(threads or 2)
+
+    def rows(lever: bool) -> list[dict]:
+        got = measure(model_dir, tuple(levels), lever=lever)["levels"]
+        return [
+            dict(
+                c=r["concurrency"],
+                ttfp_ms_p50=r["ttfp_ms_p50"],
+                rtf=r["rtf_mean"],
+                audio_s_per_s=r["audio_s_per_s"],
+                counter=r["state_ms_per_step"],
+                detail=r,
+            )
+            for r in got
+        ]
+
+    return lever_bench(
+        "higgs", model_dir, rows, "state ms/step", {16: "35.26 audio-s/s"}, threads or 2, json_out
+    )

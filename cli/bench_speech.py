@@ -7,12 +7,12 @@ from pathlib import Path
 
 import typer
 
-from omniduplex.cli.options import levels
+from omniduplex.cli.options import PLUGIN_HELP, levels, load_plugins
 
 
 def bench_tts(
     model: Path | None = typer.Option(
-        None, help="Qwen3-TTS, VoxCPM2, Higgs or Fish Speech checkpoint (default: small Qwen3-TTS preset)."
+        None, help="A registered TTS family's checkpoint (default: small Qwen3-TTS preset)."
     ),
     concurrency: str = typer.Option("1,16,64", help="Comma-separated concurrent utterance counts."),
     frames: int = typer.Option(50, help="Qwen3-TTS codec frames per utterance (12.5 frames = 1 s)."),
@@ -22,17 +22,19 @@ def bench_tts(
     processes: bool = typer.Option(
         True,
         "--processes/--in-process",
-        help="Talker and codec decoder as two stage processes joined by the relay (the served graph), "
-        "or both in this one process.",
+        help="Qwen3-TTS: talker and codec decoder as two stage processes joined by the relay (the served "
+        "graph), or both in this one process.",
     ),
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+    plugin: list[str] | None = typer.Option(None, "--plugin", help=PLUGIN_HELP),
 ) -> None:
-    """TTFP, RTF, audio-s/s per concurrency: Qwen3-TTS talker vs codec; the others, their lever on and off."""
+    """TTFP, RTF, audio-s/s per concurrency, by the family's own benchmark (Qwen3-TTS: talker vs codec; the
+    others: their lever on and off; a family declaring none: :mod:`omniduplex.benchmarks.tts_runner`)."""
     from omniduplex.app.host.pipeline import cache_dir
-    from omniduplex.benchmarks.tts import run
-    from omniduplex.benchmarks.tts_graph import run_processes
     from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
+    from omniduplex.pipeline.speech.registry import family_of, known, resolve
 
+    load_plugins(plugin)
     if model is None:
         model = cache_dir() / "small-qwen3-tts"
         if not (model / "model.safetensors").is_file():
@@ -40,17 +42,11 @@ def bench_tts(
     counts = levels(concurrency)
     if frames < 1 or min(counts) < 1:
         raise typer.BadParameter("--frames and every --concurrency level must be >= 1")
-    from omniduplex.models.tts_family import QWEN3_TTS, tts_family
-
-    if tts_family(model) not in (QWEN3_TTS, None):  # the family's own benchmark, lever on and off
-        from omniduplex.benchmarks.tts_family import run as run_family
-
-        run_family(model, counts, threads or 2, json_out)
-        return
-    if processes:
-        run_processes(model, counts, frames, threads or 1, json_out)
-    else:
-        run(model, counts, frames, threads or 2, json_out)
+    family = family_of(model)
+    if family is None:
+        raise typer.BadParameter(f"--model {model}: not a checkpoint of a registered TTS family ({known()})")
+    run = resolve(family.bench or "omniduplex.benchmarks.tts_runner:bench")
+    run(model, counts, threads=threads, json_out=json_out, frames=frames, processes=processes)
 
 
 def bench_tts_stream(

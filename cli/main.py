@@ -8,6 +8,7 @@ import typer
 
 from omniduplex.cli.bench import bench
 from omniduplex.cli.models import models
+from omniduplex.cli.options import PLUGIN_HELP, load_plugins
 
 cli = typer.Typer(
     help="omniduplex: full-duplex voice assistant on a streaming speech-model pipeline.",
@@ -144,9 +145,11 @@ def serve(
     tts: list[Path] | None = typer.Option(
         None,
         "--tts",
-        help="TTS checkpoint serving POST /v1/audio/speech (Qwen3-TTS, VoxCPM2, Higgs Audio v3 or Fish "
-        "Speech S2 Pro; repeatable: a request's model names one by its folder; default: the Piper voice).",
+        help="TTS checkpoint serving POST /v1/audio/speech (a registered family's: Qwen3-TTS, VoxCPM2, Higgs "
+        "Audio v3, Fish Speech S2 Pro, a --plugin's; repeatable: a request's model names one by its folder; "
+        "default: the Piper voice).",
     ),
+    plugin: list[str] | None = typer.Option(None, "--plugin", help=PLUGIN_HELP),
     tts_graph: bool = typer.Option(
         False,
         "--tts-graph",
@@ -203,13 +206,12 @@ def serve(
 
     if turn_detection not in ("silence", "smart"):
         raise typer.BadParameter(f"--turn-detection {turn_detection!r}: choose silence or smart")
-    from omniduplex.models.tts_family import tts_family
+    load_plugins(plugin)
+    from omniduplex.pipeline.speech.registry import family_of, known
 
     for d in tts or []:
-        if tts_family(d) is None:
-            raise typer.BadParameter(
-                f"--tts {d}: not a Qwen3-TTS, VoxCPM2, Higgs or Fish Speech checkpoint (config.json)"
-            )
+        if family_of(d) is None:
+            raise typer.BadParameter(f"--tts {d}: not a checkpoint of a registered TTS family ({known()})")
     turn = TurnConfig(
         endpoint_ms=endpoint_ms,
         preemptive_ms=preemptive_ms,

@@ -1,5 +1,6 @@
 """``omniduplex init-model``, ``init-cascade`` and ``speak``: writing model checkpoints and cascade manifests,
-and one utterance from a Qwen3-TTS checkpoint (merged into the top-level command by :mod:`.main`)."""
+and one utterance from any registered TTS family's checkpoint (merged into the top-level command by
+:mod:`.main`; the families: :mod:`omniduplex.pipeline.speech.registry`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import time
 from pathlib import Path
 
 import typer
+
+from omniduplex.cli.options import PLUGIN_HELP, load_plugins
 
 models = typer.Typer()
 
@@ -23,33 +26,29 @@ def init_model(
     arch: str = typer.Option(
         "qwen3-omni",
         "--arch",
-        help="qwen3-omni (Thinker-Talker), unified (delay-pattern speech LM + DAC), qwen3-tts, or "
-        "voxcpm2-tiny / voxcpm2-small, higgs-tiny / higgs-small, fish-speech-tiny / fish-speech-small "
-        "(the preset in the name).",
+        help="qwen3-omni (Thinker-Talker), unified (delay-pattern speech LM + DAC), or a registered TTS "
+        "family: qwen3-tts, voxcpm2, higgs, fish-speech, a --plugin's (FAMILY-PRESET names the preset too, "
+        "e.g. voxcpm2-tiny).",
     ),
-    variant: str = typer.Option(
-        "custom_voice",
-        help="qwen3-tts only: base (voice cloning), custom_voice (named speakers) or voice_design.",
+    variant: str | None = typer.Option(
+        None, help="A TTS family's variant (qwen3-tts: base, custom_voice (default) or voice_design)."
     ),
+    plugin: list[str] | None = typer.Option(None, "--plugin", help=PLUGIN_HELP),
 ) -> None:
-    """Write a deterministic random-weight checkpoint (Qwen3-Omni layout, the unified delay-pattern LM, or
-    Qwen3-TTS)."""
+    """Write a deterministic random-weight checkpoint (Qwen3-Omni layout, the unified delay-pattern LM, or a
+    TTS family's preset) and print one JSON line describing it."""
     from omniduplex.models.qwen3_omni.presets import write_checkpoint
     from omniduplex.models.registry import load_model
     from omniduplex.models.unified.presets import write_unified_checkpoint
 
-    for family in ("voxcpm2", "higgs", "fish-speech"):  # the preset in the name, or --arch FAMILY --preset P
-        if arch == family or arch.startswith(family + "-"):
-            name = arch.removeprefix(family).removeprefix("-") or preset
-            _init_family(out, family.replace("-", "_"), name, seed)
-            return
-    if arch not in ("qwen3-omni", "unified", "qwen3-tts"):
-        raise typer.BadParameter(f"unknown --arch {arch!r}; choose qwen3-omni, unified or qwen3-tts")
+    load_plugins(plugin)
+    if arch not in ("qwen3-omni", "unified"):
+        _init_tts(out, arch, preset, seed, variant)
+        return
     if arch != "qwen3-omni" and text_only:
         raise typer.BadParameter("--text-only applies to --arch qwen3-omni only")
-    if arch == "qwen3-tts":
-        _init_qwen3_tts(out, preset, seed, variant)
-        return
+    if variant is not None:
+        raise typer.BadParameter(f"--variant applies to a TTS family, not --arch {arch}")
     t0 = time.perf_counter()
     if arch == "unified":
         write_unified_checkpoint(out, preset, seed)
@@ -73,72 +72,29 @@ def init_model(
     )
 
 
-def _init_qwen3_tts(out: Path, preset: str, seed: int, variant: str) -> None:
-    from omniduplex.models.qwen3_tts.model import load_qwen3_tts
-    from omniduplex.models.qwen3_tts.presets import PRESETS, write_tts_checkpoint
+def _init_tts(out: Path, arch: str, preset: str, seed: int, variant: str | None) -> None:
+    """``init-model --arch FAMILY[-PRESET]`` for a registered TTS family: its ``init`` (one JSON line).
 
-    if preset not in PRESETS:
-        raise typer.BadParameter(f"unknown --preset {preset!r} for qwen3-tts; choose from {list(PRESETS)}")
-    t0 = time.perf_counter()
+    Raises typer.BadParameter: no such family or preset, a variant the family does not have."""
+    from omniduplex.pipeline.speech.registry import families
+
+    by_length = sorted(families(), key=lambda f: -len(f.name))  # "qwen3-tts-tiny": the longest name first
+    family = next((f for f in by_length if arch == f.name or arch.startswith(f.name + "-")), None)
+    if family is None or family.init is None:
+        names = ["qwen3-omni", "unified", *(f.name for f in families() if f.init is not None)]
+        raise typer.BadParameter(f"unknown --arch {arch!r}; choose from {names}")
+    name = arch.removeprefix(family.name).removeprefix("-") or preset
+    if name not in family.presets:
+        raise typer.BadParameter(
+            f"unknown --arch {family.name}-{name}; choose a preset from {list(family.presets)}"
+        )
+    if variant is not None and variant not in family.variants:
+        have = list(family.variants) or "none"
+        raise typer.BadParameter(f"unknown variant {variant!r} for {family.name}; it has {have}")
     try:
-        write_tts_checkpoint(out, preset, seed, variant)
+        info = family.init(out, name, seed, variant)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
-    written = time.perf_counter() - t0
-    loaded = load_qwen3_tts(out)
-    counts = loaded.num_parameters()
-    typer.echo(
-        json.dumps(
-            {
-                "out": str(out),
-                "preset": preset,
-                "architecture": "Qwen3TTSForConditionalGeneration",
-                "variant": variant,
-                "parameters": counts,
-                "total_parameters": sum(counts.values()),
-                "write_seconds": round(written, 3),
-                "load_seconds": round(loaded.load_seconds, 3),
-            }
-        )
-    )
-
-
-def _init_family(out: Path, family: str, preset: str, seed: int) -> None:
-    """Write and load back a random VoxCPM2 / Higgs Audio v3 / Fish Speech checkpoint (one JSON line).
-
-    Raises typer.BadParameter: a preset the family does not have."""
-    if family == "voxcpm2":
-        from omniduplex.models.voxcpm2.model import load_voxcpm2 as load
-        from omniduplex.models.voxcpm2.presets import PRESETS
-        from omniduplex.models.voxcpm2.presets import write_voxcpm2_checkpoint as write
-
-        architecture = "voxcpm2"
-    elif family == "higgs":
-        from omniduplex.models.higgs.model import load_higgs as load
-        from omniduplex.models.higgs.presets import PRESETS
-        from omniduplex.models.higgs.presets import write_higgs_checkpoint as write
-
-        architecture = "HiggsMultimodalQwen3ForConditionalGeneration"
-    else:
-        from omniduplex.models.fish_speech.load import load_fish_speech as load
-        from omniduplex.models.fish_speech.presets import PRESETS
-        from omniduplex.models.fish_speech.presets import write_fish_checkpoint as write
-
-        architecture = "fish_qwen3_omni"
-    if preset not in PRESETS:
-        name = family.replace("_", "-")
-        raise typer.BadParameter(f"unknown --arch {name}-{preset}; choose a preset from {list(PRESETS)}")
-    t0 = time.perf_counter()
-    write(out, preset, seed)
-    written = time.perf_counter() - t0
-    loaded = load(out)
-    counts = loaded.num_parameters()
-    info = dict(out=str(out), preset=preset, architecture=architecture, parameters=counts)
-    if getattr(loaded, "voices", None):
-        info["voices"] = sorted(loaded.voices)
-    info.update(total_parameters=sum(counts.values()), write_seconds=round(written, 3))
-    if hasattr(loaded, "load_seconds"):
-        info["load_seconds"] = round(loaded.load_seconds, 3)
     typer.echo(json.dumps(info))
 
 
@@ -155,8 +111,9 @@ def init_cascade(
     ),
     tts: Path | None = typer.Option(
         None,
-        help="Piper voice .onnx or a TTS checkpoint directory: Qwen3-TTS, VoxCPM2, Higgs Audio v3 or "
-        "Fish Speech S2 Pro, the family read from its config.json (default: packaged Piper en_US joe).",
+        help="Piper voice .onnx or a TTS checkpoint directory of a registered family: Qwen3-TTS, VoxCPM2, "
+        "Higgs Audio v3, Fish Speech S2 Pro, a --plugin's, the family read from its config.json (default: "
+        "packaged Piper en_US joe).",
     ),
     tts_voice: str | None = typer.Option(
         None,
@@ -177,16 +134,17 @@ def init_cascade(
         "--tts-ref-text",
         help="Transcript of --tts-ref-audio (Qwen3-TTS Base: in-context; VoxCPM2: continuation; Fish).",
     ),
+    plugin: list[str] | None = typer.Option(None, "--plugin", help=PLUGIN_HELP),
 ) -> None:
     """Write a cascade manifest (asr → llm → tts) to pass as --model; unset parts use the packaged weights.
     With a Qwen3-TTS checkpoint as --tts the assistant speaks in its voice (--tts-voice / --tts-instructions /
     --tts-ref-audio + --tts-ref-text, as the checkpoint's variant takes)."""
     from omniduplex.models import weights
     from omniduplex.models.cascade.manifest import DEFAULT_ASR, asr_path, load_manifest, write_manifest
-    from omniduplex.models.checkpoint import CheckpointError, read_config
-    from omniduplex.models.qwen3_tts.config import TTSConfig
-    from omniduplex.models.qwen3_tts.model import is_qwen3_tts
-    from omniduplex.models.tts_family import tts_family
+    from omniduplex.models.checkpoint import CheckpointError
+    from omniduplex.pipeline.speech.registry import family_of, known
+
+    load_plugins(plugin)
 
     def pick(given: Path | None, packaged) -> Path:
         return given.resolve() if given else weights.locate(packaged)
@@ -197,19 +155,18 @@ def init_cascade(
         "tts_ref_audio": tts_ref_audio.resolve() if tts_ref_audio else None,
         "tts_ref_text": tts_ref_text,
     }
-    family = tts_family(tts) if tts is not None else None  # Qwen3-TTS, VoxCPM2, Higgs or Fish Speech
+    family = family_of(tts) if tts is not None else None  # a registered TTS family
     if family is None and any(v is not None for v in voice.values()):
         raise typer.BadParameter(
             "--tts-voice / --tts-instructions / --tts-ref-* need a TTS checkpoint (Qwen3-TTS --tts, or a "
             "VoxCPM2 / Higgs / Fish Speech one)"
         )
     if family is None and tts is not None and tts.is_dir():
-        raise typer.BadParameter(f"--tts {tts}: no TTS family's checkpoint (config.json)")
-    qwen3 = tts is not None and is_qwen3_tts(tts)
-    if qwen3 and tts_voice is not None:
-        speakers = TTSConfig.from_dict(read_config(tts)).speakers
-        if tts_voice.lower() not in speakers:
-            raise typer.BadParameter(f"--tts-voice {tts_voice!r}: this checkpoint has {sorted(speakers)}")
+        raise typer.BadParameter(f"--tts {tts}: no registered TTS family's checkpoint ({known()})")
+    if family is not None and family.voice_names is not None and tts_voice is not None:
+        names = family.voice_names(tts)  # read from the checkpoint's files, no weights loaded
+        if tts_voice.lower() not in [n.lower() for n in names]:
+            raise typer.BadParameter(f"--tts-voice {tts_voice!r}: this checkpoint has {names}")
     try:
         path = write_manifest(
             out,
@@ -227,85 +184,83 @@ def init_cascade(
 
 @models.command()
 def speak(
-    model: Path = typer.Option(..., "--model", help="Qwen3-TTS checkpoint directory (12 Hz, any variant)."),
-    text: str = typer.Option(..., "--text", help="What to say."),
-    output: Path = typer.Option(Path("speech.wav"), "--output", "-o", help="24 kHz 16-bit WAV to write."),
-    voice: str | None = typer.Option(
-        None, "--voice", help="CustomVoice: speaker name (talker_config.spk_id)."
+    model: Path = typer.Option(
+        ...,
+        "--model",
+        help="A registered TTS family's checkpoint (Qwen3-TTS, VoxCPM2, Higgs, Fish Speech...).",
     ),
+    text: str = typer.Option(..., "--text", help="What to say."),
+    output: Path = typer.Option(Path("speech.wav"), "--output", "-o", help="16-bit WAV to write."),
+    rate: int | None = typer.Option(
+        None, "--rate", min=1, help="Sample rate of the WAV (Hz; default: the family's own)."
+    ),
+    voice: str | None = typer.Option(None, "--voice", help="One of the checkpoint's voices."),
     instruct: str | None = typer.Option(
-        None, "--instruct", help="VoiceDesign / CustomVoice: voice instruction."
+        None, "--instruct", help="Qwen3-TTS VoiceDesign / CustomVoice: voice instruction."
     ),
     ref_audio: Path | None = typer.Option(
-        None, "--ref-audio", help="Base: reference clip to clone (x-vector)."
+        None, "--ref-audio", help="Reference clip to clone (resampled to the family's reference rate)."
     ),
-    ref_text: str | None = typer.Option(
-        None, "--ref-text", help="Base: transcript of --ref-audio (in-context cloning with its codes)."
-    ),
-    language: str = typer.Option("auto", help="auto or a codec_language_id key (english, chinese, ...)."),
+    ref_text: str | None = typer.Option(None, "--ref-text", help="Transcript of --ref-audio."),
+    language: str = typer.Option("auto", help="Qwen3-TTS: auto or a codec_language_id key (english, ...)."),
     greedy: bool = typer.Option(
-        False, "--greedy", help="Greedy decoding (default: the reference's sampling)."
+        False, "--greedy", help="Deterministic decoding (default: the family's sampling)."
     ),
     seed: int = typer.Option(0, help="Sampling seed."),
-    max_frames: int = typer.Option(2048, help="Max codec frames incl. EOS (12.5 frames = 1 s)."),
+    max_frames: int = typer.Option(
+        2048, min=1, help="Max frames of the family incl. EOS (Qwen3-TTS: 12.5/s)."
+    ),
+    plugin: list[str] | None = typer.Option(None, "--plugin", help=PLUGIN_HELP),
 ) -> None:
-    """Say one utterance with a Qwen3-TTS checkpoint: the talker on our engine, the codec streamed
-    (1-frame first chunk, then 25-frame chunks); prints TTFP, audio seconds and RTF."""
+    """Say one utterance with any registered TTS family's checkpoint: its engine, its decoder streamed;
+    writes the family's native rate (``--rate``: resampled) and prints TTFP, audio seconds and RTF."""
     import numpy as np
-    import torch
+    import soxr
 
     from omniduplex.models.checkpoint import CheckpointError
-    from omniduplex.models.qwen3_tts import text as tts_text
-    from omniduplex.models.qwen3_tts.model import SAMPLE_RATE, load_qwen3_tts
-    from omniduplex.models.qwen3_tts.prompt import PromptError, build_prompt
-    from omniduplex.models.tokenizer import load_tokenizer
+    from omniduplex.models.config import ConfigError
     from omniduplex.pipeline.audio_io import AudioInputError, load_audio, write_wav
-    from omniduplex.pipeline.speech.qwen3_tts import Qwen3TTSEngine, stream_speech
+    from omniduplex.pipeline.speech.family_runner import TTSInputError
+    from omniduplex.pipeline.speech.registry import load_runner
 
+    load_plugins(plugin)
+    if ref_text is not None and ref_audio is None:
+        raise typer.BadParameter("--ref-text needs --ref-audio")
     try:
-        loaded = load_qwen3_tts(model)
-        tok = load_tokenizer(model)
-        xvector = None
+        runner = load_runner(model, max_num_seqs=1)
+        ref = None
         if ref_audio is not None:
-            if loaded.speaker_encoder is None:
-                raise PromptError(f"--ref-audio needs a Base checkpoint; {model} is {loaded.config.variant}")
-            ref_wav = torch.from_numpy(load_audio(ref_audio, SAMPLE_RATE))
-            xvector = loaded.speaker_encoder.embed(ref_wav)
-        ref_ids = ref_codes = None
-        if ref_text is not None:
-            if ref_audio is None:
-                raise PromptError("--ref-text needs --ref-audio")
-            if loaded.codec_encoder is None:
-                raise PromptError(f"{model}/speech_tokenizer has no codec encoder: in-context cloning is off")
-            ref_ids, ref_codes = tts_text.ref_text_ids(tok, ref_text), loaded.codec_encoder.encode(ref_wav)
-        prompt = build_prompt(
-            loaded.talker,
-            tts_text.text_ids(tok, text),
-            language=language,
-            speaker=voice,
-            instruct_ids=tts_text.instruct_ids(tok, instruct) if instruct else None,
-            xvector=xvector,
-            ref_ids=ref_ids,
-            ref_codes=ref_codes,
-        )
-    except (CheckpointError, PromptError, AudioInputError) as e:
+            ref_rate = runner.ref_rate or runner.sample_rate
+            ref = (load_audio(ref_audio, ref_rate), ref_rate)
+        prompt = runner.prompt(text, voice, ref, ref_text, instruct, language)
+    except (CheckpointError, ConfigError, TTSInputError, AudioInputError, ValueError) as e:
         raise typer.BadParameter(str(e)) from e
-    sampling = {"max_tokens": max_frames, "seed": seed}
-    if greedy:
-        sampling["temperature"] = 0.0
+    sampling = {"seed": seed, **(runner.greedy if greedy else {})}
+    out_rate = rate or runner.sample_rate
+    resampler = (
+        None if out_rate == runner.sample_rate else soxr.ResampleStream(runner.sample_rate, out_rate, 1)
+    )
     t0 = time.perf_counter()
     ttfp, pieces = None, []
-    for piece in stream_speech(Qwen3TTSEngine(loaded, max_num_seqs=1), prompt, sampling):
-        ttfp = ttfp if ttfp is not None else time.perf_counter() - t0
-        pieces.append(piece.numpy())
+    try:
+        for piece in runner.stream(prompt, max_frames, sampling):
+            if piece.size:
+                ttfp = ttfp if ttfp is not None else time.perf_counter() - t0
+                pieces.append(piece)
+    except ValueError as e:  # TTSInputError too: no room after the prompt, sampling keys the family lacks
+        raise typer.BadParameter(str(e)) from e
     wall = time.perf_counter() - t0
     wav = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
-    write_wav(output, wav, SAMPLE_RATE)
-    seconds = wav.shape[0] / SAMPLE_RATE
+    if resampler is not None:
+        wav = resampler.resample_chunk(wav.astype(np.float32), last=True)
+    write_wav(output, wav, out_rate)
+    seconds = wav.shape[0] / out_rate
     typer.echo(
         json.dumps(
             {
                 "output": str(output),
+                "family": runner.family,
+                "sample_rate": out_rate,
                 "audio_seconds": round(seconds, 3),
                 "ttfp_ms": round(1000 * ttfp, 1) if ttfp is not None else None,
                 "rtf": round(wall / seconds, 3) if seconds else None,

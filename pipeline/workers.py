@@ -226,20 +226,20 @@ def _qwen3_tts_worker(manifest, cfg: StageConfig, chunking: ChunkingConfig):
 
 
 def _family_tts_worker(manifest, cfg: StageConfig) -> StageWorker:
-    """The cascade's TTS stage on a VoxCPM2 / Higgs / Fish Speech checkpoint (its family from
-    ``config.json``), speaking in the manifest's voice (checked here: a bad voice or clip fails the stage's
-    start with the reason)."""
+    """The cascade's TTS stage on any other registered family's checkpoint (VoxCPM2, Higgs, Fish Speech,
+    plugins'; its family from ``config.json``), speaking in the manifest's voice (checked here: a bad voice
+    or clip fails the stage's start with the reason)."""
     import soundfile as sf
 
-    from omniduplex.pipeline.speech.family_runner import load_runner
-    from omniduplex.pipeline.stages.family_tts import FamilyTTSStageWorker
+    from omniduplex.pipeline.speech.registry import load_runner
+    from omniduplex.pipeline.stages.runner_tts import RunnerTTSStageWorker
 
     runner = load_runner(manifest.tts, max_num_seqs=cfg.max_num_seqs, num_blocks=cfg.num_kv_blocks)
     voice = manifest.tts_voice
     if manifest.tts_ref_audio is not None:
         wav, rate = sf.read(manifest.tts_ref_audio, dtype="float32", always_2d=True)
         voice = (wav.mean(axis=1), int(rate), manifest.tts_ref_text)
-    return FamilyTTSStageWorker(runner, voice, CASCADE_OUTPUT_RATE, max_frames=manifest.tts_max_frames)
+    return RunnerTTSStageWorker(runner, voice, CASCADE_OUTPUT_RATE, max_frames=manifest.tts_max_frames)
 
 
 def _tts_worker(manifest, cfg: StageConfig, chunking: ChunkingConfig) -> StageWorker:
@@ -248,7 +248,7 @@ def _tts_worker(manifest, cfg: StageConfig, chunking: ChunkingConfig) -> StageWo
     threads."""
     if manifest.tts_is_qwen3:
         return _qwen3_tts_worker(manifest, cfg, chunking)
-    if manifest.tts_family is not None:
+    if manifest.tts_is_checkpoint:
         return _family_tts_worker(manifest, cfg)
     from omniduplex.models.cascade.tts import PiperTTS
     from omniduplex.pipeline.stages.tts import TTSWorker

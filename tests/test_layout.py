@@ -245,7 +245,7 @@ def test_the_module_checkers_see_a_hand_drawn_cycle_and_each_broken_rule():
                 "omniduplex.app.surfaces.wire.g711",
                 "omniduplex.app.host.state",
             },
-            "omniduplex.app.surfaces.wire.g711": {"omniduplex.app.surfaces.phone.routes"},
+            "omniduplex.app.surfaces.wire.g711": {"omniduplex.app.surfaces.phone.twilio_routes"},
         }
     )
     assert [b.split(":")[0] for b in bad] == [

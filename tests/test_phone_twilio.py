@@ -22,7 +22,7 @@ from omniduplex.app.core.vad import TurnConfig
 from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.app.surfaces.phone import twilio
 from omniduplex.app.surfaces.phone.config import TwilioConfig
-from omniduplex.app.surfaces.phone.routes import connect_stream_twiml, twilio_signature
+from omniduplex.app.surfaces.phone.twilio_routes import connect_stream_twiml, twilio_signature
 from omniduplex.app.surfaces.wire.g711 import ulaw_encode
 from omniduplex.pipeline.audio_io import load_audio
 

@@ -40,7 +40,7 @@ def worker_classes() -> list[type]:
 def test_every_stage_module_worker_is_found():
     names = {c.__name__ for c in worker_classes()}
     assert {"ASRWorker", "LLMWorker", "TTSWorker", "VocoderWorker", "VLLMLLMWorker"} <= names
-    assert {"EngineTTSStageWorker", "FamilyTTSStageWorker", "Qwen3TTSStageWorker"} <= names
+    assert {"EngineTTSStageWorker", "RunnerTTSStageWorker", "Qwen3TTSStageWorker"} <= names
     assert len(names) == 16
 
 

@@ -28,7 +28,7 @@ from omniduplex.pipeline.config import ChunkingConfig, StageConfig
 from omniduplex.pipeline.messages import DecoderOutput, StageMessage, TurnOptions
 from omniduplex.pipeline.speech import fish_speech, higgs, voxcpm2
 from omniduplex.pipeline.speech.family_runner import TTSInputError
-from omniduplex.pipeline.stages.family_tts import FamilyTTSStageWorker
+from omniduplex.pipeline.stages.runner_tts import RunnerTTSStageWorker
 from omniduplex.pipeline.topology import output_rate
 from omniduplex.pipeline.workers import build_worker
 
@@ -55,7 +55,7 @@ def manifest(request, tmp_path_factory):
     return request.param, path
 
 
-def one_shot(w: FamilyTTSStageWorker, family: str, text: str) -> torch.Tensor:
+def one_shot(w: RunnerTTSStageWorker, family: str, text: str) -> torch.Tensor:
     """The family's ``synthesize`` of ``text`` alone, resampled to 24 kHz."""
     r, sp = w.runner, GREEDY[family]
     if family == "voxcpm2":
@@ -73,9 +73,9 @@ def one_shot(w: FamilyTTSStageWorker, family: str, text: str) -> torch.Tensor:
 
 def test_stage_speaks_each_clause_with_the_family_engine(manifest):
     family, path = manifest
-    assert load_manifest(path).tts_family is not None and output_rate(path) == 24000
+    assert load_manifest(path).tts_is_checkpoint and output_rate(path) == 24000
     w = build_worker("tts", path, StageConfig(num_kv_blocks=64), ChunkingConfig())
-    assert isinstance(w, FamilyTTSStageWorker) and w.output_rate == 24000
+    assert isinstance(w, RunnerTTSStageWorker) and w.output_rate == 24000
     w.sampling = GREEDY[family]
     outs = []
     for i, tok in enumerate(tokens(REPLY)):

@@ -22,9 +22,7 @@ from safetensors.torch import load_file, save_file
 from test_server import IdleResponder
 
 from omniduplex.app.host.auth import AuthConfig
-from omniduplex.app.host.speech.fish_speech import FishSpeechSpeech
-from omniduplex.app.host.speech.higgs import HiggsSpeech
-from omniduplex.app.host.speech.voxcpm2 import VoxCPM2Speech
+from omniduplex.app.host.speech.runner_speech import RunnerSpeech
 from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.models.fish_speech.presets import write_fish_checkpoint
 from omniduplex.models.higgs.presets import write_higgs_checkpoint
@@ -52,9 +50,8 @@ def served(tmp_path_factory):
         dropped = sorted(weights)[1]
         save_file({k: v for k, v in weights.items() if k != dropped}, b / "model.safetensors")
         broken[f"broken-{n}"] = (b, dropped)
-    classes = {"vox": VoxCPM2Speech, "higgs": HiggsSpeech, "fish": FishSpeechSpeech}
     services = {
-        n: classes[n](d, max_num_seqs=8, num_blocks=BLOCKS, max_frames=FRAMES, sampling=GREEDY[n])
+        n: RunnerSpeech.load(d, max_num_seqs=8, num_blocks=BLOCKS, max_frames=FRAMES, sampling=GREEDY[n])
         for n, d in dirs.items()
     }
     yield dirs, services, broken

@@ -9,9 +9,12 @@
   ``POST /v1/realtime/client_secrets`` (and ``POST /session-token``), accepted until they expire.
 * With no keys configured, nothing is checked: the loopback demo stays key-free. Binding a non-loopback
   address without keys is refused unless ``--insecure`` (:func:`check_bind`).
-* Open without a key: the static pages and assets, ``/healthz``, ``/readyz``, the Twilio webhooks
-  (authenticated by ``X-Twilio-Signature`` when ``TWILIO_AUTH_TOKEN`` is set; refused when keys are
-  required and it is not set).
+* Which paths need what is declared by whoever serves them, as :class:`Access` rows: each surface next to its
+  routes (``ACCESS`` / ``access(cfg)`` in ``app/surfaces/*/routes.py``), the server's own in
+  :data:`SERVER_ACCESS`; the longest matching prefix decides. Open without a key: the static pages and
+  assets (no row), ``public`` rows (``/healthz``, ``/readyz``), ``signed`` rows whose route checks its own
+  signature (the Twilio webhooks: ``X-Twilio-Signature`` when ``TWILIO_AUTH_TOKEN`` is set; refused when keys
+  are required and it is not set).
 * **Limits**: request bodies over ``max_body_bytes`` → 413; new connections (``/offer``, WebSockets) per
   client address per minute over ``connections_per_minute`` → 429 (a WebSocket is refused with HTTP 403
   before the upgrade, the ASGI way); sessions per key over ``sessions_per_key`` → 429. WebSocket message
@@ -28,17 +31,43 @@ import os
 import secrets
 import time
 from collections import defaultdict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 from urllib.parse import parse_qs
 
-OPEN_PREFIXES = ("/healthz", "/readyz", "/phone/twilio/")
-"""Paths served without an API key (the Twilio webhooks have their own signature check)."""
-PROTECTED_PREFIXES = ("/v1/", "/offer", "/sessions/", "/metrics", "/stats", "/session-token", "/kiosk/")
-"""Paths that need a key or token when keys are configured; everything else is a static page or asset."""
-CONNECTION_PATHS = ("/offer", "/v1/realtime", "/phone/twilio/stream", "/v1/audio/speech/stream")
-"""Requests that open a session: counted by the per-address connection rate limit."""
 SUBPROTOCOL_KEY = "openai-insecure-api-key."
+
+
+@dataclass(frozen=True)
+class Access:
+    """What the edge asks of requests under ``prefix``, declared by the surface (or server) serving them.
+
+    Attributes:
+        prefix: a path prefix (the longest declared prefix of a path decides its ``kind``).
+        kind: ``"key"`` an API key or token when keys are configured; ``"public"`` none; ``"signed"`` none at
+            the edge, the route checks its own signature.
+        connection: a request here opens a session (counted by the per-address connection rate limit).
+        unsigned: for ``"signed"``: why the path is refused while API keys are required (the surface has
+            no signing secret); ``None``: it has one.
+    """
+
+    prefix: str
+    kind: Literal["key", "public", "signed"] = "key"
+    connection: bool = False
+    unsigned: str | None = None
+
+
+SERVER_ACCESS = (
+    Access("/healthz", "public"),
+    Access("/readyz", "public"),
+    Access("/v1/"),  # the API namespace: a path no surface declares still needs a key
+    Access("/metrics"),
+    Access("/stats"),
+    Access("/session-token"),
+)
+"""The server's own paths (:mod:`omniduplex.app.server`)."""
 
 
 class AuthConfigError(ValueError):
@@ -149,16 +178,22 @@ class EdgeGate:
         app: the wrapped ASGI app.
         cfg: keys and limits.
         tokens: the server's short-lived tokens.
-        twilio_signed: ``X-Twilio-Signature`` is checked (a Twilio auth token is set); without it the Twilio
-            webhooks are refused when keys are required.
+        access: the declared paths (the surfaces' and :data:`SERVER_ACCESS`); a path none declares is a
+            static page or asset, open.
         clock: monotonic seconds (rate-limit windows).
     """
 
     def __init__(
-        self, app, cfg: AuthConfig, tokens: TokenStore, twilio_signed: bool = False, clock=time.monotonic
+        self,
+        app,
+        cfg: AuthConfig,
+        tokens: TokenStore,
+        access: Sequence[Access] = SERVER_ACCESS,
+        clock=time.monotonic,
     ) -> None:
         self.app, self.cfg, self.tokens, self.clock = app, cfg, tokens, clock
-        self.twilio_signed = twilio_signed
+        self.access = sorted(access, key=lambda a: -len(a.prefix))  # the longest prefix first
+        self.connection_prefixes = tuple(a.prefix for a in access if a.connection)
         self.recent: dict[str, deque[float]] = defaultdict(deque)  # client address → connection times
         self.sessions: dict[str, int] = defaultdict(int)  # credential → open WebSocket sessions
 
@@ -176,7 +211,7 @@ class EdgeGate:
                 return await self._deny(
                     scope, receive, send, 413, f"body over {self.cfg.max_body_bytes} bytes"
                 )
-        if path.startswith(CONNECTION_PATHS) and not self._admit_connection(scope):
+        if path.startswith(self.connection_prefixes) and not self._admit_connection(scope):
             limit = self.cfg.connections_per_minute
             return await self._deny(scope, receive, send, 429, f"over {limit} new connections per minute")
         if ws and cred and self.cfg.sessions_per_key:
@@ -193,12 +228,10 @@ class EdgeGate:
     def _authenticate(self, path: str, cred: str | None) -> tuple[int, str] | None:
         if not self.cfg.enabled:
             return None
-        if path.startswith("/phone/twilio/") and not self.twilio_signed:
-            return (
-                403,
-                "the Twilio webhooks need TWILIO_AUTH_TOKEN (signature checks) when API keys are required",
-            )
-        if path.startswith(OPEN_PREFIXES) or not path.startswith(PROTECTED_PREFIXES):
+        rule = next((a for a in self.access if path.startswith(a.prefix)), None)
+        if rule is not None and rule.kind == "signed" and rule.unsigned:
+            return 403, rule.unsigned
+        if rule is None or rule.kind != "key":
             return None
         if not cred:
             return 401, "missing API key: send 'Authorization: Bearer <key>' (or ?token=)"

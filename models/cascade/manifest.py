@@ -37,7 +37,6 @@ import yaml
 
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.qwen3_tts.model import is_qwen3_tts
-from omniduplex.models.tts_family import tts_family
 from omniduplex.models.weights import (
     PIPER_JOE,
     PIPER_JOE_CONFIG,
@@ -109,9 +108,15 @@ class CascadeManifest:
         return self.tts.is_dir() and is_qwen3_tts(self.tts)
 
     @property
-    def tts_family(self) -> str | None:
-        """The TTS checkpoint's family (:func:`~omniduplex.models.tts_family.tts_family`; ``None``: Piper)."""
-        return tts_family(self.tts)
+    def tts_is_checkpoint(self) -> bool:
+        """Whether the TTS is a checkpoint folder (its family: ``omniduplex.pipeline.speech.registry``;
+        else a Piper voice)."""
+        return is_checkpoint_dir(self.tts)
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """Whether ``path`` is a checkpoint folder (a ``config.json`` in it), not a Piper voice file."""
+    return path.is_dir() and (path / "config.json").is_file()
 
 
 def manifest_file(model: str | Path) -> Path | None:
@@ -161,11 +166,9 @@ def load_manifest(model: str | Path) -> CascadeManifest:
         return p.resolve()
 
     tts = part("tts", raw["tts"])
-    qwen3 = tts_family(tts) is not None  # a checkpoint folder of a TTS family (Qwen3-TTS, VoxCPM2, ...)
+    qwen3 = is_checkpoint_dir(tts)  # a TTS family's checkpoint folder (Qwen3-TTS, VoxCPM2, ...)
     if tts.is_dir() and not qwen3:
-        raise CheckpointError(
-            f"{path}: tts {tts} is a folder but no TTS family's checkpoint (Qwen3-TTS, VoxCPM2, Higgs, Fish)"
-        )
+        raise CheckpointError(f"{path}: tts {tts} is a folder but no TTS checkpoint (no config.json)")
     tts_config = None if qwen3 else part("tts_config", raw.get("tts_config") or f"{tts}.json")
     voice = {k: raw.get(k) for k in ("tts_voice", "tts_instructions", "tts_ref_text")}
     ref_audio = part("tts_ref_audio", raw["tts_ref_audio"]) if raw.get("tts_ref_audio") else None
@@ -220,7 +223,7 @@ def write_manifest(
         {k: v if isinstance(v, int) else str(v) for k, v in (tts_voice or {}).items() if v is not None}
     )
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    kind = tts_family(tts) or "Piper TTS"
+    kind = f"TTS {tts.name}" if is_checkpoint_dir(tts) else "Piper TTS"
     tmp.write_text(f"# omniduplex cascade: ASR -> LLM -> {kind} (models/cascade)\n" + yaml.safe_dump(doc))
     tmp.replace(out)
     return out

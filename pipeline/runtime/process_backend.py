@@ -30,6 +30,7 @@ import zmq
 from omniduplex.pipeline.config import PipelineConfig
 from omniduplex.pipeline.messages import StageError, StageMessage
 from omniduplex.pipeline.orchestrator import OutputCallback
+from omniduplex.pipeline.runtime import plugins
 from omniduplex.pipeline.runtime.stage_process import (
     StageStartError,
     Wiring,
@@ -209,7 +210,7 @@ class ProcessBackend:
     def _spawn(self, stage: str) -> None:
         p = self.mp.Process(
             target=run_stage,
-            args=(stage, self.pcfg.model_dump_json(), self.run_dir),
+            args=(stage, self.pcfg.model_dump_json(), self.run_dir, plugins.loaded()),
             name=f"omniduplex-{stage}",
             daemon=True,
         )

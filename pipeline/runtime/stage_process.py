@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,7 @@ from omniduplex.pipeline.messages import (
     meta_from_wire,
     meta_to_wire,
 )
+from omniduplex.pipeline.runtime import plugins
 from omniduplex.pipeline.runtime.stage_stats import StatsReporter, producer_stats, worker_stats
 from omniduplex.pipeline.stages.contract import StageWorker
 from omniduplex.pipeline.stages.kinds import STAGE_KINDS
@@ -259,8 +261,9 @@ class StageStartFailed(Exception):
     """This stage could not start; the cause went to the orchestrator as a ``fatal`` status message."""
 
 
-def stage_main(stage: str, pcfg_json: str, run_dir: str) -> None:
-    """Entry point of a stage process (``multiprocessing`` spawn target).
+def stage_main(stage: str, pcfg_json: str, run_dir: str, plugin_names: Sequence[str] = ()) -> None:
+    """Entry point of a stage process (``multiprocessing`` spawn target); ``plugin_names``: the parent's
+    plugins, imported first (:func:`.plugins.load`).
 
     Raises:
         StageStartFailed: start-up failed (from the exception that made it, reported on the status bus).
@@ -270,6 +273,7 @@ def stage_main(stage: str, pcfg_json: str, run_dir: str) -> None:
     status = ctx.socket(zmq.PUSH)
     status.connect(wiring.status)
     try:
+        plugins.load(plugin_names)
         loop = StageLoop(stage, PipelineConfig.model_validate_json(pcfg_json), wiring, ctx, status)
     except Exception as e:
         status.send_json({"kind": "fatal", "stage": stage, "error": describe(e)})
@@ -279,11 +283,12 @@ def stage_main(stage: str, pcfg_json: str, run_dir: str) -> None:
     loop.run()
 
 
-def run_stage(stage: str, pcfg_json: str, run_dir: str) -> None:
-    """``stage_main``, exiting with code 1 on failure: one line on stderr for a start-up failure that is
-    one of our own errors (its message says what to fix), the traceback for anything else."""
+def run_stage(stage: str, pcfg_json: str, run_dir: str, plugin_names: Sequence[str] = ()) -> None:
+    """``stage_main`` after importing the parent's plugins (:func:`.plugins.loaded`: the families they
+    register), exiting with code 1 on failure: one line on stderr for a start-up failure that is one of our
+    own errors (its message says what to fix), the traceback for anything else."""
     try:
-        stage_main(stage, pcfg_json, run_dir)
+        stage_main(stage, pcfg_json, run_dir, plugin_names)
     except StageStartFailed as e:
         cause = e.__cause__
         if not type(cause).__module__.startswith("omniduplex."):

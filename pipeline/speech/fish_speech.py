@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,7 +37,8 @@ from omniduplex.kernels.attention import set_decode_fast_path
 from omniduplex.models.codecs.dac import DacCodec
 from omniduplex.models.codecs.dac_stream import DacDecodeStream
 from omniduplex.models.fish_speech.config import SAMPLE_RATE
-from omniduplex.models.fish_speech.load import FishSpeech
+from omniduplex.models.fish_speech.load import FishSpeech, is_fish_speech
+from omniduplex.models.fish_speech.presets import PRESETS
 from omniduplex.models.fish_speech.prompt import (
     DEFAULT_VOICE,
     FishPrompt,
@@ -48,7 +50,12 @@ from omniduplex.models.fish_speech.prompt import (
 from omniduplex.pipeline.engine.adapters import TalkerAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
+from omniduplex.pipeline.speech.family_runner import FamilyRunner, VoiceInfo, known_voice, no_context, refuse
 from omniduplex.pipeline.speech.frame_engine import FrameEngine
+from omniduplex.pipeline.speech.registry import TTSFamily, init_checkpoint, register_family
+
+NAME = "fish-speech"
+"""The family's name (``init-model --arch fish-speech-PRESET``, ``GET /v1/audio/voices``)."""
 
 _ids = itertools.count()
 DEFAULT_SAMPLING = dict(temperature=0.8, top_k=30, top_p=0.8, repetition_penalty=1.0, max_tokens=1024)
@@ -235,3 +242,94 @@ def synthesize(
             done = done or ev.finished
     pieces.append(decoder.flush())
     return torch.cat(pieces).numpy(), SAMPLE_RATE
+
+
+class FishRunner(FamilyRunner):
+    """Fish Speech S2 Pro: the levers are the q_len = 1 decode-attention fast path and the fast AR's static
+    buffers (:class:`FishSpeechEngine`)."""
+
+    family, cloning = NAME, True
+
+    def __init__(self, model_dir, max_num_seqs: int = 16, num_blocks: int = 512, lever: bool = True) -> None:
+        from omniduplex.models.fish_speech.config import SAMPLE_RATE
+        from omniduplex.models.fish_speech.load import load_fish_speech
+        from omniduplex.models.tokenizer import load_tokenizer
+
+        self.model = load_fish_speech(model_dir)
+        self.engine = FishSpeechEngine(
+            self.model,
+            load_tokenizer(model_dir),
+            num_blocks=num_blocks,
+            max_num_seqs=max_num_seqs,
+            decode_fast_path=lever,
+            static_buffers=lever,
+        )
+        self.sample_rate = self.ref_rate = SAMPLE_RATE
+        self.limit = min(self.model.lm.cfg.max_seq_len, num_blocks * 16)
+
+    def voices(self) -> list[VoiceInfo]:
+        return [VoiceInfo(n, i > 0) for i, n in enumerate(self.engine.voice_names())]
+
+    def prompt(self, text, voice=None, ref=None, ref_text=None, instructions=None, language="auto"):
+        from omniduplex.models.fish_speech.prompt import PromptError, clone_voice
+
+        known_voice(voice, [v.name for v in self.voices()])
+        if ref is not None:
+            try:
+                voice = clone_voice(
+                    self.model.codec_encoder,
+                    "request",
+                    ref[0],
+                    ref[1],
+                    ref_text or "",
+                    self.model.lm.cfg.num_codebooks,
+                )
+            except PromptError as e:
+                raise refuse(e, "ref_text" if "ref_text" in str(e) else "ref_audio") from e
+        try:
+            return self.engine.prompt(text, voice)
+        except PromptError as e:
+            raise refuse(e, "input") from e
+
+    def register(self, name, ref, ref_text=None):
+        from omniduplex.models.fish_speech.prompt import PromptError
+
+        try:
+            self.engine.register_voice(name, ref[0], ref[1], ref_text or "")
+        except PromptError as e:
+            raise refuse(e, "ref_text" if "ref_text" in str(e) else "ref_audio") from e
+        return name
+
+    def budget(self, prompt, max_frames):
+        room = self.limit - len(prompt)
+        if room < 1:
+            raise no_context(self.family, len(prompt), self.limit)
+        return {"max_tokens": min(max_frames, room)}
+
+    def decoder(self, prompt):
+        return FishStreamDecoder(self.model.codec)
+
+    def _decode(self, decoder, event):
+        return decoder.feed(event.codes[None]) if event.codes is not None else torch.zeros(0)
+
+
+def _init(out: Path, preset: str, seed: int, variant: str | None) -> dict:
+    from omniduplex.models.fish_speech.load import load_fish_speech
+    from omniduplex.models.fish_speech.presets import write_fish_checkpoint
+
+    write = lambda: write_fish_checkpoint(out, preset, seed)  # noqa: E731
+    return init_checkpoint(out, preset, write, load_fish_speech, "fish_qwen3_omni")
+
+
+register_family(
+    TTSFamily(
+        NAME,
+        detect=is_fish_speech,
+        runner=FishRunner,
+        sample_rate=SAMPLE_RATE,
+        cloning=True,
+        presets=PRESETS,
+        init=_init,
+        bench="omniduplex.benchmarks.tts_fish:bench",
+    )
+)

@@ -8,17 +8,25 @@ The delay-pattern decode state is a slot table updated in one batched step (the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from omniduplex.kernels import cpu_ops
 from omniduplex.models.higgs.codec_stream import StreamingDecoder
-from omniduplex.models.higgs.model import Higgs
+from omniduplex.models.higgs.model import Higgs, is_higgs
+from omniduplex.models.higgs.presets import PRESETS
 from omniduplex.models.higgs.prompt import HiggsPrompt, PromptError, Voice, build_prompt, check_codes
 from omniduplex.models.higgs.rules import RULES, V3
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.higgs_adapter import ENDED, PLACEHOLDER_ID, HiggsAdapter
 from omniduplex.pipeline.engine.request import Request, SamplingParams
+from omniduplex.pipeline.speech.family_runner import FamilyRunner, VoiceInfo, known_voice, no_context, refuse
 from omniduplex.pipeline.speech.frame_engine import FrameEngine
+from omniduplex.pipeline.speech.registry import TTSFamily, init_checkpoint, register_family
+
+NAME = "higgs"
+"""The family's name (``init-model --arch higgs-PRESET``, ``GET /v1/audio/voices``)."""
 
 DEFAULT_SAMPLING = dict(temperature=1.0, top_k=0, top_p=1.0, max_tokens=2048)
 """sglang-omni ``HiggsTtsState`` defaults (temperature 1.0, no top-k / top-p, 2048 new steps)."""
@@ -145,3 +153,70 @@ def synthesize(
                 pieces.append(stream.feed(ev.codes[None]))
     pieces.append(stream.flush())
     return torch.cat(pieces), model.codec.cfg.sample_rate
+
+
+class HiggsRunner(FamilyRunner):
+    """Higgs Audio v3: the lever is the batched delay-pattern decode state (:class:`HiggsEngine`)."""
+
+    family = NAME
+
+    def __init__(self, model_dir, max_num_seqs: int = 16, num_blocks: int = 512, lever: bool = True) -> None:
+        from omniduplex.models.higgs.model import load_higgs
+
+        self.model = load_higgs(model_dir)
+        self.engine = HiggsEngine(self.model, lever=lever, num_blocks=num_blocks, max_num_seqs=max_num_seqs)
+        self.sample_rate = self.ref_rate = self.model.codec.cfg.sample_rate
+
+    def voices(self) -> list[VoiceInfo]:
+        return [VoiceInfo(n) for n in sorted(self.model.voices)]
+
+    def prompt(self, text, voice=None, ref=None, ref_text=None, instructions=None, language="auto"):
+        from omniduplex.models.higgs.prompt import PromptError, check_reference_audio
+
+        if ref is not None:
+            try:
+                check_reference_audio(ref[0], ref[1], self.model.config)  # always refuses, with the reason
+            except PromptError as e:
+                raise refuse(e, "ref_audio") from e
+        known_voice(voice, [v.name for v in self.voices()])
+        try:
+            return self.engine.prompt(text, voice)
+        except PromptError as e:
+            raise refuse(e, "input") from e
+
+    def budget(self, prompt, max_frames):
+        # a step per delayed row: N − 1 more steps than frames (the delay pattern's tail)
+        n, limit = self.model.config.num_codebooks, self.engine.max_len
+        room = min(limit - len(prompt), self.engine.adapter.max_steps)
+        if room < n:
+            raise no_context(self.family, len(prompt), limit)
+        return {"max_tokens": min(max_frames + n - 1, room)}
+
+    def decoder(self, prompt):
+        from omniduplex.models.higgs.codec_stream import StreamingDecoder
+
+        return StreamingDecoder(self.model.codec)
+
+    def _decode(self, decoder, event):
+        return decoder.feed(event.codes[None]) if event.codes is not None else torch.zeros(0)
+
+
+def _init(out: Path, preset: str, seed: int, variant: str | None) -> dict:
+    from omniduplex.models.higgs.model import load_higgs
+    from omniduplex.models.higgs.presets import write_higgs_checkpoint
+
+    write = lambda: write_higgs_checkpoint(out, preset, seed)  # noqa: E731
+    return init_checkpoint(out, preset, write, load_higgs, "HiggsMultimodalQwen3ForConditionalGeneration")
+
+
+register_family(
+    TTSFamily(
+        NAME,
+        detect=is_higgs,
+        runner=HiggsRunner,
+        sample_rate=24_000,
+        presets=PRESETS,
+        init=_init,
+        bench="omniduplex.benchmarks.tts_higgs:bench",
+    )
+)

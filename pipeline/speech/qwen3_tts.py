@@ -15,17 +15,26 @@ top-p 0.8 (the adapter's Qwen3-Omni setting; the reference's is 1.0). Greedy fra
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from omniduplex.kernels import cpu_ops
 from omniduplex.models.qwen3_tts.codec_stream import StreamingDecoder
-from omniduplex.models.qwen3_tts.model import Qwen3TTS
+from omniduplex.models.qwen3_tts.config import ARCHITECTURE, VARIANTS
+from omniduplex.models.qwen3_tts.model import SAMPLE_RATE, Qwen3TTS, is_qwen3_tts
+from omniduplex.models.qwen3_tts.presets import PRESETS
 from omniduplex.models.qwen3_tts.prompt import PromptError, TalkerPrompt
 from omniduplex.pipeline.engine.adapters import TalkerAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
+from omniduplex.pipeline.speech.family_runner import FamilyRunner, TTSInputError, VoiceInfo, no_context
 from omniduplex.pipeline.speech.frame_engine import FrameEngine
+from omniduplex.pipeline.speech.registry import TTSFamily, init_checkpoint, register_family
+
+NAME = "qwen3-tts"
+"""The family's name (``init-model --arch qwen3-tts``, ``GET /v1/audio/voices``)."""
 
 DEFAULT_SAMPLING = dict(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, max_tokens=2048)
 """``Qwen3TTSForConditionalGeneration.generate`` defaults (qwen-tts 0.1.1; max_new_tokens 4096 there)."""
@@ -117,3 +126,107 @@ def stream_speech(
                 )
             for p in pieces:
                 yield p.reshape(-1).float()
+
+
+class Qwen3TTSRunner(FamilyRunner):
+    """Qwen3-TTS (24 kHz out) as a :class:`FamilyRunner`: CustomVoice speakers (the first is the default),
+    VoiceDesign ``instructions`` (required), Base cloning from a 24 kHz clip (≥ 1 s) with its transcript as
+    in-context prompt (:class:`~omniduplex.models.qwen3_tts.voice.VoicePrompter` does every check). The
+    lever (``lever``) is the engine's prefix cache.
+
+    Args: as :class:`FamilyRunner`. Raises CheckpointError: not loadable (a missing tensor is named)."""
+
+    family = NAME
+
+    def __init__(self, model_dir, max_num_seqs: int = 16, num_blocks: int = 512, lever: bool = True) -> None:
+        from omniduplex.models.forward_batch import BLOCK_SIZE
+        from omniduplex.models.qwen3_tts.model import load_qwen3_tts
+        from omniduplex.models.qwen3_tts.voice import VoicePrompter
+        from omniduplex.models.tokenizer import load_tokenizer
+
+        self.model = load_qwen3_tts(model_dir)
+        self.engine = Qwen3TTSEngine(
+            self.model, num_blocks=num_blocks, max_num_seqs=max_num_seqs, enable_prefix_caching=lever
+        )
+        self.context = min(self.model.config.talker.max_position_embeddings, num_blocks * BLOCK_SIZE)
+        self.prompter = VoicePrompter(self.model, load_tokenizer(model_dir), self.context)
+        variant = self.model.config.variant
+        self.cloning, self.instructions = variant == "base", variant != "base"
+        self.sample_rate = self.ref_rate = SAMPLE_RATE
+        self._empty = torch.zeros((1, self.model.codec.cfg.num_quantizers, 0), dtype=torch.long)
+
+    def voices(self) -> list[VoiceInfo]:
+        return [VoiceInfo(n) for n in self.prompter.voices]
+
+    def prompt(self, text, voice=None, ref=None, ref_text=None, instructions=None, language="auto"):
+        from omniduplex.models.qwen3_tts.voice import MIN_REF_SECONDS, VoiceError
+
+        wav = None
+        if ref is not None:
+            wav, rate = ref
+            # a variant without cloning: the prompter refuses the clip with the reason
+            if self.cloning and rate != SAMPLE_RATE:
+                raise TTSInputError(f"ref_audio is {rate} Hz; send {SAMPLE_RATE} Hz audio", "ref_audio")
+            if self.cloning and wav.shape[0] < MIN_REF_SECONDS * SAMPLE_RATE:
+                raise TTSInputError(f"ref_audio is shorter than {MIN_REF_SECONDS:g} s", "ref_audio")
+        if voice is None and self.prompter.voices:
+            voice = self.prompter.voices[0]
+        try:
+            v = self.prompter.voice(voice, instructions, language, wav, ref_text)
+            return self.prompter.prompt(text, v)
+        except VoiceError as e:
+            raise TTSInputError(str(e), e.param, e.code) from e
+
+    def budget(self, prompt, max_frames):
+        room = self.context - prompt.prefill.shape[0]
+        if room < 1:
+            raise no_context(self.family, prompt.prefill.shape[0], self.context)
+        return {"max_tokens": min(max_frames, room)}
+
+    def decoder(self, prompt):
+        return StreamingDecoder(self.model.codec)
+
+    def _decode(self, decoder, event):
+        pieces = decoder.push(event.codes.view(1, -1, 1)) if event.codes is not None else []
+        return torch.cat(pieces) if pieces else torch.zeros(0)
+
+    def flush(self, decoder) -> np.ndarray:
+        pieces = decoder.push(self._empty, final=True)
+        return (
+            torch.cat([p.reshape(-1) for p in pieces]).float().cpu().numpy()
+            if pieces
+            else np.zeros(0, np.float32)
+        )
+
+
+def _init(out: Path, preset: str, seed: int, variant: str | None) -> dict:
+    from omniduplex.models.qwen3_tts.model import load_qwen3_tts
+    from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
+
+    variant = variant or "custom_voice"
+    write = lambda: write_tts_checkpoint(out, preset, seed, variant)  # noqa: E731
+    return init_checkpoint(out, preset, write, load_qwen3_tts, ARCHITECTURE, variant=variant)
+
+
+def _speakers(model_dir: Path) -> list[str]:
+    from omniduplex.models.checkpoint import read_config
+    from omniduplex.models.qwen3_tts.config import TTSConfig
+
+    return sorted(TTSConfig.from_dict(read_config(model_dir)).speakers)
+
+
+register_family(
+    TTSFamily(
+        NAME,
+        detect=is_qwen3_tts,
+        runner=Qwen3TTSRunner,
+        sample_rate=SAMPLE_RATE,
+        cloning=True,
+        presets=PRESETS,
+        init=_init,
+        variants=VARIANTS,
+        voice_names=_speakers,
+        service="omniduplex.app.host.speech.qwen3_graph:qwen3_service",
+        bench="omniduplex.benchmarks.tts_graph:bench",
+    )
+)

@@ -17,16 +17,23 @@ request after the patch it fires on once more than ``min_len`` patches are out; 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from omniduplex.kernels import cpu_ops
-from omniduplex.models.voxcpm2.model import VoxCPM2
+from omniduplex.models.voxcpm2.model import VoxCPM2, is_voxcpm2
+from omniduplex.models.voxcpm2.presets import PRESETS
 from omniduplex.models.voxcpm2.prompt import PromptError, TextTokenizer, Voice, VoxPrompt, build_prompt
 from omniduplex.models.voxcpm2.vae_stream import VAEStream
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.engine.voxcpm2_adapter import STOP_ID, VoxCPM2Adapter
+from omniduplex.pipeline.speech.family_runner import FamilyRunner, VoiceInfo, no_context, refuse
+from omniduplex.pipeline.speech.registry import TTSFamily, init_checkpoint, register_family
+
+NAME = "voxcpm2"
+"""The family's name (``init-model --arch voxcpm2-PRESET``, ``GET /v1/audio/voices``)."""
 
 DEFAULT_SAMPLING = dict(
     cfg_value=2.0, inference_timesteps=10, min_len=2, max_len=None, seed=None, ignore_stop=False
@@ -167,3 +174,94 @@ def synthesize(
             done = done or ev.finished
     pieces.append(stream.flush())
     return torch.cat(pieces), model.sample_rate
+
+
+class VoxCPM2Runner(FamilyRunner):
+    """VoxCPM2: the lever is the batched flow-matching solver (:class:`VoxCPM2Engine`)."""
+
+    family, cloning, greedy = NAME, True, {}
+
+    def __init__(self, model_dir, max_num_seqs: int = 16, num_blocks: int = 512, lever: bool = True) -> None:
+        from tokenizers import Tokenizer
+
+        from omniduplex.models.voxcpm2.model import load_voxcpm2
+        from omniduplex.models.voxcpm2.prompt import TextTokenizer, VoiceBank
+
+        self.model = load_voxcpm2(model_dir)
+        self.tok = TextTokenizer(Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json")))
+        self.bank = VoiceBank(self.model.lm, self.model.vae)
+        self.engine = VoxCPM2Engine(
+            self.model, num_blocks=num_blocks, max_num_seqs=max_num_seqs, batch_solver=lever
+        )
+        self.sample_rate, self.ref_rate = self.model.sample_rate, self.model.vae.cfg.sample_rate
+        self.context = min(self.model.config.context, num_blocks * 16)
+
+    def voices(self) -> list[VoiceInfo]:
+        from omniduplex.models.voxcpm2.prompt import DEFAULT_VOICE
+
+        return [VoiceInfo(n, n != DEFAULT_VOICE) for n in self.bank.names]
+
+    def prompt(self, text, voice=None, ref=None, ref_text=None, instructions=None, language="auto"):
+        from omniduplex.models.voxcpm2.prompt import PromptError, build_prompt, make_voice
+
+        try:
+            v = self.bank.get(voice)
+        except PromptError as e:
+            raise refuse(e, "voice") from e
+        if ref is not None:
+            try:
+                cont = ref if ref_text else None
+                v = make_voice(self.model.lm, self.model.vae, "request", ref, cont, ref_text or "")
+            except PromptError as e:
+                raise refuse(e, "ref_audio") from e
+        try:
+            return build_prompt(self.model.lm, self.tok, text, v, self.context)
+        except PromptError as e:
+            raise refuse(e, "input") from e
+
+    def register(self, name, ref, ref_text=None):
+        from omniduplex.models.voxcpm2.prompt import PromptError
+
+        try:
+            self.bank.register(name, ref, ref if ref_text else None, ref_text or "")
+        except PromptError as e:
+            raise refuse(e, "ref_audio") from e
+        return name
+
+    def budget(self, prompt, max_frames):
+        # one patch (160 ms) per step: frames are patches here; the prompt's own budget also caps it
+        room = self.context - len(prompt.ids)
+        if room < 1:
+            raise no_context(self.family, len(prompt.ids), self.context)
+        return {"max_len": max(1, min(max_frames, room))}
+
+    def decoder(self, prompt):
+        from omniduplex.models.voxcpm2.vae_stream import VAEStream
+
+        return VAEStream(self.model.vae, prompt.context)
+
+    def _decode(self, decoder, event):
+        return decoder.feed(event.latents) if event.latents is not None else torch.zeros(0)
+
+
+def _init(out: Path, preset: str, seed: int, variant: str | None) -> dict:
+    from omniduplex.models.voxcpm2.model import load_voxcpm2
+    from omniduplex.models.voxcpm2.presets import write_voxcpm2_checkpoint
+
+    return init_checkpoint(
+        out, preset, lambda: write_voxcpm2_checkpoint(out, preset, seed), load_voxcpm2, NAME
+    )
+
+
+register_family(
+    TTSFamily(
+        NAME,
+        detect=is_voxcpm2,
+        runner=VoxCPM2Runner,
+        sample_rate=48_000,
+        cloning=True,
+        presets=PRESETS,
+        init=_init,
+        bench="omniduplex.benchmarks.tts_voxcpm2:bench",
+    )
+)

@@ -1,5 +1,5 @@
 """The cascade's TTS stage over a continuous-batching TTS engine: the plumbing Qwen3-TTS
-(:mod:`.qwen3_tts_stage`) and the engine families (:mod:`.family_tts`) share.
+(:mod:`.qwen3_tts_stage`) and the other families' runners (:mod:`.runner_tts`) share.
 
 Contract: the same as the Piper stage (:mod:`.tts`). Input: one message per LLM token, meta ``text`` = its
 text delta, ``last`` when the reply's text is complete; ``skipped`` on the first message is passed through.

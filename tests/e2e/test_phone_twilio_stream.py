@@ -18,7 +18,7 @@ from omniduplex.app.core.session import SessionConfig
 from omniduplex.app.core.vad import TurnConfig
 from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.app.surfaces.phone.config import TwilioConfig
-from omniduplex.app.surfaces.phone.routes import twilio_signature
+from omniduplex.app.surfaces.phone.twilio_routes import twilio_signature
 from omniduplex.benchmarks.phone import TwilioCaller
 
 pytestmark = pytest.mark.slow

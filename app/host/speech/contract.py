@@ -39,7 +39,7 @@ class SpeechError(ValueError):
 
 
 @dataclass(frozen=True)
-class SpeechRequest:
+class SpeechParams:
     """One ``POST /v1/audio/speech`` request's fields (as the OpenAI API; ``ref_audio`` + ``ref_text`` are an
     extension: a base64 24 kHz WAV to clone, or a ``data:audio/wav;base64,`` URL, and its transcript)."""
 
@@ -66,16 +66,16 @@ class SpeechService(ABC):
         ref_audio: str | None = None,
         ref_text: str | None = None,
     ) -> Any:
-        """Check one request (:class:`SpeechRequest`'s fields) and package it for :meth:`stream` (blocking:
+        """Check one request (:class:`SpeechParams`'s fields) and package it for :meth:`stream` (blocking:
         call it in a worker thread).
 
         Raises:
             SpeechError: a field the service cannot serve (an unknown voice, a clip of the wrong rate...).
         """
-        return self.prepare(SpeechRequest(text, voice, instructions, language, ref_audio, ref_text))
+        return self.prepare(SpeechParams(text, voice, instructions, language, ref_audio, ref_text))
 
     @abstractmethod
-    def prepare(self, request: SpeechRequest) -> Any:
+    def prepare(self, request: SpeechParams) -> Any:
         """:meth:`prompt`'s work: check ``request`` and package it (raises :class:`SpeechError`)."""
 
     @abstractmethod

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import soxr
 
-from omniduplex.app.host.speech.contract import SPEECH_RATE, SpeechRequest, SpeechService
+from omniduplex.app.host.speech.contract import SPEECH_RATE, SpeechParams, SpeechService
 from omniduplex.models.cascade.tts import PiperTTS
 from omniduplex.pipeline.text.clauses import ClauseSplitter
 
@@ -34,7 +34,7 @@ class PiperSpeech(SpeechService):
         """One voice, no cloning, no instructions."""
         return {"family": "piper", "voices": [{"name": "default"}], "cloning": False, "instructions": False}
 
-    def prepare(self, request: SpeechRequest) -> list[str]:
+    def prepare(self, request: SpeechParams) -> list[str]:
         """The text as the clauses it is spoken in (never raises)."""
         splitter = ClauseSplitter()
         return splitter.push(request.text) + splitter.flush()

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from omniduplex.app.host.speech.contract import SpeechError, SpeechRequest
+from omniduplex.app.host.speech.contract import SpeechError, SpeechParams
 from omniduplex.app.host.speech.engine_speech import EngineSpeech
 from omniduplex.models.forward_batch import BLOCK_SIZE
 from omniduplex.models.qwen3_tts.codec_stream import StreamingDecoder
@@ -100,7 +100,7 @@ class Qwen3Speech(EngineSpeech):
         """CustomVoice speaker names (empty for the other variants)."""
         return self.prompter.voices
 
-    def prepare(self, request: SpeechRequest) -> TalkerPrompt:
+    def prepare(self, request: SpeechParams) -> TalkerPrompt:
         """Check one request and build its talker prompt. Raises SpeechError (see the module docstring)."""
         r = request
         wav = decode_ref_audio(r.ref_audio) if r.ref_audio is not None else None

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from omniduplex.app.host.pipeline import make_backend
-from omniduplex.app.host.speech.contract import SpeechError, SpeechRequest, SpeechService
+from omniduplex.app.host.speech.contract import SpeechError, SpeechParams, SpeechService
 from omniduplex.app.host.speech.qwen3 import decode_ref_audio
 from omniduplex.models.checkpoint import read_config
 from omniduplex.models.qwen3_tts.config import TTSConfig
@@ -85,7 +85,7 @@ class Qwen3GraphSpeech(SpeechService):
             "instructions": self.variant != "base",
         }
 
-    def prepare(self, request: SpeechRequest) -> GraphRequest:
+    def prepare(self, request: SpeechParams) -> GraphRequest:
         """Check what the server process can and package the request.
 
         Raises SpeechError: a reference clip that is not base64 24 kHz audio of at least 1 s.
@@ -139,3 +139,15 @@ class Qwen3GraphSpeech(SpeechService):
             with contextlib.suppress(Exception):
                 self.orch.backend.stop()
             self.orch = None
+
+
+def qwen3_service(model_dir: str | Path, cfg) -> SpeechService:
+    """The Qwen3-TTS family's speech service (its ``service`` in
+    :mod:`omniduplex.pipeline.speech.qwen3_tts`): on the TTS graph with ``cfg.tts_graph``
+    (:class:`Qwen3GraphSpeech`), else on an engine thread in the server process
+    (:class:`~.qwen3.Qwen3Speech`).
+
+    Raises CheckpointError / ConfigError: not a loadable Qwen3-TTS checkpoint."""
+    from omniduplex.app.host.speech.qwen3 import Qwen3Speech
+
+    return Qwen3GraphSpeech(model_dir) if cfg.tts_graph else Qwen3Speech(model_dir)

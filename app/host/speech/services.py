@@ -3,10 +3,10 @@
 Speech models are checkpoint folders (``serve --tts DIR``, repeatable), each named by its folder's name; a
 ``POST /v1/audio/speech`` request's ``model`` picks one (the name, or the folder as given), and the API's
 generic names (:data:`DEFAULT_NAMES`) pick the first. The family of each comes from its ``config.json``
-(:func:`~omniduplex.models.tts_family.tts_family`): Qwen3-TTS (:mod:`.qwen3`, or :mod:`.qwen3_graph` with
-``tts_graph``), VoxCPM2 (:mod:`.voxcpm2`), Higgs Audio v3 (:mod:`.higgs`), Fish Speech S2 Pro
-(:mod:`.fish_speech`). Without ``--tts`` the cascade manifest's TTS serves when it is one of these, else the
-packaged Piper voice.
+(:func:`~omniduplex.pipeline.speech.registry.family_of`): the family's own service when it declares one
+(Qwen3-TTS: :mod:`.qwen3`, or :mod:`.qwen3_graph` with ``tts_graph``), else its runner on the shared engine
+thread (:mod:`.runner_speech`). Without ``--tts`` the cascade manifest's TTS serves when it is a checkpoint
+folder, else the packaged Piper voice.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def tts_dirs(cfg) -> list[str]:
 
     if cfg.model and is_cascade(cfg.model):
         m = load_manifest(cfg.model)
-        return [str(m.tts)] if m.tts_family else []
+        return [str(m.tts)] if m.tts_is_checkpoint else []
     return []
 
 
@@ -44,37 +44,21 @@ def load_speech(cfg, model_dir: str | None = None) -> SpeechService:
         WeightsError / CheckpointError / ConfigError: the weights do not load (a missing tensor is named).
         ValueError: the folder is no TTS family's checkpoint.
     """
-    from omniduplex.models.tts_family import FISH_SPEECH, HIGGS, QWEN3_TTS, VOXCPM2, tts_family
+    from omniduplex.pipeline.speech.registry import family_of, known, resolve
 
     tts_dir = model_dir or next(iter(tts_dirs(cfg)), None)
     if tts_dir is None:
         from omniduplex.app.host.speech.piper import packaged_piper
 
         return packaged_piper()
-    family = tts_family(tts_dir)
-    if family == QWEN3_TTS and cfg.tts_graph:
-        from omniduplex.app.host.speech.qwen3_graph import Qwen3GraphSpeech
+    family = family_of(tts_dir)
+    if family is None:
+        raise ValueError(f"{tts_dir}: not a checkpoint of a registered TTS family ({known()}; config.json)")
+    if family.service is not None:  # a family with a speech service of its own
+        return resolve(family.service)(tts_dir, cfg)
+    from omniduplex.app.host.speech.runner_speech import RunnerSpeech
 
-        return Qwen3GraphSpeech(tts_dir)
-    if family == QWEN3_TTS:
-        from omniduplex.app.host.speech.qwen3 import Qwen3Speech
-
-        return Qwen3Speech(tts_dir)
-    if family == VOXCPM2:
-        from omniduplex.app.host.speech.voxcpm2 import VoxCPM2Speech
-
-        return VoxCPM2Speech(tts_dir)
-    if family == HIGGS:
-        from omniduplex.app.host.speech.higgs import HiggsSpeech
-
-        return HiggsSpeech(tts_dir)
-    if family == FISH_SPEECH:
-        from omniduplex.app.host.speech.fish_speech import FishSpeechSpeech
-
-        return FishSpeechSpeech(tts_dir)
-    raise ValueError(
-        f"{tts_dir}: not a TTS checkpoint (config.json names no Qwen3-TTS, VoxCPM2, Higgs or Fish)"
-    )
+    return RunnerSpeech(family.runner(tts_dir))
 
 
 class SpeechModels:

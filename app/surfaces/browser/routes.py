@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 
 from omniduplex.app.core.session_config import FAILURE_APOLOGY
 from omniduplex.app.host.admission import NotReady, SessionFull, check, new_call_id
+from omniduplex.app.host.auth import Access
 from omniduplex.app.host.readiness import RETRY_AFTER_S, readiness
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.browser.webrtc import OfferError, PeerSession, check_offer
@@ -75,6 +76,10 @@ def _closed(host: ServerState):
         host.release(peer)
 
     return closed
+
+
+ACCESS = (Access("/offer", connection=True), Access("/sessions/"))
+"""What the edge asks of these routes: an API key or token (``/offer`` opens a session)."""
 
 
 def router(host: ServerState, opts: PeerOptions) -> APIRouter:

@@ -26,6 +26,7 @@ from fastapi.responses import StreamingResponse
 from omniduplex.app.core.replies import ReplyDone, ReplyFailed, ReplyTextDelta
 from omniduplex.app.core.tools import CallArgumentsDelta, CallDone, CallFailed, CallStarted
 from omniduplex.app.host.admission import NotReady, SessionFull, check, new_call_id
+from omniduplex.app.host.auth import Access
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.chat.completions import (
     BadRequest,
@@ -93,6 +94,10 @@ class _Turn:
 
 def _sse(obj: dict | str) -> bytes:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode()
+
+
+ACCESS = (Access("/v1/chat/"),)
+"""What the edge asks of these routes: an API key or token."""
 
 
 def router(host: ServerState) -> APIRouter:

@@ -15,10 +15,15 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 
+from omniduplex.app.host.auth import Access
 from omniduplex.app.surfaces.kiosk.config import KioskConfig, page_config
 
 NO_CACHE = {"cache-control": "no-cache"}
 """A kiosk runs for days: revalidate the page and its settings on every load."""
+
+
+ACCESS = (Access("/kiosk/"),)
+"""What the edge asks of these routes: the page (``/kiosk``) is open, its settings need a key or token."""
 
 
 def router(cfg: KioskConfig, web_dir: Path) -> APIRouter:

@@ -18,6 +18,7 @@ from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel
 
 from omniduplex.app.host.admission import NotReady, Refused, new_call_id
+from omniduplex.app.host.auth import Access
 from omniduplex.app.host.readiness import CLOSE_TRY_AGAIN_LATER, NOT_READY_CODE, close_reason, unready_reason
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.realtime.connection import RealtimeConnection
@@ -57,6 +58,10 @@ class ClientSecretRequest(BaseModel):
 
     expires_after: dict | None = None
     session: dict | None = None
+
+
+ACCESS = (Access("/v1/realtime", connection=True),)
+"""What the edge asks of these routes: an API key or token (each counts as a new connection)."""
 
 
 def router(host: ServerState) -> APIRouter:

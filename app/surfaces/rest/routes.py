@@ -15,6 +15,7 @@ from fastapi import APIRouter, File, Form, UploadFile
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
+from omniduplex.app.host.auth import Access
 from omniduplex.app.host.speech.contract import SPEECH_RATE, SpeechError
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.rest.speech_stream import add_route as add_speech_stream
@@ -25,13 +26,13 @@ MAX_UPLOAD_BYTES = 25 << 20
 """Largest ``/v1/audio/transcriptions`` upload (25 MiB, the API's limit)."""
 
 
-class SpeechRequest(BaseModel):
+class SpeechBody(BaseModel):
     """``POST /v1/audio/speech``: ``input`` text (≤ 4096 characters, the API's limit), ``response_format``
     ``wav`` or ``pcm`` (24 kHz 16-bit mono) — the compressed formats are not produced here.
 
     ``model`` picks one of the server's speech models (``serve --tts DIR``, repeatable: the folder's name;
     ``omniduplex`` / ``tts-1``: the first; see ``GET /v1/audio/voices``). With a VoxCPM2, Higgs or Fish Speech
-    checkpoint: :mod:`omniduplex.app.host.speech.family`. With a Qwen3-TTS checkpoint (or a cascade
+    checkpoint: :mod:`omniduplex.app.host.speech.runner_speech`. With a Qwen3-TTS checkpoint (or a cascade
     ``--model`` whose TTS is one;
     :mod:`omniduplex.app.host.speech.qwen3`): ``voice`` is a CustomVoice speaker, ``instructions`` the
     VoiceDesign voice description (or a CustomVoice style), ``language`` ``auto`` or a language the checkpoint
@@ -62,6 +63,10 @@ def wav_header() -> bytes:
 
 def _int16(y: np.ndarray) -> bytes:
     return (np.clip(y, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+ACCESS = (Access("/v1/models"), Access("/v1/audio/"), Access("/v1/audio/speech/stream", connection=True))
+"""What the edge asks of these routes: an API key or token (the speech stream opens a session)."""
 
 
 def router(host: ServerState) -> APIRouter:
@@ -123,7 +128,7 @@ def router(host: ServerState) -> APIRouter:
         return {"object": "list", "data": data}
 
     @r.post("/v1/audio/speech")
-    async def speech(req: SpeechRequest):
+    async def speech(req: SpeechBody):
         """Speak ``input`` with the host's speech service, streamed as it makes pieces (Qwen3-TTS: the first
         after one codec frame; Piper: clause by clause)."""
         if req.response_format not in ("wav", "pcm"):

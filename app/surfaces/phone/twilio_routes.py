@@ -32,12 +32,13 @@ from starlette.websockets import WebSocketDisconnect
 
 from omniduplex.app.core.session_config import FAILURE_APOLOGY
 from omniduplex.app.host.admission import Refused, new_call_id
+from omniduplex.app.host.auth import Access
 from omniduplex.app.host.readiness import CLOSE_TRY_AGAIN_LATER, RETRY_AFTER_S, close_reason, unready_reason
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.phone.config import TwilioConfig
 from omniduplex.app.surfaces.phone.twilio import TwilioBridge
 
-log = logging.getLogger("omniduplex.phone.routes")
+log = logging.getLogger("omniduplex.phone.twilio")
 STREAM_PATH = "/phone/twilio/stream"
 
 
@@ -180,6 +181,18 @@ async def twilio_stream(host: ServerState, cfg: TwilioConfig, ws: WebSocket) -> 
             await call.close(reason)
         finally:
             host.release(call)
+
+
+def access(cfg: TwilioConfig) -> tuple[Access, ...]:
+    """What the edge asks of the Twilio routes: nothing (they check ``X-Twilio-Signature`` themselves when an
+    auth token is set); while API keys are required and no auth token is set, they are refused."""
+    unsigned = None
+    if cfg.auth_token is None:
+        unsigned = "the Twilio webhooks need TWILIO_AUTH_TOKEN (signature checks) when API keys are required"
+    return (
+        Access("/phone/twilio/", "signed", unsigned=unsigned),
+        Access(STREAM_PATH, "signed", connection=True, unsigned=unsigned),
+    )
 
 
 def router(host: ServerState, cfg: TwilioConfig) -> APIRouter:

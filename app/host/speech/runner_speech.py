@@ -1,13 +1,14 @@
-"""An engine-family checkpoint (VoxCPM2, Higgs Audio v3, Fish Speech S2 Pro) behind ``POST /v1/audio/speech``:
-the family's :class:`~omniduplex.pipeline.speech.family_runner.FamilyRunner` (checks, prompts, engine,
-streaming
-decoder) on the shared engine thread (:class:`~.engine_speech.EngineSpeech`), each request's audio resampled
-as one stream from the family's rate (48, 24 or 44.1 kHz) to the API's 24 kHz.
+"""A TTS family's checkpoint behind ``POST /v1/audio/speech`` (every registered family without a speech
+service of its own: VoxCPM2, Higgs Audio v3, Fish Speech S2 Pro, plugins'): the family's
+:class:`~omniduplex.pipeline.speech.family_runner.FamilyRunner` (checks, prompts, engine, streaming decoder)
+on the shared engine thread (:class:`~.engine_speech.EngineSpeech`), each request's audio resampled as one
+stream from the family's rate (48, 24 or 44.1 kHz) to the API's 24 kHz.
 
 Request fields: ``voice`` one of the family's voices (``GET /v1/audio/voices``; none: the default);
 ``ref_audio`` a base64 WAV (or ``data:audio/wav;base64,`` URL) to clone, at the family's reference rate,
 with ``ref_text`` its transcript (Fish Speech needs it; VoxCPM2 uses it as a continuation prompt); Higgs
-refuses a raw clip with the reason. ``instructions`` and ``language`` are ignored (no family reads them).
+refuses a raw clip with the reason. ``instructions`` and ``language`` go to the runner (those families
+ignore them).
 Every refusal is a :class:`~.contract.SpeechError` naming the field, raised before anything is queued.
 """
 
@@ -21,7 +22,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from omniduplex.app.host.speech.contract import SPEECH_RATE, SpeechError, SpeechRequest
+from omniduplex.app.host.speech.contract import SPEECH_RATE, SpeechError, SpeechParams
 from omniduplex.app.host.speech.engine_speech import EngineSpeech
 from omniduplex.pipeline.speech.family_runner import FamilyRunner, TTSInputError
 
@@ -43,12 +44,11 @@ def decode_clip(data: str, param: str = "ref_audio") -> tuple[np.ndarray, int]:
     return wav.mean(axis=1), int(rate)
 
 
-class FamilySpeech(EngineSpeech):
+class RunnerSpeech(EngineSpeech):
     """A loaded engine-family checkpoint serving speech requests (module docstring).
 
     Args:
-        runner: the loaded checkpoint (one module per family: :mod:`.voxcpm2`, :mod:`.higgs`,
-            :mod:`.fish_speech`).
+        runner: the loaded checkpoint (:func:`~omniduplex.pipeline.speech.registry.load_runner`).
         max_frames: frames per request at most (the family's frame: a VoxCPM2 patch is 160 ms, a Higgs or
             Fish frame 40 / 46 ms); the context caps it too.
         sampling: the family engine's sampling keys over its defaults (``{"temperature": 0}`` greedy for
@@ -62,6 +62,21 @@ class FamilySpeech(EngineSpeech):
         self.max_frames, self.sampling = max_frames, dict(sampling or {})
         self._start(f"{runner.family}-speech")
 
+    @classmethod
+    def load(
+        cls, model_dir, max_num_seqs: int = 16, num_blocks: int = 512, lever: bool = True, **kw
+    ) -> RunnerSpeech:
+        """The checkpoint in ``model_dir`` served by its family's runner (``kw``: ``max_frames`` /
+        ``sampling``).
+
+        Raises CheckpointError: not loadable (a missing tensor is named); ValueError: no registered family's
+        checkpoint."""
+        from omniduplex.pipeline.speech.registry import load_runner
+
+        return cls(
+            load_runner(model_dir, max_num_seqs=max_num_seqs, num_blocks=num_blocks, lever=lever), **kw
+        )
+
     def describe(self) -> dict:
         r = self.runner
         return {
@@ -73,11 +88,12 @@ class FamilySpeech(EngineSpeech):
             "ref_sample_rate": r.ref_rate if r.cloning else None,
         }
 
-    def prepare(self, request: SpeechRequest):
+    def prepare(self, request: SpeechParams):
         """Check one request and build its prompt. Raises SpeechError naming the field at fault."""
         ref = decode_clip(request.ref_audio) if request.ref_audio is not None else None
         try:
-            return self.runner.prompt(request.text, request.voice, ref, request.ref_text)
+            r = request
+            return self.runner.prompt(r.text, r.voice, ref, r.ref_text, r.instructions, r.language)
         except TTSInputError as e:
             raise SpeechError(str(e), e.param, e.code) from e
 

@@ -1,8 +1,7 @@
-"""The cascade's TTS stage on an engine-family checkpoint (manifest ``tts:`` a VoxCPM2, Higgs Audio v3 or
-Fish Speech S2 Pro folder): the LLM's streamed reply text → speech in the manifest's voice, every turn's
-clauses on the family's continuous-batching engine
-(:class:`~omniduplex.pipeline.speech.family_runner.FamilyRunner`)
-with its serving lever on.
+"""The cascade's TTS stage on a registered TTS family's checkpoint (manifest ``tts:`` a VoxCPM2, Higgs Audio
+v3, Fish Speech S2 Pro or plugin family folder): the LLM's streamed reply text → speech in the manifest's
+voice, every turn's clauses on the family's continuous-batching engine
+(:class:`~omniduplex.pipeline.speech.family_runner.FamilyRunner`) with its serving lever on.
 
 Contract and turn plumbing: :class:`~.engine_tts.EngineTTSStageWorker`. Each clause's audio streams out of
 its decoder at the family's rate (48 / 24 / 44.1 kHz) as frames come, resampled to the graph's rate through
@@ -23,8 +22,8 @@ from omniduplex.pipeline.speech.family_runner import FamilyRunner
 from omniduplex.pipeline.stages.engine_tts import EngineTTSStageWorker
 
 
-class FamilyTTSStageWorker(EngineTTSStageWorker):
-    """Streaming synthesis of every reply in flight on one engine family.
+class RunnerTTSStageWorker(EngineTTSStageWorker):
+    """Streaming synthesis of every reply in flight on one TTS family's runner.
 
     Args:
         runner: the loaded checkpoint and its engine.
@@ -49,12 +48,18 @@ class FamilyTTSStageWorker(EngineTTSStageWorker):
         sampling: dict | None = None,
     ) -> None:
         self.runner, self.tts = runner, runner.engine
-        self.engine = runner.engine.engine  # the KV gauges of stage_stats
+        self.engine = getattr(runner.engine, "engine", None)  # our Engine: the KV gauges of stage_stats
         self.output_rate, self.first_max_words, self.min_words = output_rate, first_max_words, min_words
         self.max_frames, self.sampling = max_frames, dict(sampling or {})
         self.voice = self._check(voice)
         self.names = {v.name for v in runner.voices()}
         self._init_turns()
+
+    def stats(self) -> dict[str, int]:
+        """The engine's gauges when the family runs on our engine, else ``batch_size``: clauses in flight."""
+        if self.engine is not None:
+            return super().stats()
+        return {"batch_size": sum(t.active is not None for t in self.turns.values())}
 
     def _check(self, voice: str | tuple | None) -> str | None:
         """The stage's voice name: a clip is registered once as the voice ``manifest`` (every clause reuses
