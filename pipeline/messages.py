@@ -44,7 +44,7 @@ class TurnOptions(BaseModel):
     generated reply (a tool call's filler or apology); ``user_text``: a typed turn's words; ``speaker`` /
     ``voice``: the voice; ``max_text_tokens``, ``max_audio_frames``, ``cfg_scale``: the unified LM's."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     system_prompt: str | None = None
     history: list[list[Any] | dict[str, Any]] | None = None
@@ -63,10 +63,10 @@ class TurnOptions(BaseModel):
 
 
 class Meta(BaseModel):
-    """A message kind: its own fields (``extra`` forbidden) and the turn's options in ``turn`` (set on the
-    first message of a turn on each edge, else ``None``)."""
+    """A message kind: its own fields (``extra`` forbidden; assignments validated too) and the turn's options
+    in ``turn`` (set on the first message of a turn on each edge, else ``None``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     turn: TurnOptions | None = None
 
