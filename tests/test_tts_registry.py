@@ -208,7 +208,7 @@ def test_a_plugin_family_speaks_as_the_cascade_tts_stage(tmp_path):
     from toy_family import speech, write_toy
 
     from omniduplex.pipeline.config import ChunkingConfig, StageConfig
-    from omniduplex.pipeline.messages import StageMessage
+    from omniduplex.pipeline.messages import DecoderOutput, StageMessage
     from omniduplex.pipeline.stages.runner_tts import RunnerTTSStageWorker
     from omniduplex.pipeline.workers import build_worker
 
@@ -219,17 +219,17 @@ def test_a_plugin_family_speaks_as_the_cascade_tts_stage(tmp_path):
     assert isinstance(w, RunnerTTSStageWorker) and w.runner.family == "toy-tone"
     reply = "Sure, the museum opens at nine and closes at six."
     outs = []
-    for i, tok in enumerate(tokens(reply)):
-        w.submit(StageMessage("1", meta={"text": tok, **({"skipped": False} if i == 0 else {})}))
+    for tok in tokens(reply):
+        w.submit(StageMessage("1", {}, DecoderOutput(text=tok)))
         outs += w.step()
-    w.submit(StageMessage("1", meta={"text": ""}, last=True))
+    w.submit(StageMessage("1", {}, DecoderOutput(text=""), last=True))
     while w.has_work():
         outs += w.step()
     chunks = outs[:-1]
-    texts = [m.meta["text"] for m in chunks if m.meta["text"]]
+    texts = [m.meta.text for m in chunks if m.meta.text]
     assert len(texts) >= 2 and norm("".join(texts)) == norm(reply)
-    starts = [i for i, m in enumerate(chunks) if m.meta["text"]] + [len(chunks)]
+    starts = [i for i, m in enumerate(chunks) if m.meta.text] + [len(chunks)]
     for a, b in zip(starts, starts[1:]):
         pcm = torch.cat([m.tensors["pcm"] for m in chunks[a:b]]).numpy()
-        want = soxr.resample(speech(chunks[a].meta["text"]), 16000, 24000)
+        want = soxr.resample(speech(chunks[a].meta.text), 16000, 24000)
         assert pcm.shape == want.shape and np.abs(pcm - want).max() < 1e-4
