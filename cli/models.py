@@ -25,7 +25,11 @@ def init_model(
         "--arch",
         help="qwen3-omni (Thinker-Talker), unified (delay-pattern speech LM + DAC), qwen3-tts, or "
         "voxcpm2-tiny / voxcpm2-small, higgs-tiny / higgs-small, fish-speech-tiny / fish-speech-small "
-        "(the preset in the name).",
+        "(the preset in the name), or a real-size weightless preset: qwen3-omni-30b-a3b, "
+        "qwen3-tts-12hz-1.7b, qwen3-0.6b, qwen2.5-7b (random weights built on the device at load).",
+    ),
+    depth: int | None = typer.Option(
+        None, help="Real-size presets: cap every stack at this many layers (same widths; CPU runs)."
     ),
     variant: str = typer.Option(
         "custom_voice",
@@ -35,9 +39,13 @@ def init_model(
     """Write a deterministic random-weight checkpoint (Qwen3-Omni layout, the unified delay-pattern LM, or
     Qwen3-TTS)."""
     from omniduplex.models.qwen3_omni.presets import write_checkpoint
+    from omniduplex.models.real_shapes import REAL
     from omniduplex.models.registry import load_model
     from omniduplex.models.unified.presets import write_unified_checkpoint
 
+    if arch in REAL:
+        _init_real(out, arch, depth, seed)
+        return
     for family in ("voxcpm2", "higgs", "fish-speech"):  # the preset in the name, or --arch FAMILY --preset P
         if arch == family or arch.startswith(family + "-"):
             name = arch.removeprefix(family).removeprefix("-") or preset
@@ -68,6 +76,26 @@ def init_model(
                 "total_parameters": sum(counts.values()),
                 "write_seconds": round(written, 3),
                 "load_seconds": round(loaded.load_seconds, 3),
+            }
+        )
+    )
+
+
+def _init_real(out: Path, name: str, depth: int | None, seed: int) -> None:
+    from omniduplex.models.real_shapes import memory_budget_gib, parameter_counts, write_real_dir
+
+    write_real_dir(out, name, depth, seed)
+    budget = memory_budget_gib(name)
+    typer.echo(
+        json.dumps(
+            {
+                "out": str(out),
+                "preset": name,
+                "depth": depth,
+                "parameters": parameter_counts(name, depth),
+                "full_depth_parameters": parameter_counts(name)["total"],
+                "bf16_weights_gib": round(budget["weights"], 2),
+                "kv_bytes_per_token": budget["kv_bytes_per_token"],
             }
         )
     )
