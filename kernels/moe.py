@@ -41,6 +41,7 @@ def _gathered(x, gate_up_proj, down_proj, weights, ids) -> torch.Tensor:
     y = torch.bmm(F.silu(gate) * up, down_proj.index_select(0, flat).transpose(1, 2))[:, 0]  # [P, H]
     return (y * weights.reshape(-1, 1)).view(t, k, -1).sum(dim=1)
 
+
 SMALL_DISPATCH = 4
 """Most (token, expert) pairs a step may have for :func:`moe_experts` to run them one by one (decode of one
 or two sequences) instead of grouping them by expert."""
