@@ -96,6 +96,9 @@ def test_omni_builds_at_depth_one_and_each_stage_runs(tmp_path):
         wav = m.code2wav(torch.randint(0, 2048, (2, 16, 3)))
     assert wav.shape[:2] == (2, 1) and wav.shape[-1] > 0 and torch.isfinite(wav.float()).all()
     del m  # 2.5 GB of Thinker (its 152064-row tables) before the Talker
+    enc = load_model(d, parts=("audio_tower",), dtype=torch.bfloat16).thinker  # the encoder stage's load
+    assert enc.model is None and enc.lm_head is None and enc.audio_tower.proj2.weight.shape == (2048, 1280)
+    del enc
     talker = load_model(d, parts=("talker",), dtype=torch.bfloat16).talker
     assert talker.codec_head.weight.shape == (3072, 1024)
     assert len(talker.model.layers[0].mlp.experts.down_proj) == 128
