@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from omniduplex.cli.bench_speech import bench_tts, bench_tts_stream
+from omniduplex.cli.bench_speech import bench_serve_sweep, bench_tts, bench_tts_stream
 from omniduplex.cli.options import levels as _levels
 
 bench = typer.Typer(
@@ -21,6 +21,7 @@ ROOT = Path(__file__).parents[1]
 
 bench.command("tts")(bench_tts)
 bench.command("tts-stream")(bench_tts_stream)
+bench.command("serve-sweep")(bench_serve_sweep)
 
 
 @bench.command("engine")

@@ -60,3 +60,50 @@ def bench_tts_stream(
     from omniduplex.benchmarks.tts_stream import run
 
     run(tts, rounds, word_ms, frames, json_out)
+
+
+def bench_serve_sweep(
+    graphs: str = typer.Option(
+        "qwen3-omni,qwen3-tts", "--graphs", help="Comma-separated: qwen3-omni, qwen3-tts."
+    ),
+    preset: str = typer.Option(
+        "small",
+        help="small (random-weight presets, CPU) or real (the published sizes, weightless, built "
+        "on the device at load; with --depth on the CPU).",
+    ),
+    depth: int | None = typer.Option(None, help="real: cap every stack at this many layers (same widths)."),
+    omni: Path | None = typer.Option(None, help="Qwen3-Omni checkpoint (overrides --preset)."),
+    tts: Path | None = typer.Option(None, help="Qwen3-TTS checkpoint (overrides --preset)."),
+    graph: Path | None = typer.Option(None, help="Stage-graph YAML (e.g. deploy/graph-gpu.yaml)."),
+    concurrency: str = typer.Option("1,4,8,16,32,64", help="Comma-separated concurrency levels."),
+    rounds: int = typer.Option(1, help="Rounds per level."),
+    max_tokens: int = typer.Option(16, help="Qwen3-Omni: Thinker text tokens per turn."),
+    frames: int = typer.Option(25, help="Codec frames per reply / utterance (12.5 frames = 1 s)."),
+    threads: int = typer.Option(1, help="torch intra-op threads per stage process."),
+    json_out: Path | None = typer.Option(None, "--json", help="JSON file, rewritten after every row."),
+) -> None:
+    """TTFP p50/p90, RTF, audio-s/s, output tok/s and per-stage time of the Qwen3-Omni and Qwen3-TTS graphs
+    over a concurrency sweep, beside vLLM-Omni's published figures and the seed's."""
+    from omniduplex.benchmarks.serve_sweep import GRAPHS, sweep
+    from omniduplex.models.preset_cache import cached_checkpoint
+    from omniduplex.models.real_shapes import write_real_dir
+    from omniduplex.models.weights import cache_dir
+
+    names = [g.strip() for g in graphs.split(",") if g.strip()]
+    bad = [g for g in names if g not in GRAPHS]
+    if bad or not names:
+        raise typer.BadParameter(f"--graphs: unknown {bad}; choose from {list(GRAPHS)}")
+    if preset not in ("small", "real"):
+        raise typer.BadParameter("--preset: small or real")
+    counts = levels(concurrency)
+    if min(counts) < 1 or rounds < 1 or frames < 1 or max_tokens < 1:
+        raise typer.BadParameter("--concurrency levels, --rounds, --frames and --max-tokens must be >= 1")
+    real = {"qwen3-omni": "qwen3-omni-30b-a3b", "qwen3-tts": "qwen3-tts-12hz-1.7b"}
+    results: dict = {}
+    for g in names:
+        model = omni if g == "qwen3-omni" else tts
+        if model is None and preset == "real":
+            model = write_real_dir(cache_dir() / "real" / f"{real[g]}-d{depth or 'full'}", real[g], depth)
+        elif model is None:
+            model = cached_checkpoint(g, "small")
+        sweep(g, model, counts, rounds, max_tokens, frames, threads, json_out, results, graph_yaml=graph)

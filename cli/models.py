@@ -26,9 +26,13 @@ def init_model(
     arch: str = typer.Option(
         "qwen3-omni",
         "--arch",
-        help="qwen3-omni (Thinker-Talker), unified (delay-pattern speech LM + DAC), or a registered TTS "
-        "family: qwen3-tts, voxcpm2, higgs, fish-speech, a --plugin's (FAMILY-PRESET names the preset too, "
-        "e.g. voxcpm2-tiny).",
+        help="qwen3-omni (Thinker-Talker), unified (delay-pattern speech LM + DAC), a registered TTS family: "
+        "qwen3-tts, voxcpm2, higgs, fish-speech, a --plugin's (FAMILY-PRESET names the preset too, e.g. "
+        "voxcpm2-tiny), or a real-size weightless preset: qwen3-omni-30b-a3b, qwen3-tts-12hz-1.7b, "
+        "qwen3-0.6b, qwen2.5-7b (random weights built on the device at load).",
+    ),
+    depth: int | None = typer.Option(
+        None, help="Real-size presets: cap every stack at this many layers (same widths; CPU runs)."
     ),
     variant: str | None = typer.Option(
         None, help="A TTS family's variant (qwen3-tts: base, custom_voice (default) or voice_design)."
@@ -38,10 +42,14 @@ def init_model(
     """Write a deterministic random-weight checkpoint (Qwen3-Omni layout, the unified delay-pattern LM, or a
     TTS family's preset) and print one JSON line describing it."""
     from omniduplex.models.qwen3_omni.presets import write_checkpoint
+    from omniduplex.models.real_shapes import REAL
     from omniduplex.models.registry import load_model
     from omniduplex.models.unified.presets import write_unified_checkpoint
 
     load_plugins(plugin)
+    if arch in REAL:
+        _init_real(out, arch, depth, seed)
+        return
     if arch not in ("qwen3-omni", "unified"):
         _init_tts(out, arch, preset, seed, variant)
         return
@@ -67,6 +75,26 @@ def init_model(
                 "total_parameters": sum(counts.values()),
                 "write_seconds": round(written, 3),
                 "load_seconds": round(loaded.load_seconds, 3),
+            }
+        )
+    )
+
+
+def _init_real(out: Path, name: str, depth: int | None, seed: int) -> None:
+    from omniduplex.models.real_shapes import memory_budget_gib, parameter_counts, write_real_dir
+
+    write_real_dir(out, name, depth, seed)
+    budget = memory_budget_gib(name)
+    typer.echo(
+        json.dumps(
+            {
+                "out": str(out),
+                "preset": name,
+                "depth": depth,
+                "parameters": parameter_counts(name, depth),
+                "full_depth_parameters": parameter_counts(name)["total"],
+                "bf16_weights_gib": round(budget["weights"], 2),
+                "kv_bytes_per_token": budget["kv_bytes_per_token"],
             }
         )
     )

@@ -25,6 +25,7 @@ from omniduplex.models.qwen3_omni.audio_encoder import AudioEncoder, AudioEncode
 from omniduplex.models.qwen3_omni.code2wav import Code2Wav
 from omniduplex.models.qwen3_omni.code2wav_config import Code2WavConfig
 from omniduplex.models.qwen3_omni.talker import Talker
+from omniduplex.models.random_init import building_on, random_init_, random_seed
 from omniduplex.models.unified.model import ARCHITECTURE as UNIFIED
 from omniduplex.models.unified.model import UnifiedConfig, UnifiedLM
 
@@ -142,6 +143,15 @@ def load_model(
     model_dir = Path(model_dir)
     raw = read_config(model_dir)
     arch = architecture_of(raw, model_dir)
+    seed = random_seed(model_dir)
+    if seed is not None:  # weightless directory (``real`` presets): built on the device, filled in place
+        try:
+            with building_on(device, dtype):
+                out = _build_random(raw, arch, parts, model_dir, seed)
+        except ConfigError as e:
+            raise CheckpointError(f"{model_dir}/config.json: {e}") from e
+        out.load_seconds = time.perf_counter() - t0
+        return out
     files = weight_files(model_dir)
     try:
         if arch == OMNI:
@@ -159,6 +169,40 @@ def load_model(
         if m is not None:
             m.to(device=device, dtype=dtype).eval().requires_grad_(False)
     out.load_seconds = time.perf_counter() - t0
+    return out
+
+
+def _build_random(raw: dict, arch: str, parts: tuple[str, ...], model_dir: Path, seed: int) -> LoadedModel:
+    """The requested parts of a weightless directory, random weights (see :mod:`.random_init`)."""
+    if arch == UNIFIED:
+        raise CheckpointError(
+            f"{model_dir}: a weightless (random_weights.json) unified model is not supported"
+        )
+    if arch != OMNI:
+        out = LoadedModel(
+            arch, model_dir, raw, None, thinker=DecoderLM(text_config(raw, arch)), parts=("thinker",)
+        )
+    else:
+        cfg = OmniConfig.from_dict(raw)
+        out = LoadedModel(OMNI, model_dir, raw, cfg, parts=parts)
+        if "thinker" in parts or "audio_tower" in parts:
+            tower = (
+                AudioEncoder(AudioEncoderConfig.from_dict(cfg.thinker.audio))
+                if "audio_tower" in parts
+                else None
+            )
+            out.thinker = DecoderLM(cfg.thinker.text, tower, cfg.thinker.audio_token_id)
+            if "thinker" not in parts:
+                out.thinker.model = out.thinker.lm_head = None
+        if "talker" in parts:
+            out.talker = Talker(cfg.talker)
+        if "code2wav" in parts:
+            out.code2wav = Code2Wav(Code2WavConfig.from_dict(cfg.code2wav))
+    for i, name in enumerate(("thinker", "talker", "code2wav")):
+        m = getattr(out, name)
+        if m is not None:
+            random_init_(m, seed + i)
+            m.eval().requires_grad_(False)
     return out
 
 

@@ -123,8 +123,13 @@ def shapes(args) -> int:
                 row = _one_run(arch, preset, processes, args.turns)
             except Exception as e:  # one broken shape must not hide the others
                 failed = True
-                row = {"shape": arch, "preset": preset, "mode": "processes" if processes else "in-process",
-                       "ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
+                row = {
+                    "shape": arch,
+                    "preset": preset,
+                    "mode": "processes" if processes else "in-process",
+                    "ok": False,
+                    "error": f"{type(e).__name__}: {e}"[:2000],
+                }
             row["wall_s"] = round(time.perf_counter() - t0, 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -132,8 +137,11 @@ def shapes(args) -> int:
     print("| shape | mode | TTFP p50 ms | E2EL p50 ms | RTF p50 | start s |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        fig = (f"{r['ttfp_p50_ms']} | {r['e2el_p50_ms']} | {r['rtf_p50']}" if r.get("ok")
-               else f"FAILED: {r['error'][:80]} | |")
+        fig = (
+            f"{r['ttfp_p50_ms']} | {r['e2el_p50_ms']} | {r['rtf_p50']}"
+            if r.get("ok")
+            else f"FAILED: {r['error'][:80]} | |"
+        )
         print(f"| {r['shape']}-{r['preset']} | {r['mode']} | {fig} | {r.get('startup_s', '')} |")
     return 1 if failed else 0
 
@@ -184,8 +192,16 @@ def summary(args) -> int:
         tail = tail_file.read_text(errors="replace").splitlines()[-25:] if tail_file.is_file() else []
         rc_i = int(rc) if rc.lstrip("-").isdigit() else None
         status = note or ("ok" if rc_i == 0 else "timeout" if rc_i in (124, 137) else f"failed (rc {rc})")
-        parts.append({"part": name, "rc": rc_i, "status": status, "seconds": float(seconds or 0),
-                      "timeout_s": int(timeout_s or 0), "tail": tail})
+        parts.append(
+            {
+                "part": name,
+                "rc": rc_i,
+                "status": status,
+                "seconds": float(seconds or 0),
+                "timeout_s": int(timeout_s or 0),
+                "tail": tail,
+            }
+        )
     by_name = {p["part"]: p for p in parts}
     for name in ("gpu_tests", "triton_tests"):
         j = _junit(out / f"{name}.xml") if name in by_name else None
@@ -193,11 +209,18 @@ def summary(args) -> int:
             by_name[name]["junit"] = j
             if by_name[name]["rc"] == 0 and j.get("tests") and j["skipped"] == j["tests"]:
                 by_name[name]["status"] = "all skipped"
-    for name in ("attention", "engine", "shapes"):
+    for name, file in (
+        ("attention", "attention"),
+        ("engine", "engine"),
+        ("shapes", "shapes"),
+        ("real_shapes", "real"),
+        ("sweep", "sweep"),
+    ):
         if name in by_name:
-            by_name[name]["result"] = _json_file(out / f"{name}.json")
+            by_name[name]["result"] = _json_file(out / f"{file}.json")
+            by_name[name]["targets"] = _targets(name, by_name[name]["result"])
     env = _json_file(work / "env.json") or {}
-    doc = {"check": "scripts/device_check.sh (issue 33)", "env": env, "parts": parts}
+    doc = {"check": "scripts/device_check.sh (issues 33, 41)", "env": env, "parts": parts}
     (out / "summary.json").write_text(json.dumps(doc, indent=2))
     print(f"\n==== device check summary ({out / 'summary.json'}) ====")
     if env:
@@ -206,7 +229,27 @@ def summary(args) -> int:
     print("|---|---|---|---|")
     for p in parts:
         print(f"| {p['part']} | {p['status']} | {p['seconds']:.0f} | {_figures(p)} |")
+    met = {f"{p['part']} {k}": v for p in parts for k, v in (p.get("targets") or {}).items()}
+    if met:
+        print("targets: " + "; ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in met.items()))
     return 0
+
+
+def _targets(part: str, r) -> dict[str, bool]:
+    """``{target: met}`` a part's JSON records: the engine's (issue 33), the sweep's rows (issue 41)."""
+    if not isinstance(r, dict):
+        return {}
+    if part == "engine":
+        return {k: t["met"] for k, t in (r.get("targets") or {}).items() if t.get("met") is not None}
+    if part == "sweep":
+        return {
+            f"{g} c={row['c']} {k}": ok
+            for g, e in r.items()
+            if isinstance(e, dict)
+            for row in e.get("rows", [])
+            for k, ok in row.get("targets_met", {}).items()
+        }
+    return {}
 
 
 def _figures(p: dict) -> str:
@@ -226,6 +269,24 @@ def _figures(p: dict) -> str:
             ttfp = f"{row['ttfp_p50_ms']} ms" if row.get("ok") else "FAILED"
             cells.append(f"{row['shape']} {row['mode']} TTFP p50 {ttfp}")
         return "; ".join(cells)
+    if p["part"] == "sweep" and isinstance(r, dict):
+        return "; ".join(
+            f"{g} c={row['c']} TTFP p50 {row['ttfp_p50_ms']:.0f} ms RTF {row['rtf_p50']:.2f} "
+            f"{row['audio_s_per_s']:.1f} audio-s/s"
+            for g, e in r.items()
+            if isinstance(e, dict)
+            for row in e.get("rows", [])
+        )
+    if p["part"] == "real_shapes" and isinstance(r, dict):
+        return "; ".join(
+            f"{row['preset']} "
+            + (
+                row["error"][:60]
+                if "error" in row
+                else f"{row['build_s']} s {row.get('allocated_gib', '?')} GiB {row.get('tok_s', '')}"
+            )
+            for row in r.get("rows", [])
+        )
     last = [ln.strip() for ln in p["tail"] if ln.strip()]
     line = last[-1][:200] if last else ""
     return "" if p["status"] in line else line.replace("|", "/")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One round of GPU checks (issue 33) on a lent GPU machine, in one call of at most ~8 minutes:
+# One round of GPU checks (issues 33, 41) on a lent GPU machine, in one call of at most ~9 minutes:
 #   bash scripts/device_check.sh [OUTDIR]     (OUTDIR: default $OUT when set, else ./device-check-out)
 # Sets itself up without installing the project: the wheels carried in .whl/ (scripts/gpu_wheels.sh) go to
 # /tmp/site (pip --no-index --no-deps --target), each top-level folder is linked into /tmp/pkg/omniduplex/,
@@ -9,11 +9,14 @@
 #   gpu_tests     python3 -m pytest -m gpu: every shape on CUDA (in-process, stage processes), fp32 parity
 #   attention     python3 -m omniduplex.benchmarks.bench_attention --json OUTDIR/attention.json
 #   shapes        every shape through deploy/graph-gpu.yaml with TTFP (scripts/device_check.py shapes)
+#   real_shapes   the real-size presets built on the GPU, one short decode (scripts/device_real.py)
+#   sweep         omniduplex bench serve-sweep --preset real on graph-gpu.yaml (Qwen3-TTS, then Qwen3-Omni)
 #   engine        omniduplex bench engine --device cuda --concurrency 1,8,128 --json OUTDIR/engine.json
-# A part whose module or option is not there yet is recorded "missing". OUTDIR gets at most 8 files:
-# device_check.log (everything printed), summary.json (each part's status, rc, seconds, key figures and
-# output tail), gpu_tests.xml, triton_tests.xml, attention.json, engine.json, shapes.json. The table of parts
-# is printed last. Budgets (s): DEVICE_CHECK_TOTAL_S (default 450) for the whole run; a part may use the
+# A part whose module or option is not there yet is recorded "missing". OUTDIR gets at most 10 files:
+# device_check.log (everything printed), summary.json (each part's status, rc, seconds, key figures, the
+# targets met and output tail), gpu_tests.xml, triton_tests.xml, attention.json, engine.json, shapes.json,
+# real.json, sweep.json (each JSON rewritten as its rows finish: a part cut short keeps what it measured).
+# The table of parts is printed last. Budgets (s): DEVICE_CHECK_TOTAL_S (default 530) for the whole run; a part may use the
 # time earlier parts left unused, never the budgets of the parts after it.
 # On a machine without CUDA it runs through, each part that needs CUDA failing with one line.
 set -uo pipefail
@@ -24,7 +27,7 @@ mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd)
 WORK=$(mktemp -d /tmp/device-check.XXXXXX)
 SITE=${DEVICE_CHECK_SITE:-/tmp/site}
 PKG=${DEVICE_CHECK_PKG:-/tmp/pkg}
-TOTAL_S=${DEVICE_CHECK_TOTAL_S:-450}
+TOTAL_S=${DEVICE_CHECK_TOTAL_S:-530}
 SUMMARY_RESERVE_S=15
 T0=$(date +%s)
 DEADLINE=$((T0 + TOTAL_S))
@@ -80,8 +83,9 @@ printf 'setup\t%s\t%s\t0\t%s\n' "$([ -z "$setup_note" ] && echo 0 || echo 1)" "$
   "${setup_note:-ok}" > "$WORK/parts.tsv"
 
 # ---- the parts ------------------------------------------------------------------------------------------
-PARTS=(triton_tests gpu_tests attention shapes engine)
-declare -A BUDGET=([triton_tests]=45 [gpu_tests]=140 [attention]=40 [shapes]=100 [engine]=105)
+PARTS=(triton_tests gpu_tests attention shapes real_shapes sweep engine)
+declare -A BUDGET=([triton_tests]=40 [gpu_tests]=110 [attention]=35 [shapes]=70 [real_shapes]=60 [sweep]=110
+  [engine]=75)
 
 later_budget() {  # the budgets of the parts after $1
   local seen=0 sum=0 p
@@ -145,8 +149,24 @@ sys.exit(u.find_spec("omniduplex.benchmarks.bench_attention") is None)' 2>/dev/n
       fi ;;
     shapes)
       run_part shapes python3 scripts/device_check.py shapes --json "$OUTDIR/shapes.json" ;;
+    real_shapes)
+      if [ "$HAS_CUDA" != 1 ]; then
+        note_only real_shapes "CUDA required: the real-size presets are built on the GPU (dry run: python3 scripts/device_real.py --json x --device cpu --depth 1)"
+      else
+        run_part real_shapes python3 scripts/device_real.py --json "$OUTDIR/real.json"
+      fi ;;
+    sweep)
+      if [ "$HAS_CUDA" != 1 ]; then
+        note_only sweep "CUDA required: the real-size sweep runs on graph-gpu.yaml (CPU: omniduplex bench serve-sweep)"
+      else
+        run_part sweep omniduplex bench serve-sweep --preset real --graph deploy/graph-gpu.yaml \
+          --graphs qwen3-tts,qwen3-omni --concurrency 1,8,32,64 --frames 25 --max-tokens 16 \
+          --json "$OUTDIR/sweep.json"
+      fi ;;
     engine)
-      if ! timeout 60 omniduplex bench engine --help 2>/dev/null | grep -q -- '--device'; then
+      # grep without -q reads all the help: -q exits at the first match, and under pipefail the SIGPIPE it
+      # gives the CLI read as "no --device option"
+      if ! timeout 60 omniduplex bench engine --help 2>/dev/null | grep -- '--device' >/dev/null; then
         note_only engine "missing: 'omniduplex bench engine' has no --device option in this tree"
       else
         run_part engine omniduplex bench engine --device cuda --concurrency 1,8,128 --json "$OUTDIR/engine.json"

@@ -36,3 +36,12 @@ def test_device_cuda_without_a_gpu_fails_with_one_line():
     assert result.exit_code == 2
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "sees no CUDA GPU" in lines[0]
+
+
+def test_transformers_baseline_runs_last_and_stops_at_its_budget(tmp_path, capsys):
+    summary = run(cs=[1, 2], device="cpu", tiny=True, workdir=tmp_path, baseline_budget_s=0.0)
+    assert list(summary["settings"]) == ["ours eager", "ours CUDA graphs", "transformers static+compile"]
+    hf = summary["settings"]["transformers static+compile"]
+    assert all("budget" in hf[c]["skipped"] for c in ("1", "2"))  # no level started past the cap
+    assert summary["settings"]["ours CUDA graphs"]["2"]["tok_s"] > 0  # ours measured all the same
+    assert "| 2 |" in capsys.readouterr().out

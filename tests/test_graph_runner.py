@@ -39,7 +39,7 @@ def thinker(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def moe_thinker(tmp_path_factory):
-    """The tiny Qwen3-MoE preset (4 experts, top 2: decode graphs for batches of <= 2 tokens)."""
+    """The tiny Qwen3-MoE preset (4 experts, top 2: past 2 tokens a captured step runs the dense dispatch)."""
     d = write_checkpoint(tmp_path_factory.mktemp("moe"), "tiny", seed=5, text_only=True)
     return load_model(d).thinker
 
@@ -135,7 +135,9 @@ def test_replayed_steps_equal_eager_steps(thinker, moe_thinker, seed, model):
         if hidden is not None:
             batch = twin.inputs.eager_batch(items)  # rewrites the same K/V rows with the same values
             ref = twin.adapter.forward(twin.adapter.input_embeds(items), batch, twin.kv)
-            torch.testing.assert_close(hidden, ref, rtol=0, atol=1e-6)
+            # MoE past E / k tokens: the dense dispatch's GEMMs span other rows than the grouped ones
+            # (fp32 blocking differs by a few ULP)
+            torch.testing.assert_close(hidden, ref, rtol=0 if model == "dense" else 2e-6, atol=1e-6)
             seen.add(twin.graphs.runner.bucket_for(len(items)))
         return hidden
 
@@ -144,7 +146,8 @@ def test_replayed_steps_equal_eager_steps(thinker, moe_thinker, seed, model):
     assert got == want
     assert twin.graphs.runner.hits > 0 and seen
     assert twin.scheduler.num_preemptions == eager.scheduler.num_preemptions
-    assert twin.graphs.runner.buckets == ([1, 2, 4, 8] if model == "dense" else [1, 2])
+    assert twin.graphs.runner.buckets == [1, 2, 4, 8]  # MoE too: past E / k = 2 tokens, the dense dispatch
+    assert max(seen) > 2  # replayed batches past the gathered dispatch's reach
 
 
 @torch.no_grad()

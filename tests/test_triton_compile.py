@@ -23,9 +23,9 @@ SCRIPT = textwrap.dedent(
     import torch, triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from omniduplex.kernels import paged_decode_attention as pda, triton_ops as tops
+    from omniduplex.kernels import paged_decode_kernels as pda, triton_ops as tops
     from omniduplex.kernels.paged_decode_config import choose_config
-    pda._kernels(); tops._kernels()
+    pda.kernels(); tops._kernels()
     SMEM = {80: 163 * 1024, 90: 227 * 1024}
 
     def build(fn, args, arch, num_warps, num_stages):

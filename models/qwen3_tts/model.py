@@ -27,6 +27,7 @@ from omniduplex.models.qwen3_tts.config import (
 )
 from omniduplex.models.qwen3_tts.speaker_encoder import SpeakerEncoder
 from omniduplex.models.qwen3_tts.talker import Talker
+from omniduplex.models.random_init import building_on, random_init_, random_seed
 
 CODEC_DIR = "speech_tokenizer"
 PARTS = ("talker", "speaker_encoder", "codec", "codec_encoder")
@@ -127,6 +128,17 @@ def load_qwen3_tts(
     except ConfigError as e:
         raise CheckpointError(f"{model_dir}: {e}") from e
     out = Qwen3TTS(model_dir, cfg, raw, codec_cfg, parts=parts)
+    seed = random_seed(model_dir)
+    if seed is not None:  # weightless directory (``real`` presets): built on the device, filled in place
+        with building_on(device, dtype):
+            out.talker = Talker(cfg) if "talker" in parts else None
+            out.codec = CodecDecoder(codec_cfg) if codec_cfg is not None else None
+        for i, m in enumerate((out.talker, out.codec)):
+            if m is not None:
+                random_init_(m, seed + i)
+                m.eval().requires_grad_(False)
+        out.load_seconds = time.perf_counter() - t0
+        return out
     files = weight_files(model_dir)
     if "talker" in parts:
         out.talker = Talker(cfg)

@@ -25,19 +25,9 @@ import torch
 
 from omniduplex.kernels import moe
 from omniduplex.models.forward_batch import BLOCK_SIZE
-from omniduplex.models.layers import SparseMoE
 from omniduplex.pipeline.engine.graph_runner import GraphRunner, bucket_sizes
 from omniduplex.pipeline.engine.request import Request
 from omniduplex.pipeline.engine.step_inputs import StepInputs
-
-
-def moe_batch_limit(model: torch.nn.Module) -> int | None:
-    """Most tokens a captured step of ``model`` may hold when it has MoE layers: ``num_experts // top_k``
-    (the sync-free dispatch of :func:`omniduplex.kernels.moe.sync_free` reads one expert per (token, expert)
-    pair, at most the layer's weights up to there); ``None`` for a dense model."""
-    moes = [m for m in model.modules() if isinstance(m, SparseMoE)]
-    limits = [max(1, m.experts.gate_up_proj.shape[0] // m.gate.top_k) for m in moes]
-    return min(limits) if limits else None
 
 
 def supports_graphs(adapter) -> bool:
@@ -59,8 +49,8 @@ class DecodeGraphs:
         kv: the engine's KV cache (per layer ``(k, v)``).
         inputs: the engine's :class:`StepInputs` (its static decode buffers are allocated here).
         backend: from :func:`.graph_runner.make_backend`.
-        max_num_seqs: the largest batch (buckets up to it, :func:`.graph_runner.bucket_sizes`; for a MoE model
-            up to :func:`moe_batch_limit`, larger batches run eagerly).
+        max_num_seqs: the largest batch (buckets up to it, :func:`.graph_runner.bucket_sizes`; MoE models
+            too: :func:`omniduplex.kernels.moe.sync_free` dispatches any batch without a host sync).
         max_model_len: the longest context (tokens) a replayed step may hold; longer requests run eagerly.
         hidden_size, dtype: of the adapter's input embeddings (embedding models).
     """
@@ -78,9 +68,7 @@ class DecodeGraphs:
         dtype: torch.dtype,
     ) -> None:
         self.adapter, self.kv, self.inputs = adapter, kv, inputs
-        model = getattr(adapter, "model", None)
-        limit = moe_batch_limit(model) if isinstance(model, torch.nn.Module) else None
-        self.runner = GraphRunner(name, backend, bucket_sizes(min(max_num_seqs, limit or max_num_seqs)))
+        self.runner = GraphRunner(name, backend, bucket_sizes(max_num_seqs))
         self.width = max(1, -(-max_model_len // BLOCK_SIZE))
         top = self.runner.buckets[-1]
         inputs.setup_graph(top, self.width)

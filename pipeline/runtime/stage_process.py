@@ -17,6 +17,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -142,6 +143,7 @@ class StageLoop:
             self.close()
             raise
         self.seqs: dict[tuple[str, str], int] = {}
+        self.busy_s = 0.0  # seconds inside worker.step() since start (the stage's busy time)
         self.reporter = StatsReporter(self.snapshot, status.send_json)
         self.parent_pid = os.getppid()
 
@@ -173,11 +175,12 @@ class StageLoop:
                 wait_s = STALLED_WAIT_S
 
     def snapshot(self) -> dict:
-        """The ``stats`` message: worker gauges and the credits of each output edge."""
+        """The ``stats`` message: worker gauges (with ``busy_s``: seconds spent in its ``step`` so far) and
+        the credits of each output edge."""
         return {
             "kind": "stats",
             "stage": self.stage,
-            "worker": worker_stats(self.worker),
+            "worker": {**worker_stats(self.worker), "busy_s": self.busy_s},
             "edges": {f"{self.stage}->{dst}": producer_stats(p) for dst, p in self.producers.items()},
         }
 
@@ -226,7 +229,9 @@ class StageLoop:
 
     def _step(self) -> bool:
         """One worker step; its outputs go downstream. ``False`` when it produced nothing."""
+        t0 = time.perf_counter()
         outs = self.worker.step()
+        self.busy_s += time.perf_counter() - t0
         for rid, error in self.worker.pop_errors():
             self._fail(rid, f"{self.stage}: {error}")
         for msg in outs:

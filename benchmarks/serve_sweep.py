@@ -1,0 +1,232 @@
+"""``omniduplex bench serve-sweep``: the Qwen3-Omni and Qwen3-TTS graphs at c = 1 … 64, as vLLM-Omni reports.
+
+Each graph is served as in production (its stages in their own processes joined by the relay, driven through
+the orchestrator). At each concurrency ``c``, ``c`` requests start together, ``rounds`` times:
+
+- Qwen3-Omni: spoken turns (``benchmarks/speech/*.wav`` in turn), ``max_tokens`` Thinker tokens and
+  ``talker_frames`` codec frames each (``ignore_eos``: fixed-length load);
+- Qwen3-TTS: utterances (:data:`.tts.SENTENCES`), ``talker_frames`` codec frames each (``ignore_eos``).
+
+Figures per row: TTFP p50 / p90 (submit → first PCM at the orchestrator, ms), RTF p50 (submit → last PCM over
+the audio's duration), audio-s/s (all audio ÷ the level's wall time), output tok/s (Thinker text tokens ÷
+wall; Qwen3-TTS: codec frames ÷ wall, :func:`audio_frames`), per stage the busy seconds its gauges report
+over the level (``busy_s``: time in the stage's steps; the Qwen3-TTS stages add their own ``*_s``), and the
+TTFP split the turns carry (``*_ms`` keys, p50).
+
+The table prints beside the anchors (:data:`ANCHORS`: vLLM-Omni's published tables, the seed figures) and
+says which targets of issue 41 (:data:`TARGETS`) a row meets. Every row is written to the JSON file as it
+finishes, so a run cut short keeps what it measured. Speed only: random-weight audio is noise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from omniduplex.benchmarks.tts import SENTENCES
+
+GRAPHS = ("qwen3-omni", "qwen3-tts")
+ANCHORS: dict[str, list[dict]] = {
+    "qwen3-omni": [
+        # vLLM blog "qwen3-omni-optimization": c=32, 3 GPUs, graphs, async chunks, 2 Talker/Code2Wav replicas
+        {"who": "vLLM-Omni, 3 GPUs", "c": 32, "ttfp_p50_ms": 482, "rtf_p50": 0.31, "tok_s": 186},
+    ],
+    "qwen3-tts": [
+        # vllm-omni benchmarks/tts/README.md, Qwen3-TTS-12Hz-1.7B on one H20 (codec at batch 1, vllm-omni#272)
+        {"who": "vLLM-Omni, H20", "c": 1, "ttfp_p50_ms": 165, "rtf_p50": 0.15},
+        {"who": "vLLM-Omni, H20", "c": 8, "ttfp_p50_ms": 1701, "rtf_p50": 0.49},
+        {"who": "vLLM-Omni, H20", "c": 32, "ttfp_p50_ms": 3772, "rtf_p50": 0.77},
+        {"who": "seed, H20 x2", "c": 1, "ttfp_p50_ms": 70.6},
+        {"who": "seed, H20 x2", "c": 16, "ttfp_p50_ms": 451},
+        {"who": "seed, H20 x2", "c": 64, "audio_s_per_s": 42.9},
+    ],
+}
+"""Published figures the sweep is read against (issue 41)."""
+TARGETS: dict[str, dict[int, dict[str, tuple[str, float]]]] = {
+    "qwen3-omni": {32: {"ttfp_p50_ms": ("<=", 400), "rtf_p50": ("<=", 0.3)}},
+    "qwen3-tts": {
+        1: {"ttfp_p50_ms": ("<=", 60)},
+        32: {"ttfp_p50_ms": ("<=", 300), "rtf_p50": ("<=", 0.2)},
+        64: {"audio_s_per_s": (">=", 100)},
+    },
+}
+"""Issue 41's targets at the real shapes on one GPU: graph → c → figure → (op, bound)."""
+
+
+def targets_met(graph: str, row: dict) -> dict[str, bool]:
+    """``{figure: met}`` for the targets at ``row["c"]`` (empty where none is set)."""
+    out = {}
+    for key, (op, bound) in TARGETS.get(graph, {}).get(row["c"], {}).items():
+        v = row.get(key)
+        out[key] = v is not None and (v <= bound if op == "<=" else v >= bound)
+    return out
+
+
+def audio_frames(audio_s: float) -> int:
+    """Codec frames of ``audio_s`` seconds of 12 Hz codec audio (12.5 frames/s: 1920 samples at 24 kHz), the
+    output tokens of a Qwen3-TTS utterance (its turns carry no text-token count)."""
+    return round(audio_s * 12.5)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else float("nan")
+
+
+def _busy(stats: dict) -> dict[str, float]:
+    """``{"stage.key": seconds}`` of every cumulative ``*_s`` gauge the stages report."""
+    return {
+        f"{s}.{k}": float(v)
+        for s, g in stats["stages"].items()
+        for k, v in g.items()
+        if k.endswith("_s") and isinstance(v, (int, float))
+    }
+
+
+async def _one(orch, rid: str) -> dict:
+    async for ev in orch.events(rid):
+        if ev.kind == "error":
+            raise RuntimeError(f"request {rid} failed: {ev.error}")
+        if ev.kind == "done":
+            return ev.metrics
+    raise RuntimeError(f"request {rid} ended without done")
+
+
+async def _level(orch, backend, submit, c: int, rounds: int, settle_s: float) -> dict:
+    before = _busy(backend.stats())
+    metrics, wall = [], 0.0
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        metrics += await asyncio.gather(*(_one(orch, submit(r * c + i)) for i in range(c)))
+        wall += time.perf_counter() - t0
+    await asyncio.sleep(settle_s)  # the stages report their gauges about once a second
+    after = _busy(backend.stats())
+    audio = sum(m["audio_s"] for m in metrics)
+    split = sorted({k for m in metrics for k in m if k.endswith("_ms") and k not in ("ttfp_ms", "e2el_ms")})
+    return {
+        "c": c,
+        "requests": len(metrics),
+        "ttfp_p50_ms": _pct([m["ttfp_ms"] for m in metrics], 50),
+        "ttfp_p90_ms": _pct([m["ttfp_ms"] for m in metrics], 90),
+        "rtf_p50": _pct([m["rtf"] for m in metrics if m["audio_s"]], 50),
+        "audio_s_per_s": audio / wall,
+        "tok_s": sum(m.get("completion_tokens") or audio_frames(m["audio_s"]) for m in metrics) / wall,
+        "wall_s": wall,
+        "stage_busy_s": {k: round(after[k] - before.get(k, 0.0), 4) for k in after},
+        "ttfp_split_p50_ms": {k: _pct([m[k] for m in metrics if k in m], 50) for k in split},
+    }
+
+
+def sweep(
+    graph: str,
+    model_dir: Path,
+    levels: list[int],
+    rounds: int = 1,
+    max_tokens: int = 16,
+    talker_frames: int = 25,
+    threads: int = 1,
+    json_out: Path | None = None,
+    results: dict | None = None,
+    settle_s: float = 1.5,
+    graph_yaml: Path | None = None,
+) -> list[dict]:
+    """Measure ``graph`` (``"qwen3-omni"`` or ``"qwen3-tts"``) on ``model_dir`` at each level; returns rows.
+    ``results`` (``{graph: {...}}``) collects every graph's rows, written to ``json_out`` after each row.
+    ``graph_yaml``: the stage-graph YAML (devices, dtypes; e.g. ``deploy/graph-gpu.yaml``; default: the CPU
+    one).
+
+    Raises:
+        ValueError: unknown graph, or ``model_dir`` is not a checkpoint of that graph.
+        StageStartError: a stage did not start.
+        RuntimeError: a request failed.
+    """
+    from omniduplex.app.host.pipeline import serving_meta
+    from omniduplex.models.tokenizer import load_tokenizer
+    from omniduplex.pipeline.audio_io import load_audio
+    from omniduplex.pipeline.config import load_graph
+    from omniduplex.pipeline.orchestrator import Orchestrator
+    from omniduplex.pipeline.runtime.process_backend import ProcessBackend
+
+    if graph not in GRAPHS:
+        raise ValueError(f"unknown graph {graph!r}; choose from {list(GRAPHS)}")
+    pcfg = load_graph(graph_yaml, model=str(model_dir), side_asr=None)
+    pcfg.side_asr = None
+    topo = pcfg.topology()
+    if topo.name != graph:
+        raise ValueError(f"{model_dir} serves the {topo.name!r} graph, not {graph!r}")
+    for stage in topo.all_stages:
+        pcfg.stages[stage] = pcfg.stage(stage).model_copy(
+            update={"torch_threads": threads, "max_num_seqs": max(64, max(levels))}
+        )
+    results = {} if results is None else results
+    entry = results.setdefault(graph, {"model": str(model_dir), "anchors": ANCHORS[graph], "rows": []})
+    if graph == "qwen3-tts":
+        from omniduplex.models.checkpoint import read_config
+        from omniduplex.models.qwen3_tts.config import TTSConfig
+
+        cfg = TTSConfig.from_dict(read_config(model_dir))
+        speakers = sorted(cfg.speakers) if cfg.variant == "custom_voice" else [None]
+        sampling = {"max_tokens": talker_frames + 1, "ignore_eos": True}
+
+        def submit(i: int) -> str:
+            meta = {"voice": speakers[i % len(speakers)], "sampling": {**sampling, "seed": i}}
+            return orch.speak(SENTENCES[i % len(SENTENCES)], meta)
+
+        tokenizer = None
+    else:
+        wavs = [load_audio(p) for p in sorted((Path(__file__).parent / "speech").glob("*.wav"))]
+        meta = serving_meta(max_tokens, talker_frames, ignore_eos=True, shape=graph)
+
+        def submit(i: int) -> str:
+            return orch.submit(wavs[i % len(wavs)], meta)
+
+        tokenizer = load_tokenizer(model_dir)
+
+    async def main() -> None:
+        nonlocal orch
+        backend = ProcessBackend(pcfg)
+        orch = Orchestrator(backend, tokenizer, output_rate=24000)
+        await orch.start()
+        try:
+            await _one(orch, submit(0))  # warm-up: first-use allocations, lazy imports
+            for c in levels:
+                row = await _level(orch, backend, submit, c, rounds, settle_s)
+                row["targets_met"] = targets_met(graph, row)
+                entry["rows"].append(row)
+                print(_row_line(graph, row), flush=True)
+                if json_out:
+                    json_out.write_text(json.dumps(results, indent=2))
+        finally:
+            await orch.stop()
+
+    orch = None
+    print(f"\n{graph} graph: {model_dir}, stage processes, {threads} torch thread(s) each, {rounds} round(s)")
+    print(HEADER)
+    asyncio.run(main())
+    print_anchors(graph)
+    return entry["rows"]
+
+
+HEADER = (
+    "| graph | c | TTFP p50 ms | TTFP p90 ms | RTF p50 | audio-s/s | tok/s | stage busy s | targets |\n"
+    "|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def _row_line(graph: str, r: dict) -> str:
+    busy = ", ".join(f"{k} {v:.2f}" for k, v in r["stage_busy_s"].items()) or "-"
+    met = ", ".join(f"{k} {'met' if ok else 'missed'}" for k, ok in r["targets_met"].items()) or "-"
+    return (
+        f"| {graph} | {r['c']} | {r['ttfp_p50_ms']:.0f} | {r['ttfp_p90_ms']:.0f} | {r['rtf_p50']:.2f} "
+        f"| {r['audio_s_per_s']:.2f} | {r['tok_s']:.1f} | {busy} | {met} |"
+    )
+
+
+def print_anchors(graph: str) -> None:
+    """The anchors' rows of ``graph`` in the table's columns."""
+    for a in ANCHORS[graph]:
+        cols = [f"{a[k]:g}" if k in a else "-" for k in ("ttfp_p50_ms", "rtf_p50", "audio_s_per_s", "tok_s")]
+        print(f"| {a['who']} | {a['c']} | {cols[0]} | - | {cols[1]} | {cols[2]} | {cols[3]} | - | anchor |")
