@@ -25,6 +25,7 @@ from omniduplex.models.cascade.tool_prompt import (
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.pipeline.engine.request import SamplingParams
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.text.spoken import sentence_budget
 
 EXTRA_STOP_TOKENS = ("<|endoftext|>",)
 """Stop tokens besides the tokenizer's eos, when the vocabulary has them."""
@@ -166,6 +167,12 @@ class ChatPrompter:
         except TypeError as e:
             raise ValueError(f"turn {rid}: bad sampling parameters ({e})") from e
 
+    @staticmethod
+    def _asked(meta: dict, messages: list[dict]) -> str:
+        """What the user asked this turn: the transcript, or (a continuation after tool calls) the last
+        user message."""
+        return meta.get("transcript") or _last_user_text(messages)
+
     def prepare(self, msg: StageMessage) -> ChatTurn | StageMessage:
         """A :class:`ChatTurn` for the engine, or, for a spoken turn without words, the one message that
         answers it (see the module docstring).
@@ -197,6 +204,8 @@ class ChatPrompter:
         tools = self.tools(rid, meta, messages)
         ids = encode_chat(self.tokenizer, self.template, messages, tools=tools)
         reply = {"speech": meta.get("spoken", True) is not False, "calls": bool(tools.tools)}
+        if reply["speech"]:  # a few sentences unless the user asked for more
+            reply["max_sentences"] = sentence_budget(self._asked(meta, messages))
         if tools.active:  # the calls left to the turn, and their tokens beyond the text budget
             left = self.max_tool_calls - calls_since_user(messages_items(messages))
             reply.update(max_calls=left, text_budget=sampling.max_tokens)
@@ -206,6 +215,10 @@ class ChatPrompter:
             if (trigger := self.tokenizer.token_to_id(CALL_OPEN)) is not None:
                 sampling = replace(sampling, suppress_token_ids=(*sampling.suppress_token_ids, trigger))
         return ChatTurn(ids, sampling, turn_meta, tools, reply)
+
+
+def _last_user_text(messages: list[dict]) -> str:
+    return next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
 
 
 def messages_items(messages: list[dict]) -> list[dict]:

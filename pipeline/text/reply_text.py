@@ -7,8 +7,10 @@ with ``text`` (the delta to say, maybe ``""``) and at most one event per ``tool_
 
 * calls (when the turn offers tools): :class:`~.tool_calls.ToolCallParser` splits call blocks off the text;
   the text said before a call is released whole when the call starts (its order against the call is kept);
-* the ear (:class:`~omniduplex.pipeline.text.spoken.SpokenReply`, for speech turns): markdown stripped, the
-  reply cut at its last complete clause when the token budget runs out;
+* the ear (:class:`~omniduplex.pipeline.text.spoken.SpokenReply`, for speech turns): the speakable-text
+  stage (:mod:`omniduplex.pipeline.text.speakable`: no code, JSON, tables or markdown; numbers, dates and
+  symbols in words), at most a few sentences (the reply ends after its sentence budget), the reply cut at
+  its last complete clause when the token budget runs out;
 * limits: ``text_budget`` tokens of text outside call blocks (a call's own tokens do not count, so a long
   call does not eat the spoken answer), and at most ``max_calls`` calls: :attr:`ReplyStream.stop` then says
   why the generation should end now (``"length"`` / ``"tool_calls"``), and the stage ends it.
@@ -33,6 +35,8 @@ class ReplyStream:
         max_calls: most calls this reply may make (``None``: no limit; ``0``: none, a block the model writes
             anyway ends ``tool_call_failed``).
         text_budget: most tokens of text outside call blocks (``None``: the engine's ``max_tokens`` alone).
+        max_sentences: most sentences a spoken reply says (:func:`~omniduplex.pipeline.text.spoken.
+            sentence_budget`); once said, :attr:`stop` is ``"stop"`` (the reply is complete).
     """
 
     def __init__(
@@ -41,8 +45,10 @@ class ReplyStream:
         calls: bool = False,
         max_calls: int | None = None,
         text_budget: int | None = None,
+        max_sentences: int | None = None,
     ) -> None:
-        self.spoken = SpokenReply(strip=speech) if speech else None
+        self.spoken = SpokenReply(strip=speech, max_sentences=max_sentences) if speech else None
+        self.max_sentences = max_sentences
         self.parser = ToolCallParser() if calls else None
         self.max_calls, self.text_budget = max_calls, text_budget
         self.text_tokens = 0
@@ -73,6 +79,8 @@ class ReplyStream:
             self.stop = self.stop or "length"
         if self.max_calls and self.calls >= self.max_calls:
             self.stop = self.stop or "tool_calls"
+        if self.spoken is not None and self.spoken.full and not in_block:
+            self.stop = self.stop or "stop"  # the sentence budget is said: the reply is complete
         return metas
 
     def finish(self, reason: str | None) -> tuple[list[dict], str]:
@@ -98,7 +106,7 @@ class ReplyStream:
                 continue
             if key == STARTED and self.spoken is not None:  # what was said before the call is complete
                 out[-1]["text"] += self.spoken.finish("stop")
-                self.spoken = SpokenReply(strip=self.spoken.md is not None)
+                self.spoken = SpokenReply(self.spoken.md is not None, self.max_sentences)
             if key == DONE and self.max_calls == 0:  # tool_choice none: a block written anyway is no call
                 key, value = FAILED, {**value, "error": "no tool call is allowed in this reply"}
                 value.pop("arguments", None)
