@@ -11,9 +11,10 @@ import json
 
 import numpy as np
 
-from omniduplex.app.core.events import FunctionCallDone, FunctionCallOutput, ReplyEnded
+from omniduplex.app.core.events import FunctionCallDone, FunctionCallFailed, FunctionCallOutput, ReplyEnded
 from omniduplex.app.core.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
 from omniduplex.app.core.session import Session, SessionConfig
+from omniduplex.app.core.tool_turns import REPEAT_ERROR, call_key
 from omniduplex.app.core.tools import CallArgumentsDelta, CallDone, CallStarted, FunctionCall, ToolRunner
 
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
@@ -24,10 +25,11 @@ class CallingResponder:
 
     output_rate = 24000
 
-    def __init__(self) -> None:
+    def __init__(self, cities=("Oslo", "Bergen", "Tromsø", "Bodø")) -> None:
         self.starts: list[tuple[str, list, dict]] = []
         self.cancelled: list[str] = []
         self.queues: dict[str, asyncio.Queue] = {}
+        self.cities = cities  # the city of each call in turn (the same twice: a repeated call)
 
     def start(self, turn_id, waveform, history, options=None):
         options = options or {}
@@ -35,8 +37,9 @@ class CallingResponder:
         q = self.queues[turn_id] = asyncio.Queue()
         if options.get("tools") and options.get("tool_choice") != "none":
             cid = f"call_{len(self.starts)}"
-            for ev in (CallStarted(cid, "get_weather"), CallArgumentsDelta(cid, '{"city": "Oslo"}'),
-                       CallDone(cid, "get_weather", '{"city": "Oslo"}')):
+            args = json.dumps({"city": self.cities[(len(self.starts) - 1) % len(self.cities)]})
+            for ev in (CallStarted(cid, "get_weather"), CallArgumentsDelta(cid, args),
+                       CallDone(cid, "get_weather", args)):
                 q.put_nowait(ev)
         else:
             q.put_nowait(ReplyTextDelta("It is cold."))
@@ -71,8 +74,8 @@ class Runner:
         return json.dumps({"city": call.parsed_arguments()["city"], "temperature_c": -3})
 
 
-async def converse(runner: Runner, tools: dict | None = None, during=None):
-    resp, events = CallingResponder(), []
+async def converse(runner: Runner, tools: dict | None = None, during=None, responder=None):
+    resp, events = responder or CallingResponder(), []
     s = Session("s", resp, events.append, SessionConfig(output_rate=24000), tool_runner=runner)
     s.add_user_text("Weather in Oslo?")
     s.respond(tools=tools)
@@ -112,6 +115,25 @@ def test_the_runners_tools_are_offered_and_the_call_loop_is_cut_at_its_limit():
     assert resp.starts[0][2]["tools"] == [WEATHER] and resp.starts[0][2]["tool_choice"] == "auto"
     assert [r[2]["tool_choice"] for r in resp.starts] == ["auto", "auto", "none"]
     assert len(runner.calls) == 2 and kinds(history)[-1] == "assistant"
+
+
+def test_one_call_per_need_a_repeated_call_is_not_made_and_the_reply_goes_on_in_words():
+    # the model calls get_weather(Oslo) again after its output (issue 40: "the weather tool was called twice")
+    runner = Runner()
+    resp, events, history = asyncio.run(converse(runner, responder=CallingResponder(cities=("Oslo", "Oslo"))))
+    assert [c.arguments for c in runner.calls] == ['{"city": "Oslo"}']  # run once
+    (failed,) = [e for e in events if isinstance(e, FunctionCallFailed)]
+    assert failed.error == REPEAT_ERROR and failed.call_id == "call_2"
+    assert [r[2]["tool_choice"] for r in resp.starts] == ["auto", "auto", "none"]  # then no tool: words
+    assert kinds(history) == ["user", "function_call", "function_call_output", "assistant"]
+    (ended,) = [e for e in events if isinstance(e, ReplyEnded)]
+    assert ended.reason == "completed" and ended.text == "It is cold."
+
+
+def test_call_key_ignores_key_order_and_spacing():
+    assert call_key("f", '{"a": 1, "b": "x"}') == call_key("f", '{"b":"x","a":1}')
+    assert call_key("f", '{"a": 1}') != call_key("f", '{"a": 2}') != call_key("g", '{"a": 2}')
+    assert call_key("f", "not json") == ("f", "not json")
 
 
 def test_a_failing_tool_becomes_an_error_output_and_the_reply_goes_on():

@@ -5,6 +5,7 @@ them and what the reply's continuation is offered (:mod:`omniduplex.app.core.too
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -34,6 +35,20 @@ from omniduplex.app.core.tools import (
 )
 
 log = logging.getLogger("omniduplex.session")
+
+
+REPEAT_ERROR = "the same call (same function, same arguments) was already made in this turn"
+"""Why a repeated call fails: one call per need; the reply goes on with the output it already has."""
+
+
+def call_key(name: str, arguments: str) -> tuple[str, str]:
+    """What makes two calls the same: the function's name and its arguments as canonical JSON (key order
+    and spacing ignored; arguments that do not parse compare as written)."""
+    try:
+        canon = json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):
+        canon = arguments
+    return name, canon
 
 
 def _name(tool: dict) -> str:
@@ -93,6 +108,13 @@ class ToolCalls:
         elif isinstance(ev, CallArgumentsDelta):
             self.emit(FunctionCallArgumentsDelta(self.name, tid, ev.call_id, ev.delta))
         elif isinstance(ev, CallDone):
+            key = call_key(ev.name, ev.arguments)
+            if key in r.made:  # one call per need: a repeat is not made again (its output is in the history)
+                log.info("%s: call %s repeats %s with the same arguments; not made", tid, ev.call_id, ev.name)
+                r.repeated = True
+                self.emit(FunctionCallFailed(self.name, tid, ev.call_id, ev.name, REPEAT_ERROR))
+                return
+            r.made.add(key)
             self.history.add_tool(FUNCTION_CALL, ev.arguments, ev.call_id, ev.name)
             r.n_calls += 1
             run_here = self.runs_here(ev.name)
@@ -156,11 +178,13 @@ class ToolCalls:
 
     def continuation(self, r: Reply) -> dict:
         """The tool options of reply ``r``'s continuation after its calls ran: as it was offered, with no
-        call allowed once the turn has made the runner's ``max_calls``."""
+        call allowed once the turn has made the runner's ``max_calls``, or after a call that repeated one
+        already made (:data:`REPEAT_ERROR`: the model would only call again)."""
         opts = {k: r.options[k] for k in ("tools", "tool_choice") if k in r.options}
         limit = getattr(self.runner, "max_calls", MAX_CALLS_PER_TURN)
-        if opts and (r.n_calls >= limit or opts.get("tool_choice") not in ("auto", "none")):
-            opts["tool_choice"] = "none"  # the loop is cut; a forced choice would only call again
+        repeated, r.repeated = r.repeated, False
+        if opts and (r.n_calls >= limit or repeated or opts.get("tool_choice") not in ("auto", "none")):
+            opts["tool_choice"] = "none"  # the loop is cut; a forced choice or a repeat would only call again
         return opts
 
     def continue_reply(self, r: Reply, responder: Responder) -> AsyncIterator[ReplyEvent]:
