@@ -8,9 +8,12 @@ call and the tool's output, plus ≥ 6 that need none. Scoring is :func:`score`,
 bench reuses: per request, ``right_tool`` (the first call names the expected tool), ``right_args`` (and its
 arguments equal the expected ones after :func:`normalise`), ``spurious`` (a call where none was needed),
 ``valid`` (every call made has arguments that parse and satisfy the tool's schema), ``cut`` (a call was
-started but cut off by the reply's token budget: no call is made) and ``uses_result`` (after the tool's
-output is fed back as a ``function_call_output``, the follow-up answer says one of the output's words, and
-is not JSON read out).
+started but cut off by the reply's token budget: no call is made), and the post-result reply in words
+(:func:`in_words`: after the tool's output is fed back as a ``function_call_output``, the follow-up says one
+of the output's values and holds no JSON): ``in_words_raw`` on the model's own words, ``uses_result`` on
+what the speakable-text stage lets the TTS say (:func:`heard`).
+
+``--spoken`` (:mod:`.tools_spoken`) speaks the same requests through the whole cascade.
 
 ``--text`` (the mode there is now) runs each request as a typed turn through the cascade's LLM stage
 in-process (:class:`~omniduplex.pipeline.stages.llm.LLMWorker`, the model quantized as served, grammar on,
@@ -60,6 +63,7 @@ class TurnResult:
     failed: list[dict] = field(default_factory=list)
     follow_up: str | None = None
     follow_up_calls: int = 0
+    follow_up_raw: str | None = None  # the model's own words, before the speakable-text stage
 
 
 def load(path: Path = REQUESTS) -> tuple[list[dict], list[ToolRequest], str]:
@@ -127,19 +131,43 @@ def score(request: ToolRequest, result: TurnResult, schemas: dict[str, dict]) ->
     if request.call is None:
         answer = is_right(result.said, request.answers) if request.answers else None
         return {"right_tool": None, "right_args": None, "spurious": bool(result.calls), "valid": valid,
-                "cut": cut, "uses_result": None, "answer_right": answer}  # fmt: skip
+                "cut": cut, "uses_result": None, "in_words_raw": None, "answer_right": answer}  # fmt: skip
     right_tool = first is not None and first["name"] == request.call["name"]
     right_args = right_tool and args_match(request.call["arguments"], json.loads(first["arguments"]))
-    answer = result.follow_up
-    uses = answer is not None and "{" not in answer and is_right(answer, request.uses)  # JSON read out: no
+    uses = in_words(result.follow_up, request.uses)  # what is heard, after the speakable-text stage
+    raw = in_words(result.follow_up_raw, request.uses) if result.follow_up_raw is not None else uses
     return {"right_tool": right_tool, "right_args": right_args, "spurious": None, "valid": valid,
-            "cut": cut, "uses_result": right_tool and uses, "answer_right": None}  # fmt: skip
+            "cut": cut, "uses_result": right_tool and uses, "in_words_raw": right_tool and raw,
+            "answer_right": None}  # fmt: skip
+
+
+_JSON_KEY = re.compile(r"\"\w+\"\s*:")
+
+
+def in_words(answer: str | None, uses: tuple[str, ...]) -> bool:
+    """Whether a post-result reply states the result in words: it says one of ``uses`` (the result's
+    values, :func:`~omniduplex.benchmarks.qa.is_right`) and holds no JSON (no brace or bracket, no
+    ``"key":``).
+
+    >>> in_words("Your order shipped and arrives Friday.", ("shipped",))
+    True
+    >>> in_words('{"status": "shipped"}', ("shipped",))
+    False
+    """
+    if not answer or any(c in answer for c in "{}[]") or _JSON_KEY.search(answer):
+        return False
+    return is_right(answer, uses)
+
+
+SCORES = (
+    "right_tool", "right_args", "spurious", "valid", "cut", "uses_result", "in_words_raw", "answer_right"
+)
 
 
 def aggregate(scores: list[dict]) -> dict[str, float]:
     """Per score, the share of requests where it applies that have it (0..1), and ``n``."""
     out: dict[str, float] = {"n": len(scores)}
-    for key in ("right_tool", "right_args", "spurious", "valid", "cut", "uses_result", "answer_right"):
+    for key in SCORES:
         vals = [s[key] for s in scores if s[key] is not None]
         out[key] = sum(vals) / len(vals) if vals else float("nan")
     return out
@@ -243,10 +271,23 @@ def run_model(worker, requests: list[ToolRequest], tools: list[dict], date: str,
             history.append(
                 {"type": "function_call_output", "call_id": c["call_id"], "output": json.dumps(output)}
             )
-        follow[str(i)] = {**base, "transcript": "", "user_text": "", "history": history}
-    for rid, res in run_turns(worker, follow, concurrency).items():
-        results[rid].follow_up, results[rid].follow_up_calls = res.said, len(res.calls)
+        follow[str(i)] = {**base, "transcript": "", "user_text": "", "history": history, "spoken": False}
+    for rid, res in run_turns(worker, follow, concurrency).items():  # the model's words, as written
+        r = results[rid]
+        r.follow_up_raw, r.follow_up_calls = res.said, len(res.calls)
+        r.follow_up = heard(res.said, requests[int(rid)].text)
     return [results[str(i)] for i in range(len(requests))], time.perf_counter() - t0
+
+
+def heard(written: str, asked: str) -> str:
+    """What the speakable-text stage lets the TTS say of a reply ``written`` by the model (greedy, so the
+    same tokens as a spoken turn's up to where its sentence budget would end it) to the request ``asked``."""
+    from omniduplex.pipeline.text.reply_text import ReplyStream
+    from omniduplex.pipeline.text.spoken import sentence_budget
+
+    stream = ReplyStream(speech=True, max_sentences=sentence_budget(asked))
+    said = "".join(m["text"] for m in stream.push(written))
+    return said + "".join(m["text"] for m in stream.finish("stop")[0])
 
 
 def grammar_cost(worker, tools: list[dict], concurrency: int = 8, steps: int = 32, rounds: int = 3) -> dict:
@@ -310,12 +351,12 @@ def grammar_cost(worker, tools: list[dict], concurrency: int = 8, steps: int = 3
 
 def print_table(rows: list[tuple[str, dict, float]], cost: dict[str, dict] | None) -> None:
     print("model                          n   right tool  right args  spurious  valid   cut", end="")
-    print("  uses result  answers  time s")
+    print("  in words (model / heard)  answers  time s")
     for name, agg, secs in rows:
         print(
             f"{name:<30} {agg['n']:>2}   {agg['right_tool']:>9.0%}  {agg['right_args']:>10.0%}  "
             f"{agg['spurious']:>8.0%}  {agg['valid']:>5.0%}  {agg['cut']:>4.0%}  "
-            f"{agg['uses_result']:>11.0%}  "
+            f"{agg['in_words_raw']:>13.0%} / {agg['uses_result']:>5.0%}  "
             f"{agg['answer_right']:>7.0%}  {secs:>6.0f}"
         )
     for model, c in (cost or {}).items():

@@ -32,6 +32,7 @@ MAX_HELD_CHARS = 64
 """A run of text without whitespace longer than this is verbalized as it stands (never held longer)."""
 FENCE = "```"
 _RULE = re.compile(r"[ \t]*([-=*_])(?:[ \t]*\1){2,}[ \t]*")
+_SPACES = re.compile(r"[ \t]{2,}")
 _MAYBE_RULE = re.compile(r"(?:[-=*_][ \t]*)*")
 _TABLE_SEPARATOR = re.compile(r":?-+:?")
 _MONTH_WORDS = frozenset(m.lower() for m in MONTHS) | frozenset(m[:3].lower() for m in MONTHS)
@@ -221,8 +222,11 @@ class Verbalizer:
         words = chunk.split()
         last = words[-1].strip(".,;:!?\"'").lower() if words else ""
         self.cue = last if last.isalpha() and len(last) <= 6 else ""
+        said = _SPACES.sub(" ", said)
         if self.space:
             said = said.lstrip(" \t")
+        if final:
+            said = said.rstrip(" \t")
         if said:
             self.space = said[-1].isspace()
         return said
