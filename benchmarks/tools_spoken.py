@@ -143,9 +143,9 @@ def run_manifest(manifest: str, requests: list[ToolRequest], tools: list[dict], 
             for r, w in zip(requests, wavs):
                 turns.append(await ask(orch, r, w, meta))
                 t = turns[-1]
-                print(f"  {r.text[:48]:<48} | heard {t.transcript[:48]!r} | calls "
-                      f"{[(c['name'], c['arguments']) for c in t.result.calls]} | {t.result.follow_up!r}",
-                      flush=True)
+                calls = [(c["name"], c["arguments"]) for c in t.result.calls]
+                print(f"  heard {t.transcript[:56]!r} | said {t.result.said[:60]!r} | calls {calls} | "
+                      f"then {t.result.follow_up!r}", flush=True)
             return turns, filler
         finally:
             await orch.stop()

@@ -5,7 +5,6 @@ them and what the reply's continuation is offered (:mod:`omniduplex.app.core.too
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -33,22 +32,9 @@ from omniduplex.app.core.tools import (
     ToolRunner,
     error_output,
 )
+from omniduplex.pipeline.stages.tool_calls import REPEAT_ERROR, call_key
 
 log = logging.getLogger("omniduplex.session")
-
-
-REPEAT_ERROR = "the same call (same function, same arguments) was already made in this turn"
-"""Why a repeated call fails: one call per need; the reply goes on with the output it already has."""
-
-
-def call_key(name: str, arguments: str) -> tuple[str, str]:
-    """What makes two calls the same: the function's name and its arguments as canonical JSON (key order
-    and spacing ignored; arguments that do not parse compare as written)."""
-    try:
-        canon = json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"))
-    except (TypeError, ValueError):
-        canon = arguments
-    return name, canon
 
 
 def _name(tool: dict) -> str:
@@ -124,6 +110,7 @@ class ToolCalls:
                 r.client_calls += 1
             self.emit(FunctionCallDone(self.name, tid, ev.call_id, ev.name, ev.arguments, run_here))
         elif isinstance(ev, CallFailed):
+            r.repeated |= ev.error == REPEAT_ERROR  # refused by the LLM stage: go on without a tool
             log.warning("%s: call %s of %s failed: %s", tid, ev.call_id, ev.name, ev.error)
             self.emit(FunctionCallFailed(self.name, tid, ev.call_id, ev.name, ev.error))
 

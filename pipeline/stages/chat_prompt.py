@@ -25,6 +25,7 @@ from omniduplex.models.cascade.tool_prompt import (
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.pipeline.engine.request import SamplingParams
 from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.stages.tool_calls import call_key
 from omniduplex.pipeline.text.spoken import sentence_budget
 
 EXTRA_STOP_TOKENS = ("<|endoftext|>",)
@@ -208,7 +209,7 @@ class ChatPrompter:
             reply["max_sentences"] = sentence_budget(self._asked(meta, messages))
         if tools.active:  # the calls left to the turn, and their tokens beyond the text budget
             left = self.max_tool_calls - calls_since_user(messages_items(messages))
-            reply.update(max_calls=left, text_budget=sampling.max_tokens)
+            reply.update(max_calls=left, text_budget=sampling.max_tokens, made=calls_made(messages))
             sampling = replace(sampling, max_tokens=sampling.max_tokens + CALL_TOKENS * left)
         elif tools.tools:  # tool_choice none, or the call limit reached: no call
             reply["max_calls"] = 0
@@ -219,6 +220,19 @@ class ChatPrompter:
 
 def _last_user_text(messages: list[dict]) -> str:
     return next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
+
+
+def calls_made(messages: list[dict]) -> set[tuple[str, str]]:
+    """:func:`~.tool_calls.call_key` of the calls in ``messages`` after the last user message (the calls
+    of the turn in progress: a continuation must not repeat them)."""
+    out: set[tuple[str, str]] = set()
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            break
+        for c in m.get("tool_calls") or ():
+            fn = c.get("function", c)
+            out.add(call_key(fn["name"], fn["arguments"]))
+    return out
 
 
 def messages_items(messages: list[dict]) -> list[dict]:

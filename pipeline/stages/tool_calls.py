@@ -40,6 +40,20 @@ ARGUMENTS_DELTA = "tool_call_arguments_delta"
 DONE = "tool_call_done"
 FAILED = "tool_call_failed"
 EVENT_KEYS = (STARTED, ARGUMENTS_DELTA, DONE, FAILED)
+REPEAT_ERROR = "the same call (same function, same arguments) was already made in this turn"
+"""Why a repeated call fails: one call per need (the turn already has that call's output)."""
+
+
+def call_key(name: str, arguments) -> tuple[str, str]:
+    """What makes two calls the same: the function's name and its arguments (a JSON string or the parsed
+    object) as canonical JSON (key order and spacing ignored; a string that does not parse compares as
+    written)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return name, arguments
+    return name, json.dumps(arguments, sort_keys=True, separators=(",", ":"))
 """Meta keys of call events, in the order they come within one message."""
 
 _HEADER = re.compile(r'(?:json)?\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')

@@ -21,7 +21,15 @@ after making calls, or the call limit was reached), ``length`` (the token budget
 
 from __future__ import annotations
 
-from omniduplex.pipeline.stages.tool_calls import DONE, EVENT_KEYS, FAILED, STARTED, ToolCallParser
+from omniduplex.pipeline.stages.tool_calls import (
+    DONE,
+    EVENT_KEYS,
+    FAILED,
+    REPEAT_ERROR,
+    STARTED,
+    ToolCallParser,
+    call_key,
+)
 from omniduplex.pipeline.text.spoken import SpokenReply
 
 
@@ -35,6 +43,9 @@ class ReplyStream:
         max_calls: most calls this reply may make (``None``: no limit; ``0``: none, a block the model writes
             anyway ends ``tool_call_failed``).
         text_budget: most tokens of text outside call blocks (``None``: the engine's ``max_tokens`` alone).
+        made: :func:`~.tool_calls.call_key` of the calls the turn has made already; a call repeating one
+            (or one earlier in this reply) ends ``tool_call_failed`` (:data:`~.tool_calls.REPEAT_ERROR`)
+            and the reply ends: one call per need.
         max_sentences: most sentences a spoken reply says (:func:`~omniduplex.pipeline.text.spoken.
             sentence_budget`); once said, :attr:`stop` is ``"stop"`` (the reply is complete).
     """
@@ -46,9 +57,11 @@ class ReplyStream:
         max_calls: int | None = None,
         text_budget: int | None = None,
         max_sentences: int | None = None,
+        made: set | frozenset = frozenset(),
     ) -> None:
         self.spoken = SpokenReply(strip=speech, max_sentences=max_sentences) if speech else None
         self.max_sentences = max_sentences
+        self.made = set(made)  # call_key of the calls the turn has made (one call per need)
         self.parser = ToolCallParser() if calls else None
         self.max_calls, self.text_budget = max_calls, text_budget
         self.text_tokens = 0
@@ -110,6 +123,12 @@ class ReplyStream:
             if key == DONE and self.max_calls == 0:  # tool_choice none: a block written anyway is no call
                 key, value = FAILED, {**value, "error": "no tool call is allowed in this reply"}
                 value.pop("arguments", None)
+            elif key == DONE and call_key(value["name"], value["arguments"]) in self.made:  # a repeat
+                key, value = FAILED, {**value, "error": REPEAT_ERROR}
+                value.pop("arguments", None)
+                self.stop = self.stop or ("tool_calls" if self.done else "stop")  # the model is looping
+            elif key == DONE:
+                self.made.add(call_key(value["name"], value["arguments"]))
             if key in (DONE, FAILED):
                 self.calls += 1
                 self.done += key == DONE
