@@ -146,7 +146,8 @@ _JSON_KEY = re.compile(r"\"\w+\"\s*:")
 
 def in_words(answer: str | None, uses: tuple[str, ...]) -> bool:
     """Whether a post-result reply states the result in words: it says one of ``uses`` (the result's
-    values, :func:`~omniduplex.benchmarks.qa.is_right`) and holds no JSON (no brace or bracket, no
+    values, :func:`~omniduplex.benchmarks.qa.is_right`, as written or as the speakable-text stage says them:
+    "14:00" → "fourteen hundred") and holds no JSON (no brace or bracket, no
     ``"key":``).
 
     >>> in_words("Your order shipped and arrives Friday.", ("shipped",))
@@ -156,7 +157,9 @@ def in_words(answer: str | None, uses: tuple[str, ...]) -> bool:
     """
     if not answer or any(c in answer for c in "{}[]") or _JSON_KEY.search(answer):
         return False
-    return is_right(answer, uses)
+    from omniduplex.pipeline.text.verbalize import verbalize
+
+    return is_right(answer, uses) or is_right(answer, tuple(verbalize(u) for u in uses))  # "14:00" said
 
 
 SCORES = (
@@ -272,11 +275,22 @@ def run_model(worker, requests: list[ToolRequest], tools: list[dict], date: str,
                 {"type": "function_call_output", "call_id": c["call_id"], "output": json.dumps(output)}
             )
         follow[str(i)] = {**base, "transcript": "", "user_text": "", "history": history, "spoken": False}
-    for rid, res in run_turns(worker, follow, concurrency).items():  # the model's words, as written
+    done = run_turns(worker, follow, concurrency)
+    refused = {r: {**follow[r], "tool_choice": "none"} for r, res in done.items() if refused_repeat(res)}
+    done.update(run_turns(worker, refused, concurrency))  # as the session goes on: no tool (tool_turns.py)
+    for rid, res in done.items():  # the model's words, as written
         r = results[rid]
         r.follow_up_raw, r.follow_up_calls = res.said, len(res.calls)
         r.follow_up = heard(res.said, requests[int(rid)].text)
     return [results[str(i)] for i in range(len(requests))], time.perf_counter() - t0
+
+
+def refused_repeat(result: TurnResult) -> bool:
+    """Whether a reply's only calls repeated ones the turn had made (refused by the LLM stage, so the session
+    continues the reply with no tool)."""
+    from omniduplex.pipeline.stages.tool_calls import REPEAT_ERROR
+
+    return not result.calls and any(f.get("error") == REPEAT_ERROR for f in result.failed)
 
 
 def heard(written: str, asked: str) -> str:

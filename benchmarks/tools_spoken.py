@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omniduplex.benchmarks import qa
-from omniduplex.benchmarks.tools import ToolRequest, TurnResult, aggregate, score
+from omniduplex.benchmarks.tools import ToolRequest, TurnResult, aggregate, refused_repeat, score
 
 VOICES = (
     ("en-us", 160, 50), ("en", 175, 40), ("en-us+f3", 150, 60), ("en-gb", 140, 45), ("en-us+m3", 185, 55)
@@ -50,7 +50,7 @@ class SpokenTurn:
     error: str | None = None
 
 
-async def _turn(orch, rid: str, t0: float, turn: SpokenTurn, follow_up: bool = False) -> float | None:
+async def _turn(orch, rid: str, t0: float, turn: SpokenTurn) -> float | None:
     """Drain turn ``rid``'s events into ``turn``; ms from ``t0`` to its first audio (``None``: none)."""
     from omniduplex.pipeline.events import CallDone, CallFailed
 
@@ -63,17 +63,14 @@ async def _turn(orch, rid: str, t0: float, turn: SpokenTurn, follow_up: bool = F
             said += ev.text
         elif ev.kind == "audio" and first_audio is None and len(ev.pcm):
             first_audio = now
-        elif isinstance(ev, CallDone) and not follow_up:
+        elif isinstance(ev, CallDone):
             turn.result.calls.append({"call_id": ev.call_id, "name": ev.name, "arguments": ev.arguments})
             turn.call_ms = turn.call_ms if turn.call_ms is not None else now
-        elif isinstance(ev, CallFailed) and not follow_up:
+        elif isinstance(ev, CallFailed):
             turn.result.failed.append({"call_id": ev.call_id, "error": ev.error})
         elif ev.kind == "error":
             turn.error = str(ev.error)
-    if follow_up:
-        turn.result.follow_up = said
-    else:
-        turn.result.said = said
+    turn.result.said = said
     return first_audio
 
 
@@ -99,7 +96,13 @@ async def ask(orch, request: ToolRequest, wav: np.ndarray, meta: dict) -> Spoken
                     {"type": "function_call_output", "call_id": c["call_id"], "output": json.dumps(output)}]
     t1 = time.perf_counter()
     rid = orch.submit(np.zeros(0, np.float32), {**meta, "history": history, "user_text": ""})
-    turn.result_ms = await _turn(orch, rid, t1, turn, follow_up=True)
+    follow = SpokenTurn()
+    turn.result_ms = await _turn(orch, rid, t1, follow)
+    if refused_repeat(follow.result):  # the session goes on with no tool (tool_turns.py)
+        rid = orch.submit(np.zeros(0, np.float32), {**meta, "history": history, "user_text": "",
+                                                    "tool_choice": "none"})
+        turn.result_ms = await _turn(orch, rid, t1, follow)
+    turn.result.follow_up, turn.result.follow_up_calls = follow.result.said, len(follow.result.calls)
     return turn
 
 

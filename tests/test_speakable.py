@@ -150,6 +150,9 @@ def test_streaming_holds_at_most_the_clause_being_written():
     assert v.push("27 at 10:30 ") == "November twenty-seventh at "  # "10:30" may get "am"
     assert v.push("tonight.") == ""  # the word being written
     assert v.flush() == "ten thirty tonight."
+    v = Verbalizer()  # a date written word by word is said whole
+    said = "".join(v.push(w + " ") for w in "It is on November 27, 2026 at noon.".split()) + v.flush()
+    assert said == "It is on November twenty-seventh, twenty twenty-six at noon. "
     b = BlockFilter()
     assert b.push("Fine, ") == "Fine, "
     assert b.push('{"status": "shi') == ""  # a JSON object is held until it closes

@@ -12,8 +12,8 @@ still change:
   :data:`MAX_JSON_CHARS` characters: a longer one is dropped, not held);
 * :class:`Verbalizer` (after markdown is stripped): complete words go through
   :func:`~.verbalize.verbalize` (numbers, dates, times, currencies, units, URLs, symbols, emoji → words);
-  it holds the word being written, and the last complete word when it holds a digit or a month name (its
-  unit or day may follow: "5 km", "November 27"), at most :data:`MAX_HELD_CHARS` characters.
+  it holds the word being written, and the complete words before it that hold a digit or are a month name
+  (a unit, day or year may follow: "5 km", "November 27, 2026"), at most :data:`MAX_HELD_CHARS` characters.
 
 :func:`is_speakable` is the contract the TTS can rely on, tested on adversarial model output
 (``tests/test_speakable.py``).
@@ -237,13 +237,17 @@ class Verbalizer:
         end = max(buf.rfind(" "), buf.rfind("\n"), buf.rfind("\t")) + 1
         if end == 0:
             return len(buf) if len(buf) > MAX_HELD_CHARS else 0
-        words = buf[:end].split()
-        if words and (any(c.isdigit() for c in words[-1]) or words[-1].strip(".,").lower() in _MONTH_WORDS):
-            prev = buf[:end].rstrip()
-            held = max(prev.rfind(" "), prev.rfind("\n"), prev.rfind("\t")) + 1
-            if len(buf) - held <= MAX_HELD_CHARS:
-                end = held
-        return end
+        held = end
+        while held > 0:  # hold the trailing words a next word could change: "November 27, 2026", "5 km"
+            prev = buf[:held].rstrip()
+            start = max(prev.rfind(" "), prev.rfind("\n"), prev.rfind("\t")) + 1
+            word = prev[start:]
+            if not word or not (any(c.isdigit() for c in word) or word.strip(".,").lower() in _MONTH_WORDS):
+                break
+            if len(buf) - start > MAX_HELD_CHARS:
+                break
+            held = start
+        return held
 
     def flush(self) -> str:
         return self.push("", final=True)
