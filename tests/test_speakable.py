@@ -151,7 +151,8 @@ def test_streaming_holds_at_most_the_clause_being_written():
     assert v.push("tonight.") == ""  # the word being written
     assert v.flush() == "ten thirty tonight."
     v = Verbalizer()  # a date written word by word is said whole
-    said = "".join(v.push(w + " ") for w in "It is on November 27, 2026 at noon.".split()) + v.flush()
+    words = ["It", "is", "on", "November", "27,", "2026", "at", "noon."]
+    said = "".join(v.push(w + " ") for w in words) + v.flush()
     assert said == "It is on November twenty-seventh, twenty twenty-six at noon. "
     b = BlockFilter()
     assert b.push("Fine, ") == "Fine, "
