@@ -80,6 +80,7 @@ class ChatPrompter:
         self.tokenizer = Tokenizer.from_file(str(tok_file))
         self.template: ChatTemplate = load_chat_template(path)
         self.stop_ids = self._stop_ids(raw_config)
+        self._json_ids: tuple[int, ...] | None = None
 
     def _stop_ids(self, raw_config: dict) -> tuple[int, ...]:
         eos = self.template.special_tokens.get("eos_token")
@@ -92,6 +93,16 @@ class ChatPrompter:
         if not out:
             raise CheckpointError(f"{self.path}: no eos token in tokenizer_config.json or config.json")
         return out
+
+    @property
+    def json_token_ids(self) -> tuple[int, ...]:
+        """Ids of the vocabulary's tokens holding a brace or a backtick: never said (the speakable-text
+        stage drops them), so a spoken reply that may not call is decoded without them and the model says
+        a tool's result in words instead of writing JSON or a code fence (``bench tools``)."""
+        if self._json_ids is None:
+            vocab = self.tokenizer.get_vocab(with_added_tokens=False)
+            self._json_ids = tuple(sorted(i for t, i in vocab.items() if any(c in t for c in "{}`")))
+        return self._json_ids
 
     def messages(self, rid: str, meta: dict) -> list[dict]:
         """The chat of a turn: system prompt, history (``[role, text]`` pairs and function_call /
@@ -213,8 +224,10 @@ class ChatPrompter:
             sampling = replace(sampling, max_tokens=sampling.max_tokens + CALL_TOKENS * left)
         elif tools.tools:  # tool_choice none, or the call limit reached: no call
             reply["max_calls"] = 0
-            if (trigger := self.tokenizer.token_to_id(CALL_OPEN)) is not None:
-                sampling = replace(sampling, suppress_token_ids=(*sampling.suppress_token_ids, trigger))
+            banned = [t] if (t := self.tokenizer.token_to_id(CALL_OPEN)) is not None else []
+            if reply["speech"]:  # words, not a call written as JSON text (a small model after a result)
+                banned += self.json_token_ids
+            sampling = replace(sampling, suppress_token_ids=(*sampling.suppress_token_ids, *banned))
         return ChatTurn(ids, sampling, turn_meta, tools, reply)
 
 
