@@ -10,7 +10,6 @@ from tool_models import bench_tools, qwen05_dir, smollm2_dir
 
 from omniduplex.models.cascade.chat_template import CHATML_TEMPLATE, ChatTemplate, load_chat_template
 from omniduplex.models.cascade.tool_prompt import (
-    RESULT_NOTE,
     calls_since_user,
     chat_messages,
     history_item,
@@ -85,8 +84,8 @@ def test_history_items_become_template_messages():
     calls = msgs[1]["tool_calls"]
     assert msgs[1]["content"] == "Let me check both." and [c["id"] for c in calls] == ["call_1", "call_2"]
     assert calls[0]["function"] == {"name": "get_order_status", "arguments": {"order_id": "48213"}}
-    said = f"8 degrees and light rain\n{RESULT_NOTE}"
-    assert msgs[3] == {"role": "tool", "tool_call_id": "call_2", "content": said}
+    assert msgs[3] == {"role": "tool", "tool_call_id": "call_2", "content": "8 degrees and light rain"}
+    assert msgs[2]["content"] == "status: shipped"  # a JSON result as plain lines
     assert calls_since_user(items) == 2 and calls_since_user(items + [{"role": "user", "content": "x"}]) == 0
     # a call with no text before it opens its own assistant message
     alone = chat_messages([{"role": "user", "content": "hi"}, history_item(0, HISTORY[3], "h")])
@@ -127,9 +126,9 @@ def test_inline_format_is_qwen25s_own_rendering():
             json.dumps({"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}) in text
         )
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
-    assert f"<tool_response>\n8 degrees and light rain\n{RESULT_NOTE}\n</tool_response><|im_end|>" in text
+    assert "<tool_response>\n8 degrees and light rain\n</tool_response><|im_end|>" in text
     # a JSON result is rendered as plain lines: nothing for a small model to read out as JSON
-    assert f"<tool_response>\nstatus: shipped\n{RESULT_NOTE}\n</tool_response>" in text
+    assert "<tool_response>\nstatus: shipped\n</tool_response>" in text
 
 
 def test_smollm2_template_gets_the_inline_format():

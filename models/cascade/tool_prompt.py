@@ -258,10 +258,6 @@ def chat_messages(items: list[dict]) -> list[dict]:
     return out
 
 
-RESULT_NOTE = "(Tell the caller what this means in one short sentence of plain words.)"
-"""Ends every tool result in the prompt: a small model otherwise reads the result out as it was written."""
-
-
 def _plain(value) -> str:
     if isinstance(value, dict):
         return "; ".join(f"{k}: {_plain(v)}" for k, v in value.items())
@@ -272,9 +268,10 @@ def _plain(value) -> str:
 
 def result_text(output: str) -> str:
     """A tool's output as the model reads it in the prompt: a JSON object as one ``key: value`` line per
-    member (nested values ``k: v; k: v``, lists comma-separated), anything else as written, then
-    :data:`RESULT_NOTE`. With no braces to copy, the model says the result rather than reading JSON out
-    (``bench tools``: the post-result reply in words; figures in ``MODELS.md``).
+    member (nested values ``k: v; k: v``, lists comma-separated), anything else as written. With no braces
+    to copy, the model says the result rather than reading JSON out (``bench tools``: the post-result reply
+    in words; figures in ``MODELS.md``). (A note asking for plain words after the result was tried: the
+    135M model read the note out.)
 
     >>> result_text('{"status": "shipped", "arrives": "Friday"}').splitlines()[:2]
     ['status: shipped', 'arrives: Friday']
@@ -283,8 +280,7 @@ def result_text(output: str) -> str:
         value = json.loads(output)
     except ValueError:
         value = None
-    text = "\n".join(f"{k}: {_plain(v)}" for k, v in value.items()) if isinstance(value, dict) else output
-    return f"{text}\n{RESULT_NOTE}"
+    return "\n".join(f"{k}: {_plain(v)}" for k, v in value.items()) if isinstance(value, dict) else output
 
 
 def calls_since_user(items: list[dict]) -> int:
