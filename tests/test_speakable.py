@@ -166,3 +166,19 @@ def test_json_words():
     said = json_words('{"temp_c": 21, "sunny": true, "tags": ["a", "b"]}')
     assert said == "temp c 21, sunny yes, tags a, b"
     assert json_words("{not json}") == ""
+
+
+def test_a_reply_out_of_its_token_budget_finishes_the_sentence_it_is_saying():
+    reply = ReplyStream(speech=True, text_budget=5, finish_sentence=True, max_sentences=3)
+    said = []
+    for word in ["One", "two", "three", "four", "five", "six", "seven.", "Eight", "nine", "ten."]:
+        said += [m["text"] for m in reply.push(word + " ")]
+        if reply.stop:
+            break
+    metas, reason = reply.finish(None)
+    said += [m["text"] for m in metas]
+    assert "".join(said) == "One two three four five six seven." and reason == "stop"
+    cut = ReplyStream(speech=True, text_budget=5, max_sentences=3)  # no grace: cut at the budget
+    for word in ["One", "two,", "three", "four", "five", "six", "seven."]:
+        cut.push(word + " ")
+    assert cut.stop == "length"

@@ -35,6 +35,9 @@ _PROBE = " and then"
 (:meth:`ChatPrompter.hint_ids`)."""
 MAX_TOOL_CALLS = 4
 """Default most tool calls per user turn (the call loop is cut there: ``max_tool_calls`` of the stage)."""
+SENTENCE_GRACE_TOKENS = 32
+"""Tokens a spoken reply may run past its ``max_tokens`` to finish the sentence it is saying (then it ends:
+:class:`~omniduplex.pipeline.text.reply_text.ReplyStream` ``finish_sentence``)."""
 CALL_TOKENS = 128
 """Tokens a reply may spend per tool call beyond its text budget (``max_tokens`` counts text only)."""
 
@@ -216,11 +219,14 @@ class ChatPrompter:
         tools = self.tools(rid, meta, messages)
         ids = encode_chat(self.tokenizer, self.template, messages, tools=tools)
         reply = {"speech": meta.get("spoken", True) is not False, "calls": bool(tools.tools)}
-        if reply["speech"]:  # a few sentences unless the user asked for more
+        if reply["speech"]:  # a few sentences unless the user asked for more, each said whole
             reply["max_sentences"] = sentence_budget(self._asked(meta, messages))
+            reply.update(text_budget=sampling.max_tokens, finish_sentence=True)
+            sampling = replace(sampling, max_tokens=sampling.max_tokens + SENTENCE_GRACE_TOKENS)
         if tools.active:  # the calls left to the turn, and their tokens beyond the text budget
             left = self.max_tool_calls - calls_since_user(messages_items(messages))
-            reply.update(max_calls=left, text_budget=sampling.max_tokens, made=calls_made(messages))
+            reply.update(max_calls=left, made=calls_made(messages))
+            reply.setdefault("text_budget", sampling.max_tokens)
             sampling = replace(sampling, max_tokens=sampling.max_tokens + CALL_TOKENS * left)
         elif tools.tools:  # tool_choice none, or the call limit reached: no call
             reply["max_calls"] = 0

@@ -46,6 +46,10 @@ class ReplyStream:
         made: :func:`~.tool_calls.call_key` of the calls the turn has made already; a call repeating one
             (or one earlier in this reply) ends ``tool_call_failed`` (:data:`~.tool_calls.REPEAT_ERROR`)
             and the reply ends: one call per need.
+        finish_sentence: once ``text_budget`` is spent, a spoken reply with a sentence budget ends after the
+            sentence being said instead of at once (the engine's ``max_tokens`` then holds a grace beyond the
+            budget, :data:`~omniduplex.pipeline.stages.chat_prompt.SENTENCE_GRACE_TOKENS`): never cut
+            mid-sentence unless the grace runs out too.
         max_sentences: most sentences a spoken reply says (:func:`~omniduplex.pipeline.text.spoken.
             sentence_budget`); once said, :attr:`stop` is ``"stop"`` (the reply is complete).
     """
@@ -58,10 +62,12 @@ class ReplyStream:
         text_budget: int | None = None,
         max_sentences: int | None = None,
         made: set | frozenset = frozenset(),
+        finish_sentence: bool = False,
     ) -> None:
         self.spoken = SpokenReply(strip=speech, max_sentences=max_sentences) if speech else None
         self.max_sentences = max_sentences
         self.made = set(made)  # call_key of the calls the turn has made (one call per need)
+        self.finish_sentence = finish_sentence
         self.parser = ToolCallParser() if calls else None
         self.max_calls, self.text_budget = max_calls, text_budget
         self.text_tokens = 0
@@ -89,7 +95,11 @@ class ReplyStream:
         if not was_in_block and not in_block and all(k == "text" for k, _ in segments):
             self.text_tokens += tokens
         if self.text_budget is not None and self.text_tokens >= self.text_budget and not in_block:
-            self.stop = self.stop or "length"
+            spoken = self.spoken
+            if self.finish_sentence and spoken is not None and spoken.max_sentences is not None:
+                spoken.max_sentences = min(spoken.max_sentences, spoken.sentences + 1)  # end after this one
+            else:
+                self.stop = self.stop or "length"
         if self.max_calls and self.calls >= self.max_calls:
             self.stop = self.stop or "tool_calls"
         if self.spoken is not None and self.spoken.full and not in_block:
