@@ -10,8 +10,9 @@ arguments equal the expected ones after :func:`normalise`), ``spurious`` (a call
 ``valid`` (every call made has arguments that parse and satisfy the tool's schema), ``cut`` (a call was
 started but cut off by the reply's token budget: no call is made), and the post-result reply in words
 (:func:`in_words`: after the tool's output is fed back as a ``function_call_output``, the follow-up says one
-of the output's values and holds no JSON): ``in_words_raw`` on the model's own words, ``uses_result`` on
-what the speakable-text stage lets the TTS say (:func:`heard`).
+of the output's values and holds no JSON): ``uses_result`` on what the TTS is given (the follow-up decoded
+as a spoken turn is, through the speakable-text stage), ``in_words_raw`` on the model's own text when a
+caller has it (``follow_up_raw``).
 
 ``--spoken`` (:mod:`.tools_spoken`) speaks the same requests through the whole cascade.
 
@@ -274,14 +275,12 @@ def run_model(worker, requests: list[ToolRequest], tools: list[dict], date: str,
             history.append(
                 {"type": "function_call_output", "call_id": c["call_id"], "output": json.dumps(output)}
             )
-        follow[str(i)] = {**base, "transcript": "", "user_text": "", "history": history, "spoken": False}
+        follow[str(i)] = {**base, "transcript": "", "user_text": "", "history": history}
     done = run_turns(worker, follow, concurrency)
     refused = {r: {**follow[r], "tool_choice": "none"} for r, res in done.items() if refused_repeat(res)}
     done.update(run_turns(worker, refused, concurrency))  # as the session goes on: no tool (tool_turns.py)
-    for rid, res in done.items():  # the model's words, as written
-        r = results[rid]
-        r.follow_up_raw, r.follow_up_calls = res.said, len(res.calls)
-        r.follow_up = heard(res.said, requests[int(rid)].text)
+    for rid, res in done.items():  # what the TTS is given (decoded as a spoken turn is)
+        results[rid].follow_up, results[rid].follow_up_calls = res.said, len(res.calls)
     return [results[str(i)] for i in range(len(requests))], time.perf_counter() - t0
 
 
@@ -291,17 +290,6 @@ def refused_repeat(result: TurnResult) -> bool:
     from omniduplex.pipeline.stages.tool_calls import REPEAT_ERROR
 
     return not result.calls and any(f.get("error") == REPEAT_ERROR for f in result.failed)
-
-
-def heard(written: str, asked: str) -> str:
-    """What the speakable-text stage lets the TTS say of a reply ``written`` by the model (greedy, so the
-    same tokens as a spoken turn's up to where its sentence budget would end it) to the request ``asked``."""
-    from omniduplex.pipeline.text.reply_text import ReplyStream
-    from omniduplex.pipeline.text.spoken import sentence_budget
-
-    stream = ReplyStream(speech=True, max_sentences=sentence_budget(asked))
-    said = "".join(m["text"] for m in stream.push(written))
-    return said + "".join(m["text"] for m in stream.finish("stop")[0])
 
 
 def grammar_cost(worker, tools: list[dict], concurrency: int = 8, steps: int = 32, rounds: int = 3) -> dict:
@@ -365,12 +353,12 @@ def grammar_cost(worker, tools: list[dict], concurrency: int = 8, steps: int = 3
 
 def print_table(rows: list[tuple[str, dict, float]], cost: dict[str, dict] | None) -> None:
     print("model                          n   right tool  right args  spurious  valid   cut", end="")
-    print("  in words (model / heard)  answers  time s")
+    print("  in words  answers  time s")
     for name, agg, secs in rows:
         print(
             f"{name:<30} {agg['n']:>2}   {agg['right_tool']:>9.0%}  {agg['right_args']:>10.0%}  "
             f"{agg['spurious']:>8.0%}  {agg['valid']:>5.0%}  {agg['cut']:>4.0%}  "
-            f"{agg['in_words_raw']:>13.0%} / {agg['uses_result']:>5.0%}  "
+            f"{agg['uses_result']:>8.0%}  "
             f"{agg['answer_right']:>7.0%}  {secs:>6.0f}"
         )
     for model, c in (cost or {}).items():
