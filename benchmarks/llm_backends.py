@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from omniduplex.pipeline.config import StageConfig
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -34,8 +34,8 @@ QUESTIONS = [
 
 def _turn(rid: str, i: int, new_tokens: int, system_prompt: str) -> StageMessage:
     sampling = {"temperature": 0.0, "max_tokens": new_tokens, "ignore_eos": True}
-    meta = {"transcript": QUESTIONS[i % len(QUESTIONS)], "system_prompt": system_prompt, "sampling": sampling}
-    return StageMessage(rid, {}, meta)
+    opts = TurnOptions(system_prompt=system_prompt, sampling=sampling)
+    return StageMessage(rid, {}, Transcript(transcript=QUESTIONS[i % len(QUESTIONS)], turn=opts), last=True)
 
 
 def measure(worker, c: int, new_tokens: int, rounds: int, system_prompt: str) -> dict[str, float]:

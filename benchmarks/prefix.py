@@ -44,11 +44,12 @@ def load_llm(dtype: str = "float32"):
     from omniduplex.models.cascade.manifest import default_manifest, load_manifest, resolve_llm
     from omniduplex.models.registry import load_model
     from omniduplex.models.weights import cache_dir
+    from omniduplex.pipeline.config import StageConfig
     from omniduplex.pipeline.workers import _dtype
 
     cache = cache_dir()
     llm_dir = resolve_llm(load_manifest(default_manifest(cache)), cache)
-    model = load_model(llm_dir, parts=("thinker",), dtype=_dtype(dtype))
+    model = load_model(llm_dir, parts=("thinker",), dtype=_dtype(StageConfig(dtype=dtype)))
     prepack_linears(model.thinker)  # as the serving stage prepares it (C++ kernels; packed GEMMs in bf16)
     return model
 
@@ -57,7 +58,7 @@ def conversation(model, caching: bool, max_tokens: int, replies: list[str] | Non
     """Run the 10 turns on a fresh LLM stage; returns per turn ``prompt_tokens``, ``prefill_tokens``
     (computed), ``cached_tokens``, ``ttft_ms`` and ``reply``. ``replies``: use these as the assistant's
     history instead of the stage's own replies (same prompts across runs)."""
-    from omniduplex.pipeline.messages import StageMessage
+    from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
     from omniduplex.pipeline.stages.llm import LLMWorker
 
     worker = LLMWorker(
@@ -66,18 +67,18 @@ def conversation(model, caching: bool, max_tokens: int, replies: list[str] | Non
     history: list[list[str]] = []
     rows = []
     for i, user in enumerate(USER_TURNS):
-        meta = {"transcript": user, "history": [list(h) for h in history]}
-        meta["sampling"] = {"max_tokens": max_tokens}
+        opts = TurnOptions(history=[list(h) for h in history], sampling={"max_tokens": max_tokens})
+        meta = Transcript(transcript=user, turn=opts)
         before = worker.engine.num_prefill_tokens
         t0 = time.perf_counter()
-        worker.submit(StageMessage(f"turn{i}", {}, meta))
+        worker.submit(StageMessage(f"turn{i}", {}, meta, last=True))
         ttft, prompt, text = None, 0, []
         while worker.has_work():
             for m in worker.step():
                 if ttft is None:
                     ttft = (time.perf_counter() - t0) * 1e3
                     prompt = int(m.tensors["prompt_ids"].shape[0])
-                text.append(m.meta["text"])
+                text.append(m.meta.text or "")
         computed = worker.engine.num_prefill_tokens - before
         reply = "".join(text).strip() if replies is None else replies[i]
         rows.append(

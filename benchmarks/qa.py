@@ -33,6 +33,7 @@ import numpy as np
 import yaml
 
 from omniduplex.benchmarks.wer import edit_distance
+from omniduplex.pipeline.messages import Prefill, TurnOptions
 
 QUESTIONS = Path(__file__).with_name("qa_questions.yaml")
 SPLIT = ("asr_ms", "asr_wall_ms", "llm_first_clause_ms", "tts_first_chunk_ms")
@@ -165,7 +166,7 @@ default, s); fed too, as the session feeds it."""
 _live_ids = itertools.count(1)
 
 
-async def feed_live(orch, wav: np.ndarray, prefill: dict | None = None) -> str:
+async def feed_live(orch, wav: np.ndarray, prefill: Prefill | None = None) -> str:
     """Feed ``wav`` (16 kHz) and :data:`ENDPOINT_S` of silence to ``orch`` as a session would while the user
     speaks (real-time pace): a :data:`LIVE_PIECE_S` piece once that much audio has been spoken, and what is
     new when the pause after the question begins (100 ms in, ``app.core.live_asr.PAUSE_FRAMES``); ``prefill``
@@ -184,14 +185,14 @@ async def feed_live(orch, wav: np.ndarray, prefill: dict | None = None) -> str:
 
 
 async def ask(
-    orch, q: Question, wav: np.ndarray, meta: dict, live: bool = False, prefill: bool = False
+    orch, q: Question, wav: np.ndarray, meta: TurnOptions, live: bool = False, prefill: bool = False
 ) -> Answer:
     """One spoken turn through ``orch`` (started); returns what it gave and whether it is right. ``live``:
     fed while spoken (:func:`feed_live`; with ``prefill``, the LLM prefills the system prompt and the words
     heard meanwhile), then submitted with 0.1 s of trailing silence (what a session commits); TTFP counts
     from the submit either way."""
     if live:
-        context = {"system_prompt": meta.get("system_prompt"), "history": meta.get("history", [])}
+        context = Prefill(system_prompt=meta.system_prompt or "", history=meta.history or [])
         rid = await feed_live(orch, wav, context if prefill else None)
         silence = np.zeros(int(ENDPOINT_S * 16000), np.float32)
         orch.submit(np.concatenate([wav, silence]), meta, request_id=rid)
@@ -295,7 +296,7 @@ def run(
     Raises:
         ValueError: a model that is not a cascade manifest; ``RuntimeError``: espeak-ng or sox missing.
     """
-    from omniduplex.app.host.pipeline import TurnOptions
+    from omniduplex.app.host.pipeline import RespondOptions
     from omniduplex.models.cascade.manifest import is_cascade
     from omniduplex.models.weights import cache_dir
     from omniduplex.pipeline.audio_io import load_audio
@@ -305,7 +306,7 @@ def run(
             raise ValueError(f"bench qa: {m} is not a cascade manifest (a cascade.yaml or its folder)")
     questions = load_questions(questions_file)[:limit]
     wavs = [load_audio(speak(q, cache_dir() / "bench-qa"), 16000) for q in questions]
-    meta = TurnOptions(greedy=greedy, max_tokens=max_tokens).meta("cascade")
+    meta = RespondOptions(greedy=greedy, max_tokens=max_tokens).meta("cascade")
     results = {}
     for m in models:
         answers = run_manifest(m, questions, wavs, meta, processes, verbose, live, prefill and live)

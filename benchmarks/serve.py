@@ -17,6 +17,7 @@ import numpy as np
 
 from omniduplex.app.host.pipeline import serving_meta
 from omniduplex.pipeline.audio_io import load_audio
+from omniduplex.pipeline.messages import TurnOptions
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.topology import CASCADE, topology_for
 
@@ -25,7 +26,9 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
 
 
-async def _sweep(orch: Orchestrator, wavs: list[np.ndarray], concurrency: list[int], rounds: int, meta: dict):
+async def _sweep(
+    orch: Orchestrator, wavs: list[np.ndarray], concurrency: list[int], rounds: int, meta: TurnOptions
+):
     results = {}
     # warm-up turn (first-use allocations, lazy imports)
     rid = orch.submit(wavs[0], meta)

@@ -36,6 +36,8 @@ import jsonschema
 import yaml
 
 from omniduplex.benchmarks.qa import is_right
+from omniduplex.pipeline.events import CallFailed
+from omniduplex.pipeline.messages import Transcript, TurnOptions
 
 REQUESTS = Path(__file__).with_name("tools.yaml")
 
@@ -61,7 +63,7 @@ class TurnResult:
 
     calls: list[dict] = field(default_factory=list)
     said: str = ""
-    failed: list[dict] = field(default_factory=list)
+    failed: list[CallFailed] = field(default_factory=list)
     follow_up: str | None = None
     follow_up_calls: int = 0
     follow_up_raw: str | None = None  # the model's own words, before the speakable-text stage
@@ -228,24 +230,24 @@ def llm_worker(manifest: str | Path, max_num_seqs: int = 8):
     return build_worker("llm", manifest, cfg, pcfg.chunking)
 
 
-def run_turns(worker, turns: dict[str, dict], concurrency: int) -> dict[str, TurnResult]:
-    """Each turn (id → meta) through ``worker``, ``concurrency`` at once; what each said and called."""
+def run_turns(worker, turns: dict[str, Transcript], concurrency: int) -> dict[str, TurnResult]:
+    """Each turn (id → its transcript and options) through ``worker``, ``concurrency`` at once; what each said
+    and called."""
     from omniduplex.pipeline.messages import StageMessage
-    from omniduplex.pipeline.stages.tool_calls import DONE, FAILED
 
     todo, live, out = list(turns.items()), set(), {rid: TurnResult() for rid in turns}
     while todo or live:
         while todo and len(live) < concurrency:
             rid, meta = todo.pop(0)
-            worker.submit(StageMessage(rid, {}, meta))
+            worker.submit(StageMessage(rid, {}, meta, last=True))
             live.add(rid)
         for m in worker.step():
             r = out[m.request_id]
-            r.said += m.meta.get("text", "")
-            if DONE in m.meta:
-                r.calls.append({k: m.meta[DONE][k] for k in ("call_id", "name", "arguments")})
-            if FAILED in m.meta:
-                r.failed.append(m.meta[FAILED])
+            r.said += m.meta.text or ""
+            if (done := m.meta.call_done) is not None:
+                r.calls.append({"call_id": done.call_id, "name": done.name, "arguments": done.arguments})
+            if m.meta.call_failed is not None:
+                r.failed.append(m.meta.call_failed)
             if m.last:
                 live.discard(m.request_id)
     return out
@@ -257,9 +259,9 @@ def run_model(worker, requests: list[ToolRequest], tools: list[dict], date: str,
 
     # the date: the booking requests say "tomorrow"
     system = spoken_tools_prompt([t.get("description", "") for t in tools], date)
-    base = {"system_prompt": system, "tools": tools, "tool_choice": "auto", "sampling": {"max_tokens": 64}}
+    base = TurnOptions(system_prompt=system, tools=tools, tool_choice="auto", sampling={"max_tokens": 64})
     t0 = time.perf_counter()
-    firsts = {str(i): {**base, "transcript": r.text} for i, r in enumerate(requests)}
+    firsts = {str(i): Transcript(transcript=r.text, turn=base) for i, r in enumerate(requests)}
     results = run_turns(worker, firsts, concurrency)
     follow = {}
     for i, r in enumerate(requests):
@@ -275,9 +277,13 @@ def run_model(worker, requests: list[ToolRequest], tools: list[dict], date: str,
             history.append(
                 {"type": "function_call_output", "call_id": c["call_id"], "output": json.dumps(output)}
             )
-        follow[str(i)] = {**base, "transcript": "", "user_text": "", "history": history}
+        follow[str(i)] = Transcript(turn=base.model_copy(update={"user_text": "", "history": history}))
     done = run_turns(worker, follow, concurrency)
-    refused = {r: {**follow[r], "tool_choice": "none"} for r, res in done.items() if refused_repeat(res)}
+    refused = {
+        r: Transcript(turn=follow[r].turn.model_copy(update={"tool_choice": "none"}))
+        for r, res in done.items()
+        if refused_repeat(res)
+    }
     done.update(run_turns(worker, refused, concurrency))  # as the session goes on: no tool (tool_turns.py)
     for rid, res in done.items():  # what the TTS is given (decoded as a spoken turn is)
         results[rid].follow_up, results[rid].follow_up_calls = res.said, len(res.calls)
@@ -289,7 +295,7 @@ def refused_repeat(result: TurnResult) -> bool:
     continues the reply with no tool)."""
     from omniduplex.pipeline.stages.tool_calls import REPEAT_ERROR
 
-    return not result.calls and any(f.get("error") == REPEAT_ERROR for f in result.failed)
+    return not result.calls and any(f.error == REPEAT_ERROR for f in result.failed)
 
 
 def grammar_cost(worker, tools: list[dict], concurrency: int = 8, steps: int = 32, rounds: int = 3) -> dict:
@@ -316,7 +322,9 @@ def grammar_cost(worker, tools: list[dict], concurrency: int = 8, steps: int = 3
     bank.mask_, bank.accept = timed(bank.mask_), timed(bank.accept)
     prompts = [
         worker.chat.prepare(
-            StageMessage("p", {}, {"transcript": f"Request {i}: what's new?", "tools": tools})
+            StageMessage(
+                "p", {}, Transcript(transcript=f"Request {i}: what's new?", turn=TurnOptions(tools=tools))
+            )
         ).ids
         for i in range(concurrency)
     ]

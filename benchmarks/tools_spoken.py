@@ -67,17 +67,20 @@ async def _turn(orch, rid: str, t0: float, turn: SpokenTurn) -> float | None:
             turn.result.calls.append({"call_id": ev.call_id, "name": ev.name, "arguments": ev.arguments})
             turn.call_ms = turn.call_ms if turn.call_ms is not None else now
         elif isinstance(ev, CallFailed):
-            turn.result.failed.append({"call_id": ev.call_id, "error": ev.error})
+            turn.result.failed.append(ev)
         elif ev.kind == "error":
             turn.error = str(ev.error)
     turn.result.said = said
     return first_audio
 
 
-async def ask(orch, request: ToolRequest, wav: np.ndarray, meta: dict) -> SpokenTurn:
-    """One spoken request and, when it made the expected call, the continuation with the tool's output."""
+async def ask(orch, request: ToolRequest, wav: np.ndarray, meta) -> SpokenTurn:
+    """One spoken request (``meta``: the turn's ``TurnOptions``) and, when it made the expected call, the
+    continuation with the tool's output."""
+    from omniduplex.pipeline.messages import Prefill
+
     turn = SpokenTurn()
-    context = {"system_prompt": meta["system_prompt"], "history": []}
+    context = Prefill(system_prompt=meta.system_prompt or "", history=[])
     rid = await qa.feed_live(orch, wav, context)
     t0 = time.perf_counter()
     orch.submit(np.concatenate([wav, np.zeros(int(qa.ENDPOINT_S * 16000), np.float32)]), meta, request_id=rid)
@@ -95,12 +98,12 @@ async def ask(orch, request: ToolRequest, wav: np.ndarray, meta: dict) -> Spoken
         history += [{"type": "function_call", **c},
                     {"type": "function_call_output", "call_id": c["call_id"], "output": json.dumps(output)}]
     t1 = time.perf_counter()
-    rid = orch.submit(np.zeros(0, np.float32), {**meta, "history": history, "user_text": ""})
+    cont = meta.model_copy(update={"history": history, "user_text": ""})
+    rid = orch.submit(np.zeros(0, np.float32), cont)
     follow = SpokenTurn()
     turn.result_ms = await _turn(orch, rid, t1, follow)
     if refused_repeat(follow.result):  # the session goes on with no tool (tool_turns.py)
-        rid = orch.submit(np.zeros(0, np.float32), {**meta, "history": history, "user_text": "",
-                                                    "tool_choice": "none"})
+        rid = orch.submit(np.zeros(0, np.float32), cont.model_copy(update={"tool_choice": "none"}))
         turn.result_ms = await _turn(orch, rid, t1, follow)
     turn.result.follow_up, turn.result.follow_up_calls = follow.result.said, len(follow.result.calls)
     return turn
@@ -111,7 +114,8 @@ async def filler_first_audio_ms(orch, meta: dict) -> float | None:
     from omniduplex.app.host.tools.runner import FILLER_TEXT
 
     t0 = time.perf_counter()
-    rid = orch.submit(np.zeros(0, np.float32), {**meta, "say": FILLER_TEXT + " ", "user_text": ""})
+    say = meta.model_copy(update={"say": FILLER_TEXT + " ", "user_text": ""})
+    rid = orch.submit(np.zeros(0, np.float32), say)
     return await _turn(orch, rid, t0, SpokenTurn())
 
 
@@ -123,7 +127,7 @@ def _p(xs: list[float], q: float) -> float:
 def run_manifest(manifest: str, requests: list[ToolRequest], tools: list[dict], date: str,
                  processes: bool = False) -> dict:
     """Every request spoken through the cascade of ``manifest``; the aggregate scores and timings."""
-    from omniduplex.app.host.pipeline import TurnOptions, new_orchestrator
+    from omniduplex.app.host.pipeline import RespondOptions, new_orchestrator
     from omniduplex.app.host.tools.runner import FILLER_AFTER_S
     from omniduplex.models.weights import cache_dir
     from omniduplex.pipeline.audio_io import load_audio
@@ -132,9 +136,9 @@ def run_manifest(manifest: str, requests: list[ToolRequest], tools: list[dict], 
 
     questions = [qa.Question(r.text, (), *VOICES[i % len(VOICES)]) for i, r in enumerate(requests)]
     wavs = [load_audio(qa.speak(q, cache_dir() / "bench-tools"), 16000) for q in questions]
-    meta = TurnOptions(greedy=True, max_tokens=64).meta("cascade")
-    meta.update(system_prompt=spoken_tools_prompt([t.get("description", "") for t in tools], date),
-                tools=tools, tool_choice="auto")
+    system = spoken_tools_prompt([t.get("description", "") for t in tools], date)
+    meta = RespondOptions(greedy=True, max_tokens=64).meta("cascade")
+    meta = meta.model_copy(update={"system_prompt": system, "tools": tools, "tool_choice": "auto"})
     orch = new_orchestrator(load_graph(None, model=manifest), processes=processes)
 
     async def main():

@@ -29,6 +29,7 @@ from omniduplex.models.checkpoint import read_config
 from omniduplex.models.qwen3_tts.config import TTSConfig
 from omniduplex.models.qwen3_tts.model import SAMPLE_RATE
 from omniduplex.pipeline.config import load_graph
+from omniduplex.pipeline.messages import TurnOptions, UtteranceRequest
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.runtime.process_backend import ProcessBackend
 
@@ -36,8 +37,9 @@ STATS_SETTLE_S = 3.0
 """Longest wait for the stages' gauges to report a level's last frames (they report about once a second)."""
 
 
-async def _utterance(orch: Orchestrator, text: str, meta: dict) -> dict:
-    rid = orch.speak(text, meta)
+async def _utterance(orch: Orchestrator, text: str, voice: TurnOptions) -> dict:
+    """Speak ``text`` with ``voice`` (its ``voice`` and ``sampling``); the utterance's metrics."""
+    rid = orch.speak(UtteranceRequest(text=text, turn=voice))
     async for ev in orch.events(rid):
         if ev.kind == "error":
             raise RuntimeError(f"utterance {rid} failed: {ev.error}")
@@ -71,10 +73,10 @@ async def _level(orch, backend, speakers, c: int, frames: int, done_frames: int)
             _utterance(
                 orch,
                 SENTENCES[i % len(SENTENCES)],
-                {
-                    "voice": speakers[i % len(speakers)],
-                    "sampling": {"max_tokens": frames + 1, "ignore_eos": True, "seed": i},
-                },
+                TurnOptions(
+                    voice=speakers[i % len(speakers)],
+                    sampling={"max_tokens": frames + 1, "ignore_eos": True, "seed": i},
+                ),
             )
             for i in range(c)
         )
@@ -134,7 +136,7 @@ def run_processes(
         orch = Orchestrator(backend, None, output_rate=SAMPLE_RATE)
         await orch.start()
         try:
-            await _utterance(orch, SENTENCES[0], {"voice": speakers[0], "sampling": {"max_tokens": 4}})
+            await _utterance(orch, SENTENCES[0], TurnOptions(voice=speakers[0], sampling={"max_tokens": 4}))
             done = int((await _totals(backend, None))["frames"])
             print(
                 f"\nQwen3-TTS bench: {model_dir}, {frames} frames ({frames * 0.08:.1f} s) per utterance, "

@@ -94,6 +94,18 @@ def bench_engine(
     )
 
 
+@bench.command("messages")
+def bench_messages(
+    concurrency: int = typer.Option(8, help="Requests per decode step (one message each)."),
+    dtype: str = typer.Option("float32", help="LLM weights and KV cache: float32, bfloat16 or auto."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+) -> None:
+    """Typed stage messages: build + wire cost per message, and their share of a decode step at c."""
+    from omniduplex.benchmarks.messages import run
+
+    run(concurrency, json_out, dtype)
+
+
 @bench.command("prefix")
 def bench_prefix(
     max_tokens: int = typer.Option(32, help="Reply tokens per turn."),

@@ -72,10 +72,10 @@ def respond(
     ),
 ) -> None:
     """Answer one spoken turn: prints the transcript as it streams, then TTFP, E2EL, RTF, audio seconds."""
-    from omniduplex.app.host.pipeline import TurnOptions
+    from omniduplex.app.host.pipeline import RespondOptions
     from omniduplex.cli.respond import respond as run
 
-    opts = TurnOptions(
+    opts = RespondOptions(
         greedy=greedy,
         system_prompt=system_prompt,
         max_tokens=max_tokens,

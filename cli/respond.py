@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omniduplex.app.host.pipeline import TurnOptions, new_orchestrator, resolve_model
+from omniduplex.app.host.pipeline import RespondOptions, new_orchestrator, resolve_model
 from omniduplex.pipeline.audio_io import AudioInputError, load_audio, write_wav
 from omniduplex.pipeline.config import load_graph
 from omniduplex.pipeline.topology import UNIFIED, topology_for
@@ -21,7 +21,7 @@ def respond(
     output_path: Path,
     model: Path | None,
     graph: Path | None,
-    opts: TurnOptions,
+    opts: RespondOptions,
     dump_tokens: Path | None = None,
     processes: bool = True,
     start_timeout_s: float = 180.0,

@@ -9,7 +9,8 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from omniduplex.models.qwen3_tts.codec import STREAM_CHUNK, STREAM_FIRST_CHUNK
-from omniduplex.pipeline.topology import ALL_STAGES, Topology, topology_for, with_side_asr
+from omniduplex.pipeline.stages.kinds import STAGE_KINDS
+from omniduplex.pipeline.topology import Topology, topology_for, with_side_asr
 
 DEFAULT_GRAPH = Path(__file__).with_name("default_graph.yaml")
 
@@ -140,7 +141,7 @@ class PipelineConfig(BaseModel):
 
     model: str | None = None
     side_asr: str | None = None
-    stages: dict[Literal[ALL_STAGES], StageConfig] = Field(default_factory=dict)
+    stages: dict[str, StageConfig] = Field(default_factory=dict)
     edges: dict[str, EdgeConfig] = Field(default_factory=dict)
     chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
 
@@ -148,6 +149,8 @@ class PipelineConfig(BaseModel):
     @classmethod
     def _backends(cls, stages: dict[str, StageConfig]) -> dict[str, StageConfig]:
         for stage, scfg in stages.items():
+            if stage not in STAGE_KINDS:
+                raise ValueError(f"unknown stage {stage!r} (stage kinds: {', '.join(STAGE_KINDS)})")
             if scfg.backend in ("vllm", "openai") and stage not in VLLM_STAGES:
                 only = ", ".join(VLLM_STAGES)
                 raise ValueError(f"{stage}.backend: {scfg.backend} runs the {only} stage only")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -22,7 +22,7 @@ class UserTranscript:
     """What the user said in this turn (ASR stage), with ``words`` as ``[word, start_s, end_s]``."""
 
     text: str
-    words: list = field(default_factory=list)
+    words: list[list[str | float]] = field(default_factory=list)
     request_id: str = ""
     kind: ClassVar[str] = "transcript"
 
@@ -63,10 +63,13 @@ class ReplyDone:
 
 @dataclass
 class ReplyFailed:
-    """The turn ended early: ``error`` is ``"cancelled"`` after a cancel, else the cause."""
+    """The turn ended early: ``error`` is ``"cancelled"`` after a cancel, else the cause; ``stage``: the stage
+    whose step, input or output failed it (``"orchestrator"`` when reading an output failed; ``None`` after
+    a cancel, or when no stage is to blame)."""
 
     error: str
     request_id: str = ""
+    stage: str | None = None
     kind: ClassVar[str] = "error"
 
 
@@ -80,7 +83,7 @@ class FunctionCall:
     name: str
     arguments: str
 
-    def parsed_arguments(self) -> dict:
+    def parsed_arguments(self) -> dict[str, Any]:
         """``arguments`` as a dict.
 
         Raises:
@@ -101,6 +104,7 @@ class CallStarted:
     index: int = 0
     request_id: str = ""
     kind: ClassVar[str] = "tool_call"
+    phase: ClassVar[str] = "started"
 
 
 @dataclass
@@ -111,6 +115,7 @@ class CallArgumentsDelta:
     delta: str
     request_id: str = ""
     kind: ClassVar[str] = "tool_call"
+    phase: ClassVar[str] = "arguments_delta"
 
 
 @dataclass
@@ -122,6 +127,7 @@ class CallDone:
     arguments: str
     request_id: str = ""
     kind: ClassVar[str] = "tool_call"
+    phase: ClassVar[str] = "done"
 
     @property
     def call(self) -> FunctionCall:
@@ -138,6 +144,7 @@ class CallFailed:
     error: str
     request_id: str = ""
     kind: ClassVar[str] = "tool_call"
+    phase: ClassVar[str] = "failed"
 
 
 CallEvent = CallStarted | CallArgumentsDelta | CallDone | CallFailed

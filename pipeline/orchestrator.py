@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
@@ -25,31 +26,30 @@ import torch
 from tokenizers import Tokenizer
 
 from omniduplex.pipeline.audio_io import OUTPUT_RATE
-from omniduplex.pipeline.edge_messages import StageError, check_message, parse
 from omniduplex.pipeline.events import ReplyDone, ReplyFailed, TurnEvent
-from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
+from omniduplex.pipeline.messages import (
+    AsrPiece,
+    AudioOutput,
+    DecoderOutput,
+    Meta,
+    PartialTranscript,
+    Prefill,
+    StageError,
+    StageMessage,
+    Transcript,
+    TurnOptions,
+    TurnRequest,
+    UtteranceRequest,
+)
 from omniduplex.pipeline.text.detokenize import IncrementalDetokenizer
 from omniduplex.pipeline.topology import Topology
 from omniduplex.pipeline.turn_state import PartialCallback, TurnState
 
-OutputCallback = Callable[[str, StageMessage], None]
-"""``(source, message)``: source is ``"transcript"`` (meta ``transcript``, ``words``: the ASR stage),
-``"text"`` (tensor ``token``, maybe ``prompt_ids``; meta ``text`` when the stage detokenizes itself),
-``"partial"`` (meta ``partial_transcript``, ``stable_transcript``: the ASR stage on a turn still
-being spoken), ``"codes"`` (a codec frame ``codes``), ``"audio"`` (``pcm``, meta ``text`` = the words it
-speaks when the stage knows them; ``last`` ends the turn) or ``"error"`` (meta ``error``)."""
+log = logging.getLogger("omniduplex.orchestrator")
 
-
-def output_sources(stage: str, msg: StageMessage, topo: Topology) -> list[str]:
-    """The :data:`OutputCallback` sources a message of ``stage`` reports to the orchestrator as."""
-    if stage not in topo.to_orchestrator:
-        return []
-    if stage == topo.audio_stage:
-        return ["audio"]
-    if stage == "asr" and is_partial_transcript(msg):
-        return ["partial"]
-    out = ["transcript"] if stage == "asr" and "transcript" in msg.meta else []
-    return out + [k for t, k in (("token", "text"), ("codes", "codes")) if t in msg.tensors]
+OutputCallback = Callable[[StageMessage], None]
+"""A message a stage of ``topology.to_orchestrator`` sent to the orchestrator (or a :class:`StageError` the
+backend made for a failed request); the orchestrator reads it by its kind (:data:`Orchestrator._handlers`)."""
 
 
 class Backend(Protocol):
@@ -106,13 +106,14 @@ class Orchestrator:
             self.cancel(rid)
         await asyncio.to_thread(self.backend.stop)
 
-    def submit(self, waveform: np.ndarray, meta: dict | None = None, request_id: str | None = None) -> str:
-        """Start a turn from 16 kHz mono float32 ``waveform``; returns its request id.
+    def submit(
+        self, waveform: np.ndarray, options: TurnOptions | None = None, request_id: str | None = None
+    ) -> str:
+        """Start a turn from 16 kHz mono float32 ``waveform`` with the turn's ``options`` (system prompt,
+        history, sampling, tools, ...: :class:`~.messages.TurnOptions`); returns its request id.
 
-        ``meta``: ``system_prompt``, ``history`` (list of ``[role, text]``), ``sampling`` /
-        ``talker_sampling`` (dicts of sampling parameters), ``speaker``; for unified checkpoints
-        ``user_text``, ``max_text_tokens``, ``max_audio_frames``, ``cfg_scale``; for the cascade
-        ``system_prompt``, ``history`` and ``sampling`` (the LLM's).
+        Raises:
+            ValueError: the id is in use by a turn already submitted.
         """
         rid = request_id or f"turn-{next(self._ids)}"
         turn = self.turns.get(rid)
@@ -124,16 +125,19 @@ class Orchestrator:
             turn.open, turn.t_submit = False, time.perf_counter()
             waveform = np.asarray(waveform)[turn.fed :]
         wav = torch.from_numpy(np.ascontiguousarray(waveform, dtype=np.float32))
-        self._send(StageMessage(rid, {"waveform": wav}, dict(meta or {}), last=True))
+        meta = TurnRequest(turn=options or TurnOptions())
+        self._send(StageMessage(rid, {"waveform": wav}, meta, last=True))
         return rid
 
-    def speak(self, text: str, meta: dict | None = None, request_id: str | None = None) -> str:
+    def speak(
+        self, utterance: UtteranceRequest, ref_audio: np.ndarray | None = None, request_id: str | None = None
+    ) -> str:
         """Start an utterance on a text-to-speech graph (:data:`.topology.QWEN3_TTS`); returns its id.
 
-        ``meta``: the voice fields of :mod:`.stages.qwen3_tts_talker` (``voice``, ``instructions``,
-        ``language``, ``ref_text``, ``sampling``); a ``ref_audio`` float32 ``[n]`` 24 kHz array in it
-        travels as a tensor. Its events: ``audio`` pieces, then ``done`` (metrics as for a turn, with the
-        TTFP split ``talker_first_frame_ms`` / ``codec_first_chunk_ms``) or ``error``.
+        ``utterance``: the text and voice fields the talker stage reads (:mod:`.stages.qwen3_tts_talker`);
+        ``ref_audio``: float32 ``[n]`` at 24 kHz for a cloned voice (travels as a tensor). Its events:
+        ``audio`` pieces, then ``done`` (metrics as for a turn, with the TTFP split
+        ``talker_first_frame_ms`` / ``codec_first_chunk_ms``) or ``error``.
 
         Raises:
             ValueError: the id is in use.
@@ -141,14 +145,12 @@ class Orchestrator:
         rid = request_id or f"speech-{next(self._ids)}"
         if rid in self.turns:
             raise ValueError(f"request {rid!r} is already running")
-        meta = dict(meta or {})
         tensors = {}
-        if meta.get("ref_audio") is not None:
-            ref = np.ascontiguousarray(meta.pop("ref_audio"), dtype=np.float32).reshape(-1)
+        if ref_audio is not None:
+            ref = np.ascontiguousarray(ref_audio, dtype=np.float32).reshape(-1)
             tensors["ref_audio"] = torch.from_numpy(ref)
-        meta.pop("ref_audio", None)
         self.turns[rid] = self._new_turn(rid)
-        self._send(StageMessage(rid, tensors, {**meta, "text": text}, last=True))
+        self._send(StageMessage(rid, tensors, utterance, last=True))
         return rid
 
     def feed(
@@ -156,11 +158,11 @@ class Orchestrator:
         request_id: str,
         samples: np.ndarray,
         on_partial: PartialCallback | None = None,
-        prefill: dict | None = None,
+        prefill: Prefill | None = None,
     ) -> None:
         """Send the next ``samples`` (16 kHz mono float32) of turn ``request_id``, still being spoken, to the
         ASR stage; ``on_partial`` (called on the event loop thread) gets its partial transcripts until
-        :meth:`submit`. ``prefill`` (``{system_prompt, history}``, with the first samples of a turn): the
+        :meth:`submit`. ``prefill`` (system prompt and history, with the first samples of a turn): the
         conversation the turn will be answered in; the LLM stage then prefills it with the partial
         transcripts while the user speaks (:mod:`omniduplex.pipeline.stages.llm`).
         ``submit(waveform, ...)`` then takes the whole turn's audio and sends only what was
@@ -181,17 +183,10 @@ class Orchestrator:
             turn.on_partial = on_partial
         wav = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32).reshape(-1))
         turn.fed += wav.numel()
-        meta: dict = {"asr_piece": True}
-        if prefill is not None:
-            meta["prefill"] = prefill
-        self._send(StageMessage(request_id, {"waveform": wav}, meta, last=False))
+        self._send(StageMessage(request_id, {"waveform": wav}, AsrPiece(prefill=prefill), last=False))
 
     def _send(self, msg: StageMessage) -> None:
-        """Send ``msg`` to the graph's entry, checked against its kind first.
-
-        Raises:
-            EdgeMessageError: its meta does not fit its kind."""
-        check_message("orchestrator", msg)
+        """Send ``msg`` to the graph's entry."""
         self.backend.send(msg)
 
     def _new_turn(self, rid: str) -> TurnState:
@@ -237,38 +232,51 @@ class Orchestrator:
         }
 
     # -- called from the backend's thread ----------------------------------------------------------
-    def _on_output(self, source: str, msg: StageMessage) -> None:
-        self.loop.call_soon_threadsafe(self._handle, source, msg)
+    def _on_output(self, msg: StageMessage) -> None:
+        self.loop.call_soon_threadsafe(self._handle, msg)
 
-    def _handle(self, source: str, msg: StageMessage) -> None:
-        """Dispatch one output of the graph by its source (:data:`OutputCallback`) to its handler, which
-        reads the message as its kind (:mod:`.edge_messages`)."""
+    def _handle(self, msg: StageMessage) -> None:
+        """Dispatch one output of the graph by its declared kind (:data:`_handlers`)."""
         turn = self.turns.get(msg.request_id)
         if turn is None or turn.finished:
             return
-        handler = self._handlers.get(source)
-        if handler is not None:
+        handler = self._handlers.get(type(msg.meta))
+        if handler is None:
+            return
+        source = type(msg.meta).__name__
+        try:
             handler(self, turn, msg)
+        except Exception as e:  # an output this turn cannot be read from: the turn fails, the server goes on
+            log.exception("%s: reading its %s output failed", msg.request_id, source)
+            if not turn.finished:  # (its end was already queued otherwise)
+                error = f"orchestrator: reading the {source} output failed: {type(e).__name__}: {e}"
+                self._end_failed(turn, error, "orchestrator")
 
     def _on_error(self, turn: TurnState, msg: StageMessage) -> None:
-        err = parse(StageError, msg)
+        err = msg.meta
+        assert isinstance(err, StageError)
+        self._end_failed(turn, err.error or "pipeline error", err.stage)
+
+    def _end_failed(self, turn: TurnState, error: str, stage: str | None) -> None:
+        """End ``turn`` with :class:`ReplyFailed` (``stage``: the stage to blame) and abort it everywhere."""
         turn.finished = True
         self.backend.abort(turn.request_id)
         if turn.open:  # failed while fed: its submit will find no turn and start afresh
             self.turns.pop(turn.request_id, None)
             return
-        turn.queue.put_nowait(ReplyFailed(str(err.error) or "pipeline error", turn.request_id))
+        turn.queue.put_nowait(ReplyFailed(error, turn.request_id, stage))
 
-    def _on_codes(self, turn: TurnState, msg: StageMessage) -> None:
-        if self.record:
+    def _on_decoder(self, turn: TurnState, msg: StageMessage) -> None:
+        if "token" in msg.tensors:
+            turn.read_text(msg)
+        if self.record and "codes" in msg.tensors:
             turn.codes.append(msg.tensors["codes"].tolist())
 
-    _handlers: dict[str, Callable[[Orchestrator, TurnState, StageMessage], None]] = {
-        "error": _on_error,
-        "partial": lambda self, turn, msg: turn.read_partial(msg),
-        "transcript": lambda self, turn, msg: turn.read_transcript(msg),
-        "text": lambda self, turn, msg: turn.read_text(msg),
-        "codes": _on_codes,
-        "audio": lambda self, turn, msg: turn.read_audio(msg, self.output_rate),
+    _handlers: dict[type[Meta], Callable[[Orchestrator, TurnState, StageMessage], None]] = {
+        StageError: _on_error,
+        PartialTranscript: lambda self, turn, msg: turn.read_partial(msg),
+        Transcript: lambda self, turn, msg: turn.read_transcript(msg),
+        DecoderOutput: _on_decoder,
+        AudioOutput: lambda self, turn, msg: turn.read_audio(msg, self.output_rate),
     }
-    """:data:`OutputCallback` source → its handler."""
+    """Message kind → its handler."""

@@ -29,6 +29,7 @@ from pathlib import Path
 from omniduplex.models.cascade.manifest import is_cascade
 from omniduplex.models.checkpoint import read_config
 from omniduplex.models.qwen3_tts.config import ARCHITECTURE as QWEN3_TTS_ARCHITECTURE
+from omniduplex.pipeline.stages.kinds import STAGE_KINDS
 
 ORCHESTRATOR = "orchestrator"
 QWEN3_OMNI_OUTPUT_RATE = 24_000
@@ -146,7 +147,8 @@ QWEN3_TTS = Topology(
     },
 )
 SHAPES = (QWEN3_OMNI, UNIFIED, CASCADE, QWEN3_TTS)
-ALL_STAGES = tuple(dict.fromkeys(s for t in SHAPES for s in t.stages))
+_undeclared = {s for t in SHAPES for s in t.stages} - set(STAGE_KINDS)
+assert not _undeclared, f"graph shapes chain undeclared stage kinds {_undeclared}"
 CASCADE_OUTPUT_RATE = 24_000
 """Rate the TTS stage resamples Piper's voice to (Hz): the same as Code2Wav and the Realtime API's PCM."""
 

@@ -1,10 +1,9 @@
 """One turn's state in the orchestrator, and how the graph's outputs for it become its events.
 
-:class:`TurnState` holds a turn's queue of :mod:`.events` and its timings; its ``on_*`` methods read one
-output of the graph as its kind (:mod:`.edge_messages`) and put the events it means on the queue, measuring
+:class:`TurnState` holds a turn's queue of :mod:`.events` and its timings; its ``read_*`` methods read one
+output of the graph (its typed meta, :mod:`.messages`) and put the events it means on the queue, measuring
 TTFP, E2EL, RTF and, for the cascade, the per-stage split of TTFP (:meth:`TurnState.split_ttfp`). The
-:class:`~.orchestrator.Orchestrator` dispatches each output to them by its source
-(:data:`~.orchestrator.OutputCallback`).
+:class:`~.orchestrator.Orchestrator` dispatches each output to them by its kind.
 """
 
 from __future__ import annotations
@@ -12,21 +11,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from omniduplex.pipeline.edge_messages import AudioOutput, DecoderOutput, PartialTranscript, Transcript, parse
-from omniduplex.pipeline.events import (
-    CallArgumentsDelta,
-    CallDone,
-    CallEvent,
-    CallFailed,
-    CallStarted,
-    ReplyAudioChunk,
-    ReplyDone,
-    ReplyTextDelta,
-    UserTranscript,
+from omniduplex.pipeline.events import ReplyAudioChunk, ReplyDone, ReplyTextDelta, UserTranscript
+from omniduplex.pipeline.messages import (
+    AudioOutput,
+    DecoderOutput,
+    PartialTranscript,
+    StageMessage,
+    Transcript,
 )
-from omniduplex.pipeline.messages import StageMessage
 from omniduplex.pipeline.text.detokenize import IncrementalDetokenizer
 
 PartialCallback = Callable[[str, str], None]
@@ -59,33 +53,36 @@ class TurnState:
     def read_partial(self, msg: StageMessage) -> None:
         """A ``partial`` output: to ``on_partial`` while the turn is fed, not submitted."""
         if self.open and self.on_partial is not None:
-            p = parse(PartialTranscript, msg)
-            self.on_partial(str(p.partial_transcript), str(p.stable_transcript))
+            p = msg.meta
+            assert isinstance(p, PartialTranscript)
+            self.on_partial(p.partial_transcript, p.stable_transcript)
 
     def read_transcript(self, msg: StageMessage) -> None:
         """A ``transcript`` output: a :class:`UserTranscript` event (then ``done`` if the audio had ended)."""
-        t = parse(Transcript, msg)
+        t = msg.meta
+        assert isinstance(t, Transcript)
         self.t_transcript = time.perf_counter()
         self.transcript_pending = False
         self.stage_ms["asr_wall_ms"] = 1000 * (self.t_transcript - self.t_submit)
         if t.asr_ms is not None:
-            self.stage_ms["asr_ms"] = float(t.asr_ms)
+            self.stage_ms["asr_ms"] = t.asr_ms
         if t.asr_tail_s is not None:  # fed while spoken: the audio left to decode at end of turn
-            self.stage_ms["asr_tail_s"] = float(t.asr_tail_s)
-        self.queue.put_nowait(UserTranscript(str(t.transcript), list(t.words), self.request_id))
+            self.stage_ms["asr_tail_s"] = t.asr_tail_s
+        self.queue.put_nowait(UserTranscript(t.transcript, list(t.words), self.request_id))
         if self.done_metrics is not None:
             self.finished = True
             self.queue.put_nowait(ReplyDone(self.done_metrics, self.request_id))
 
     def read_text(self, msg: StageMessage) -> None:
         """A ``text`` output: its function-call events, then its reply-text delta."""
-        out = parse(DecoderOutput, msg)
+        out = msg.meta
+        assert isinstance(out, DecoderOutput)
         if "prompt_ids" in msg.tensors:
             self.prompt_ids = msg.tensors["prompt_ids"].tolist()
         ids = msg.tensors["token"].tolist()
         self.token_ids += ids
-        for call in call_events(out, self.request_id):  # a call's events, before the same message's text
-            self.queue.put_nowait(call)
+        for call in out.calls:  # a call's events, as the LLM stage made them, before the message's text
+            self.queue.put_nowait(replace(call, request_id=self.request_id))
         delta = out.text if out.text is not None else self.detok.push_many(ids, final=msg.last)
         if delta:
             self.queue.put_nowait(ReplyTextDelta(delta, self.request_id))
@@ -93,14 +90,15 @@ class TurnState:
     def read_audio(self, msg: StageMessage, output_rate: int) -> None:
         """An ``audio`` output (PCM at ``output_rate`` Hz): an audio chunk; the last one ends the turn
         (``done`` with its metrics, held while a side ASR's transcript is pending)."""
-        out = parse(AudioOutput, msg)
+        out = msg.meta
+        assert isinstance(out, AudioOutput)
         pcm = msg.tensors.get("pcm")
         if pcm is not None and pcm.numel():
             if self.t_first_audio is None:
                 self.t_first_audio = time.perf_counter()
                 self.split_ttfp(out)
             self.samples += pcm.numel()
-            self.queue.put_nowait(ReplyAudioChunk(pcm.cpu().numpy(), str(out.text or ""), self.request_id))
+            self.queue.put_nowait(ReplyAudioChunk(pcm.cpu().numpy(), out.text or "", self.request_id))
         if msg.last:
             now = time.perf_counter()
             audio_s = self.samples / output_rate
@@ -128,24 +126,10 @@ class TurnState:
         the first clause) and ``llm_first_clause_ms`` (transcript out → first clause audio, less that
         synthesis: the LLM's prefill and the tokens of its first clause, plus relay hops)."""
         if out.talker_ms is not None:  # Qwen3-TTS graph: the talker's first frame, then its 1-frame decode
-            self.stage_ms["talker_first_frame_ms"] = float(out.talker_ms)
-            self.stage_ms["codec_first_chunk_ms"] = float(out.codec_ms or 0.0)
+            self.stage_ms["talker_first_frame_ms"] = out.talker_ms
+            self.stage_ms["codec_first_chunk_ms"] = out.codec_ms or 0.0
         if out.tts_ms is None or self.t_transcript is None:
             return
-        tts = float(out.tts_ms)
+        tts = out.tts_ms
         self.stage_ms["tts_first_chunk_ms"] = tts
         self.stage_ms["llm_first_clause_ms"] = max(0.0, 1000 * (self.t_first_audio - self.t_transcript) - tts)
-
-
-def call_events(out: DecoderOutput, request_id: str) -> list[CallEvent]:
-    """The function-call events of one LLM message, in the order :data:`.stages.tool_calls.EVENT_KEYS`."""
-    calls: list[CallEvent] = []
-    if (e := out.tool_call_started) is not None:
-        calls.append(CallStarted(e.call_id, e.name, e.index, request_id))
-    if (e := out.tool_call_arguments_delta) is not None:
-        calls.append(CallArgumentsDelta(e.call_id, e.delta, request_id))
-    if (e := out.tool_call_done) is not None:
-        calls.append(CallDone(e.call_id, e.name, e.arguments, request_id))
-    if (e := out.tool_call_failed) is not None:
-        calls.append(CallFailed(e.call_id, e.name, e.error, request_id))
-    return calls

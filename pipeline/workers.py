@@ -5,7 +5,6 @@ Used both in-process and by the stage processes, so the wiring is defined once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,21 +24,12 @@ from omniduplex.pipeline.runtime.stage_engines import check_backends
 from omniduplex.pipeline.stages.codec_encoder import CodecEncoderWorker
 from omniduplex.pipeline.stages.contract import StageWorker
 from omniduplex.pipeline.stages.encoder import EncoderWorker
+from omniduplex.pipeline.stages.kinds import STAGE_KINDS, builds
 from omniduplex.pipeline.stages.talker import TalkerWorker
 from omniduplex.pipeline.stages.thinker import ThinkerWorker
 from omniduplex.pipeline.stages.unified import UnifiedWorker
 from omniduplex.pipeline.stages.vocoder import VocoderWorker
 from omniduplex.pipeline.topology import CASCADE_OUTPUT_RATE
-
-PARTS = {
-    "encoder": ("audio_tower",),
-    "thinker": ("thinker",),
-    "talker": ("talker",),
-    "code2wav": ("code2wav",),
-    "codec_encoder": ("codec_encoder",),
-    "unified": ("unified",),
-    "codec": ("codec",),
-}
 
 
 def _dtype(cfg: StageConfig) -> torch.dtype:
@@ -62,7 +52,6 @@ def auto_dtype(cpuinfo: str | None = None) -> torch.dtype:
     return torch.bfloat16 if flags & {"amx_bf16", "avx512_bf16"} else torch.float32
 
 
-ENGINE_STAGES = ("thinker", "talker", "unified")
 """Stages whose decoder runs on our engine (besides the cascade's ``llm``)."""
 
 WARM_UP_ROWS = 256
@@ -100,10 +89,11 @@ class StageBuild:
     side_asr: str | None = None
 
     def load(self, stage: str):
-        """The checkpoint's parts of ``stage`` (:data:`PARTS`), in the stage's dtype on its device; the
-        decoders of engine stages prepacked (:func:`_prepack`)."""
-        model = load_model(self.model_dir, parts=PARTS[stage], dtype=_dtype(self.cfg), device=self.cfg.device)
-        if stage in ENGINE_STAGES:
+        """The checkpoint's parts of ``stage`` (its :class:`~.stages.kinds.StageKind` ``parts``), in the
+        stage's dtype on its device; the decoders of engine stages prepacked (:func:`_prepack`)."""
+        kind = STAGE_KINDS[stage]
+        model = load_model(self.model_dir, parts=kind.parts, dtype=_dtype(self.cfg), device=self.cfg.device)
+        if kind.engine:
             _prepack(getattr(model, stage), self.cfg)
         return model
 
@@ -115,41 +105,49 @@ def _engine_args(b: StageBuild) -> tuple[tuple, dict]:
     )
 
 
+@builds("encoder")
 def _encoder(b: StageBuild) -> StageWorker:
     return EncoderWorker(b.load("encoder"), max_batch=b.cfg.max_num_seqs)
 
 
+@builds("thinker")
 def _thinker(b: StageBuild) -> StageWorker:
     args, kw = _engine_args(b)
     return ThinkerWorker(b.load("thinker"), *args, **kw)
 
 
+@builds("talker")
 def _talker(b: StageBuild) -> StageWorker:
     model = b.load("talker")
     args, kw = _engine_args(b)
     return TalkerWorker(model, talker_specials(model, b.model_dir), *args, **kw)
 
 
+@builds("code2wav")
 def _code2wav(b: StageBuild) -> StageWorker:
     model = b.load("code2wav")
     graphs = code2wav_graphs(model.code2wav, b.cfg, b.chunking)
     return VocoderWorker(lambda: Code2WavStream(model.code2wav), b.chunking, graphs)
 
 
+@builds("codec_encoder")
 def _codec_encoder(b: StageBuild) -> StageWorker:
     return CodecEncoderWorker(b.load("codec_encoder"), max_batch=b.cfg.max_num_seqs)
 
 
+@builds("unified")
 def _unified(b: StageBuild) -> StageWorker:
     args, kw = _engine_args(b)
     return UnifiedWorker(b.load("unified"), *args, **kw)
 
 
+@builds("codec")
 def _codec(b: StageBuild) -> StageWorker:
     model = b.load("codec")
     return VocoderWorker(lambda: DacDecodeStream(model.codec), b.chunking)
 
 
+@builds("asr")
 def _asr(b: StageBuild) -> StageWorker:
     """The cascade's ASR, or the side ASR of a speech-LM graph (``model_dir`` is then not a cascade)."""
     if is_cascade(b.model_dir):
@@ -161,6 +159,7 @@ TTS_TALKER_PARTS = ("talker", "speaker_encoder", "codec_encoder")
 """Qwen3-TTS parts the talker stage loads: the talker, and what voice cloning needs (Base checkpoints)."""
 
 
+@builds("tts_talker")
 def _tts_talker(b: StageBuild) -> StageWorker:
     """The Qwen3-TTS graph's talker (+ code predictor) on our engine."""
     from omniduplex.models.qwen3_tts.model import load_qwen3_tts
@@ -170,6 +169,7 @@ def _tts_talker(b: StageBuild) -> StageWorker:
     return Qwen3TTSTalkerWorker(*_qwen3_tts_engine(model, b.model_dir, b.cfg))
 
 
+@builds("tts_codec")
 def _tts_codec(b: StageBuild) -> StageWorker:
     """The Qwen3-TTS graph's streamed, batched codec decoder (``max_num_seqs`` utterances per decode call)."""
     from omniduplex.models.qwen3_tts.model import load_qwen3_tts
@@ -302,29 +302,21 @@ def _side_asr_dir(side_asr: str | None) -> Path:
     return Path(side_asr)
 
 
-BUILDERS: dict[str, Callable[[StageBuild], StageWorker]] = {
-    "encoder": _encoder,
-    "thinker": _thinker,
-    "talker": _talker,
-    "code2wav": _code2wav,
-    "codec_encoder": _codec_encoder,
-    "unified": _unified,
-    "codec": _codec,
-    "asr": _asr,
-    "llm": lambda b: _llm_worker(load_manifest(b.model_dir), b.cfg),
-    "tts": lambda b: _tts_worker(load_manifest(b.model_dir), b.cfg, b.chunking),
-    "tts_talker": _tts_talker,
-    "tts_codec": _tts_codec,
-}
-"""Stage kind → the builder of its worker: every stage of every :data:`.topology.SHAPES` graph (and the side
-ASR). A new stage kind adds its row here and its worker under :mod:`.stages`."""
+@builds("llm")
+def _llm(b: StageBuild) -> StageWorker:
+    return _llm_worker(load_manifest(b.model_dir), b.cfg)
+
+
+@builds("tts")
+def _tts(b: StageBuild) -> StageWorker:
+    return _tts_worker(load_manifest(b.model_dir), b.cfg, b.chunking)
 
 
 def build_worker(
     stage: str, model_dir: str | Path, cfg: StageConfig, chunking: ChunkingConfig, side_asr: str | None = None
 ) -> StageWorker:
     """Load the parts of the checkpoint (or cascade manifest) ``stage`` runs and wrap them in its worker
-    (:data:`BUILDERS`).
+    (its :class:`~.stages.kinds.StageKind`'s builder).
 
     ``side_asr``: the Whisper directory of the side ASR stage of a speech-LM graph (``"packaged"`` = the
     packaged tiny.en), used when ``stage`` is ``asr`` and ``model_dir`` is not a cascade.
@@ -332,10 +324,10 @@ def build_worker(
     Raises:
         ValueError: ``stage`` is no stage kind of any graph.
     """
-    builder = BUILDERS.get(stage)
-    if builder is None:
-        raise ValueError(f"no stage kind {stage!r} (known: {', '.join(BUILDERS)})")
-    return builder(StageBuild(Path(model_dir), cfg, chunking, side_asr))
+    kind = STAGE_KINDS.get(stage)
+    if kind is None or kind.build is None:
+        raise ValueError(f"no stage kind {stage!r} (known: {', '.join(STAGE_KINDS)})")
+    return kind.build(StageBuild(Path(model_dir), cfg, chunking, side_asr))
 
 
 def prepare(pcfg: PipelineConfig) -> None:

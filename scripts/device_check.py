@@ -56,6 +56,7 @@ def _one_run(arch: str, preset: str, processes: bool, turns: int) -> dict:
     from omniduplex.models.tokenizer import load_tokenizer
     from omniduplex.pipeline.audio_io import load_audio
     from omniduplex.pipeline.config import load_graph
+    from omniduplex.pipeline.messages import TurnOptions, UtteranceRequest
     from omniduplex.pipeline.orchestrator import Orchestrator
     from omniduplex.pipeline.topology import QWEN3_TTS, output_rate
 
@@ -66,10 +67,10 @@ def _one_run(arch: str, preset: str, processes: bool, turns: int) -> dict:
     tts = pcfg.topology() is QWEN3_TTS
     if tts:
         cfg = TTSConfig.from_dict(read_config(model))
-        meta = {"voice": sorted(cfg.speakers)[0], "sampling": {"max_tokens": 26, "ignore_eos": True}}
+        voice = TurnOptions(voice=sorted(cfg.speakers)[0], sampling={"max_tokens": 26, "ignore_eos": True})
 
         def start(o):
-            return o.speak("Hello there, how are you today?", dict(meta))
+            return o.speak(UtteranceRequest(text="Hello there, how are you today?", turn=voice))
     else:
         meta = serving_meta(16, 32, shape=pcfg.topology().name)
         wav = load_audio(QUESTION)

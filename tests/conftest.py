@@ -7,6 +7,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Engines keep the intra-op thread count the test set: on a shared host the thread governor would follow
-# other processes' load, and a changed thread count may change float rounding between runs a test compares.
-os.environ.setdefault("OMNIDUPLEX_ADAPT_THREADS", "0")
+# One intra-op thread, as every stage process runs by default (StageConfig.torch_threads = 1): an engine's
+# thread governor then has nothing to adapt (pipeline/engine/threads.py), so float rounding does not change
+# between runs a test compares. Nothing here switches a production code path.
+torch.set_num_threads(1)

@@ -12,7 +12,7 @@ from speech import espeak, words_of
 from omniduplex.models.cascade.asr import SAMPLE_RATE, WhisperASR
 from omniduplex.models.weights import WHISPER_TINY_EN, locate
 from omniduplex.pipeline.audio_io import load_audio
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions, TurnRequest
 from omniduplex.pipeline.stages.asr import ASRWorker
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -105,26 +105,28 @@ def test_bad_waveform_raises(asr):
 def test_worker_batches_turns_and_passes_meta_through(asr, question):
     w = ASRWorker(asr, max_batch=2)
     silence = torch.zeros(SAMPLE_RATE)
-    meta = {"history": [["user", "hi"]], "x": 1}
-    w.submit(StageMessage("a", {"waveform": torch.from_numpy(question)}, meta))
-    w.submit(StageMessage("b", {"waveform": silence}, {"system_prompt": "Be brief."}))
-    w.submit(StageMessage("c", {"waveform": torch.from_numpy(question)}, {}))
+    turn = TurnOptions(history=[["user", "hi"]], voice="x")
+    w.submit(StageMessage("a", {"waveform": torch.from_numpy(question)}, TurnRequest(turn=turn)))
+    brief = TurnRequest(turn=TurnOptions(system_prompt="Be brief."))
+    w.submit(StageMessage("b", {"waveform": silence}, brief))
+    w.submit(StageMessage("c", {"waveform": torch.from_numpy(question)}, TurnRequest()))
     w.abort("c")
-    w.submit(StageMessage("d", {"waveform": silence}, {"y": 2}))
+    w.submit(StageMessage("d", {"waveform": silence}, TurnRequest(turn=TurnOptions(speaker="y"))))
     assert w.has_work()
     outs = w.step()
     assert [m.request_id for m in outs] == ["a", "b"]  # max_batch: "d" waits for the next step
     a, b = outs
     assert a.last and b.last and a.tensors == {} and b.tensors == {}
-    assert a.meta["history"] == [["user", "hi"]] and a.meta["x"] == 1
-    assert b.meta["system_prompt"] == "Be brief."
-    assert "paris" in words_of(a.meta["transcript"])
-    assert [x[0] for x in a.meta["words"]][-1].lower().startswith("paris")
-    assert all(isinstance(x[0], str) and x[1] <= x[2] for x in a.meta["words"])
-    assert b.meta["transcript"] == "" and b.meta["words"] == []
-    assert a.meta["asr_ms"] > 0 and a.meta["asr_ms"] == b.meta["asr_ms"]  # one batch
+    assert isinstance(a.meta, Transcript) and isinstance(b.meta, Transcript)
+    assert a.meta.turn == turn and a.meta.options.history == [["user", "hi"]]  # the turn's options pass on
+    assert b.meta.options.system_prompt == "Be brief."
+    assert "paris" in words_of(a.meta.transcript)
+    assert [x[0] for x in a.meta.words][-1].lower().startswith("paris")
+    assert all(isinstance(x[0], str) and x[1] <= x[2] for x in a.meta.words)
+    assert b.meta.transcript == "" and b.meta.words == []
+    assert a.meta.asr_ms > 0 and a.meta.asr_ms == b.meta.asr_ms  # one batch
     (d,) = w.step()
-    assert d.request_id == "d" and d.meta["y"] == 2 and d.meta["transcript"] == ""
+    assert d.request_id == "d" and d.meta.options.speaker == "y" and d.meta.transcript == ""
     assert not w.has_work() and w.step() == []
 
 
@@ -140,18 +142,19 @@ def test_worker_batches_turns_and_passes_meta_through(asr, question):
 def test_worker_rejects_bad_waveforms_for_that_turn_only(asr, question, wav):
     w = ASRWorker(asr)
     with pytest.raises(ValueError, match="turn bad"):
-        w.submit(StageMessage("bad", {} if wav is None else {"waveform": wav}))
-    w.submit(StageMessage("good", {"waveform": torch.from_numpy(question)}))
+        w.submit(StageMessage("bad", {} if wav is None else {"waveform": wav}, TurnRequest()))
+    w.submit(StageMessage("good", {"waveform": torch.from_numpy(question)}, TurnRequest()))
     (out,) = w.step()
-    assert out.request_id == "good" and "paris" in words_of(out.meta["transcript"])
+    assert out.request_id == "good" and "paris" in words_of(out.meta.transcript)
 
 
 def test_typed_turn_skips_transcription_and_goes_first(asr, question):
     w = ASRWorker(asr)
-    w.submit(StageMessage("spoken", {"waveform": torch.from_numpy(question)}, {}))
-    w.submit(StageMessage("typed", {"waveform": torch.zeros(0)}, {"user_text": "What is two plus two?"}))
+    w.submit(StageMessage("spoken", {"waveform": torch.from_numpy(question)}, TurnRequest()))
+    typed_turn = TurnRequest(turn=TurnOptions(user_text="What is two plus two?"))
+    w.submit(StageMessage("typed", {"waveform": torch.zeros(0)}, typed_turn))
     (typed,) = w.step()
-    assert typed.request_id == "typed" and typed.last and "asr_ms" not in typed.meta
-    assert typed.meta["transcript"] == "What is two plus two?" and typed.meta["words"] == []
+    assert typed.request_id == "typed" and typed.last and typed.meta.asr_ms is None
+    assert typed.meta.transcript == "What is two plus two?" and typed.meta.words == []
     (spoken,) = w.step()
-    assert "paris" in words_of(spoken.meta["transcript"])
+    assert "paris" in words_of(spoken.meta.transcript)

@@ -24,7 +24,14 @@ from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.models.unified.presets import write_unified_checkpoint
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.config import PipelineConfig, load_graph
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import (
+    PartialTranscript,
+    Prefill,
+    StageMessage,
+    Transcript,
+    TurnOptions,
+    UtteranceRequest,
+)
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.runtime.local_backend import LocalBackend
 from omniduplex.pipeline.stages.llm import LLMWorker
@@ -119,28 +126,29 @@ def _run_audited(model: Path, starts: list, land_on_host: bool):
 
 def _omni_turns():
     sampled = {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "repetition_penalty": 1.1, "seed": 1}
-    meta = {
-        "sampling": {**sampled, "max_tokens": 6},
-        "talker_sampling": {"temperature": 0.9, "max_tokens": 12, "seed": 2},
-        "history": [["user", "hi"], ["assistant", "hello"]],
-    }
-    typed = {**meta, "user_text": "hi"}
+    meta = TurnOptions(
+        sampling={**sampled, "max_tokens": 6},
+        talker_sampling={"temperature": 0.9, "max_tokens": 12, "seed": 2},
+        history=[["user", "hi"], ["assistant", "hello"]],
+    )
+    typed = meta.model_copy(update={"user_text": "hi"})
     return [lambda o: o.submit(QUESTION, meta), lambda o: o.submit(np.zeros(0, np.float32), typed)]
 
 
 def _unified_turns():
-    meta = {"max_text_tokens": 3, "max_audio_frames": 10, "cfg_scale": 2.0, "sampling": {"temperature": 0.8}}
-    return [lambda o: o.submit(QUESTION, {**meta, "user_text": "hi"})]
+    meta = TurnOptions(max_text_tokens=3, max_audio_frames=10, cfg_scale=2.0, sampling={"temperature": 0.8})
+    return [lambda o: o.submit(QUESTION, meta.model_copy(update={"user_text": "hi"}))]
 
 
 def _tts_turns(model: Path):
     cfg = TTSConfig.from_dict(read_config(model))
     sampling = {"max_tokens": 6, "ignore_eos": True, "seed": 0}
     if cfg.variant == "base":
-        meta = {"ref_audio": REF_AUDIO, "ref_text": "Hello there.", "sampling": sampling}
-    else:
-        meta = {"voice": sorted(cfg.speakers)[0], "sampling": sampling}
-    return [lambda o: o.speak("Hello there.", dict(meta))]
+        opts = TurnOptions(sampling=sampling)
+        said = UtteranceRequest(text="Hello there.", ref_text="Hello there.", turn=opts)
+        return [lambda o: o.speak(said, REF_AUDIO)]
+    voice = TurnOptions(voice=sorted(cfg.speakers)[0], sampling=sampling)
+    return [lambda o: o.speak(UtteranceRequest(text="Hello there.", turn=voice))]
 
 
 SHAPES = {
@@ -187,10 +195,11 @@ def test_cascade_llm_stage_keeps_its_tensors_on_its_device(tmp_path):
     with acc:
         model = load_model(d, parts=("thinker",), device="privateuseone")
         w = LLMWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
-        hint = {"partial_transcript": "hello", "prefill": {"system_prompt": "Be brief."}}
+        context = Prefill(system_prompt="Be brief.", history=[])
+        hint = PartialTranscript(partial_transcript="hello", prefill=context)
         w.submit(StageMessage("t1", {}, hint, last=False))
-        w.submit(StageMessage("t1", {}, {"transcript": "hello there", "system_prompt": "Be brief.",
-                                          "sampling": sampling}))
+        opts = TurnOptions(system_prompt="Be brief.", sampling=sampling)
+        w.submit(StageMessage("t1", {}, Transcript(transcript="hello there", turn=opts), last=True))
         outs = []
         for _ in range(100):
             if not w.has_work():

@@ -19,7 +19,7 @@ from omniduplex.models.qwen3_tts.config import TTSConfig
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.config import load_graph
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions, UtteranceRequest
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.topology import QWEN3_TTS, output_rate
 
@@ -52,9 +52,9 @@ def _start(pcfg, model: Path):
     if pcfg.topology() is QWEN3_TTS:
         cfg = TTSConfig.from_dict(read_config(model))
         sampling = {"max_tokens": 8, "ignore_eos": True, "seed": 0}
-        meta = {"voice": sorted(cfg.speakers)[0], "sampling": sampling}
-        return lambda o: o.speak("Hello there, how are you?", meta)
-    meta = {**GREEDY, "max_text_tokens": 4, "max_audio_frames": 12, "cfg_scale": 2.0}
+        voice = TurnOptions(voice=sorted(cfg.speakers)[0], sampling=sampling)
+        return lambda o: o.speak(UtteranceRequest(text="Hello there, how are you?", turn=voice))
+    meta = TurnOptions(**GREEDY, max_text_tokens=4, max_audio_frames=12, cfg_scale=2.0)
     wav = load_audio(QUESTION)
     return lambda o: o.submit(wav, meta)
 
@@ -134,7 +134,8 @@ def test_cascade_llm_stage_on_cuda(tmp_path):
     model = load_model(d, parts=("thinker",), dtype=torch.bfloat16, device="cuda")
     w = LLMWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
     sampling = {"max_tokens": 6, "top_k": 5, "ignore_eos": True}
-    w.submit(StageMessage("t1", {}, {"transcript": "hello there", "sampling": sampling}))
+    hello = Transcript(transcript="hello there", turn=TurnOptions(sampling=sampling))
+    w.submit(StageMessage("t1", {}, hello, last=True))
     outs = []
     for _ in range(100):
         if not w.has_work():
@@ -160,11 +161,12 @@ def test_cascade_llm_stage_on_cuda_with_real_weights(tmp_path):
     model = load_model(cached_import(src, tmp_path / "gguf"), parts=("thinker",), dtype=torch.bfloat16,
                        device="cuda")
     w = LLMWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
-    w.submit(StageMessage("t1", {}, {"transcript": "What is the capital of France?",
-                                     "sampling": {"max_tokens": 24, "temperature": 0.0}}))
+    opts = TurnOptions(sampling={"max_tokens": 24, "temperature": 0.0})
+    ask = Transcript(transcript="What is the capital of France?", turn=opts)
+    w.submit(StageMessage("t1", {}, ask, last=True))
     outs = []
     for _ in range(200):
         if not w.has_work():
             break
         outs += w.step()
-    assert "Paris" in "".join(o.meta["text"] for o in outs)
+    assert "Paris" in "".join(o.meta.text or "" for o in outs)

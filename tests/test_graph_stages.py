@@ -16,7 +16,7 @@ from omniduplex.pipeline.engine.adapters import TalkerAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.graph_runner import TwinBackend
 from omniduplex.pipeline.engine.request import Request, SamplingParams
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import DecoderOutput, StageMessage
 from omniduplex.pipeline.runtime.stage_stats import worker_stats
 from omniduplex.pipeline.stages.code2wav_graphs import Code2WavGraphs
 from omniduplex.pipeline.stages.vocoder import VocoderWorker
@@ -169,7 +169,8 @@ def test_vocoder_worker_with_graphs_streams_the_same_audio_and_reports_hits(omni
         worker = VocoderWorker(lambda: Code2WavStream(model), chunking, graphs)
         pcm = []
         for f in range(codes.shape[1]):
-            worker.submit(StageMessage("t", {"codes": codes[:, f]}, last=f == codes.shape[1] - 1))
+            frame = StageMessage("t", {"codes": codes[:, f]}, DecoderOutput(), last=f == codes.shape[1] - 1)
+            worker.submit(frame)
             while worker.has_work():
                 pcm += [m.tensors["pcm"] for m in worker.step()]
         return torch.cat(pcm), worker

@@ -210,6 +210,23 @@ def test_app_top_level_holds_at_most_six_modules():
     assert len(top) <= 6, top
 
 
+def test_pipeline_top_level_holds_at_most_ten_modules_and_its_rooms_keep_to_their_jobs():
+    top = sorted(p.name for p in (ROOT / "pipeline").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= 10, top
+    # the rooms keep to their jobs: the text policy runs no model (no engine, no TTS family), the TTS
+    # families' engine wrappers and the runtime know no surface
+    graph = module_graph()
+    for room, banned in (
+        ("omniduplex.pipeline.text.", ("omniduplex.pipeline.engine", "omniduplex.pipeline.speech")),
+        ("omniduplex.pipeline.speech.", ("omniduplex.pipeline.runtime", "omniduplex.app")),
+        ("omniduplex.pipeline.runtime.", ("omniduplex.app",)),
+    ):
+        for src, dsts in graph.items():
+            if src.startswith(room):
+                bad = [d for d in dsts if d.startswith(banned)]
+                assert not bad, f"{src} imports {bad}"
+
+
 def test_the_module_checkers_see_a_hand_drawn_cycle_and_each_broken_rule():
     drawn = {
         "omniduplex.app.core.session": {"omniduplex.app.core.conversation"},

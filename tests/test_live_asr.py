@@ -22,7 +22,14 @@ from omniduplex.app.core.replies import OrchestratorResponder
 from omniduplex.app.core.session import Session, SessionConfig
 from omniduplex.app.core.vad import TurnConfig, WebRtcVad
 from omniduplex.pipeline.audio_io import load_audio
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import (
+    AudioOutput,
+    DecoderOutput,
+    PartialTranscript,
+    Prefill,
+    StageMessage,
+    Transcript,
+)
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.runtime.local_backend import LocalBackend
 from omniduplex.pipeline.stages.asr import ASRWorker
@@ -136,16 +143,16 @@ class EchoLLM(BatchGauges):
     def __init__(self) -> None:
         self.pending: list[StageMessage] = []
         self.max_batch = 8
-        self.seen: list[dict] = []
+        self.seen: list[Transcript] = []
         self.hints: list[StageMessage] = []
 
     def submit(self, msg: StageMessage) -> None:
-        if not msg.last and "partial_transcript" in msg.meta:
+        if not msg.last and isinstance(msg.meta, PartialTranscript):
             self.hints.append(msg)
             return
-        if "transcript" not in msg.meta:
+        if not isinstance(msg.meta, Transcript):
             raise ValueError(f"turn {msg.request_id}: the LLM got a message without a transcript: {msg.meta}")
-        self.seen.append(dict(msg.meta))
+        self.seen.append(msg.meta)
         self.pending.append(msg)
 
     def abort(self, request_id: str) -> None:
@@ -157,8 +164,8 @@ class EchoLLM(BatchGauges):
     def step(self) -> list[StageMessage]:
         out, self.pending = self.pending, []
         token = {"token": torch.zeros(1, dtype=torch.int64)}
-        said = [(m.request_id, f"You said: {m.meta['transcript']}") for m in out]
-        return [StageMessage(rid, token, {"text": text}, True) for rid, text in said]
+        said = [(m.request_id, f"You said: {m.meta.transcript}") for m in out]
+        return [StageMessage(rid, token, DecoderOutput(text=text), True) for rid, text in said]
 
 
 class ToneTTS(WorkerBase):
@@ -169,7 +176,8 @@ class ToneTTS(WorkerBase):
         self.done: list[str] = []
 
     def submit(self, msg: StageMessage) -> None:
-        self.pending[msg.request_id] = self.pending.get(msg.request_id, "") + msg.meta.get("text", "")
+        assert isinstance(msg.meta, DecoderOutput)
+        self.pending[msg.request_id] = self.pending.get(msg.request_id, "") + (msg.meta.text or "")
         if msg.last:
             self.done.append(msg.request_id)
 
@@ -187,7 +195,8 @@ class ToneTTS(WorkerBase):
         out, self.done = self.done, []
         pcm = torch.sin(torch.arange(2400) * 0.05).float() * 0.3
         return [
-            StageMessage(r, {"pcm": pcm}, {"text": self.pending.pop(r), "tts_ms": 1.0}, True) for r in out
+            StageMessage(r, {"pcm": pcm}, AudioOutput(text=self.pending.pop(r), tts_ms=1.0), True)
+            for r in out
         ]
 
 
@@ -290,11 +299,11 @@ def test_partials_come_before_the_final_transcript_and_the_reply_uses_the_final_
     assert joined and any(p.text.startswith(joined) for p in partials)
     # only the tail was left to decode at end of turn, and the reply answered the final transcript
     (done,) = asr.finals
-    assert done.meta["transcript"] == final.text and done.meta["asr_tail_s"] < len(speech) / 16000
-    assert [m["transcript"] for m in llm.seen] == [final.text]
+    assert done.meta.transcript == final.text and done.meta.asr_tail_s < len(speech) / 16000
+    assert [m.transcript for m in llm.seen] == [final.text]
     assert history == [["user", final.text.strip()], ["assistant", f"You said: {final.text}"]]
     # the LLM got the partials as prefill hints, with the conversation the turn was answered in
-    assert [h.meta["partial_transcript"] for h in llm.hints] == [p.text for p in partials]
+    assert [h.meta.partial_transcript for h in llm.hints] == [p.text for p in partials]
     assert {h.request_id for h in llm.hints} == {committed.turn_id}
-    assert all(h.meta["prefill"] == {"system_prompt": llm.seen[0]["system_prompt"], "history": []}
-               for h in llm.hints)
+    context = Prefill(system_prompt=llm.seen[0].options.system_prompt, history=[])
+    assert all(h.meta.prefill == context for h in llm.hints)

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from omniduplex.models.cascade.gguf_import import cached_import
 from omniduplex.models.registry import load_model
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import (
+    PartialTranscript,
+    Prefill,
+    StageMessage,
+    Transcript,
+    TurnOptions,
+    TurnRequest,
+)
 from omniduplex.pipeline.stages.llm import IncrementalDetokenizer, LLMWorker
 
 
@@ -27,8 +35,10 @@ def worker(model):
     return LLMWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
 
 
-def turn(rid: str, transcript, **meta) -> StageMessage:
-    return StageMessage(rid, {}, {"transcript": transcript, **meta})
+def turn(rid: str, transcript, asr_ms: float | None = None, **options) -> StageMessage:
+    """The ASR stage's transcript of turn ``rid`` with the turn's ``options``."""
+    meta = Transcript(transcript=transcript, asr_ms=asr_ms, turn=TurnOptions(**options))
+    return StageMessage(rid, {}, meta, last=True)
 
 
 def drain(worker: LLMWorker, max_steps: int = 500) -> list[StageMessage]:
@@ -48,15 +58,16 @@ def test_reply_streams_text_deltas(worker):
     outs = drain(worker)
     assert all(o.request_id == "t1" for o in outs) and len(outs) > 3
     first, last = outs[0], outs[-1]
-    assert first.meta["voice"] == "joe" and first.meta["asr_ms"] == 12.5 and "sampling" not in first.meta
+    # the turn's options go on with the first message, less the LLM's own (sampling)
+    assert first.meta.turn.voice == "joe" and first.meta.turn.sampling is None
     assert first.tensors["prompt_ids"].dtype == torch.int64 and first.tensors["prompt_ids"].dim() == 1
-    assert all("prompt_ids" not in o.tensors and "voice" not in o.meta for o in outs[1:])
+    assert all("prompt_ids" not in o.tensors and o.meta.turn is None for o in outs[1:])
     assert [o.last for o in outs] == [False] * (len(outs) - 1) + [True]
-    assert last.meta["finish_reason"] == "stop"
+    assert last.meta.finish_reason == "stop"
     ids = [int(o.tensors["token"].item()) for o in outs]
     assert all(o.tensors["token"].shape == (1,) and o.tensors["token"].dtype == torch.int64 for o in outs)
-    assert ids[-1] in worker.stop_ids and last.meta["text"] == ""
-    text = "".join(o.meta["text"] for o in outs)
+    assert ids[-1] in worker.stop_ids and last.meta.text == ""
+    text = "".join(o.meta.text for o in outs)
     assert text == worker.tokenizer.decode(ids, skip_special_tokens=True)
     assert "Paris" in text and text.isascii()
 
@@ -76,7 +87,7 @@ def test_history_and_system_prompt_are_in_the_prompt(worker):
         sub = worker.tokenizer.encode(text, add_special_tokens=False).ids
         assert any(prompt[i : i + len(sub)] == sub for i in range(len(prompt))), text
     assert rendered.endswith("<|im_start|>user\nWhat do I like?<|im_end|>\n<|im_start|>assistant\n")
-    assert outs[-1].last and outs[-1].meta["finish_reason"] in ("stop", "length")
+    assert outs[-1].last and outs[-1].meta.finish_reason in ("stop", "length")
 
 
 @pytest.mark.parametrize("transcript", ["", "   ", " ... ?! ", "\n\t-"])
@@ -86,8 +97,8 @@ def test_empty_transcript_is_skipped_without_the_engine(worker, transcript):
     (msg,) = drain(worker)
     assert msg.last and msg.request_id == "t3"
     assert msg.tensors["token"].dtype == torch.int64 and msg.tensors["token"].shape == (0,)
-    assert msg.meta["text"] == "" and msg.meta["skipped"] == "empty transcript"
-    assert msg.meta["voice"] == "joe" and "sampling" not in msg.meta
+    assert msg.meta.text == "" and msg.meta.skipped == "empty transcript"
+    assert msg.meta.turn.voice == "joe" and msg.meta.turn.sampling is None
     assert worker.engine.num_steps == 0
 
 
@@ -109,12 +120,12 @@ def test_abort_frees_the_kv_blocks(worker):
 
 def test_bad_input_is_a_value_error_for_that_turn_only(worker):
     worker.submit(turn("ok", "Say hello.", sampling={"max_tokens": 4}))
+    for fields in ({"transcript": None}, {"history": "not a list"}, {"system_prompt": 3}):
+        with pytest.raises(ValidationError, match=next(iter(fields))):  # a field of the wrong type: no turn
+            turn("b1", **{"transcript": "hi", **fields})
     bad = [
-        turn("b1", None),
-        StageMessage("b2", {}, {}),
+        StageMessage("b2", {}, TurnRequest()),  # not a transcript
         turn("b3", "hi", history=[["robot", "beep"]]),
-        turn("b4", "hi", history="not a list"),
-        turn("b5", "hi", system_prompt=3),
         turn("b6", "hi", sampling={"temprature": 0.5}),
         turn("b7", "hi", sampling={"top_p": 0.0}),
         turn("ok", "Duplicate id."),
@@ -149,11 +160,8 @@ HISTORY = [["user", "Hello, who are you?"], ["assistant", "I am your voice assis
 
 def hint(rid: str, partial: str, history=HISTORY) -> StageMessage:
     """The ASR stage's partial transcript of turn ``rid`` with the conversation to prefill."""
-    meta = {
-        "partial_transcript": partial,
-        "stable_transcript": "",
-        "prefill": {"system_prompt": SYSTEM, "history": history},
-    }
+    context = Prefill(system_prompt=SYSTEM, history=history)
+    meta = PartialTranscript(partial_transcript=partial, stable_transcript="", prefill=context)
     return StageMessage(rid, {}, meta, last=False)
 
 
@@ -162,7 +170,7 @@ def reused_by(worker: LLMWorker, msg: StageMessage) -> tuple[int, str]:
     before = worker.engine.scheduler.num_reused_tokens
     worker.submit(msg)
     outs = drain(worker)
-    return worker.engine.scheduler.num_reused_tokens - before, "".join(o.meta["text"] for o in outs)
+    return worker.engine.scheduler.num_reused_tokens - before, "".join(o.meta.text for o in outs)
 
 
 def test_prefill_hints_put_the_words_heard_so_far_in_the_prefix_cache(model):
@@ -180,11 +188,8 @@ def test_prefill_hints_put_the_words_heard_so_far_in_the_prefix_cache(model):
     assert alloc.num_free == alloc.num_blocks  # its blocks are released (cached, findable)
     hinted = warm.chat.hint_ids(
         "t",
-        {
-            "system_prompt": SYSTEM,
-            "history": HISTORY,
-            "transcript": "What is the capital city of France, and what",
-        },
+        TurnOptions(system_prompt=SYSTEM, history=HISTORY),
+        "What is the capital city of France, and what",
     )
     prompt = warm.chat.prepare(final).ids
     assert prompt[: len(hinted)] == hinted and len(hinted) < len(prompt)
@@ -204,5 +209,5 @@ def test_a_hint_of_a_turn_aborted_or_already_running_costs_nothing(worker):
     worker.submit(hint("z", "Say hi"))  # late: the turn is running already
     outs = drain(worker)
     assert {o.request_id for o in outs} == {"z"} and outs[-1].last
-    worker.submit(hint("w", "Hello", history="not a list"))  # a hint that cannot render is dropped
+    worker.submit(hint("w", "Hello", history=[["robot", "beep"]]))  # a hint that cannot render is dropped
     assert not worker.has_work()

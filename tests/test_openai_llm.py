@@ -23,7 +23,7 @@ from tool_models import bench_tools, qwen05_dir
 
 from omniduplex.app.host.pipeline import default_model
 from omniduplex.pipeline.config import ChunkingConfig, GraphConfigError, StageConfig, load_graph
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
 from omniduplex.pipeline.runtime.stage_engines import vllm_installed
 from omniduplex.pipeline.stages.openai_llm import OpenAILLMWorker, chat_request
 from omniduplex.pipeline.stages.tool_calls import ARGUMENTS_DELTA, DONE, STARTED
@@ -40,8 +40,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def turn(rid: str, transcript: str, **meta) -> StageMessage:
-    return StageMessage(rid, {}, {"transcript": transcript, "system_prompt": SPOKEN_SYSTEM_PROMPT, **meta})
+def turn(rid: str, transcript: str, **options) -> StageMessage:
+    """The ASR stage's ``transcript`` of turn ``rid`` with the turn's ``options``."""
+    opts = TurnOptions(system_prompt=SPOKEN_SYSTEM_PROMPT, **options)
+    return StageMessage(rid, {}, Transcript(transcript=transcript, turn=opts), last=True)
 
 
 def drain(worker, deadline_s: float = 300) -> tuple[list[StageMessage], list[tuple[str, str]]]:
@@ -55,7 +57,8 @@ def drain(worker, deadline_s: float = 300) -> tuple[list[StageMessage], list[tup
 
 
 def events(outs, key):
-    return [o.meta[key] for o in outs if key in o.meta]
+    """The call events in field ``key`` of the LLM's messages (``call_started``, ``call_done``, ...)."""
+    return [getattr(o.meta, key) for o in outs if getattr(o.meta, key) is not None]
 
 
 # -- the request, without a server ------------------------------------------------------------------------
@@ -71,10 +74,9 @@ def test_chat_request_maps_history_tools_and_limits():
         },
         {"type": "function_call_output", "call_id": "call_1", "output": "light rain"},
     ]
-    meta = {"transcript": "", "history": history, "tools": bench_tools(), "sampling": {"max_tokens": 50}}
-    kwargs, reply, turn_meta = chat_request(
-        "7", {**meta, "tool_choice": {"type": "function", "name": "get_time"}}, "m", 4
-    )
+    opts = TurnOptions(history=history, tools=bench_tools(), sampling={"max_tokens": 50})
+    named = opts.model_copy(update={"tool_choice": {"type": "function", "name": "get_time"}})
+    kwargs, reply, turn_opts = chat_request("7", named, "", "m", 4)
     assert [m["role"] for m in kwargs["messages"]] == ["user", "assistant", "tool"]
     call = kwargs["messages"][1]["tool_calls"][0]
     assert call == {
@@ -98,16 +100,12 @@ def test_chat_request_maps_history_tools_and_limits():
         "text_budget": 50,
         "max_sentences": 3,  # a few sentences (pipeline/text/spoken.py sentence_budget)
     }
-    assert "tools" not in turn_meta and "sampling" not in turn_meta
-    kwargs, reply, _ = chat_request("7", meta, "m", 1)  # the turn's one call is spent
+    assert turn_opts.tools is None and turn_opts.sampling is None and turn_opts.history == history
+    kwargs, reply, _ = chat_request("7", opts, "", "m", 1)  # the turn's one call is spent
     assert kwargs["tool_choice"] == "none" and reply["max_calls"] == 0 and kwargs["max_tokens"] == 50
     with pytest.raises(ValueError, match=r"turn 7: tools\[0\]\.parameters: not a valid JSON Schema"):
-        chat_request(
-            "7",
-            {"transcript": "x", "tools": [{"type": "function", "name": "a", "parameters": {"type": 5}}]},
-            "m",
-            4,
-        )
+        bad = TurnOptions(tools=[{"type": "function", "name": "a", "parameters": {"type": 5}}])
+        chat_request("7", bad, "x", "m", 4)
 
 
 def test_graph_keys_of_the_openai_backend(tmp_path):
@@ -169,7 +167,7 @@ def test_a_server_that_hangs_fails_its_turns_within_the_timeout():
         assert all("no answer within the timeout" in e[1] and url in e[1] for e in errors)
         worker.submit(turn("3", ""))  # the worker goes on: a turn without words is answered at once
         outs, errors = drain(worker, 10)
-        assert outs[-1].meta["skipped"] == "empty transcript" and not errors
+        assert outs[-1].meta.skipped == "empty transcript" and not errors
     finally:
         worker.close()
         listener.close()
@@ -233,11 +231,12 @@ def test_a_reply_streams_from_the_server(worker):
         )
     )
     outs, errors = drain(worker)
-    assert not errors and len(outs) > 2 and outs[0].meta["voice"] == "joe" and "sampling" not in outs[0].meta
+    assert not errors and len(outs) > 2
+    assert outs[0].meta.turn.voice == "joe" and outs[0].meta.turn.sampling is None
     assert all(o.tensors["token"].numel() == 0 for o in outs) and "prompt_ids" not in outs[0].tensors
     assert [o.last for o in outs] == [False] * (len(outs) - 1) + [True]
-    assert outs[-1].meta["finish_reason"] in ("stop", "length")
-    assert "paris" in "".join(o.meta["text"] for o in outs).lower()
+    assert outs[-1].meta.finish_reason in ("stop", "length")
+    assert "paris" in "".join(o.meta.text or "" for o in outs).lower()
 
 
 @pytest.mark.slow
@@ -245,25 +244,25 @@ def test_tool_call_deltas_become_our_events_and_the_output_reaches_the_reply(wor
     q = "What's the weather like in Paris right now?"
     worker.submit(turn("2", q, tools=bench_tools(), tool_choice="required", sampling={"temperature": 0}))
     outs, errors = drain(worker)
-    assert not errors and outs[-1].meta["finish_reason"] == "tool_calls"
+    assert not errors and outs[-1].meta.finish_reason == "tool_calls"
     (start,), (done,) = events(outs, STARTED), events(outs, DONE)
-    assert start["call_id"] == done["call_id"] and done["name"] == "get_weather"
-    deltas = [e["delta"] for e in events(outs, ARGUMENTS_DELTA)]
-    assert len(deltas) > 1 and "".join(deltas) == done["arguments"]
-    args = json.loads(done["arguments"])
+    assert start.call_id == done.call_id and done.name == "get_weather"
+    deltas = [e.delta for e in events(outs, ARGUMENTS_DELTA)]
+    assert len(deltas) > 1 and "".join(deltas) == done.arguments
+    args = json.loads(done.arguments)
     jsonschema.validate(args, SCHEMAS["get_weather"])
     assert args["city"].lower() == "paris"
     history = [
         ["user", q],
         {
             "type": "function_call",
-            "call_id": done["call_id"],
+            "call_id": done.call_id,
             "name": "get_weather",
-            "arguments": done["arguments"],
+            "arguments": done.arguments,
         },
         {
             "type": "function_call_output",
-            "call_id": done["call_id"],
+            "call_id": done.call_id,
             "output": '{"conditions": "heavy snow"}',
         },
     ]
@@ -272,7 +271,7 @@ def test_tool_call_deltas_become_our_events_and_the_output_reaches_the_reply(wor
     follow = dict(history=history, tools=bench_tools(), tool_choice="none", sampling={"temperature": 0})
     worker.submit(turn("3", "", user_text="", **follow))
     outs, errors = drain(worker)
-    said = "".join(o.meta["text"] for o in outs).lower()
+    said = "".join(o.meta.text or "" for o in outs).lower()
     assert not errors and "snow" in said and not events(outs, DONE)
 
 
@@ -282,7 +281,7 @@ def test_abort_closes_the_stream_and_the_other_turn_goes_on(worker, vllm_server)
     worker.submit(turn("4", "Count from one to two hundred, in words.", spoken=False, sampling=long))
     worker.submit(turn("5", "Say hello.", sampling={"temperature": 0, "max_tokens": 30}))
     outs = []
-    while not any(o.request_id == "4" and o.meta["text"] for o in outs):
+    while not any(o.request_id == "4" and o.meta.text for o in outs):
         outs += worker.step()
     worker.abort("4")
     end = time.monotonic() + 60
@@ -293,4 +292,4 @@ def test_abort_closes_the_stream_and_the_other_turn_goes_on(worker, vllm_server)
     rest, errors = drain(worker)
     assert not errors and not any(o.request_id == "4" for o in rest)
     five = [o for o in outs + rest if o.request_id == "5"]
-    assert five[-1].last and "hello" in "".join(o.meta["text"] for o in five).lower()
+    assert five[-1].last and "hello" in "".join(o.meta.text or "" for o in five).lower()

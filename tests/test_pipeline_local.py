@@ -19,17 +19,17 @@ from omniduplex.models.registry import load_model
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.config import ChunkingConfig, PipelineConfig
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import DecoderOutput, StageMessage, TurnOptions
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.runtime.local_backend import LocalBackend
 from omniduplex.pipeline.stages.vocoder import VocoderWorker
 from omniduplex.pipeline.workers import build_all
 
 QUESTION = Path(__file__).parents[1] / "examples" / "question.wav"
-GREEDY = {
-    "sampling": {"temperature": 0.0, "max_tokens": 10},
-    "talker_sampling": {"temperature": 0.0, "max_tokens": 24},
-}
+GREEDY = TurnOptions(
+    sampling={"temperature": 0.0, "max_tokens": 10},
+    talker_sampling={"temperature": 0.0, "max_tokens": 24},
+)
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +82,10 @@ def test_streamed_turn_equals_sequential_reference(ckpt, chunking):
 
 def test_cancel_frees_every_stage_and_other_turns_continue(ckpt):
     wav = load_audio(QUESTION)
-    long = {  # a reply no sampled codec EOS ends before it is cancelled
-        "sampling": {"temperature": 0.0, "max_tokens": 40},
-        "talker_sampling": {"max_tokens": 400, "ignore_eos": True},
-    }
+    long = TurnOptions(  # a reply no sampled codec EOS ends before it is cancelled
+        sampling={"temperature": 0.0, "max_tokens": 40},
+        talker_sampling={"max_tokens": 400, "ignore_eos": True},
+    )
 
     async def main():
         orch = _orchestrator(ckpt)
@@ -163,7 +163,7 @@ def test_vocoder_pushes_small_groups_until_audio_then_steady_chunks():
     w = VocoderWorker(new_stream, ChunkingConfig(initial_codec_chunk_frames=2, codec_chunk_frames=5))
     out = []
     for i in range(14):
-        w.submit(StageMessage("t", {"codes": torch.tensor([i, i])}, last=i == 13))
+        w.submit(StageMessage("t", {"codes": torch.tensor([i, i])}, DecoderOutput(), last=i == 13))
         while w.has_work():
             out += [(len(m.tensors["pcm"]), m.last) for m in w.step()]
     # groups of 2 while nothing came out (look-ahead), then 5, then the rest with the flush
@@ -171,16 +171,16 @@ def test_vocoder_pushes_small_groups_until_audio_then_steady_chunks():
     assert out == [(10, False), (50, False), (80, True)]  # 14 frames → 140 samples, every one once
     assert w.streams == {}
     with pytest.raises(ValueError, match=r"\[G\]"):
-        w.submit(StageMessage("u", {"codes": torch.zeros(2, 2, dtype=torch.int64)}))
+        w.submit(StageMessage("u", {"codes": torch.zeros(2, 2, dtype=torch.int64)}, DecoderOutput()))
 
 
 def test_vocoder_serves_first_packets_before_steady_chunks():
     w = VocoderWorker(_LookaheadStream, ChunkingConfig(initial_codec_chunk_frames=1, codec_chunk_frames=1))
     for i in range(5):  # turn "a" is past its look-ahead and speaking
-        w.submit(StageMessage("a", {"codes": torch.tensor([i])}))
+        w.submit(StageMessage("a", {"codes": torch.tensor([i])}, DecoderOutput()))
         w.step()
-    w.submit(StageMessage("a", {"codes": torch.tensor([5])}))
-    w.submit(StageMessage("b", {"codes": torch.tensor([0])}))  # a new turn
+    w.submit(StageMessage("a", {"codes": torch.tensor([5])}, DecoderOutput()))
+    w.submit(StageMessage("b", {"codes": torch.tensor([0])}, DecoderOutput()))  # a new turn
     assert [m.request_id for m in w.step()] == []  # only "b" was pushed (still in its look-ahead)
     assert w.streams["a"].pending and not w.streams["b"].pending
     assert [m.request_id for m in w.step()] == ["a"]  # "b" waits for frames, "a" goes on

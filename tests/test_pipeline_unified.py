@@ -19,6 +19,7 @@ from omniduplex.models.unified.prompt import conversation_steps, speech_steps
 from omniduplex.models.unified.reference import generate
 from omniduplex.pipeline.audio_io import MODEL_INPUT_RATE, load_audio
 from omniduplex.pipeline.config import ChunkingConfig, PipelineConfig
+from omniduplex.pipeline.messages import TurnOptions
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.runtime.local_backend import LocalBackend
 from omniduplex.pipeline.topology import UNIFIED, output_rate, topology_for
@@ -39,12 +40,8 @@ def _orchestrator(ckpt, chunking: ChunkingConfig | None = None):
 
 
 def _meta(**kw):
-    return {
-        "max_text_tokens": 3,
-        "max_audio_frames": 10,
-        "cfg_scale": 2.0,
-        "sampling": {"temperature": 0.0},
-    } | kw
+    fields = {"max_text_tokens": 3, "max_audio_frames": 10, "cfg_scale": 2.0, "sampling": {"temperature": 0}}
+    return TurnOptions(**fields | kw)
 
 
 def test_topology_of_a_unified_checkpoint(ckpt):

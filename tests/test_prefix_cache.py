@@ -350,16 +350,16 @@ def smollm(tmp_path_factory):
 def test_llm_stage_next_turn_reuses_its_history(smollm):
     """The chat template renders a conversation's earlier turns as the same tokens, so turn 2 computes
     only what follows its last full cached block; the reply equals the no-caching reply."""
-    from omniduplex.pipeline.messages import StageMessage
+    from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
     from omniduplex.pipeline.stages.llm import LLMWorker
 
     def turn(worker, rid, transcript, history):
-        meta = {"transcript": transcript, "history": history, "sampling": {"max_tokens": 24}}
-        worker.submit(StageMessage(rid, {}, meta))
+        opts = TurnOptions(history=history, sampling={"max_tokens": 24})
+        worker.submit(StageMessage(rid, {}, Transcript(transcript=transcript, turn=opts), last=True))
         outs = []
         while worker.has_work():
             outs += worker.step()
-        return outs[0].tensors["prompt_ids"].tolist(), "".join(o.meta["text"] for o in outs)
+        return outs[0].tensors["prompt_ids"].tolist(), "".join(o.meta.text for o in outs)
 
     on = LLMWorker(smollm, num_blocks=128, max_num_seqs=4, max_num_batched_tokens=256)
     off = LLMWorker(smollm, num_blocks=128, max_num_seqs=4, enable_prefix_caching=False)
@@ -380,7 +380,7 @@ def test_llm_stage_next_turn_reuses_its_history(smollm):
 def test_thinker_stage_reuses_the_text_history_before_the_audio(tmp_path):
     from omniduplex.models.qwen3_omni.talker_prompt import user_token_mask
     from omniduplex.models.tokenizer import load_tokenizer, voice_turn_prompt
-    from omniduplex.pipeline.messages import StageMessage
+    from omniduplex.pipeline.messages import Encoded, StageMessage, TurnOptions
     from omniduplex.pipeline.stages.thinker import ThinkerWorker
 
     d = write_checkpoint(tmp_path, "tiny", seed=0)
@@ -394,7 +394,7 @@ def test_thinker_stage_reuses_the_text_history_before_the_audio(tmp_path):
         ids = voice_turn_prompt(cfg, tok, n_audio, "You are a voice assistant.", hist)
         audio = torch.randn(n_audio, hidden, generator=torch.Generator().manual_seed(seed))
         t = {"prompt_ids": torch.tensor(ids, dtype=torch.int64), "audio_embeds": audio}
-        return StageMessage(rid, t, {"sampling": {"max_tokens": 4}})
+        return StageMessage(rid, t, Encoded(turn=TurnOptions(sampling={"max_tokens": 4})))
 
     def turn(worker, m):
         worker.submit(m)

@@ -15,14 +15,14 @@ import torch
 from test_tts_stage import norm, tokens
 from typer.testing import CliRunner
 
-from omniduplex.app.host.pipeline import TurnOptions
+from omniduplex.app.host.pipeline import RespondOptions
 from omniduplex.cli.main import cli
 from omniduplex.cli.respond import respond
 from omniduplex.models.cascade.manifest import load_manifest, write_manifest
 from omniduplex.models.qwen3_tts.generate import generate_codes
 from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
 from omniduplex.pipeline.config import ChunkingConfig, StageConfig
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import AudioOutput, DecoderOutput, StageMessage, TurnOptions
 from omniduplex.pipeline.stages.qwen3_tts_stage import Qwen3TTSStageWorker
 from omniduplex.pipeline.topology import CASCADE_OUTPUT_RATE, output_rate
 from omniduplex.pipeline.workers import build_worker
@@ -54,14 +54,16 @@ def manifest(tmp_path_factory):
 
 
 def feed_and_drain(
-    w: Qwen3TTSStageWorker, rid: str, text: str, first: dict | None = None
+    w: Qwen3TTSStageWorker, rid: str, text: str, turn: TurnOptions | None = None
 ) -> list[StageMessage]:
+    """``text`` as the LLM stage sends it, one token at a time (``turn``: the options on its first message),
+    stepping like the stage loop; the stage's messages."""
     outs = []
-    for i, tok in enumerate(tokens(text)):  # one token at a time, stepping like the stage loop
-        meta = {"text": tok, **((first or {"skipped": False}) if i == 0 else {})}
-        w.submit(StageMessage(rid, meta=meta))
+    for i, tok in enumerate(tokens(text)):
+        meta = DecoderOutput(text=tok, turn=(turn or TurnOptions()) if i == 0 else None)
+        w.submit(StageMessage(rid, {}, meta))
         outs += w.step()
-    w.submit(StageMessage(rid, meta={"text": ""}, last=True))
+    w.submit(StageMessage(rid, {}, DecoderOutput(text=""), last=True))
     while w.has_work():
         outs += w.step()
     return outs
@@ -90,18 +92,18 @@ def test_stage_streams_each_clause_in_the_manifest_voice(manifest):
     assert isinstance(w, Qwen3TTSStageWorker) and w.voice.speaker == "Serena"
     w.sampling = {"temperature": 0.0}  # greedy: the audio is checked against the reference frames
     *chunks, final = feed_and_drain(w, "7", REPLY)
-    assert final.last and final.meta["text"] == "" and final.tensors["pcm"].numel() == 0
-    assert [m.meta["chunk"] for m in chunks] == list(range(len(chunks)))
-    assert all(m.meta["skipped"] is False for m in chunks + [final])
-    texts = [m.meta["text"] for m in chunks if m.meta["text"]]
+    assert final.last and final.meta.text == "" and final.tensors["pcm"].numel() == 0
+    assert [m.meta.chunk for m in chunks] == list(range(len(chunks)))
+    assert all(isinstance(m.meta, AudioOutput) and m.meta.skipped is None for m in chunks + [final])
+    texts = [m.meta.text for m in chunks if m.meta.text]
     assert len(texts) >= 2 and norm("".join(texts)) == norm(REPLY)
     # each clause: its text on its first piece (one frame: 1920 samples at 24 kHz), then its other pieces;
     # together the one-shot decode of the greedy reference frames of that clause in Serena's voice
-    starts = [i for i, m in enumerate(chunks) if m.meta["text"]] + [len(chunks)]
+    starts = [i for i, m in enumerate(chunks) if m.meta.text] + [len(chunks)]
     for a, b in zip(starts, starts[1:]):
         pcm = torch.cat([m.tensors["pcm"] for m in chunks[a:b]])
         assert chunks[a].tensors["pcm"].shape == (1920,) and pcm.dtype == torch.float32
-        prompt = w.prompter.prompt(chunks[a].meta["text"], w.voice)
+        prompt = w.prompter.prompt(chunks[a].meta.text, w.voice)
         codes = generate_codes(w.tts.model.talker, prompt, max_new_tokens=MAX_FRAMES)
         torch.testing.assert_close(pcm, decode(w, codes), rtol=0, atol=1e-5)
 
@@ -109,18 +111,18 @@ def test_stage_streams_each_clause_in_the_manifest_voice(manifest):
 def test_abort_mid_turn_stops_it(manifest):
     w = build_worker("tts", manifest, StageConfig(num_kv_blocks=256), ChunkingConfig())
     for tok in tokens(REPLY):
-        w.submit(StageMessage("1", meta={"text": tok}))
+        w.submit(StageMessage("1", {}, DecoderOutput(text=tok)))
     outs = w.step() + w.step()
     assert outs and w.tts.has_unfinished()
     w.abort("1")
-    w.submit(StageMessage("1", meta={"text": " more"}, last=True))
+    w.submit(StageMessage("1", {}, DecoderOutput(text=" more"), last=True))
     assert not w.has_work() and not w.tts.has_unfinished() and w.step() == []
 
 
 @pytest.mark.slow
 def test_a_spoken_question_gets_a_qwen3_tts_reply(manifest, tmp_path):
     out = tmp_path / "reply.wav"
-    code = respond(QUESTION, out, manifest, None, TurnOptions(greedy=True, max_tokens=10), processes=False)
+    code = respond(QUESTION, out, manifest, None, RespondOptions(greedy=True, max_tokens=10), processes=False)
     assert code == 0
     wav, rate = sf.read(str(out), dtype="float32")
     assert rate == CASCADE_OUTPUT_RATE == 24000
@@ -135,8 +137,8 @@ def test_turn_voice_picks_the_speaker(manifest):
     w.sampling = {"temperature": 0.0}
 
     def speak(rid: str, voice: str) -> tuple[torch.Tensor, list[str]]:
-        outs = feed_and_drain(w, rid, REPLY, {"voice": voice})
-        return torch.cat([m.tensors["pcm"] for m in outs]), [m.meta["text"] for m in outs if m.meta["text"]]
+        outs = feed_and_drain(w, rid, REPLY, TurnOptions(voice=voice))
+        return torch.cat([m.tensors["pcm"] for m in outs]), [m.meta.text for m in outs if m.meta.text]
 
     def oracle(speaker: str, clauses: list[str]) -> torch.Tensor:
         out = []

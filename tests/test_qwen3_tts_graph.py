@@ -20,7 +20,7 @@ from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
 from omniduplex.models.qwen3_tts.voice import VoicePrompter
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.config import PipelineConfig
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import DecoderOutput, StageMessage, TurnOptions, UtteranceRequest
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.runtime.local_backend import LocalBackend
 from omniduplex.pipeline.speech.qwen3_tts import Qwen3TTSEngine
@@ -98,7 +98,7 @@ def test_codec_stage_batches_streams_and_frees_state(model):
     for f in range(max(lengths.values())):  # frames interleaved as the talker stage emits them
         for r, n in lengths.items():
             if f < n and r in worker.streams or f == 0:
-                meta = {"talker_ms": 5.0} if f == 0 else {}
+                meta = DecoderOutput(talker_ms=5.0 if f == 0 else None)
                 worker.submit(StageMessage(r, {"codes": codes[r][0, :, f]}, meta, last=f == n - 1))
         if f == 30:
             worker.abort("d")  # mid-stream: its state goes at once, its later frames are ignored
@@ -109,9 +109,9 @@ def test_codec_stage_batches_streams_and_frees_state(model):
     assert not any(m.last for m in got["d"]) and sum(m.tensors["pcm"].numel() for m in got["d"]) == 26 * hop
     for r in ("a", "b", "c"):
         msgs = got[r]
-        assert [m.meta["chunk"] for m in msgs] == list(range(len(msgs)))
+        assert [m.meta.chunk for m in msgs] == list(range(len(msgs)))
         assert [m.last for m in msgs] == [False] * (len(msgs) - 1) + [True]
-        assert msgs[0].meta["talker_ms"] == 5.0 and "talker_ms" not in msgs[1].meta
+        assert msgs[0].meta.talker_ms == 5.0 and msgs[1].meta.talker_ms is None
         sizes = [m.tensors["pcm"].numel() // hop for m in msgs]
         assert sizes == ([1, 25, 14] if lengths[r] == FRAMES else [1, 25, 4])
         pcm = torch.cat([m.tensors["pcm"] for m in msgs])
@@ -121,18 +121,18 @@ def test_codec_stage_batches_streams_and_frees_state(model):
         with torch.no_grad():
             torch.testing.assert_close(pcm, dec(codes[r]).reshape(-1), rtol=0, atol=1e-5)
     assert worker.calls < worker.rows  # same-length chunks of several utterances shared a call
-    worker.submit(StageMessage("d", {"codes": codes["d"][0, :, 40]}))
+    worker.submit(StageMessage("d", {"codes": codes["d"][0, :, 40]}, DecoderOutput()))
     assert "d" not in worker.streams and not worker.has_work()
     e = _codes(99, 26)  # 1 + 25 frames, then the talker's closing message alone
     for f in range(26):
-        worker.submit(StageMessage("e", {"codes": e[0, :, f]}))
+        worker.submit(StageMessage("e", {"codes": e[0, :, f]}, DecoderOutput()))
     msgs = _drain(worker)
-    worker.submit(StageMessage("e", {}, last=True))
+    worker.submit(StageMessage("e", {}, DecoderOutput(finish_reason="stop"), last=True))
     msgs += _drain(worker)
     assert [m.tensors["pcm"].numel() // hop for m in msgs] == [1, 25, 0] and msgs[-1].last
     assert worker.streams == {}
     with pytest.raises(ValueError, match="codebook"):
-        worker.submit(StageMessage("x", {"codes": torch.full((16,), 5000)}))
+        worker.submit(StageMessage("x", {"codes": torch.full((16,), 5000)}, DecoderOutput()))
 
 
 def _reference(ckpt, model, voice: str, text: str, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -156,8 +156,8 @@ def _greedy(n: int) -> dict:
     return {"temperature": 0.0, "max_tokens": n + 1, "ignore_eos": True}
 
 
-async def _speak(orch: Orchestrator, text: str, meta: dict) -> tuple[list, dict]:
-    rid = orch.speak(text, meta)
+async def _speak(orch: Orchestrator, text: str, meta: TurnOptions) -> tuple[list, dict]:
+    rid = orch.speak(UtteranceRequest(text=text, turn=meta))
     events = [ev async for ev in orch.events(rid)]
     return events, (events[-1].metrics if events[-1].kind == "done" else {})
 
@@ -173,8 +173,8 @@ def test_graph_in_process_speaks_and_fails_bad_requests_alone(ckpt, model):
         await orch.start()
         try:
             return await asyncio.gather(
-                _speak(orch, TEXTS[0], {"voice": voice, "sampling": _greedy(FRAMES)}),
-                _speak(orch, TEXTS[0], {"voice": "nobody", "sampling": _greedy(FRAMES)}),
+                _speak(orch, TEXTS[0], TurnOptions(voice=voice, sampling=_greedy(FRAMES))),
+                _speak(orch, TEXTS[0], TurnOptions(voice="nobody", sampling=_greedy(FRAMES))),
             )
         finally:
             await orch.stop()
@@ -204,9 +204,13 @@ def test_two_stage_processes_equal_in_process_decode_and_abort_frees_state(ckpt,
         try:
             assert set(backend.procs) == {"tts_talker", "tts_codec"}
             runs = await asyncio.gather(
-                *(_speak(orch, t, {"voice": v, "sampling": _greedy(FRAMES)}) for v, t in zip(voices, TEXTS))
+                *(
+                    _speak(orch, t, TurnOptions(voice=v, sampling=_greedy(FRAMES)))
+                    for v, t in zip(voices, TEXTS)
+                )
             )
-            rid = orch.speak(TEXTS[0], {"voice": voices[0], "sampling": _greedy(2000)})
+            long = TurnOptions(voice=voices[0], sampling=_greedy(2000))
+            rid = orch.speak(UtteranceRequest(text=TEXTS[0], turn=long))
             async for ev in orch.events(rid):
                 if ev.kind == "audio":  # mid-stream
                     orch.cancel(rid)

@@ -8,6 +8,7 @@ from fastapi.testclient import TestClient
 
 from omniduplex.app.core.replies import OrchestratorResponder, ReplyDone
 from omniduplex.app.server import ServerConfig, create_app
+from omniduplex.pipeline.messages import TurnOptions
 
 
 class RecordingResponder:
@@ -63,8 +64,8 @@ def test_orchestrator_responder_puts_the_voice_in_the_turn_meta():
             self.meta = meta
 
     orch = Orch()
-    r = OrchestratorResponder(orch, {"sampling": {"max_tokens": 4}})
+    r = OrchestratorResponder(orch, TurnOptions(sampling={"max_tokens": 4}))
     r.start("t1", np.zeros(0, np.float32), [], {"voice": "serena"})
-    assert orch.meta["voice"] == "serena" and orch.meta["sampling"] == {"max_tokens": 4}
+    assert orch.meta.voice == "serena" and orch.meta.sampling == {"max_tokens": 4}
     r.start("t2", np.zeros(0, np.float32), [], {})
-    assert "voice" not in orch.meta
+    assert orch.meta.voice is None and orch.meta.sampling == {"max_tokens": 4}

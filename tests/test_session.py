@@ -329,6 +329,37 @@ def test_pipeline_error_ends_the_reply_and_the_session_goes_on():
     assert [e.turn_id for e in h.of(UserTurnCommitted)] == ["s-1", "s-2"]
 
 
+def test_a_failed_reply_says_the_apology_and_still_ends_as_an_error():
+    apology = "Sorry, that failed."
+
+    async def main(apology_fails: bool):
+        h = Harness()
+        h.session.cfg.failure_apology = apology
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 25)
+        h.responder.feed("s-1", ReplyTextDelta("never heard"), ReplyAudioChunk(tone(1.0)))
+        h.responder.feed("s-1", ReplyFailed("llm failed: boom", stage="llm"))
+        await h.frames(QUIET, 2)
+        said = [(rid, o["say"]) for rid, o in h.responder.options.items() if "say" in o]
+        if apology_fails:
+            h.responder.feed("s-1.1", ReplyFailed("tts failed too", stage="tts"))
+        else:
+            h.responder.feed("s-1.1", ReplyTextDelta(apology), ReplyAudioChunk(tone(0.5)), ReplyDone({}))
+        await h.frames(QUIET, 60)
+        return h, said
+
+    h, said = run(main(apology_fails=False))
+    assert said == [("s-1.1", apology + " ")]  # said as written, through a ``say`` request
+    (ended,) = h.of(ReplyEnded)
+    assert ended.reason == "error" and ended.error == "llm failed: boom" and ended.text == apology
+    assert ended.played_ms == pytest.approx(500, abs=40)  # the apology played, none of the failed reply
+    assert h.session.history.snapshot()[-1] == ["assistant", apology]
+
+    h, _ = run(main(apology_fails=True))  # nothing to say it with: the reply ends, the session goes on
+    (ended,) = h.of(ReplyEnded)
+    assert ended.reason == "error" and ended.error == "tts failed too" and not h.session.busy
+
+
 def test_close_mid_reply_cancels_and_drains_the_turn():
     async def main():
         h = Harness()

@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 
-from omniduplex.app.core.events import FunctionCallDone, FunctionCallFailed, FunctionCallOutput, ReplyEnded
+from omniduplex.app.core.events import FunctionCallOutput, ReplyEnded, ToolCall
 from omniduplex.app.core.replies import ReplyAudioChunk, ReplyDone, ReplyFailed, ReplyTextDelta
 from omniduplex.app.core.session import Session, SessionConfig
 from omniduplex.app.core.tools import (
@@ -111,9 +111,9 @@ def test_a_runner_runs_the_call_and_the_same_reply_goes_on_with_its_output():
     assert kinds(resp.starts[1][1]) == ["user", "function_call", "function_call_output"]
     assert json.loads(resp.starts[1][1][2]["output"]) == {"city": "Oslo", "temperature_c": -3}
     assert kinds(history) == ["user", "function_call", "function_call_output", "assistant"]
-    (done,) = [e for e in events if isinstance(e, FunctionCallDone)]
+    (done,) = [e for e in events if isinstance(e, ToolCall) and isinstance(e.call, CallDone)]
     (out,) = [e for e in events if isinstance(e, FunctionCallOutput)]
-    assert done.run_here and out.call_id == done.call_id and not out.error
+    assert done.run_here and out.call_id == done.call.call_id and not out.error
 
 
 def test_the_runners_tools_are_offered_and_the_call_loop_is_cut_at_its_limit():
@@ -129,7 +129,7 @@ def test_one_call_per_need_a_repeated_call_is_not_made_and_the_reply_goes_on_in_
     runner = Runner()
     resp, events, history = asyncio.run(converse(runner, responder=CallingResponder(cities=("Oslo", "Oslo"))))
     assert [c.arguments for c in runner.calls] == ['{"city": "Oslo"}']  # run once
-    (failed,) = [e for e in events if isinstance(e, FunctionCallFailed)]
+    (failed,) = [e.call for e in events if isinstance(e, ToolCall) and isinstance(e.call, CallFailed)]
     assert failed.error == REPEAT_ERROR and failed.call_id == "call_2"
     assert [r[2]["tool_choice"] for r in resp.starts] == ["auto", "auto", "none"]  # then no tool: words
     assert kinds(history) == ["user", "function_call", "function_call_output", "assistant"]
@@ -155,7 +155,7 @@ def test_barge_in_while_a_tool_runs_keeps_the_call_and_output_and_stops_the_repl
     gate = asyncio.Event()
 
     async def interrupt(s, events):
-        if any(isinstance(e, FunctionCallDone) for e in events):
+        if any(isinstance(e, ToolCall) and isinstance(e.call, CallDone) for e in events):
             s.cancel_reply()  # the user talks over the tool's wait
             gate.set()
             return True

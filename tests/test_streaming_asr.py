@@ -21,7 +21,15 @@ from omniduplex.models.cascade.streaming_asr import (
 )
 from omniduplex.models.weights import locate_moonshine_base
 from omniduplex.pipeline.audio_io import load_audio
-from omniduplex.pipeline.messages import StageMessage, goes_downstream
+from omniduplex.pipeline.messages import (
+    AsrPiece,
+    PartialTranscript,
+    Prefill,
+    StageMessage,
+    TurnOptions,
+    TurnRequest,
+    goes_downstream,
+)
 from omniduplex.pipeline.stages.asr import ASRWorker
 
 SR = SAMPLE_RATE
@@ -197,7 +205,7 @@ class CountingASR:
 @pytest.mark.parametrize("decode_ms, hypotheses", [(0.0, True), (300.0, False), (5000.0, False)])
 def test_stage_asks_hypotheses_only_while_the_model_keeps_up(decode_ms, hypotheses):
     worker = ASRWorker(CountingASR(), hypothesis_every_s=0.4)
-    piece = StageMessage("t", {"waveform": torch.from_numpy(burst(1.0))}, {"asr_piece": True})
+    piece = StageMessage("t", {"waveform": torch.from_numpy(burst(1.0))}, AsrPiece())
     worker.submit(piece)
     worker.stream_decode_ms = decode_ms  # as if that model's decodes took this long (running mean)
     assert worker.step() == []  # a partial leaves at the next step
@@ -205,7 +213,7 @@ def test_stage_asks_hypotheses_only_while_the_model_keeps_up(decode_ms, hypothes
     assert bool(out) == hypotheses and bool(worker.asr.calls) == hypotheses  # the periodic one (≤ 200 ms)
     assert not any(goes_downstream(m) for m in out)  # no conversation given: captions only
     worker.stream_decode_ms = decode_ms
-    worker.submit(StageMessage("t", {"waveform": torch.from_numpy(quiet(0.2))}, {"asr_piece": True}))
+    worker.submit(StageMessage("t", {"waveform": torch.from_numpy(quiet(0.2))}, AsrPiece()))
     worker.step()
     paused = decode_ms <= 1000.0  # the pause hypothesis (≤ 1 s), unless the periodic one covered the sound
     assert len(worker.asr.calls) == (1 if hypotheses else int(paused))
@@ -244,30 +252,30 @@ def test_chunked_transcript_matches_one_shot_and_leaves_only_the_tail(asr, speec
 
 def test_stage_takes_the_turn_in_pieces(asr, speech):
     worker = ASRWorker(asr, hypothesis_every_s=None)
-    meta = {"system": "s"}
+    meta = TurnRequest(turn=TurnOptions(system_prompt="s"))
     half = speech.size * 3 // 4
     partials = []
-    context = {"system_prompt": "Be brief.", "history": [["user", "hi"], ["assistant", "Hello!"]]}
+    context = Prefill(system_prompt="Be brief.", history=[["user", "hi"], ["assistant", "Hello!"]])
     for i in range(0, half, 3200):
-        piece = {"asr_piece": True, **({"prefill": context} if i == 0 else {})}  # with the first piece
+        piece = AsrPiece(prefill=context if i == 0 else None)  # with the first piece
         worker.submit(
             StageMessage("t1", {"waveform": torch.from_numpy(speech[i : min(i + 3200, half)])}, piece)
         )
         while worker.has_work():
             partials += worker.step()
-    assert partials and all(not m.last and "partial_transcript" in m.meta for m in partials)
+    assert partials and all(not m.last and isinstance(m.meta, PartialTranscript) for m in partials)
     # each partial carries the conversation: a prefill hint for the LLM stage as well as a caption
-    assert all(m.meta["prefill"] == context and goes_downstream(m) for m in partials)
-    assert partials[-1].meta["stable_transcript"] == partials[-1].meta["partial_transcript"]
+    assert all(m.meta.prefill == context and goes_downstream(m) for m in partials)
+    assert partials[-1].meta.stable_transcript == partials[-1].meta.partial_transcript
     worker.submit(StageMessage("t1", {"waveform": torch.from_numpy(speech[half:])}, meta, last=True))
     out = []
     while worker.has_work():
         out += worker.step()
     final = [m for m in out if m.last]
-    assert len(final) == 1 and final[0].meta["system"] == "s"
-    assert final[0].meta["asr_tail_s"] < speech.size / SR / 2
-    assert within_one_word(final[0].meta["transcript"], asr.transcribe(speech).text)
-    assert partials[-1].meta["stable_transcript"] in final[0].meta["transcript"]
+    assert len(final) == 1 and final[0].meta.options.system_prompt == "s"
+    assert final[0].meta.asr_tail_s < speech.size / SR / 2
+    assert within_one_word(final[0].meta.transcript, asr.transcribe(speech).text)
+    assert partials[-1].meta.stable_transcript in final[0].meta.transcript
     assert worker.streams == {} and not worker.has_work()
 
 
@@ -275,30 +283,31 @@ def test_a_partial_superseded_by_the_end_of_turn_is_never_sent():
     """A partial waits one step; the turn's end arriving meanwhile (its audio all covered by that
     hypothesis) sends the transcript alone, so the LLM stage does not prefill the same words first."""
     worker = ASRWorker(CountingASR(), hypothesis_every_s=0.4)
-    context = {"prefill": {"system_prompt": "Be brief.", "history": []}}
+    context = Prefill(system_prompt="Be brief.", history=[])
     wave = torch.from_numpy(burst(1.0))
-    worker.submit(StageMessage("t", {"waveform": wave}, {"asr_piece": True, **context}))
+    worker.submit(StageMessage("t", {"waveform": wave}, AsrPiece(prefill=context)))
     assert worker.step() == [] and worker.has_work() and worker.asr.calls == [1]  # its partial held
-    worker.submit(StageMessage("t", {"waveform": torch.zeros(0)}, {"x": 1}))  # end of turn, nothing new
+    end = TurnRequest(turn=TurnOptions(voice="x"))
+    worker.submit(StageMessage("t", {"waveform": torch.zeros(0)}, end))  # end of turn, nothing new
     (final,) = worker.step()
-    assert final.last and final.meta["x"] == 1 and final.meta["transcript"] == "said"
+    assert final.last and final.meta.options.voice == "x" and final.meta.transcript == "said"
     assert worker.asr.calls == [1] and not worker.has_work()  # covered: no decode, no partial
     # without the end of turn the held partial goes out, with its prefill context
-    worker.submit(StageMessage("u", {"waveform": wave}, {"asr_piece": True, **context}))
+    worker.submit(StageMessage("u", {"waveform": wave}, AsrPiece(prefill=context)))
     assert worker.step() == []
     (partial,) = worker.step()
-    assert not partial.last and partial.meta["partial_transcript"] == "said" and goes_downstream(partial)
+    assert not partial.last and partial.meta.partial_transcript == "said" and goes_downstream(partial)
     worker.abort("u")
     assert not worker.has_work()
 
 
 def test_stage_rejects_a_too_short_streamed_turn_and_aborts(asr):
     worker = ASRWorker(asr)
-    worker.submit(StageMessage("t", {"waveform": torch.zeros(100)}, {"asr_piece": True}))
+    worker.submit(StageMessage("t", {"waveform": torch.zeros(100)}, AsrPiece()))
     with pytest.raises(ValueError, match="at least"):
-        worker.submit(StageMessage("t", {"waveform": torch.zeros(100)}, {}, last=True))
+        worker.submit(StageMessage("t", {"waveform": torch.zeros(100)}, TurnRequest(), last=True))
     assert worker.streams == {}
-    worker.submit(StageMessage("u", {"waveform": torch.zeros(4000)}, {"asr_piece": True}))
+    worker.submit(StageMessage("u", {"waveform": torch.zeros(4000)}, AsrPiece()))
     worker.abort("u")
     assert worker.streams == {} and not worker.has_work()
 

@@ -150,17 +150,22 @@ def test_smollm2_template_gets_the_inline_format():
 def test_a_spoken_reply_that_may_not_call_is_decoded_without_json_tokens():
     """After a tool result a small model wrote the call again as JSON text: a spoken reply with no call
     allowed never samples a token holding a brace or backtick (the speakable stage would drop it anyway)."""
-    from omniduplex.pipeline.messages import StageMessage
+    from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
     from omniduplex.pipeline.stages.chat_prompt import ChatPrompter
 
     chat = ChatPrompter(smollm2_dir(), {})
     ids = set(chat.json_token_ids)
     vocab = chat.tokenizer.get_vocab()
     assert vocab["{"] in ids and vocab["`"] in ids and vocab["Paris"] not in ids
-    meta = {"transcript": "Weather in Paris?", "tools": bench_tools(), "tool_choice": "none"}
-    spoken = chat.prepare(StageMessage("t", {}, meta))
+    opts = TurnOptions(tools=bench_tools(), tool_choice="none")
+
+    def prepare(**update):
+        turn = Transcript(transcript="Weather in Paris?", turn=opts.model_copy(update=update))
+        return chat.prepare(StageMessage("t", {}, turn))
+
+    spoken = prepare()
     assert ids <= set(spoken.sampling.suppress_token_ids) and spoken.reply["max_calls"] == 0
-    written = chat.prepare(StageMessage("t", {}, {**meta, "spoken": False}))  # chat completions: as written
+    written = prepare(spoken=False)  # chat completions: as written
     assert not ids & set(written.sampling.suppress_token_ids)
-    auto = chat.prepare(StageMessage("t", {}, {**meta, "tool_choice": "auto"}))  # calls need braces
+    auto = prepare(tool_choice="auto")  # calls need braces
     assert not ids & set(auto.sampling.suppress_token_ids)

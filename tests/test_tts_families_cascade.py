@@ -17,7 +17,7 @@ import torch
 from test_tts_stage import norm, tokens
 from typer.testing import CliRunner
 
-from omniduplex.app.host.pipeline import TurnOptions
+from omniduplex.app.host.pipeline import RespondOptions
 from omniduplex.cli.main import cli
 from omniduplex.cli.respond import respond
 from omniduplex.models.cascade.manifest import load_manifest, write_manifest
@@ -25,7 +25,7 @@ from omniduplex.models.fish_speech.presets import write_fish_checkpoint
 from omniduplex.models.higgs.presets import write_higgs_checkpoint
 from omniduplex.models.voxcpm2.presets import write_voxcpm2_checkpoint
 from omniduplex.pipeline.config import ChunkingConfig, StageConfig
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import DecoderOutput, StageMessage, TurnOptions
 from omniduplex.pipeline.speech import fish_speech, higgs, voxcpm2
 from omniduplex.pipeline.speech.family_runner import TTSInputError
 from omniduplex.pipeline.stages.family_tts import FamilyTTSStageWorker
@@ -79,20 +79,20 @@ def test_stage_speaks_each_clause_with_the_family_engine(manifest):
     w.sampling = GREEDY[family]
     outs = []
     for i, tok in enumerate(tokens(REPLY)):
-        w.submit(StageMessage("7", meta={"text": tok, **({"skipped": False} if i == 0 else {})}))
+        w.submit(StageMessage("7", {}, DecoderOutput(text=tok, turn=TurnOptions() if i == 0 else None)))
         outs += w.step()
-    w.submit(StageMessage("7", meta={"text": ""}, last=True))
+    w.submit(StageMessage("7", {}, DecoderOutput(text=""), last=True))
     while w.has_work():
         outs += w.step()
     *chunks, final = outs
-    assert final.last and final.meta["text"] == "" and final.tensors["pcm"].numel() == 0
-    assert [m.meta["chunk"] for m in chunks] == list(range(len(chunks)))
-    texts = [m.meta["text"] for m in chunks if m.meta["text"]]
+    assert final.last and final.meta.text == "" and final.tensors["pcm"].numel() == 0
+    assert [m.meta.chunk for m in chunks] == list(range(len(chunks)))
+    texts = [m.meta.text for m in chunks if m.meta.text]
     assert len(texts) >= 2 and norm("".join(texts)) == norm(REPLY)
-    starts = [i for i, m in enumerate(chunks) if m.meta["text"]] + [len(chunks)]
+    starts = [i for i, m in enumerate(chunks) if m.meta.text] + [len(chunks)]
     for a, b in zip(starts, starts[1:]):
         pcm = torch.cat([m.tensors["pcm"] for m in chunks[a:b]])
-        want = one_shot(w, family, chunks[a].meta["text"])
+        want = one_shot(w, family, chunks[a].meta.text)
         assert pcm.numel() > 0 and pcm.dtype == torch.float32
         torch.testing.assert_close(pcm, want, rtol=0, atol=1e-4)
 
@@ -110,7 +110,7 @@ def test_a_spoken_question_gets_a_reply_in_the_family_voice(manifest, tmp_path):
     """A whole cascade turn (ASR → LLM → this family's TTS stage, in process) answers in audio."""
     _, path = manifest
     out = tmp_path / "reply.wav"
-    code = respond(QUESTION, out, path, None, TurnOptions(greedy=True, max_tokens=10), processes=False)
+    code = respond(QUESTION, out, path, None, RespondOptions(greedy=True, max_tokens=10), processes=False)
     assert code == 0
     wav, rate = sf.read(str(out), dtype="float32")
     assert rate == 24000 and wav.shape[0] > 0 and np.abs(wav).max() > 0

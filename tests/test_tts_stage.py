@@ -8,13 +8,14 @@ import re
 import numpy as np
 import pytest
 import soxr
+from pydantic import ValidationError
 from speech import wer
 
 from omniduplex.models.cascade.asr import SAMPLE_RATE, WhisperASR
 from omniduplex.models.cascade.piper_stream import FIRST_PIECE_FRAMES
 from omniduplex.models.cascade.tts import PiperTTS
 from omniduplex.models.weights import PIPER_JOE, PIPER_JOE_CONFIG, WHISPER_TINY_EN, locate
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import AudioOutput, DecoderOutput, StageMessage, Transcript, TurnOptions
 from omniduplex.pipeline.stages.tts import TTSWorker
 from omniduplex.pipeline.text.clauses import MARKDOWN, count_words
 
@@ -68,11 +69,12 @@ def tokens(text: str) -> list[str]:
     return re.findall(r"\s*\w+|\s*[^\w\s]", text)
 
 
-def feed(worker: TTSWorker, rid: str, text: str, last: bool = True, first_meta: dict | None = None) -> None:
+def feed(worker: TTSWorker, rid: str, text: str, last: bool = True, turn: TurnOptions | None = None) -> None:
+    """``text`` as the LLM stage sends it, token by token; ``turn``: the options on its first message."""
     toks = tokens(text) or [""]
     for i, tok in enumerate(toks):
-        meta = {"text": tok, **((first_meta or {}) if i == 0 else {})}
-        worker.submit(StageMessage(rid, meta=meta, last=last and i == len(toks) - 1))
+        meta = DecoderOutput(text=tok, turn=turn if i == 0 else None)
+        worker.submit(StageMessage(rid, {}, meta, last=last and i == len(toks) - 1))
 
 
 def drain(worker: TTSWorker) -> list[StageMessage]:
@@ -108,22 +110,22 @@ def test_streamed_reply_chunks_align_with_text_and_audio(tts, asr):
     w = TTSWorker(rec, output_rate=OUT_RATE)  # type: ignore[arg-type]
     outs = []
     for i, tok in enumerate(tokens(REPLY)):  # one token at a time, stepping like the stage loop does
-        w.submit(StageMessage("r", meta={"text": tok, **({"skipped": False} if i == 0 else {})}))
+        w.submit(StageMessage("r", {}, DecoderOutput(text=tok, turn=TurnOptions() if i == 0 else None)))
         outs += drain(w)
-    w.submit(StageMessage("r", meta={"text": ""}, last=True))
+    w.submit(StageMessage("r", {}, DecoderOutput(text=""), last=True))
     outs += drain(w)
 
     *pieces, final = outs
-    assert final.last and final.meta["text"] == "" and final.tensors["pcm"].numel() == 0
+    assert final.last and final.meta.text == "" and final.tensors["pcm"].numel() == 0
     assert not any(m.last for m in pieces)
-    assert all(m.meta["skipped"] is False for m in outs)
+    assert all(isinstance(m.meta, AudioOutput) and m.meta.skipped is None for m in outs)
     # a clause's pieces are consecutive; its text rides on its last piece
-    chunks = [m for m in pieces if m.meta["text"]]
-    assert [m.meta["chunk"] for m in chunks] == list(range(len(chunks)))
-    assert [m.meta["chunk"] for m in pieces] == sorted(m.meta["chunk"] for m in pieces)
+    chunks = [m for m in pieces if m.meta.text]
+    assert [m.meta.chunk for m in chunks] == list(range(len(chunks)))
+    assert [m.meta.chunk for m in pieces] == sorted(m.meta.chunk for m in pieces)
     assert len(pieces) > len(chunks)  # the first clause came in more than one piece
     # every character of the reply is spoken by exactly one chunk, in order
-    texts = [m.meta["text"] for m in chunks]
+    texts = [m.meta.text for m in chunks]
     assert norm("".join(texts)) == norm(REPLY)
     assert texts == [t for t, _ in rec.calls]  # each clause's audio is the synthesis of its own text
     assert texts[0] == "Sure!" and all(count_words(t) >= 3 for t in texts[1:])
@@ -137,7 +139,7 @@ def test_streamed_reply_chunks_align_with_text_and_audio(tts, asr):
     assert abs(pcm.size - raw.size * OUT_RATE / tts.sample_rate) <= 2
     for i, (_, p) in enumerate(rec.calls):  # each clause's pieces carry its own samples, shifted by
         # the resampler's delay (~37 ms for soxr HQ at 22.05 → 24 kHz)
-        n = sum(m.tensors["pcm"].numel() for m in pieces if m.meta["chunk"] == i)
+        n = sum(m.tensors["pcm"].numel() for m in pieces if m.meta.chunk == i)
         assert abs(n - p.size * OUT_RATE / tts.sample_rate) < 0.05 * OUT_RATE
     # and it says the reply
     heard = asr.transcribe(soxr.resample(pcm, OUT_RATE, SAMPLE_RATE).astype(np.float32)).text
@@ -148,13 +150,13 @@ def test_first_clause_is_cut_early_and_starts_with_a_short_piece(tts):
     w = TTSWorker(tts)
     feed(w, "r", "I would be very happy to help you plan a trip to the seaside next week.")
     outs = drain(w)
-    first = [m for m in outs if m.meta.get("chunk") == 0]
-    assert [m.meta["text"] for m in first][-1] == "I would be very happy to"
-    assert all(m.meta["text"] == "" for m in first[:-1]) and len(first) >= 2
+    first = [m for m in outs if m.meta.chunk == 0]
+    assert [m.meta.text for m in first][-1] == "I would be very happy to"
+    assert all(m.meta.text == "" for m in first[:-1]) and len(first) >= 2
     # the first piece: FIRST_PIECE_FRAMES latent frames (256 samples each at 22.05 kHz) less the
     # resampler's delay, so the listener hears the turn after the acoustic part and one short decode
     full = FIRST_PIECE_FRAMES * 256 * OUT_RATE / tts.sample_rate
-    assert outs[0].meta["tts_ms"] > 0 and 0.8 * full < outs[0].tensors["pcm"].numel() <= full
+    assert outs[0].meta.tts_ms > 0 and 0.8 * full < outs[0].tensors["pcm"].numel() <= full
     assert sum(m.tensors["pcm"].numel() for m in first) > 0.5 * OUT_RATE
 
 
@@ -162,7 +164,7 @@ def test_abort_mid_turn_emits_nothing_more(tts):
     w = TTSWorker(tts)
     feed(w, "r", "First, a short clause. Then a second sentence comes here. And a third one", last=False)
     first = w.step()
-    assert [m.meta["chunk"] for m in first] == [0] and first[0].tensors["pcm"].numel() > 0
+    assert [m.meta.chunk for m in first] == [0] and first[0].tensors["pcm"].numel() > 0
     w.abort("r")
     assert not w.has_work() and w.step() == []
     feed(w, "r", " arrives late from the language model.")  # text already in flight when the abort landed
@@ -178,7 +180,7 @@ def test_concurrent_turns_alternate(tts):
     feed(w, "new", "Hello! Nice to meet you, how can I help today?")
     step = w.step()
     assert [m.request_id for m in step] == ["new"]  # a new turn's first piece goes first, alone
-    assert step[0].meta["chunk"] == 0 and step[0].tensors["pcm"].numel() > 0
+    assert step[0].meta.chunk == 0 and step[0].tensors["pcm"].numel() > 0
     order = []
     while w.has_work():
         step = w.step()
@@ -194,14 +196,16 @@ def test_new_turns_first_clauses_go_out_one_per_step_in_arrival_order(tts):
         feed(w, rid, f"Reply {rid} starts here. And it goes on for a while longer.")
     firsts = [w.step() for _ in range(3)]
     assert [[m.request_id for m in s] for s in firsts] == [["a"], ["b"], ["c"]]
-    assert all(s[0].meta["chunk"] == 0 and s[0].tensors["pcm"].numel() > 0 for s in firsts)
+    assert all(s[0].meta.chunk == 0 and s[0].tensors["pcm"].numel() > 0 for s in firsts)
 
 
 def test_empty_reply_ends_with_one_empty_message(tts):
     w = TTSWorker(tts)
-    w.submit(StageMessage("e", meta={"text": "", "skipped": True}, last=True))
+    skipped = DecoderOutput(text="", skipped="empty transcript", turn=TurnOptions())
+    w.submit(StageMessage("e", {}, skipped, last=True))
     (out,) = drain(w)
-    assert out.last and out.tensors["pcm"].numel() == 0 and out.meta == {"text": "", "skipped": True}
+    assert out.last and out.tensors["pcm"].numel() == 0
+    assert out.meta == AudioOutput(text="", skipped="empty transcript")  # the LLM's skip passed on
     feed(w, "m", "** 🙂 **")  # only markup: nothing to say
     (out,) = drain(w)
     assert out.last and out.tensors["pcm"].numel() == 0
@@ -209,15 +213,19 @@ def test_empty_reply_ends_with_one_empty_message(tts):
 
 def test_bad_text_raises_for_that_turn(tts):
     w = TTSWorker(tts)
-    with pytest.raises(ValueError):
-        w.submit(StageMessage("bad", meta={"text": 3}))
+    with pytest.raises(ValidationError, match="text"):  # text of the wrong type: no message
+        DecoderOutput(text=3)
+    with pytest.raises(ValueError, match="DecoderOutput"):  # a message of another kind
+        w.submit(StageMessage("bad", {}, Transcript(transcript="hi")))
+    feed(w, "good", "Still here.")
+    assert drain(w)[-1].last
 
 
 def test_text_only_turn_gets_no_audio_and_others_are_spoken(tts):
     """A ``spoken: false`` turn (``/v1/chat/completions``) ends with its closing message and no audio; a turn
     beside it is spoken as usual."""
     w = TTSWorker(tts)
-    feed(w, "chat", "Seven days are in a week. That is all.", first_meta={"spoken": False})
+    feed(w, "chat", "Seven days are in a week. That is all.", turn=TurnOptions(spoken=False))
     feed(w, "voice", "Hello there, nice to meet you.")
     outs = drain(w)
     chat = [m for m in outs if m.request_id == "chat"]

@@ -18,7 +18,14 @@ from omniduplex.models.registry import load_model
 from omniduplex.models.weights import SMOLLM2_135M, WeightsError, cache_dir, locate
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.config import GraphConfigError, StageConfig, load_graph
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import (
+    PartialTranscript,
+    Prefill,
+    StageMessage,
+    Transcript,
+    TurnOptions,
+    TurnRequest,
+)
 from omniduplex.pipeline.runtime.stage_engines import VLLMUnavailableError, check_backends, vllm_installed
 from omniduplex.pipeline.stages.llm import LLMWorker
 
@@ -37,7 +44,8 @@ PROMPTS = [
 
 
 def turn(rid: str, transcript: str, **sampling) -> StageMessage:
-    return StageMessage(rid, {}, {"transcript": transcript, "sampling": {"temperature": 0.0, **sampling}})
+    opts = TurnOptions(sampling={"temperature": 0.0, **sampling})
+    return StageMessage(rid, {}, Transcript(transcript=transcript, turn=opts), last=True)
 
 
 def drain(worker, max_steps: int = 100_000) -> list[StageMessage]:
@@ -168,15 +176,15 @@ def test_greedy_ids_and_messages_equal_our_engine_on_smollm2(vworker, smollm_dir
     assert set(got) == set(want) == {f"g{i}" for i in range(len(PROMPTS))}
     for rid in want:
         assert ids_of(got[rid]) == ids_of(want[rid]), rid
-        assert [m.meta["text"] for m in got[rid]] == [m.meta["text"] for m in want[rid]]
+        assert [m.meta.text for m in got[rid]] == [m.meta.text for m in want[rid]]
         assert [m.last for m in got[rid]] == [m.last for m in want[rid]]
-        assert got[rid][-1].meta["finish_reason"] == want[rid][-1].meta["finish_reason"]
+        assert got[rid][-1].meta.finish_reason == want[rid][-1].meta.finish_reason
         assert torch.equal(got[rid][0].tensors["prompt_ids"], want[rid][0].tensors["prompt_ids"])
         assert all(
             m.tensors["token"].shape == (1,) and m.tensors["token"].dtype == torch.int64 for m in got[rid]
         )
-    assert "Paris" in "".join(m.meta["text"] for m in got["g0"])
-    assert any(m.meta["finish_reason"] == "stop" for msgs in got.values() for m in msgs[-1:])
+    assert "Paris" in "".join(m.meta.text for m in got["g0"])
+    assert any(m.meta.finish_reason == "stop" for msgs in got.values() for m in msgs[-1:])
 
 
 @needs_vllm
@@ -192,7 +200,7 @@ def test_abort_frees_the_requests_kv_blocks(vworker):
     w.abort("long")
     assert not w.has_work() and w.step() == []
     # the aborted request is gone from vLLM's scheduler: the probe runs alone ...
-    hint = {"partial_transcript": "Hi", "stable_transcript": "", "prefill": {"history": []}}
+    hint = PartialTranscript(partial_transcript="Hi", prefill=Prefill(system_prompt="Be brief.", history=[]))
     w.submit(StageMessage("probe", {}, hint, last=False))  # a prefill hint: no work, no error, no reply
     assert not w.has_work()
     w.submit(turn("probe", "Hi.", max_tokens=3))
@@ -216,7 +224,7 @@ def test_failed_request_is_reported_for_that_turn_only(vworker):
     with pytest.raises(ValueError, match="already running"):
         w.submit(turn("ok", "Again."))
     with pytest.raises(ValueError):
-        w.submit(StageMessage("bad", {}, {"transcript": 3}))
+        w.submit(StageMessage("bad", {}, TurnRequest()))  # not a transcript
     outs, errors = [], []
     while w.has_work():
         outs += w.step()
@@ -277,7 +285,7 @@ def test_spoken_turn_through_the_cascade_gives_the_same_reply(smollm_dir, tmp_pa
     from omniduplex.models.cascade.manifest import load_manifest, write_manifest
 
     wav = load_audio(GREEN_TEA)
-    meta = {"sampling": {"max_tokens": 40, "temperature": 0.0}, "system_prompt": CASCADE_SYSTEM_PROMPT}
+    meta = TurnOptions(sampling={"max_tokens": 40, "temperature": 0.0}, system_prompt=CASCADE_SYSTEM_PROMPT)
     # both on the dequantised fp32 weights (vLLM serves those; the default manifest serves the Q4_1 blocks)
     m = load_manifest(default_model())
     fp32 = write_manifest(tmp_path, asr=m.asr, llm=m.llm, tts=m.tts, tts_config=m.tts_config)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from omniduplex.pipeline.messages import TurnOptions
 from omniduplex.pipeline.orchestrator import Orchestrator
 
 
-async def run_turn(orch: Orchestrator, wav, meta: dict):
+async def run_turn(orch: Orchestrator, wav, options: TurnOptions):
     """Submit a turn and collect its events; returns ``(events, turn_record or None)`` (the record is
     taken at ``done``, while the turn is still known)."""
-    rid = orch.submit(wav, meta)
+    rid = orch.submit(wav, options)
     events, record = [], None
     async for ev in orch.events(rid):
         events.append(ev)

@@ -5,7 +5,7 @@
 // the words being heard, never the generation-time text (`reply_text`) that runs ahead of the audio.
 // New words are appended as text nodes, so an aria-live region announces only what is new.
 // A tool call the server runs shows beside them while it runs: the tool's name, then done or failed
-// (`function_call_started`, `function_call_output`, `function_call_failed`).
+// (`tool_call` with its `phase`, `function_call_output`).
 "use strict";
 
 class OmniCaptions {
@@ -28,9 +28,11 @@ class OmniCaptions {
       case "reply_spoken": this.line(ev.turn_id, "assistant", ev.text, false); break;
       case "barge_in": this.markInterrupted(ev.turn_id); break;
       case "reply_ended": if (ev.reason === "interrupted") this.markInterrupted(ev.turn_id); break;
-      case "function_call_started": this.tool(ev.turn_id, ev.call_id, ev.name, "running"); break;
+      case "tool_call":
+        if (ev.phase === "started") this.tool(ev.turn_id, ev.call_id, ev.name, "running");
+        else if (ev.phase === "failed") this.tool(ev.turn_id, ev.call_id, ev.name, "failed");
+        break;
       case "function_call_output": this.tool(ev.turn_id, ev.call_id, ev.name, ev.error ? "failed" : "done"); break;
-      case "function_call_failed": this.tool(ev.turn_id, ev.call_id, ev.name, "failed"); break;
     }
   }
 

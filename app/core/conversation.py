@@ -29,9 +29,11 @@ import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import numpy as np
 
+from omniduplex.app.core.audio.pcm import SAMPLE_RATE
 from omniduplex.app.core.events import (
     BargeIn,
     ReplyAudioStarted,
@@ -49,7 +51,6 @@ from omniduplex.app.core.reply_stream import ReplyStreams
 from omniduplex.app.core.session_config import SessionConfig, SessionStats
 from omniduplex.app.core.tool_turns import ToolCalls
 from omniduplex.app.core.tools import ToolRunner
-from omniduplex.app.core.vad import SAMPLE_RATE
 
 log = logging.getLogger("omniduplex.session")
 
@@ -90,7 +91,7 @@ class Conversation(ReplyStreams):
         self.speculation: Speculation | None = None  # a reply started before its turn ended (.preemptive)
         self.replies: OrderedDict[str, Reply] = OrderedDict()  # recent replies, newest last (truncate)
         self.keys: dict[tuple[str, str], int] = {}  # (turn id, role) → its history entry's key
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
         self.closed = False
         self._turn_numbers = itertools.count(1)
 
@@ -145,9 +146,12 @@ class Conversation(ReplyStreams):
         return turn_id
 
     def _options(
-        self, instructions: str | None = None, metadata: dict | None = None, tools: dict | None = None
-    ) -> dict:
-        options: dict = {"metadata": dict(metadata or {}), **self.calls.offer(tools)}
+        self,
+        instructions: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        tools: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        options: dict[str, Any] = {"metadata": dict(metadata or {}), **self.calls.offer(tools)}
         if self.cfg.instructions:
             options["system_prompt"] = self.cfg.instructions
         if instructions:
@@ -156,7 +160,7 @@ class Conversation(ReplyStreams):
             options["voice"] = self.cfg.voice
         return options
 
-    def prefill_context(self) -> tuple[list[list[str]], dict]:
+    def prefill_context(self) -> tuple[list[list[str]], dict[str, Any]]:
         """``(history, options)`` a spoken turn committed now would be started with (before its own text
         joins the history): what the LLM may prefill while the user is still speaking."""
         return self.history.snapshot(), self._options()
@@ -164,9 +168,9 @@ class Conversation(ReplyStreams):
     def respond(
         self,
         instructions: str | None = None,
-        metadata: dict | None = None,
+        metadata: dict[str, Any] | None = None,
         speech_end: float | None = None,
-        tools: dict | None = None,
+        tools: dict[str, Any] | None = None,
     ) -> str | None:
         """Start a reply now (a reply in flight is cancelled first); returns its turn id, or ``None`` when
         the responder refused it (a ``SessionError`` is emitted).
@@ -210,7 +214,8 @@ class Conversation(ReplyStreams):
         return self._start_reply(turn_id, wav, now, speech_end, metadata, stream, options)
 
     def _start_reply(self, turn_id: str, wav: np.ndarray, now: float, speech_end: float | None,
-                     metadata: dict | None, stream: AsyncIterator[ReplyEvent], options: dict) -> str:
+                     metadata: dict[str, Any] | None, stream: AsyncIterator[ReplyEvent],
+                     options: dict[str, Any]) -> str:
         """Make the started request ``turn_id`` the reply in flight, consuming ``stream`` (its events)."""
         self.stats.turns += 1
         end = speech_end if speech_end is not None and wav.size else now
@@ -341,7 +346,7 @@ class Conversation(ReplyStreams):
                 log.info("%s: first reply audio %.0f ms after end of speech", r.turn_id, latency)
         if r.generation_done and self.playout.queued == 0:
             self._set_key(r.turn_id, "assistant", self.history.add("assistant", r.full_text))
-            self._end_reply(r, "completed")
+            self._end_reply(r, "error" if r.failed else "completed", error=r.failed)
         return out, filled
 
     async def close(self) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
+
+from omniduplex.pipeline.events import CallEvent
 
 EventType = Literal[
     "session_started",
@@ -19,10 +21,7 @@ EventType = Literal[
     "user_transcript_partial",
     "reply_started",
     "reply_text",
-    "function_call_started",
-    "function_call_arguments_delta",
-    "function_call_done",
-    "function_call_failed",
+    "tool_call",
     "function_call_output",
     "reply_audio_started",
     "reply_spoken",
@@ -33,6 +32,10 @@ EventType = Literal[
 ]
 
 
+EndReason = Literal["completed", "interrupted", "error", "closed"]
+"""Why a reply ended: all of it was played, the user barged in, it failed, or the session closed."""
+
+
 @dataclass
 class SessionEvent:
     """Base of every session event; ``type`` names it on the wire."""
@@ -40,7 +43,7 @@ class SessionEvent:
     type: ClassVar[EventType]
     session_id: str
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, **asdict(self)}
 
     def to_json(self) -> str:
@@ -52,7 +55,7 @@ class SessionStarted(SessionEvent):
     """The session is ready; ``config`` holds its turn-taking thresholds (ms)."""
 
     type: ClassVar[EventType] = "session_started"
-    config: dict = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,7 +90,7 @@ class UserTranscriptEvent(SessionEvent):
     type: ClassVar[EventType] = "user_transcript"
     turn_id: str = ""
     text: str = ""
-    words: list = field(default_factory=list)
+    words: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -116,7 +119,7 @@ class ReplyStarted(SessionEvent):
 
     type: ClassVar[EventType] = "reply_started"
     turn_id: str = ""
-    metadata: dict = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -129,50 +132,26 @@ class ReplyText(SessionEvent):
 
 
 @dataclass
-class FunctionCallStarted(SessionEvent):
-    """The reply to ``turn_id`` started call ``index`` (0, 1, ...) of function ``name`` (never spoken)."""
+class ToolCall(SessionEvent):
+    """A function call of the reply to ``turn_id``, as the model makes it (never spoken): ``call`` is the
+    call's event itself — :class:`~omniduplex.pipeline.events.CallStarted` (call ``index`` of function
+    ``name``), ``CallArgumentsDelta`` (more of its arguments), ``CallDone`` (complete, a JSON object as a
+    string, and in the history as its ``function_call`` entry) or ``CallFailed`` (cut off or malformed: not
+    recorded, not run) — the one shape a call keeps from the LLM stage to here. ``run_here`` (on ``done``):
+    the session runs it (a server-side :class:`~omniduplex.app.core.tools.ToolRunner`); else its client
+    must add the output. On the wire (:meth:`to_dict`) the call's fields are flat, with its ``phase``."""
 
-    type: ClassVar[EventType] = "function_call_started"
+    type: ClassVar[EventType] = "tool_call"
     turn_id: str = ""
-    call_id: str = ""
-    name: str = ""
-    index: int = 0
-
-
-@dataclass
-class FunctionCallArgumentsDelta(SessionEvent):
-    """More of call ``call_id``'s arguments text, as the model writes it (the deltas joined are its
-    ``arguments``)."""
-
-    type: ClassVar[EventType] = "function_call_arguments_delta"
-    turn_id: str = ""
-    call_id: str = ""
-    delta: str = ""
-
-
-@dataclass
-class FunctionCallDone(SessionEvent):
-    """Call ``call_id`` of the reply to ``turn_id`` is complete and in the history (its ``function_call``
-    entry); ``arguments``: a JSON object as a string. ``run_here``: the session runs it (a server-side
-    :class:`~omniduplex.app.core.tools.ToolRunner`); else its client must add the output."""
-
-    type: ClassVar[EventType] = "function_call_done"
-    turn_id: str = ""
-    call_id: str = ""
-    name: str = ""
-    arguments: str = ""
+    call: CallEvent | None = None
     run_here: bool = False
 
-
-@dataclass
-class FunctionCallFailed(SessionEvent):
-    """Call ``call_id`` could not be read (cut off or malformed: ``error``); not recorded, not run."""
-
-    type: ClassVar[EventType] = "function_call_failed"
-    turn_id: str = ""
-    call_id: str = ""
-    name: str = ""
-    error: str = ""
+    def to_dict(self) -> dict[str, Any]:
+        call = asdict(self.call) if self.call is not None else {}
+        call.pop("request_id", None)
+        phase = self.call.phase if self.call is not None else ""
+        out = {"type": self.type, "session_id": self.session_id, "turn_id": self.turn_id, "phase": phase}
+        return {**out, **call, "run_here": self.run_here}
 
 
 @dataclass
@@ -238,7 +217,7 @@ class ReplyEnded(SessionEvent):
 
     type: ClassVar[EventType] = "reply_ended"
     turn_id: str = ""
-    reason: Literal["completed", "interrupted", "error", "closed"] = "completed"
+    reason: EndReason = "completed"
     played_ms: float = 0.0
     generated_ms: float = 0.0
     text: str = ""

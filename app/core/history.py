@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 from omniduplex.pipeline.text.clauses import is_unspoken
 
@@ -119,7 +120,7 @@ class Entry:
     def __iter__(self) -> Iterator[str]:
         return iter((self.role, self.text))
 
-    def wire(self) -> list[str] | dict:
+    def wire(self) -> list[str] | dict[str, Any]:
         """The entry as the pipeline's ``history`` holds it: ``[role, text]``, or for a tool entry the OpenAI
         item (``{"type": "function_call", "call_id", "name", "arguments"}`` /
         ``{"type": "function_call_output", "call_id", "output"}``)."""
@@ -204,7 +205,7 @@ class History:
         """Hold exactly ``entries`` (the newest ``max_entries`` of them), e.g. a client's edited context."""
         self._entries = list(entries)[-self.max_entries :] if self.max_entries else []
 
-    def snapshot(self) -> list:
+    def snapshot(self) -> list[Any]:
         """The entries to hand to the pipeline (:meth:`Entry.wire`: ``[role, text]`` pairs and tool items;
         later turns do not change them)."""
         return [e.wire() for e in self._entries]

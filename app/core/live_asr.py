@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from omniduplex.app.core.audio.pcm import FRAME_MS
 from omniduplex.app.core.events import SessionEvent, UserTranscriptPartial
-from omniduplex.app.core.vad import FRAME_MS
 
 log = logging.getLogger("omniduplex.session")
 
@@ -78,11 +79,11 @@ class LiveTranscriber:
     def __init__(
         self,
         name: str,
-        responder,
+        responder: Any,
         emit: Callable[[SessionEvent], None],
         new_turn_id: Callable[[], str],
         feed_ms: int = FEED_MS,
-        context: Callable[[], tuple[list[list[str]], dict]] | None = None,
+        context: Callable[[], tuple[list[list[str]], dict[str, Any]]] | None = None,
     ) -> None:
         self.name, self.responder, self.emit, self.new_turn_id = name, responder, emit, new_turn_id
         self.context = context

@@ -25,7 +25,7 @@ class PlayoutBuffer:
         self.queued = 0  # samples waiting (out_rate)
         self._resampler = self._new_resampler()
 
-    def _new_resampler(self):
+    def _new_resampler(self) -> soxr.ResampleStream | None:
         if self.in_rate == self.out_rate:
             return None
         return soxr.ResampleStream(self.in_rate, self.out_rate, 1, dtype="float32", quality="HQ")

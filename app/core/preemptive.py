@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -30,10 +31,10 @@ class Speculation:
     turn_id: str
     wav: np.ndarray
     history: list[list[str]]
-    options: dict
-    held: asyncio.Queue = field(default_factory=asyncio.Queue)
+    options: dict[str, Any]
+    held: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
 
-    def answers(self, wav: np.ndarray, history: list[list[str]], options: dict) -> bool:
+    def answers(self, wav: np.ndarray, history: list[list[str]], options: dict[str, Any]) -> bool:
         """Whether a turn ending now with audio ``wav``, in this context, is the one this reply answers (the
         same samples, history and options)."""
         same = self.history == history and self.options == options

@@ -12,7 +12,7 @@ it the open turn's audio and gets partial transcripts back; ``start`` then finis
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from omniduplex.pipeline.events import (
     TurnEvent,
     UserTranscript,
 )
+from omniduplex.pipeline.messages import Prefill, TurnOptions
 from omniduplex.pipeline.orchestrator import Orchestrator
 
 __all__ = [
@@ -44,7 +45,7 @@ ReplyEvent = TurnEvent
 """The orchestrator's own events (:mod:`omniduplex.pipeline.events`), passed on as they are."""
 OnPartial = Callable[[str, str], None]
 """``on_partial(text, stable)``: a partial transcript of a turn being spoken; ``stable``: its fixed prefix."""
-TurnContext = tuple[list[list[str]], dict]
+TurnContext = tuple[list[list[str]], dict[str, Any]]
 """``(history, options)`` as :meth:`Responder.start` gets them."""
 
 
@@ -61,7 +62,11 @@ class Responder(Protocol):
     """Sample rate of :class:`ReplyAudioChunk` PCM (Hz)."""
 
     def start(
-        self, turn_id: str, waveform: np.ndarray, history: list[list[str]], options: dict | None = None
+        self,
+        turn_id: str,
+        waveform: np.ndarray,
+        history: list[list[str]],
+        options: dict[str, Any] | None = None,
     ) -> None:
         """Start a reply. ``waveform``: the user's turn, 16 kHz mono float32 (may be empty for a typed turn).
         ``options``: ``user_text`` (a typed turn: the user's words; "" = answer the conversation as it
@@ -100,39 +105,47 @@ class LiveTranscription(Protocol):
 class OrchestratorResponder:
     """A :class:`Responder` over the pipeline orchestrator, shared by every session of a server.
 
-    ``meta``: per-turn pipeline options merged into each turn (``sampling``, ``talker_sampling``,
-    ``speaker``, ``system_prompt``); ``history`` is set per turn.
+    ``meta``: the server's defaults of every turn's options (``sampling``, ``talker_sampling``, ``speaker``,
+    ``system_prompt``: :class:`~omniduplex.pipeline.messages.TurnOptions`); ``history`` is set per turn.
     """
 
-    def __init__(self, orchestrator: Orchestrator, meta: dict | None = None) -> None:
-        self.orch, self.meta = orchestrator, dict(meta or {})
+    def __init__(self, orchestrator: Orchestrator, meta: TurnOptions | None = None) -> None:
+        self.orch, self.defaults = orchestrator, meta or TurnOptions()
         self.output_rate = orchestrator.output_rate
 
     def start(
-        self, turn_id: str, waveform: np.ndarray, history: list[list[str]], options: dict | None = None
+        self,
+        turn_id: str,
+        waveform: np.ndarray,
+        history: list[list[str]],
+        options: dict[str, Any] | None = None,
     ) -> None:
-        meta = self._turn_meta(history, options or {})
-        if (options or {}).get("user_text") is not None and not waveform.size:
-            meta["user_text"] = options["user_text"]
-        self.orch.submit(waveform, meta, request_id=turn_id)
+        opts = self._turn_options(history, options or {})
+        user_text = (options or {}).get("user_text")
+        if user_text is not None and not waveform.size:
+            opts.user_text = user_text
+        self.orch.submit(waveform, opts, request_id=turn_id)
 
-    def _turn_meta(self, history: list[list[str]], opts: dict) -> dict:
-        meta = {**self.meta, "history": history}
-        prompt = opts.get("system_prompt") or meta.get("system_prompt") or DEFAULT_SYSTEM_PROMPT
+    def _turn_options(self, history: list[list[str]], opts: dict[str, Any]) -> TurnOptions:
+        """The pipeline's options of a turn: the server's defaults, the history, and the reply's options
+        (``system_prompt``, ``instructions``, ``voice``, ``tools``, ``tool_choice``, ``sampling``,
+        ``spoken``, ``say``)."""
+        d = self.defaults
+        prompt = opts.get("system_prompt") or d.system_prompt or DEFAULT_SYSTEM_PROMPT
         if opts.get("instructions"):
             prompt = f"{prompt}\n\n{opts['instructions']}"
-        meta["system_prompt"] = prompt
+        turn = d.model_copy(update={"history": history, "system_prompt": prompt})
         if opts.get("voice"):
-            meta["voice"] = opts["voice"]  # the cascade's LLM stage passes it on to the TTS stage
+            turn.voice = opts["voice"]  # the cascade's LLM stage passes it on to the TTS stage
         if opts.get("tools"):
-            meta["tools"], meta["tool_choice"] = list(opts["tools"]), opts.get("tool_choice") or "auto"
+            turn.tools, turn.tool_choice = list(opts["tools"]), opts.get("tool_choice") or "auto"
         if opts.get("sampling"):
-            meta["sampling"] = {**meta.get("sampling", {}), **opts["sampling"]}
+            turn.sampling = {**(d.sampling or {}), **opts["sampling"]}
         if opts.get("spoken") is False:
-            meta["spoken"] = False
+            turn.spoken = False
         if isinstance(opts.get("say"), str):
-            meta["say"] = opts["say"]
-        return meta
+            turn.say = opts["say"]
+        return turn
 
     def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]:
         """The turn's events as the orchestrator makes them (:mod:`omniduplex.pipeline.events`)."""
@@ -147,8 +160,8 @@ class OrchestratorResponder:
             return False
         prefill = None
         if context is not None:
-            meta = self._turn_meta(*context)
-            prefill = {"system_prompt": meta["system_prompt"], "history": meta["history"]}
+            turn = self._turn_options(*context)
+            prefill = Prefill(system_prompt=turn.system_prompt or "", history=turn.history or [])
         self.orch.feed(turn_id, samples, on_partial, prefill)
         return True
 

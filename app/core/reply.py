@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from omniduplex.app.core.history import truncate_aligned, truncate_reply
 from omniduplex.app.core.tools import FunctionCall
@@ -29,7 +30,8 @@ class Reply:
     generation_done: bool = False
     interrupted_at: float | None = None
     ended: bool = False
-    options: dict = field(default_factory=dict)  # what the responder was started with (continuations reuse)
+    # what the responder was started with (continuations reuse it)
+    options: dict[str, Any] = field(default_factory=dict)
     request_id: str = ""  # the pipeline request producing it now ("" = turn_id; a continuation's own id)
     calls: list[FunctionCall] = field(default_factory=list)  # server-run calls made, not run yet
     n_calls: int = 0  # function calls the reply made (all its continuations included)
@@ -38,6 +40,7 @@ class Reply:
     filled: bool = False  # a filler was said while a slow server-run call ran
     made: set = field(default_factory=set)  # (name, canonical arguments) of calls made (tool_turns.call_key)
     repeated: bool = False  # the last segment repeated a call already made (its continuation calls no tool)
+    failed: str = ""  # the pipeline failed it (why); the apology then plays, and it ends with reason error
 
     def __post_init__(self) -> None:
         self.request_id = self.request_id or self.turn_id

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 import numpy as np
 
 from omniduplex.app.core.events import (
+    EndReason,
     ReplyEnded,
     ReplySpoken,
     ReplyText,
@@ -91,7 +92,7 @@ class ReplyStreams:
     ) -> AsyncIterator[ReplyEvent] | None:
         """Consume one pipeline request of reply ``r``; the stream of its continuation when the reply goes on
         after server-run calls (:mod:`.tools`), else ``None``; ``final=False``: a call's filler."""
-        done = False
+        done, failed = False, None
         async for ev in stream:
             if isinstance(ev, UserTranscript):  # what the user said stands even if the reply is cut
                 if not r.segments:  # (a continuation after tool calls answers no new user words)
@@ -111,8 +112,10 @@ class ReplyStreams:
             elif isinstance(ev, ReplyDone):
                 done = True
             elif isinstance(ev, ReplyFailed):
-                self.playout.flush()
-                self._end_reply(r, "error", error=ev.error)
+                failed = ev
+        if failed is not None:
+            await self._failed(r, failed, final)
+            return None
         if (r.calls or r.repeated) and done:  # a repeated call is not run: the reply goes on without a tool
             say = lambda text: self._drain(r, self.calls.say(r, text, self.responder), False)  # noqa: E731
             apologised = await self.calls.run(r, say)  # outputs recorded even if the reply was interrupted
@@ -122,6 +125,24 @@ class ReplyStreams:
             r.generated += self.playout.push(np.zeros(0, np.float32), last=True)
             r.generation_done = True
         return None
+
+    async def _failed(self, r: Reply, ev: ReplyFailed, final: bool) -> None:
+        """Reply ``r`` failed in the pipeline (``ev``): what is queued is dropped; with
+        ``cfg.failure_apology`` the apology is said (the reply ends with reason ``error`` once it has played,
+        :meth:`Conversation.pull`), else the reply ends now."""
+        log.error("%s: the reply failed%s: %s", r.request_id, f" in {ev.stage}" if ev.stage else "", ev.error)
+        self.playout.flush()
+        apology = self.cfg.failure_apology
+        if not apology or not final or r.failed:  # no apology, or the apology itself failed
+            self._end_reply(r, "error", error=ev.error)
+            return
+        r.failed = ev.error
+        kept = self._kept_text(r)  # what was heard stays; what was flushed was never said
+        r.text, r.chunks, r.spoken, r.generated = ([kept + " "] if kept else []), [], 0, r.played
+        await self._drain(r, self.calls.say(r, apology, self.responder), False)
+        if self._current(r):
+            r.generated += self.playout.push(np.zeros(0, np.float32), last=True)
+            r.generation_done = True
 
     def _continue(self, r: Reply) -> AsyncIterator[ReplyEvent] | None:
         """Reply ``r``'s continuation after its calls ran (``None``: refused, the reply ends as it stands)."""
@@ -152,12 +173,12 @@ class ReplyStreams:
         for said, start in r.due_captions():
             self.emit(ReplySpoken(self.name, r.turn_id, text=said, at_ms=self._ms(start)))
 
-    def _end_reply(self, r: Reply, reason: str, stop_ms: float | None = None, error: str = "") -> None:
+    def _end_reply(self, r: Reply, reason: EndReason, stop_ms: float | None = None, error: str = "") -> None:
         if self.reply is not r:
             return
         self.reply, r.ended = None, True
         text = r.full_text
-        if reason == "completed":
+        if reason == "completed" or r.failed:  # (a failed reply's apology was played to its end)
             kept = text
         elif reason in ("interrupted", "closed"):
             kept = self._kept_text(r)

@@ -27,10 +27,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 
-from omniduplex.app.core.audio.pcm import to_float32
+from omniduplex.app.core.audio.pcm import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, to_float32, to_int16
 from omniduplex.app.core.conversation import Conversation
 from omniduplex.app.core.events import SessionClosed, SessionEvent, SessionStarted, UserSpeechStarted
 from omniduplex.app.core.history import FUNCTION_CALL, Entry, History
@@ -41,15 +42,7 @@ from omniduplex.app.core.session_config import OPTIONS, SessionConfig, SessionSt
 from omniduplex.app.core.tools import ToolRunner
 from omniduplex.app.core.turn_detection import TurnModel
 from omniduplex.app.core.turns import TurnTaker
-from omniduplex.app.core.vad import (
-    FRAME_MS,
-    FRAME_SAMPLES,
-    SAMPLE_RATE,
-    FrameVad,
-    TurnConfig,
-    WebRtcVad,
-    to_int16,
-)
+from omniduplex.app.core.vad import FrameVad, TurnConfig, WebRtcVad
 
 log = logging.getLogger("omniduplex.session")
 
@@ -149,7 +142,7 @@ class Session:
         return self._turns.turn_model
 
     @property
-    def tasks(self) -> set[asyncio.Task]:
+    def tasks(self) -> set[asyncio.Task[Any]]:
         """Background tasks still running: reply streams and end-of-turn checks (none after :meth:`close`)."""
         return self._conv.tasks | self._turns.tasks
 
@@ -204,7 +197,7 @@ class Session:
         finally:
             if outer:
                 held, self._held = self._held, None
-                for e in held:
+                for e in held or ():
                     self.emit(e)
         return pcm, filled
 
@@ -227,7 +220,7 @@ class Session:
         await self._turns.settle()
 
     # -- settings ----------------------------------------------------------------------------------
-    def set_options(self, **options) -> None:
+    def set_options(self, **options: Any) -> None:
         """Change this session's reply options from now on (the :class:`SessionConfig` fields
         :data:`OPTIONS`: ``instructions``, ``voice``, ``auto_respond``, ``vad_commit``, ``tools``,
         ``tool_choice``); the Realtime
@@ -307,7 +300,10 @@ class Session:
         return self._conv.forget(turn_id, role)
 
     def respond(
-        self, instructions: str | None = None, metadata: dict | None = None, tools: dict | None = None
+        self,
+        instructions: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        tools: dict[str, Any] | None = None,
     ) -> str | None:
         """Start a reply now; returns its turn id, or ``None`` when it could not start.
 

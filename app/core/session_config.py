@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from omniduplex.app.core.vad import TurnConfig
+
+FAILURE_APOLOGY = "Sorry, something went wrong on my side. Could you say that again?"
+"""What a voice surface says when a reply fails (``SessionConfig.failure_apology``)."""
 
 
 @dataclass
@@ -21,7 +25,10 @@ class SessionConfig:
     commits turns (``False``: only :meth:`Session.commit_audio` does, as with the Realtime API's
     ``turn_detection: null``; speech events and barge-in still follow the VAD). ``tools`` / ``tool_choice``:
     the function tools every reply is offered and how it may use them (:mod:`~omniduplex.app.core.tools`;
-    a reply may override them; ``None`` = none, or a server-side runner's).
+    a reply may override them; ``None`` = none, or a server-side runner's). ``failure_apology``: words said
+    when a reply fails in the pipeline (:data:`FAILURE_APOLOGY` on the voice surfaces: browser, kiosk,
+    phone); the reply still ends with reason ``error``. ``None``: nothing is said (the Realtime API reports
+    the failure to its client instead).
     """
 
     turn: TurnConfig = field(default_factory=TurnConfig)
@@ -33,8 +40,9 @@ class SessionConfig:
     voice: str | None = None
     auto_respond: bool = True
     vad_commit: bool = True
-    tools: list | None = None
-    tool_choice: str | dict = "auto"
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] = "auto"
+    failure_apology: str | None = None
 
 
 OPTIONS = ("instructions", "voice", "auto_respond", "vad_commit", "tools", "tool_choice")

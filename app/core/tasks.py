@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from typing import Any
 
 
 class Tasks:
@@ -12,12 +13,12 @@ class Tasks:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
-        self.running: set[asyncio.Task] = set()
+        self.running: set[asyncio.Task[Any]] = set()
 
     def __len__(self) -> int:
         return len(self.running)
 
-    def spawn(self, coro: Coroutine, name: str) -> asyncio.Task:
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Run ``coro`` as a task of the running loop."""
         t = asyncio.get_running_loop().create_task(coro, name=f"{self.prefix}-{name}")
         self.running.add(t)

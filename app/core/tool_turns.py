@@ -7,17 +7,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import numpy as np
 
-from omniduplex.app.core.events import (
-    FunctionCallArgumentsDelta,
-    FunctionCallDone,
-    FunctionCallFailed,
-    FunctionCallOutput,
-    FunctionCallStarted,
-    SessionEvent,
-)
+from omniduplex.app.core.events import FunctionCallOutput, SessionEvent, ToolCall
 from omniduplex.app.core.history import FUNCTION_CALL, FUNCTION_CALL_OUTPUT, Entry, History
 from omniduplex.app.core.replies import ReplyEvent, Responder
 from omniduplex.app.core.reply import Reply
@@ -37,9 +31,9 @@ from omniduplex.pipeline.stages.tool_calls import REPEAT_ERROR, call_key
 log = logging.getLogger("omniduplex.session")
 
 
-def _name(tool: dict) -> str:
+def _name(tool: dict[str, Any]) -> str:
     """A function tool's name (Realtime / Responses shape, or Chat Completions ``{"function": {...}}``)."""
-    return tool.get("name") or (tool.get("function") or {}).get("name", "")
+    return str(tool.get("name") or (tool.get("function") or {}).get("name", ""))
 
 
 class ToolCalls:
@@ -67,7 +61,7 @@ class ToolCalls:
             name, history, emit, cfg, runner, clock
         )
 
-    def offer(self, override: dict | None = None) -> dict:
+    def offer(self, override: dict[str, Any] | None = None) -> dict[str, Any]:
         """The ``tools`` / ``tool_choice`` options of a reply: the client's tools (``override``, a response's
         own when it has a ``tools`` key, else the session's ``cfg.tools``) and the runner's, whose names the
         client's do not take; ``{}`` when none."""
@@ -89,16 +83,14 @@ class ToolCalls:
         """One call event of reply ``r``: its session event; a finished call joins the history (and, with a
         runner, ``r.calls`` to be run)."""
         tid = r.turn_id
-        if isinstance(ev, CallStarted):
-            self.emit(FunctionCallStarted(self.name, tid, ev.call_id, ev.name, ev.index))
-        elif isinstance(ev, CallArgumentsDelta):
-            self.emit(FunctionCallArgumentsDelta(self.name, tid, ev.call_id, ev.delta))
+        if isinstance(ev, CallStarted | CallArgumentsDelta):
+            self.emit(ToolCall(self.name, tid, ev))
         elif isinstance(ev, CallDone):
             key = call_key(ev.name, ev.arguments)
             if key in r.made:  # one call per need: a repeat is not made again (its output is in the history)
                 log.info("%s: call %s repeats %s with the same arguments; not made", tid, ev.call_id, ev.name)
                 r.repeated = True
-                self.emit(FunctionCallFailed(self.name, tid, ev.call_id, ev.name, REPEAT_ERROR))
+                self.emit(ToolCall(self.name, tid, CallFailed(ev.call_id, ev.name, REPEAT_ERROR)))
                 return
             r.made.add(key)
             self.history.add_tool(FUNCTION_CALL, ev.arguments, ev.call_id, ev.name)
@@ -108,13 +100,13 @@ class ToolCalls:
                 r.calls.append(ev.call)
             else:
                 r.client_calls += 1
-            self.emit(FunctionCallDone(self.name, tid, ev.call_id, ev.name, ev.arguments, run_here))
+            self.emit(ToolCall(self.name, tid, ev, run_here))
         elif isinstance(ev, CallFailed):
             r.repeated |= ev.error == REPEAT_ERROR  # refused by the LLM stage: go on without a tool
             log.warning("%s: call %s of %s failed: %s", tid, ev.call_id, ev.name, ev.error)
-            self.emit(FunctionCallFailed(self.name, tid, ev.call_id, ev.name, ev.error))
+            self.emit(ToolCall(self.name, tid, ev))
 
-    async def run(self, r: Reply, speak: Callable[[str], Awaitable] | None = None) -> bool:
+    async def run(self, r: Reply, speak: Callable[[str], Awaitable[Any]] | None = None) -> bool:
         """Run reply ``r``'s calls not run yet, in order, recording each output (a runner's exception
         becomes an ``{"error": ...}`` output, logged). An output is recorded even if the reply was
         interrupted meanwhile: the call was made.
@@ -124,16 +116,19 @@ class ToolCalls:
         is never silent; when every call failed, ``runner.apology_text`` is said and ``True`` returned (the
         reply ends with it: a small model would rather invent a result than explain an error)."""
         calls, r.calls = r.calls, []
-        filler_s = getattr(self.runner, "filler_after_s", None) if speak is not None else None
+        runner = self.runner
+        if runner is None:
+            return False
+        filler_s = getattr(runner, "filler_after_s", None) if speak is not None else None
         failures = 0
         for call in calls:
             t0 = self.clock()
-            task = asyncio.ensure_future(self.runner.run(call))
-            if filler_s and not r.filled:
+            task = asyncio.ensure_future(runner.run(call))
+            if filler_s and speak is not None and not r.filled:
                 done, _ = await asyncio.wait({task}, timeout=filler_s)
                 if not done:
                     r.filled = True
-                    await speak(self.runner.filler_text)
+                    await speak(getattr(runner, "filler_text", ""))
             try:
                 output, failed = str(await task), False
             except Exception as e:  # a tool's failure is the model's to explain, never a crash
@@ -143,8 +138,8 @@ class ToolCalls:
             self.history.add_tool(FUNCTION_CALL_OUTPUT, output, call.call_id)
             ms = 1000.0 * (self.clock() - t0)
             self.emit(FunctionCallOutput(self.name, r.turn_id, call.call_id, call.name, output, failed, ms))
-        apology = getattr(self.runner, "apology_text", None) if speak is not None else None
-        if apology and calls and failures == len(calls):
+        apology = getattr(runner, "apology_text", None) if speak is not None else None
+        if apology and speak is not None and calls and failures == len(calls):
             await speak(apology)
             return True
         return False
@@ -163,11 +158,11 @@ class ToolCalls:
             return _nothing()
         return responder.events(rid)
 
-    def continuation(self, r: Reply) -> dict:
+    def continuation(self, r: Reply) -> dict[str, Any]:
         """The tool options of reply ``r``'s continuation after its calls ran: as it was offered, with no
         call allowed once the turn has made the runner's ``max_calls``, or after a call that repeated one
         already made (:data:`REPEAT_ERROR`: the model would only call again)."""
-        opts = {k: r.options[k] for k in ("tools", "tool_choice") if k in r.options}
+        opts: dict[str, Any] = {k: r.options[k] for k in ("tools", "tool_choice") if k in r.options}
         limit = getattr(self.runner, "max_calls", MAX_CALLS_PER_TURN)
         repeated, r.repeated = r.repeated, False
         if opts and (r.n_calls >= limit or repeated or opts.get("tool_choice") not in ("auto", "none")):

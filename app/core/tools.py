@@ -25,7 +25,7 @@ Barge-in cancels the reply and any continuation still to come; a call already ma
 from __future__ import annotations
 
 import json
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from omniduplex.pipeline.events import (  # the calls a reply streams: the orchestrator's own events
     CallArgumentsDelta,
@@ -68,7 +68,7 @@ class ToolRunner(Protocol):
       ``{"error": "<message>"}`` and the model answers with it (an apology).
     """
 
-    tools: list[dict]
+    tools: list[dict[str, Any]]
     max_calls: int
 
     async def run(self, call: FunctionCall) -> str: ...

@@ -33,7 +33,8 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from omniduplex.app.core.vad import SAMPLE_RATE, TurnConfig
+from omniduplex.app.core.audio.pcm import SAMPLE_RATE
+from omniduplex.app.core.vad import TurnConfig
 
 log = logging.getLogger("omniduplex.turn_detection")
 
@@ -97,7 +98,8 @@ class SmartTurnFeatures:
         x = (x - x.mean()) / np.sqrt(x.var() + _NORM_EPS)
         with torch.inference_mode():
             feats, _ = self.front_end(torch.from_numpy(x)[None, :])
-        return feats[0].numpy().astype(np.float32)
+        out: np.ndarray = feats[0].numpy().astype(np.float32)
+        return out
 
 
 class SmartTurnModel:

@@ -24,11 +24,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from omniduplex.app.core.audio.pcm import FRAME_MS, FRAME_SAMPLES
 from omniduplex.app.core.turn_detection import SMART_TURN_SAMPLES, EndOfTurnPolicy, TurnModel
-from omniduplex.app.core.vad import FRAME_MS, FRAME_SAMPLES, FrameVad, SpeechSegmenter, TurnConfig
+from omniduplex.app.core.vad import FrameVad, SpeechSegmenter, TurnConfig
 
 log = logging.getLogger("omniduplex.session")
 
@@ -68,7 +70,7 @@ class TurnTaker:
     ) -> None:
         self.name, self.vad, self.clock, self.replying = name, vad, clock, replying
         self.on_speech_started, self.on_barge_in, self.on_turn = on_speech_started, on_barge_in, on_turn
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
         self.closed = False
         self.last_voiced_at = clock()
         """Clock time of the last voiced frame (s): the end of the user's speech."""
@@ -86,7 +88,7 @@ class TurnTaker:
                 "turn_detection='smart' needs a turn model (app.core.turn_detection.load_turn_model)"
             )
         self.turn, self.policy, self.turn_model = turn, policy, turn_model
-        self._check: asyncio.Task | None = None  # the model's check of the current pause
+        self._check: asyncio.Task[Any] | None = None  # the model's check of the current pause
         self._verdict: float | None = None  # its probability, once in
         self.segmenter = SpeechSegmenter(turn, endpoint_ms=policy.silence_limit_ms)
         self.preroll: deque[np.ndarray] = deque(maxlen=max(1, turn.preroll_ms // FRAME_MS))
@@ -171,8 +173,11 @@ class TurnTaker:
         still in the same pause; returns the probability (``None`` if the model failed: the segment then
         waits for the fallback silence)."""
         silence_ms, t = self.segmenter.trailing_silence_ms, time.perf_counter()
+        model = self.turn_model
+        if model is None:
+            return None
         try:
-            p = await asyncio.to_thread(self.turn_model.probability, audio)
+            p: float = await asyncio.to_thread(model.probability, audio)
         except Exception:
             log.exception("%s: end-of-turn model failed; the turn ends after %d ms of silence",
                           self.name, self.policy.silence_limit_ms)

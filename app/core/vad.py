@@ -38,7 +38,7 @@ class WebRtcVad:
         pcm = to_int16(frame)
         if pcm.shape != (FRAME_SAMPLES,):
             raise ValueError(f"vad frame must be {FRAME_SAMPLES} samples (20 ms at 16 kHz), got {pcm.shape}")
-        return self.vad.is_speech(pcm.tobytes(), SAMPLE_RATE)
+        return bool(self.vad.is_speech(pcm.tobytes(), SAMPLE_RATE))
 
 
 @dataclass

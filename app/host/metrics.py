@@ -11,7 +11,9 @@ Latencies are in seconds (Prometheus convention). Histograms:
 Counters: ``omniduplex_turns_total`` (user turns committed), ``omniduplex_replies_total{reason}``
 (completed, interrupted, error, closed), ``omniduplex_stage_restarts_total{stage}`` (after a crash),
 ``omniduplex_tool_calls_total{tool,outcome}`` (server-run tool calls, ``ok`` / ``failed``) with their latency
-``omniduplex_tool_call_seconds{tool}`` (:mod:`.tools.runner`).
+``omniduplex_tool_call_seconds{tool}`` (:mod:`.tools.runner`), ``omniduplex_failed_turns_total{stage}``
+(pipeline requests of any surface that ended in an error, not a cancel, by the stage that failed them:
+``ReplyFailed.stage``; ``orchestrator`` when reading an output failed, ``unknown`` when none is named).
 
 Gauges: ``omniduplex_sessions`` / ``omniduplex_max_sessions`` (every surface), ``omniduplex_turns_in_flight``;
 per stage ``omniduplex_stage_up``, ``..._queue_depth`` (requests waiting beyond the next batch),
@@ -36,7 +38,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from omniduplex.app.core.events import ReplyAudioStarted, ReplyEnded, SessionEvent, UserTurnCommitted
-from omniduplex.app.core.replies import ReplyDone, ReplyEvent, Responder
+from omniduplex.app.core.replies import ReplyDone, ReplyEvent, ReplyFailed, Responder
 from omniduplex.app.host import logs
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -99,7 +101,18 @@ class ServerMetrics:
             "omniduplex_tool_call_seconds", "Server-run tool call latency.", ["tool"], buckets=TOOL_BUCKETS_S,
             registry=r,
         )
+        self.failed_turns = Counter(
+            "omniduplex_failed_turns",
+            "Pipeline requests that failed, by the stage that failed them.",
+            ["stage"],
+            registry=r,
+        )
         r.register(_StateCollector(state))
+
+    def observe_failed(self, ev: ReplyFailed) -> None:
+        """Count a failed pipeline request under its stage (a cancel is no failure)."""
+        if ev.error != "cancelled":
+            self.failed_turns.labels(ev.stage or "unknown").inc()
 
     def observe_tool(self, tool: str, ok: bool, latency_s: float) -> None:
         """Count one server-run call of ``tool`` and its latency (s)."""
@@ -168,8 +181,8 @@ class MeteredResponder:
     """A :class:`~omniduplex.app.core.replies.Responder` that records metrics and log context on the way.
 
     Sessions call :meth:`observe` with each of their events (``Session.emit``); :meth:`events` records the
-    pipeline's E2EL of each completed reply and tags the consuming task's log records with the turn id.
-    Anything else is the wrapped responder's.
+    pipeline's E2EL of each completed reply, counts each failed one (:meth:`ServerMetrics.observe_failed`)
+    and tags the consuming task's log records with the turn id. Anything else is the wrapped responder's.
     """
 
     def __init__(self, inner: Responder, metrics: ServerMetrics) -> None:
@@ -191,6 +204,8 @@ class MeteredResponder:
             async for ev in stream:
                 if isinstance(ev, ReplyDone) and "e2el_ms" in ev.metrics:
                     self.metrics.e2el.observe(float(ev.metrics["e2el_ms"]) / 1000.0)
+                elif isinstance(ev, ReplyFailed):
+                    self.metrics.observe_failed(ev)
                 yield ev
         finally:
             aclose = getattr(stream, "aclose", None)

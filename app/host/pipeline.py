@@ -11,6 +11,7 @@ from pathlib import Path
 
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.models.weights import cache_dir
+from omniduplex.pipeline.messages import TurnOptions
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.text.spoken import SPOKEN_SYSTEM_PROMPT
 from omniduplex.pipeline.topology import CASCADE, QWEN3_TTS, UNIFIED, output_rate
@@ -108,7 +109,7 @@ def make_backend(pcfg, processes: bool, **start):
 
 
 @dataclass
-class TurnOptions:
+class RespondOptions:
     """Per-turn options of ``respond``. ``user_text``, ``cfg_scale`` and ``max_audio_frames`` apply to unified
     checkpoints (``max_tokens`` is their text budget), ``talker_max_tokens`` and ``speaker`` to Qwen3-Omni."""
 
@@ -121,21 +122,21 @@ class TurnOptions:
     cfg_scale: float = 1.0
     max_audio_frames: int = 64
 
-    def meta(self, shape: str) -> dict:
-        """The turn's pipeline meta for a graph of ``shape`` (see :meth:`Orchestrator.submit`)."""
+    def meta(self, shape: str) -> TurnOptions:
+        """The turn's pipeline options for a graph of ``shape`` (see :meth:`Orchestrator.submit`)."""
         if shape == CASCADE.name:
             sampling = {"max_tokens": self.max_tokens, **CASCADE_SAMPLING}
             if self.greedy:
                 sampling.update(temperature=0.0, repetition_penalty=1.0)
-            return {"sampling": sampling, "system_prompt": self.system_prompt or CASCADE_SYSTEM_PROMPT}
+            return TurnOptions(sampling=sampling, system_prompt=self.system_prompt or CASCADE_SYSTEM_PROMPT)
         if shape == UNIFIED.name:
-            return {
-                "user_text": self.user_text or "",
-                "max_text_tokens": self.max_tokens,
-                "max_audio_frames": self.max_audio_frames,
-                "cfg_scale": self.cfg_scale,
-                "sampling": {"temperature": 0.0 if self.greedy else 0.8},
-            }
+            return TurnOptions(
+                user_text=self.user_text or "",
+                max_text_tokens=self.max_tokens,
+                max_audio_frames=self.max_audio_frames,
+                cfg_scale=self.cfg_scale,
+                sampling={"temperature": 0.0 if self.greedy else 0.8},
+            )
         sampling = {"max_tokens": self.max_tokens}
         talker = {"max_tokens": self.talker_max_tokens}
         if self.greedy:
@@ -143,7 +144,7 @@ class TurnOptions:
             talker["temperature"] = 0.0
         else:
             sampling.update(temperature=0.7, top_p=0.8, top_k=20)  # Qwen3-Omni model-card defaults
-        return {"sampling": sampling, "talker_sampling": talker, "speaker": self.speaker}
+        return TurnOptions(sampling=sampling, talker_sampling=talker, speaker=self.speaker)
 
 
 def serving_meta(
@@ -155,16 +156,16 @@ def serving_meta(
     speaker: str = "ethan",
     shape: str = "qwen3-omni",
     system_prompt: str | None = None,
-) -> dict:
-    """Turn meta for a server or benchmark serving a graph of ``shape``. Cascade: SmolLM2 sampling
+) -> TurnOptions:
+    """Turn options for a server or benchmark serving a graph of ``shape``. Cascade: SmolLM2 sampling
     (:data:`CASCADE_SAMPLING`), ``max_tokens`` reply tokens, the system prompt. Otherwise Qwen3-Omni
     model-card sampling for the Thinker, ``max_tokens`` text / ``talker_max_tokens`` codec frames as the
     budgets of both speech-LM shapes, ``cfg_scale`` for unified checkpoints (see
     :meth:`Orchestrator.submit`)."""
     if shape == CASCADE.name:
         sampling = {"max_tokens": max_tokens, "ignore_eos": ignore_eos, **CASCADE_SAMPLING}
-        return {"sampling": sampling, "system_prompt": system_prompt or CASCADE_SYSTEM_PROMPT}
-    return {
+        return TurnOptions(sampling=sampling, system_prompt=system_prompt or CASCADE_SYSTEM_PROMPT)
+    return TurnOptions(**{
         "sampling": {
             "max_tokens": max_tokens,
             "temperature": 0.7,
@@ -178,4 +179,4 @@ def serving_meta(
         "max_text_tokens": max_tokens,
         "max_audio_frames": talker_max_tokens,
         "cfg_scale": cfg_scale,
-    }
+    })

@@ -10,7 +10,6 @@ decode-only steps replay a CUDA graph of their batch-size bucket where the adapt
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Protocol
 
@@ -70,8 +69,8 @@ class Engine:
             (content of input rows beyond their ids) and ``cacheable_rows(req) -> int`` (most leading rows
             whose computation may be skipped).
         adapt_threads: keep torch's intra-op threads at the cores other processes leave free
-            (:class:`.threads.ThreadGovernor`; up to the count set when the engine is built). ``None``: on
-            unless the environment sets ``OMNIDUPLEX_ADAPT_THREADS=0``.
+            (:class:`.threads.ThreadGovernor`; up to the count set when the engine is built; it does nothing
+            with one thread).
         graphs: decode steps as graphs per batch-size bucket (:mod:`.graph_runner` modes): ``auto`` (CUDA
             graphs on a CUDA device, none on the CPU, where the C++ decode kernels and ``torch.compile``
             are the fast paths and padding to a bucket would only add work), ``cuda``, ``twin`` (the CPU
@@ -97,7 +96,7 @@ class Engine:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         enable_prefix_caching: bool = True,
-        adapt_threads: bool | None = None,
+        adapt_threads: bool = True,
         graphs: str = "auto",
         max_model_len: int | None = None,
         name: str = "engine",
@@ -116,8 +115,6 @@ class Engine:
         self.enable_prefix_caching = enable_prefix_caching
         self.num_prefill_tokens = 0
         self.num_cached_tokens = 0
-        if adapt_threads is None:
-            adapt_threads = os.environ.get("OMNIDUPLEX_ADAPT_THREADS", "1") != "0"
         self.threads = ThreadGovernor() if adapt_threads else None
         for module in vars(adapter).values():  # fused norm/RoPE/SiLU Triton kernels for weights on CUDA
             if isinstance(module, torch.nn.Module):

@@ -9,11 +9,11 @@ import threading
 import traceback
 from collections import deque
 
-from omniduplex.pipeline.edge_messages import checked
-from omniduplex.pipeline.messages import StageMessage, goes_downstream
-from omniduplex.pipeline.orchestrator import OutputCallback, output_sources
+from omniduplex.pipeline.messages import StageError, StageMessage, goes_downstream
+from omniduplex.pipeline.orchestrator import OutputCallback
 from omniduplex.pipeline.runtime.stage_stats import worker_stats
 from omniduplex.pipeline.stages.contract import StageWorker
+from omniduplex.pipeline.stages.kinds import STAGE_KINDS
 from omniduplex.pipeline.topology import SHAPES, Topology, with_side_asr
 
 
@@ -87,13 +87,13 @@ class LocalBackend:
             self.workers[stage].submit(msg)
             self.owner[stage].add(msg.request_id)
         except Exception as e:  # bad input for this request only
-            self._fail(msg.request_id, f"{stage}: {e}")
+            self._fail(msg.request_id, f"{stage}: {e}", stage)
 
-    def _fail(self, request_id: str, error: str) -> None:
+    def _fail(self, request_id: str, error: str, stage: str | None = None) -> None:
         for s in self.topo.all_stages:
             self.workers[s].abort(request_id)
             self.owner[s].discard(request_id)
-        self.on_output("error", StageMessage(request_id, meta={"error": error}, last=True))
+        self.on_output(StageMessage(request_id, {}, StageError(error=error, stage=stage), last=True))
 
     def _loop(self) -> None:
         while self.running:
@@ -117,15 +117,19 @@ class LocalBackend:
                 except Exception:
                     err = traceback.format_exc(limit=3)
                     for rid in list(self.owner[stage]):
-                        self._fail(rid, f"{stage} failed: {err}")
+                        self._fail(rid, f"{stage} failed: {err}", stage)
                     continue
                 for rid, error in w.pop_errors():
-                    self._fail(rid, f"{stage}: {error}")
-                for msg in checked(stage, outs, self._fail):
+                    self._fail(rid, f"{stage}: {error}", stage)
+                kind = STAGE_KINDS[stage]
+                for msg in outs:
+                    if (error := kind.check_output(msg)) is not None:  # the wrong kind fails its turn only
+                        self._fail(msg.request_id, error, stage)
+                        continue
                     if msg.last:
                         self.owner[stage].discard(msg.request_id)
-                    for source in output_sources(stage, msg, self.topo):
-                        self.on_output(source, msg)
+                    if stage in self.topo.to_orchestrator:
+                        self.on_output(msg)
                     nxt = self.topo.downstream(stage)
                     if nxt and goes_downstream(msg):
                         self._deliver(nxt, msg)

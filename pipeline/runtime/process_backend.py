@@ -28,8 +28,8 @@ import time
 import zmq
 
 from omniduplex.pipeline.config import PipelineConfig
-from omniduplex.pipeline.messages import StageMessage
-from omniduplex.pipeline.orchestrator import OutputCallback, output_sources
+from omniduplex.pipeline.messages import StageError, StageMessage
+from omniduplex.pipeline.orchestrator import OutputCallback
 from omniduplex.pipeline.runtime.stage_process import (
     StageStartError,
     Wiring,
@@ -259,7 +259,7 @@ class ProcessBackend:
         elif kind == "ready":
             self.up.add(m["stage"])
         elif kind == "error":
-            self._fail(m["request_id"], m["error"])
+            self._fail(m["request_id"], m["error"], m.get("stage"))
         elif kind == "fatal":
             raise StageStartError(f"stage {m['stage']} failed to start: {m['error']}", m["stage"], m["error"])
 
@@ -269,7 +269,7 @@ class ProcessBackend:
                 continue
             kill_leftovers(p)
             for rid in sorted(self.inflight):
-                self._fail(rid, f"stage {s} died (exit code {p.exitcode}); the turn was lost")
+                self._fail(rid, f"stage {s} died (exit code {p.exitcode}); the turn was lost", s)
             self.up.discard(s)
             self.stage_stats.pop(s, None)
             if not self.restart_on_crash:
@@ -285,13 +285,13 @@ class ProcessBackend:
                 self.procs[s].kill()
 
     # -- backend thread ------------------------------------------------------------------------------
-    def _fail(self, rid: int, error: str) -> None:
+    def _fail(self, rid: int, error: str, stage: str | None = None) -> None:
         if rid not in self.inflight:
             return
         name = self.names.get(rid, str(rid))
         self._forget(rid)
         self.control.send_string(f"abort {rid}")
-        self.on_output("error", StageMessage(name, meta={"error": error}, last=True))
+        self.on_output(StageMessage(name, {}, StageError(error=error, stage=stage), last=True))
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # pipe full: a wake-up is pending anyway; closed: stopped
@@ -379,10 +379,13 @@ class ProcessBackend:
         name = self.names.get(m.request_id)
         if name is None:
             return  # finished, failed or aborted
-        msg = unpack(m.request_id, m.tensors, m.last)
+        try:
+            msg = unpack(m.request_id, m.tensors, m.last)
+        except ValueError as e:  # a message that does not fit its kind fails its turn, naming the stage
+            self._fail(m.request_id, f"{stage}: {e}", stage)
+            return
         msg.request_id = name
-        for source in output_sources(stage, msg, self.topo):
-            self.on_output(source, msg)
+        self.on_output(msg)
         waiting = self.waiting.get(m.request_id)
         if m.last and waiting is not None and stage in waiting:
             waiting.discard(stage)

@@ -13,7 +13,6 @@ idle stage costs no CPU; while it has work it only peeks at them between steps.
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing as mp
 import os
 import signal
@@ -25,10 +24,16 @@ import torch
 import zmq
 
 from omniduplex.pipeline.config import PipelineConfig
-from omniduplex.pipeline.edge_messages import checked
-from omniduplex.pipeline.messages import StageMessage, goes_downstream, is_partial_transcript
+from omniduplex.pipeline.messages import (
+    StageMessage,
+    goes_downstream,
+    is_partial_transcript,
+    meta_from_wire,
+    meta_to_wire,
+)
 from omniduplex.pipeline.runtime.stage_stats import StatsReporter, producer_stats, worker_stats
 from omniduplex.pipeline.stages.contract import StageWorker
+from omniduplex.pipeline.stages.kinds import STAGE_KINDS
 from omniduplex.pipeline.topology import ORCHESTRATOR, Topology
 from omniduplex.relay import ConsumerDied, EdgeConfig, EdgeConsumer, EdgeProducer, RelayError
 
@@ -84,18 +89,22 @@ def kill_leftovers(proc: mp.Process) -> None:
 
 
 def pack(msg: StageMessage, edge: tuple[str, str], topo: Topology) -> dict[str, torch.Tensor]:
-    """Tensors of ``msg`` that travel on ``edge`` (``topo.edge_tensors``), plus its meta as a JSON byte
-    tensor."""
+    """Tensors of ``msg`` that travel on ``edge`` (``topo.edge_tensors``), plus its typed meta as a tagged
+    JSON byte tensor (:func:`~omniduplex.pipeline.messages.meta_to_wire`)."""
     keep = topo.edge_tensors[edge]
     out = {k: v.contiguous() for k, v in msg.tensors.items() if keep is None or k in keep}
-    if msg.meta:
-        out[META_KEY] = torch.frombuffer(bytearray(json.dumps(msg.meta).encode()), dtype=torch.uint8)
+    out[META_KEY] = torch.frombuffer(bytearray(meta_to_wire(msg.meta)), dtype=torch.uint8)
     return out
 
 
 def unpack(request_id: int, tensors: dict[str, torch.Tensor], last: bool) -> StageMessage:
-    meta = json.loads(bytes(tensors.pop(META_KEY).numpy()).decode()) if META_KEY in tensors else {}
-    return StageMessage(str(request_id), tensors, meta, last)
+    """The message :func:`pack` sent: its meta read back as its kind, validated.
+
+    Raises:
+        EdgeMessageError: the meta is missing or does not fit its kind."""
+    raw = tensors.pop(META_KEY, None)
+    data = bytes(raw.numpy()) if raw is not None else b"{}"
+    return StageMessage(str(request_id), tensors, meta_from_wire(data, str(request_id)), last)
 
 
 def describe(e: BaseException) -> str:
@@ -110,6 +119,7 @@ class StageLoop:
         from omniduplex.pipeline.workers import build_worker
 
         self.stage, self.status, self.topo = stage, status, pcfg.topology()
+        self.kind = STAGE_KINDS[stage]
         scfg = pcfg.stage(stage)
         torch.set_num_threads(scfg.torch_threads)
         self.control = ctx.socket(zmq.SUB)
@@ -202,11 +212,10 @@ class StageLoop:
         try:
             m = self.consumer.recv(timeout_s=0)
             while m is not None:
-                msg = unpack(m.request_id, m.tensors, m.last)
                 try:
-                    self.worker.submit(msg)
+                    self.worker.submit(unpack(m.request_id, m.tensors, m.last))
                 except Exception as e:  # bad input for this request only
-                    self._fail(msg.request_id, f"{self.stage}: {e}")
+                    self._fail(str(m.request_id), f"{self.stage}: {e}")
                 m = self.consumer.recv(timeout_s=0)
         except RelayError:
             # upstream stage stopped or died: its turns are failed by the orchestrator, which restarts
@@ -215,15 +224,18 @@ class StageLoop:
 
     def _step(self) -> bool:
         """One worker step; its outputs go downstream. ``False`` when it produced nothing."""
-        outs = checked(self.stage, self.worker.step(), self._fail)
+        outs = self.worker.step()
         for rid, error in self.worker.pop_errors():
             self._fail(rid, f"{self.stage}: {error}")
         for msg in outs:
+            if (error := self.kind.check_output(msg)) is not None:  # the wrong kind fails its turn only
+                self._fail(msg.request_id, error)
+                continue
             for dst, producer in self.producers.items():
-                tensors = pack(msg, (self.stage, dst), self.topo)
                 partial = is_partial_transcript(msg)
                 if dst != ORCHESTRATOR and not goes_downstream(msg):
                     continue  # a partial transcript without prefill context is for captions only
+                tensors = pack(msg, (self.stage, dst), self.topo)
                 if not (set(tensors) - {META_KEY}) and not msg.last and not partial:
                     continue  # nothing for this edge in this message
                 key = (msg.request_id, dst)

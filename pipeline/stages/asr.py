@@ -46,7 +46,14 @@ import torch
 
 from omniduplex.models.cascade.asr import SAMPLE_RATE
 from omniduplex.models.cascade.streaming_asr import ChunkPolicy, IncrementalTranscriber
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import (
+    AsrPiece,
+    PartialTranscript,
+    Prefill,
+    StageMessage,
+    Transcript,
+    TurnOptions,
+)
 from omniduplex.pipeline.stages.contract import BatchGauges
 
 HYPOTHESIS_BUDGET = 0.5
@@ -89,8 +96,8 @@ class ASRWorker(BatchGauges):
         self.pending: list[StageMessage] = []
         self.policy, self.hypothesis_every_s = policy or ChunkPolicy(), hypothesis_every_s
         self.streams: dict[str, IncrementalTranscriber] = {}  # open turns sent in pieces
-        self.stream_meta: dict[str, dict] = {}
-        self.prefill: dict[str, dict] = {}  # open turns' conversation context, for the LLM's prefill hints
+        self.stream_turn: dict[str, TurnOptions | None] = {}  # the turn's options, from its last message
+        self.prefill: dict[str, Prefill] = {}  # open turns' conversation context, for the LLM's prefill hints
         self.dirty: list[str] = []  # streams with new audio since their last step
         self.held: dict[str, StageMessage] = {}  # each stream's newest partial, sent at the next step
         self.stream_decode_ms = 0.0  # running mean of the steps' decode time (ms)
@@ -101,14 +108,15 @@ class ASRWorker(BatchGauges):
         Raises:
             ValueError: ``waveform`` missing, not a 1-D float tensor, or shorter than 0.1 s (this turn only).
         """
-        if isinstance(msg.meta.get("user_text"), str):
+        if msg.meta.options.user_text is not None:
             self.pending.append(msg)
             return
         wav = msg.tensors.get("waveform")
         if isinstance(wav, np.ndarray):
             wav = msg.tensors["waveform"] = torch.from_numpy(wav)
         rid = msg.request_id
-        if msg.meta.get("asr_piece") or rid in self.streams:
+        piece = isinstance(msg.meta, AsrPiece)
+        if piece or rid in self.streams:
             if wav is not None and (wav.ndim != 1 or not wav.is_floating_point()):
                 raise ValueError(
                     f"turn {rid}: audio piece must be a 1-D float 16 kHz waveform, got {wav.shape}"
@@ -116,18 +124,18 @@ class ASRWorker(BatchGauges):
             stream = self.streams.get(rid)
             if stream is None:
                 stream = self.streams[rid] = IncrementalTranscriber(self.policy, self.hypothesis_every_s)
-            if isinstance(msg.meta.get("prefill"), dict):
-                self.prefill[rid] = msg.meta["prefill"]
+            if isinstance(msg.meta, AsrPiece) and msg.meta.prefill is not None:
+                self.prefill[rid] = msg.meta.prefill
             if wav is not None and wav.numel():
                 stream.push(_numpy(wav))
-            if not msg.meta.get("asr_piece"):  # the turn's end: its last samples came with it
+            if not piece:  # the turn's end: its last samples came with it
                 if stream.samples < MIN_SAMPLES:
                     self._drop(rid)
                     raise ValueError(
                         f"turn {rid}: need at least {MIN_SAMPLES} samples (0.1 s), got {stream.samples}"
                     )
                 stream.finish()
-                self.stream_meta[rid] = msg.meta
+                self.stream_turn[rid] = msg.meta.turn
             if rid not in self.dirty:
                 self.dirty.append(rid)
             return
@@ -145,7 +153,7 @@ class ASRWorker(BatchGauges):
 
     def _drop(self, rid: str) -> None:
         self.streams.pop(rid, None)
-        self.stream_meta.pop(rid, None)
+        self.stream_turn.pop(rid, None)
         self.prefill.pop(rid, None)
         self.held.pop(rid, None)
         self.dirty = [r for r in self.dirty if r != rid]
@@ -155,12 +163,15 @@ class ASRWorker(BatchGauges):
 
     def step(self) -> list[StageMessage]:
         """Transcribe up to ``max_batch`` pending turns together; one ``last`` message per turn."""
-        typed = [m for m in self.pending if isinstance(m.meta.get("user_text"), str)]
+        typed = [m for m in self.pending if m.meta.options.user_text is not None]
         if typed:  # no model call: answer these at once, alone in their step
-            self.pending = [m for m in self.pending if not isinstance(m.meta.get("user_text"), str)]
+            self.pending = [m for m in self.pending if m.meta.options.user_text is None]
             return [
                 StageMessage(
-                    m.request_id, {}, {**m.meta, "transcript": m.meta["user_text"], "words": []}, last=True
+                    m.request_id,
+                    {},
+                    Transcript(turn=m.meta.turn, transcript=m.meta.options.user_text or ""),
+                    last=True,
                 )
                 for m in typed
             ]
@@ -189,12 +200,12 @@ class ASRWorker(BatchGauges):
             StageMessage(
                 m.request_id,
                 {},
-                {
-                    **m.meta,
-                    "transcript": t.text,
-                    "words": [[w.word.strip(), w.start_s, w.end_s] for w in t.words],
-                    "asr_ms": asr_ms,
-                },
+                Transcript(
+                    turn=m.meta.turn,
+                    transcript=t.text,
+                    words=[[w.word.strip(), w.start_s, w.end_s] for w in t.words],
+                    asr_ms=asr_ms,
+                ),
                 last=True,
             )
             for m, t in zip(batch, transcripts)
@@ -210,26 +221,27 @@ class ASRWorker(BatchGauges):
             partial = stream.take([t.text for t in results[at : at + len(job)]])
             at += len(job)
             if stream.done:
-                meta = self.stream_meta[rid]
+                turn = self.stream_turn[rid]
                 self._drop(rid)
                 out.append(
                     StageMessage(
                         rid,
                         {},
-                        {
-                            **meta,
-                            "transcript": stream.text,
-                            "words": [],
-                            "asr_ms": asr_ms,
-                            "asr_tail_s": stream.final_samples / SAMPLE_RATE,
-                        },
+                        Transcript(
+                            turn=turn,
+                            transcript=stream.text,
+                            asr_ms=asr_ms,
+                            asr_tail_s=stream.final_samples / SAMPLE_RATE,
+                        ),
                         last=True,
                     )
                 )
             elif partial.text != before:
-                meta = {"partial_transcript": partial.text, "stable_transcript": partial.stable}
-                if rid in self.prefill:
-                    meta["prefill"] = self.prefill[rid]
+                meta = PartialTranscript(
+                    partial_transcript=partial.text,
+                    stable_transcript=partial.stable,
+                    prefill=self.prefill.get(rid),
+                )
                 self.held[rid] = StageMessage(rid, {}, meta, last=False)
         return out
 

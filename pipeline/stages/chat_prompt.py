@@ -24,7 +24,7 @@ from omniduplex.models.cascade.tool_prompt import (
 )
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.pipeline.engine.request import SamplingParams
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import DecoderOutput, StageMessage, Transcript, TurnOptions
 from omniduplex.pipeline.stages.tool_calls import call_key
 from omniduplex.pipeline.text.spoken import sentence_budget
 
@@ -49,13 +49,13 @@ def has_words(text: str) -> bool:
 @dataclass
 class ChatTurn:
     """A turn ready for an engine: ``ids`` the chat prompt's token ids, ``sampling`` its decoding controls
-    (the stop ids included), ``meta`` the turn's input meta to hand on (without ``sampling``/``words``/
-    ``tools``/``tool_choice``), ``tools`` what the reply may call (the call limit applied), ``reply`` the
-    :class:`~.reply_stream.ReplyStream` arguments of its output."""
+    (the stop ids included), ``turn`` the turn's options to hand on (without ``sampling``/``tools``/
+    ``tool_choice``), ``tools`` what the reply may call (the call limit applied), ``reply`` the
+    :class:`~omniduplex.pipeline.text.reply_text.ReplyStream` arguments of its output."""
 
     ids: list[int]
     sampling: SamplingParams
-    meta: dict
+    turn: TurnOptions
     tools: ToolSet = field(default_factory=lambda: ToolSet((), "auto"))
     reply: dict = field(default_factory=dict)
 
@@ -107,66 +107,61 @@ class ChatPrompter:
             self._json_ids = tuple(sorted(i for t, i in vocab.items() if any(c in t for c in "{}`")))
         return self._json_ids
 
-    def messages(self, rid: str, meta: dict) -> list[dict]:
+    def messages(self, rid: str, opts: TurnOptions, transcript: str) -> list[dict]:
         """The chat of a turn: system prompt, history (``[role, text]`` pairs and function_call /
         function_call_output items, :mod:`~omniduplex.models.cascade.tool_prompt`), then the transcript as the
         user's message.
 
         Raises:
-            ValueError: a field of the wrong type or a history entry of neither form.
+            ValueError: a history entry of neither form.
         """
         out = []
-        system = meta.get("system_prompt")
-        if system is not None:
-            if not isinstance(system, str):
-                raise ValueError(f"turn {rid}: system_prompt must be a string")
-            out.append({"role": "system", "content": system})
-        history = meta.get("history") or []
-        if not isinstance(history, (list, tuple)):
-            raise ValueError(f"turn {rid}: history must be a list of [role, text] or call items")
+        if opts.system_prompt is not None:
+            out.append({"role": "system", "content": opts.system_prompt})
+        history = opts.history or []
         where = f"turn {rid}: history"
         out += chat_messages([history_item(i, item, where) for i, item in enumerate(history)])
-        if meta["transcript"]:  # "" for a typed turn, or a response after tool outputs
-            out.append({"role": "user", "content": meta["transcript"]})
+        if transcript:  # "" for a typed turn, or a response after tool outputs
+            out.append({"role": "user", "content": transcript})
         return out
 
-    def tools(self, rid: str, meta: dict, messages: list[dict]) -> ToolSet:
-        """The turn's :class:`ToolSet` (meta ``tools``, ``tool_choice``), with no tool left to call once the
+    def tools(self, rid: str, opts: TurnOptions, messages: list[dict]) -> ToolSet:
+        """The turn's :class:`ToolSet` (``tools``, ``tool_choice``), with no tool left to call once the
         turn has made :attr:`max_tool_calls` calls (the call loop is cut).
 
         Raises:
             ValueError: a bad tool or choice, naming the field (``turn 7: tools[1].parameters: ...``).
         """
         try:
-            tools = tool_set(meta.get("tools"), meta.get("tool_choice"))
+            tools = tool_set(opts.tools, opts.tool_choice)
         except ValueError as e:
             raise ValueError(f"turn {rid}: {e}") from None
         if tools.active and calls_since_user(messages_items(messages)) >= self.max_tool_calls:
             return ToolSet(tools.tools, "none")
         return tools
 
-    def hint_ids(self, rid: str, meta: dict) -> list[int]:
-        """The prompt ids of a turn whose transcript so far is ``meta['transcript']`` that the finished turn's
-        prompt will most likely start with: the chat rendered with that transcript, cut before the first
-        token that changes when more words follow (BPE merges at the end of the text, the template's closing
-        tokens). Empty when the transcript has no words.
+    def hint_ids(self, rid: str, opts: TurnOptions, transcript: str) -> list[int]:
+        """The prompt ids of a turn whose transcript so far is ``transcript`` that the finished turn's prompt
+        will most likely start with: the chat rendered with that transcript, cut before the first token that
+        changes when more words follow (BPE merges at the end of the text, the template's closing tokens).
+        Empty when the transcript has no words.
 
         Raises:
             ValueError: as :meth:`messages`.
         """
-        if not has_words(meta.get("transcript") or ""):
+        if not has_words(transcript):
             return []
-        messages = self.messages(rid, meta)
-        tools = self.tools(rid, meta, messages)
+        messages = self.messages(rid, opts, transcript)
+        tools = self.tools(rid, opts, messages)
         ids = encode_chat(self.tokenizer, self.template, messages, tools=tools)
-        longer = {**meta, "transcript": meta["transcript"] + _PROBE}
-        other = encode_chat(self.tokenizer, self.template, self.messages(rid, longer), tools=tools)
+        longer = self.messages(rid, opts, transcript + _PROBE)
+        other = encode_chat(self.tokenizer, self.template, longer, tools=tools)
         n = 0
         while n < min(len(ids), len(other)) and ids[n] == other[n]:
             n += 1
         return ids[:n]
 
-    def sampling(self, rid: str, raw) -> SamplingParams:
+    def sampling(self, rid: str, raw: dict | None) -> SamplingParams:
         """The turn's :class:`SamplingParams` from its ``sampling`` meta, with this model's stop ids added.
 
         Raises:
@@ -182,45 +177,33 @@ class ChatPrompter:
         except TypeError as e:
             raise ValueError(f"turn {rid}: bad sampling parameters ({e})") from e
 
-    @staticmethod
-    def _asked(meta: dict, messages: list[dict]) -> str:
-        """What the user asked this turn: the transcript, or (a continuation after tool calls) the last
-        user message."""
-        return meta.get("transcript") or _last_user_text(messages)
-
     def prepare(self, msg: StageMessage) -> ChatTurn | StageMessage:
         """A :class:`ChatTurn` for the engine, or, for a spoken turn without words, the one message that
         answers it (see the module docstring).
 
         Raises:
-            ValueError: a missing or non-string ``transcript``, malformed ``history``/``system_prompt``/
+            ValueError: not a :class:`~omniduplex.pipeline.messages.Transcript`, malformed ``history`` or
                 ``sampling``, or a template that rejects the chat.
         """
         rid, meta = msg.request_id, msg.meta
-        transcript = meta.get("transcript")
-        if not isinstance(transcript, str):
-            raise ValueError(
-                f"turn {rid}: meta 'transcript' must be a string, got {type(transcript).__name__}"
-            )
-        turn_meta = {k: v for k, v in meta.items() if k not in ("sampling", "words", "tools", "tool_choice")}
-        if isinstance(meta.get("say"), str):  # said as written, not generated: a call's filler or apology
-            said = {**turn_meta, "text": meta["say"]}
+        if not isinstance(meta, Transcript):
+            raise ValueError(f"turn {rid}: the LLM stage takes a Transcript, got {type(meta).__name__}")
+        opts, transcript = meta.options, meta.transcript
+        turn = handed_on(opts)
+        if opts.say is not None:  # said as written, not generated: a call's filler or apology
+            said = DecoderOutput(turn=turn, text=opts.say)
             return StageMessage(rid, {"token": torch.zeros(0, dtype=torch.int64)}, said, last=True)
-        typed = isinstance(meta.get("user_text"), str)  # typed turns are answered even when empty
+        typed = opts.user_text is not None  # typed turns are answered even when empty
         if not typed and not has_words(transcript):
-            return StageMessage(
-                rid,
-                {"token": torch.zeros(0, dtype=torch.int64)},
-                {**turn_meta, "text": "", "skipped": "empty transcript"},
-                last=True,
-            )
-        sampling = self.sampling(rid, meta.get("sampling"))
-        messages = self.messages(rid, meta)
-        tools = self.tools(rid, meta, messages)
+            skipped = DecoderOutput(turn=turn, text="", skipped="empty transcript")
+            return StageMessage(rid, {"token": torch.zeros(0, dtype=torch.int64)}, skipped, last=True)
+        sampling = self.sampling(rid, opts.sampling)
+        messages = self.messages(rid, opts, transcript)
+        tools = self.tools(rid, opts, messages)
         ids = encode_chat(self.tokenizer, self.template, messages, tools=tools)
-        reply = {"speech": meta.get("spoken", True) is not False, "calls": bool(tools.tools)}
+        reply = {"speech": opts.spoken is not False, "calls": bool(tools.tools)}
         if reply["speech"]:  # a few sentences unless the user asked for more, each said whole
-            reply["max_sentences"] = sentence_budget(self._asked(meta, messages))
+            reply["max_sentences"] = sentence_budget(transcript or _last_user_text(messages))
             reply.update(text_budget=sampling.max_tokens, finish_sentence=True)
             sampling = replace(sampling, max_tokens=sampling.max_tokens + SENTENCE_GRACE_TOKENS)
         if tools.active:  # the calls left to the turn, and their tokens beyond the text budget
@@ -234,7 +217,13 @@ class ChatPrompter:
             if reply["speech"]:  # words, not a call written as JSON text (a small model after a result)
                 banned += self.json_token_ids
             sampling = replace(sampling, suppress_token_ids=(*sampling.suppress_token_ids, *banned))
-        return ChatTurn(ids, sampling, turn_meta, tools, reply)
+        return ChatTurn(ids, sampling, turn, tools, reply)
+
+
+def handed_on(opts: TurnOptions) -> TurnOptions:
+    """The turn's options the LLM stage hands on to the TTS stage: all but its own (``sampling``, ``tools``,
+    ``tool_choice``)."""
+    return opts.model_copy(update={"sampling": None, "tools": None, "tool_choice": None})
 
 
 def _last_user_text(messages: list[dict]) -> str:

@@ -17,7 +17,7 @@ from omniduplex.models.registry import LoadedModel
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.models.unified.prompt import conversation_steps
 from omniduplex.pipeline.audio_io import MODEL_INPUT_RATE
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import Encoded, StageMessage
 from omniduplex.pipeline.stages.contract import BatchGauges
 
 MAX_INPUT_S = 60.0
@@ -43,7 +43,7 @@ class CodecEncoderWorker(BatchGauges):
             raise ValueError(f"turn {msg.request_id}: need a 1-D 16 kHz waveform")
         if wav.numel() > MAX_INPUT_S * MODEL_INPUT_RATE:
             raise ValueError(f"turn {msg.request_id}: speech longer than {MAX_INPUT_S:.0f} s")
-        if wav.numel() == 0 and not msg.meta.get("user_text"):
+        if wav.numel() == 0 and not msg.meta.options.user_text:
             raise ValueError(f"turn {msg.request_id}: empty waveform and no user_text")
         self.pending.append(msg)
 
@@ -63,11 +63,12 @@ class CodecEncoderWorker(BatchGauges):
                 self.cfg,
                 self.tok,
                 codes,
-                user_text=str(m.meta.get("user_text") or ""),
-                history=[tuple(h) for h in m.meta.get("history", [])],
-                system_prompt=m.meta.get("system_prompt"),
+                user_text=m.meta.options.user_text or "",
+                history=[tuple(h) for h in m.meta.options.history or []],
+                system_prompt=m.meta.options.system_prompt,
             )
-            outs.append(StageMessage(m.request_id, {"prompt_steps": steps}, dict(m.meta), last=True))
+            meta = Encoded(turn=m.meta.turn)
+            outs.append(StageMessage(m.request_id, {"prompt_steps": steps}, meta, last=True))
         return outs
 
     def _encode(self, wav16k: torch.Tensor) -> torch.Tensor | None:

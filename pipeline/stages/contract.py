@@ -10,7 +10,7 @@ streams). ``tests/test_stage_contract.py`` checks every worker class the graphs 
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from omniduplex.pipeline.messages import StageMessage
 
@@ -64,13 +64,14 @@ class EngineGauges(WorkerBase):
         """:func:`~..stage_stats.engine_stats` of ``self.engine``."""
         from omniduplex.pipeline.runtime.stage_stats import engine_stats
 
-        return engine_stats(self.engine)
+        stats: dict[str, int] = engine_stats(self.engine)
+        return stats
 
 
 class BatchGauges(WorkerBase):
     """Gauges of a worker that batches whole turns (``self.pending``, at most ``self.max_batch`` a step)."""
 
-    pending: list
+    pending: list[Any]
     max_batch: int
 
     def stats(self) -> dict[str, int]:
@@ -82,7 +83,7 @@ class BatchGauges(WorkerBase):
 class StreamGauges(WorkerBase):
     """Gauges of a worker that keeps one open stream a request (``self.streams``)."""
 
-    streams: dict
+    streams: dict[str, Any]
 
     def stats(self) -> dict[str, int]:
         """``batch_size``: the open streams (each step advances all of them)."""

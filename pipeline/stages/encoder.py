@@ -8,7 +8,7 @@ from omniduplex.models.mel import LogMelFrontEnd
 from omniduplex.models.qwen3_omni.audio_encoder import audio_token_count
 from omniduplex.models.registry import LoadedModel
 from omniduplex.models.tokenizer import DEFAULT_SYSTEM_PROMPT, load_tokenizer, voice_turn_prompt
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import Encoded, StageMessage, TurnOptions
 from omniduplex.pipeline.stages.contract import BatchGauges
 
 
@@ -30,7 +30,7 @@ class EncoderWorker(BatchGauges):
         self.pending: list[StageMessage] = []
 
     def submit(self, msg: StageMessage) -> None:
-        if isinstance(msg.meta.get("user_text"), str):
+        if msg.meta.options.user_text is not None:
             self.pending.append(msg)
             return
         wav = msg.tensors.get("waveform")
@@ -49,7 +49,7 @@ class EncoderWorker(BatchGauges):
 
     @torch.no_grad()
     def step(self) -> list[StageMessage]:
-        typed = [m for m in self.pending if isinstance(m.meta.get("user_text"), str)]
+        typed = [m for m in self.pending if m.meta.options.user_text is not None]
         if typed:  # no audio to encode: alone in their step
             self.pending = [m for m in self.pending if m not in typed]
             return [self._text_turn(m) for m in typed]
@@ -64,14 +64,14 @@ class EncoderWorker(BatchGauges):
                 self.model.config,
                 self.tok,
                 n,
-                m.meta.get("system_prompt", DEFAULT_SYSTEM_PROMPT),
-                [tuple(h) for h in m.meta.get("history", [])],
+                _system_prompt(m.meta.options),
+                [tuple(h) for h in m.meta.options.history or []],
             )
             outs.append(
                 StageMessage(
                     m.request_id,
                     {"prompt_ids": torch.tensor(ids, dtype=torch.int64), "audio_embeds": embeds[at : at + n]},
-                    dict(m.meta),
+                    Encoded(turn=m.meta.turn),
                     last=True,
                 )
             )
@@ -84,14 +84,14 @@ class EncoderWorker(BatchGauges):
             self.model.config,
             self.tok,
             0,
-            m.meta.get("system_prompt", DEFAULT_SYSTEM_PROMPT),
-            [tuple(h) for h in m.meta.get("history", [])],
-            user_text=m.meta["user_text"],
+            _system_prompt(m.meta.options),
+            [tuple(h) for h in m.meta.options.history or []],
+            user_text=m.meta.options.user_text,
         )
         hidden = self.model.config.thinker.text.hidden_size
         embeds = torch.zeros(0, hidden, dtype=self.tower_dtype, device=self.device)
         t = {"prompt_ids": torch.tensor(ids, dtype=torch.int64), "audio_embeds": embeds}
-        return StageMessage(m.request_id, t, dict(m.meta), last=True)
+        return StageMessage(m.request_id, t, Encoded(turn=m.meta.turn), last=True)
 
     @property
     def tower_dtype(self) -> torch.dtype:
@@ -103,3 +103,7 @@ def _preprocessor(model: LoadedModel) -> dict:
 
     p = model.path / "preprocessor_config.json"
     return json.loads(p.read_text()) if p.is_file() else {}
+
+
+def _system_prompt(opts: TurnOptions) -> str:
+    return opts.system_prompt if opts.system_prompt is not None else DEFAULT_SYSTEM_PROMPT

@@ -29,20 +29,19 @@ from typing import Any
 
 import torch
 
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import AudioOutput, DecoderOutput, StageMessage
 from omniduplex.pipeline.stages.contract import EngineGauges
 from omniduplex.pipeline.text.clauses import ClauseSplitter
 
 log = logging.getLogger(__name__)
 
-PASSED_OPTIONS = ("skipped",)
 _ABORTED_MEMORY = 1024
 
 
 @dataclass
 class _Turn:
     splitter: ClauseSplitter
-    options: dict
+    skipped: str | None  # the LLM's ``skipped`` (first message), copied onto every message of the turn
     voice: Any
     clauses: deque[str] = field(default_factory=deque)
     finished: bool = False  # the reply's text is complete
@@ -86,21 +85,22 @@ class EngineTTSStageWorker(EngineGauges, ABC):
         """float32 pieces ``[n]`` at the output rate that ``event`` completes (the rest when it finishes)."""
 
     def submit(self, msg: StageMessage) -> None:
-        """Add a text delta (``meta["text"]``) to its turn; ``last`` closes the turn's text.
+        """Add a text delta (a :class:`~omniduplex.pipeline.messages.DecoderOutput`'s ``text``) to its turn;
+        ``last`` closes the turn's text.
 
-        Raises ValueError: ``meta["text"]`` is not a string (this turn only).
+        Raises ValueError: not a ``DecoderOutput`` (this turn only).
         """
         rid = msg.request_id
         if rid in self._aborted:
             return
-        delta = msg.meta.get("text", "")
-        if not isinstance(delta, str):
-            raise ValueError(f"turn {rid}: meta['text'] must be a str, got {type(delta).__name__}")
+        if not isinstance(msg.meta, DecoderOutput):
+            raise ValueError(f"turn {rid}: the TTS stage takes DecoderOutput, got {type(msg.meta).__name__}")
+        delta = msg.meta.text or ""
         t = self.turns.get(rid)
         if t is None:
-            opts = {k: msg.meta[k] for k in PASSED_OPTIONS if k in msg.meta}
             splitter = ClauseSplitter(self.first_max_words, self.min_words)
-            t = self.turns[rid] = _Turn(splitter, opts, self.voice_for(msg.meta.get("voice")))
+            voice = self.voice_for(msg.meta.options.voice)
+            t = self.turns[rid] = _Turn(splitter, msg.meta.skipped, voice)
         t.clauses.extend(t.splitter.push(delta))
         if msg.last and not t.finished:
             t.clauses.extend(t.splitter.flush())
@@ -166,11 +166,12 @@ class EngineTTSStageWorker(EngineGauges, ABC):
         self._by_request[req] = rid
 
     def _message(self, rid: str, t: _Turn, pcm: torch.Tensor) -> StageMessage:
-        meta = {"text": t.text, "chunk": t.chunk, "tts_ms": 1000 * (time.perf_counter() - t.started_at)}
+        ms = 1000 * (time.perf_counter() - t.started_at)
+        meta = AudioOutput(text=t.text, chunk=t.chunk, tts_ms=ms, skipped=t.skipped)
         t.text = ""
         t.chunk += 1
-        return StageMessage(rid, {"pcm": pcm}, {**meta, **t.options}, last=False)
+        return StageMessage(rid, {"pcm": pcm}, meta, last=False)
 
     def _last(self, rid: str, t: _Turn) -> StageMessage:
         del self.turns[rid]
-        return StageMessage(rid, {"pcm": torch.zeros(0)}, {"text": "", **t.options}, last=True)
+        return StageMessage(rid, {"pcm": torch.zeros(0)}, AudioOutput(text="", skipped=t.skipped), last=True)

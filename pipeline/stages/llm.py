@@ -42,7 +42,7 @@ from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.grammar import TokenizerGrammars
 from omniduplex.pipeline.engine.request import Request, SamplingParams
-from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
+from omniduplex.pipeline.messages import DecoderOutput, PartialTranscript, StageMessage, TurnOptions
 from omniduplex.pipeline.stages.chat_prompt import (
     MAX_TOOL_CALLS,
     ChatPrompter,
@@ -66,7 +66,7 @@ class TurnStream:
 
     def __init__(self, turn: ChatTurn, tokenizer: Tokenizer, stop_ids: tuple[int, ...]) -> None:
         self.prompt = torch.tensor(turn.ids, dtype=torch.int64)
-        self.meta: dict | None = turn.meta  # None once the first message is out
+        self.turn: TurnOptions | None = turn.turn  # None once the first message is out
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stop_ids = stop_ids
         self.reply = ReplyStream(**turn.reply)
@@ -86,16 +86,15 @@ class TurnStream:
         out = []
         for i, meta in enumerate(metas):
             tensors = {"token": torch.tensor([tok] if i == 0 and tok is not None else [], dtype=torch.int64)}
-            if self.meta is not None:  # first message of the turn
-                meta = {**self.meta, **meta}
+            turn, self.turn = self.turn, None  # the turn's options go with its first message
+            if turn is not None:
                 tensors["prompt_ids"] = self.prompt
-                self.meta = None
             last = finish_reason is not None and i == len(metas) - 1
             if last:
                 meta["finish_reason"] = finish_reason
                 if self.reply.unspoken:
                     meta["unspoken"] = self.reply.unspoken
-            out.append(StageMessage(rid, tensors, meta, last=last))
+            out.append(StageMessage(rid, tensors, DecoderOutput(turn=turn, **meta), last=last))
         return out
 
     def message(self, rid: str, tok: int, finish_reason: str | None = None) -> StageMessage:
@@ -179,9 +178,9 @@ class LLMWorker(EngineGauges):
             self._grammars = TokenizerGrammars(self.tokenizer, self.engine.adapter.vocab_size, self.stop_ids)
         return self._grammars
 
-    def messages(self, rid: str, meta: dict) -> list[dict]:
+    def messages(self, rid: str, opts: TurnOptions, transcript: str) -> list[dict]:
         """The chat of a turn (:meth:`ChatPrompter.messages`)."""
-        return self.chat.messages(rid, meta)
+        return self.chat.messages(rid, opts, transcript)
 
     def submit(self, msg: StageMessage) -> None:
         """Queue a turn (see the module docstring for its fields).
@@ -192,7 +191,7 @@ class LLMWorker(EngineGauges):
                 rejects the chat, a duplicate id, or a prompt that cannot fit the KV cache (this turn only).
         """
         rid = msg.request_id
-        if is_partial_transcript(msg):
+        if isinstance(msg.meta, PartialTranscript):
             self.prefill_hint(rid, msg.meta)
             return
         if rid in self.turns or any(m.request_id == rid for m in self._ready):
@@ -207,17 +206,17 @@ class LLMWorker(EngineGauges):
         self.engine.add_request(Request(rid, turn.ids, turn.sampling))
         self.turns[rid] = TurnStream(turn, self.tokenizer, self.stop_ids)
 
-    def prefill_hint(self, rid: str, meta: dict) -> None:
-        """Prefill the chat of turn ``rid``'s partial transcript (``meta``: ``partial_transcript``,
-        ``prefill`` = ``{system_prompt, history}``) into the prefix cache, replacing a hint of that turn not
-        yet run (see the module docstring). Does nothing for a turn already submitted, a transcript without
-        words, or a hint that cannot be rendered or does not fit (a hint is only an optimisation)."""
+    def prefill_hint(self, rid: str, partial: PartialTranscript) -> None:
+        """Prefill the chat of turn ``rid``'s partial transcript (with its ``prefill``: system prompt and
+        history) into the prefix cache, replacing a hint of that turn not yet run (see the module docstring).
+        Does nothing for a turn already submitted, a transcript without words, or a hint that cannot be
+        rendered or does not fit (a hint is only an optimisation)."""
         if rid in self.turns:
             return
-        context = meta.get("prefill") if isinstance(meta.get("prefill"), dict) else {}
-        hint = {**context, "transcript": str(meta["partial_transcript"])}
+        ctx = partial.prefill
+        opts = TurnOptions(system_prompt=ctx.system_prompt, history=ctx.history) if ctx else TurnOptions()
         try:
-            ids = self.chat.hint_ids(rid, hint)
+            ids = self.chat.hint_ids(rid, opts, partial.partial_transcript)
         except ValueError:
             return
         if not ids:

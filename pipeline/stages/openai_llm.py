@@ -43,9 +43,16 @@ import torch
 from omniduplex.models.cascade.tool_prompt import ToolSet, calls_since_user, history_item, tool_set
 from omniduplex.pipeline.config import StageConfig
 from omniduplex.pipeline.engine.request import SamplingParams
-from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
+from omniduplex.pipeline.events import CallArgumentsDelta, CallDone, CallFailed, CallStarted
+from omniduplex.pipeline.messages import (
+    DecoderOutput,
+    PartialTranscript,
+    StageMessage,
+    Transcript,
+    TurnOptions,
+)
 from omniduplex.pipeline.runtime.stage_engines import require_openai
-from omniduplex.pipeline.stages.chat_prompt import CALL_TOKENS, has_words
+from omniduplex.pipeline.stages.chat_prompt import CALL_TOKENS, handed_on, has_words
 from omniduplex.pipeline.stages.contract import WorkerBase
 from omniduplex.pipeline.stages.llm import compact_metas
 from omniduplex.pipeline.stages.tool_calls import ARGUMENTS_DELTA, DONE, FAILED, STARTED, new_call_id
@@ -58,30 +65,25 @@ NO_KEY = "EMPTY"
 """The API key sent when the environment variable is not set (local servers such as vLLM accept any)."""
 
 
-def chat_request(rid: str, meta: dict, model: str, max_tool_calls: int) -> tuple[dict, dict, dict]:
-    """``(create kwargs, ReplyStream kwargs, turn meta)`` of a turn (see the module docstring).
+def chat_request(
+    rid: str, opts: TurnOptions, transcript: str, model: str, max_tool_calls: int
+) -> tuple[dict, dict, TurnOptions]:
+    """``(create kwargs, ReplyStream kwargs, the turn's options to hand on)`` of a turn (see the module
+    docstring).
 
     Raises:
-        ValueError: a missing transcript, a bad history entry, tool or ``tool_choice`` (the message names
-            the field), or bad sampling parameters.
+        ValueError: a bad history entry, tool or ``tool_choice`` (the message names the field), or bad
+            sampling parameters.
     """
-    transcript = meta.get("transcript")
-    if not isinstance(transcript, str):
-        raise ValueError(f"turn {rid}: meta 'transcript' must be a string, got {type(transcript).__name__}")
-    raw = dict(meta.get("sampling") or {})
+    raw = dict(opts.sampling or {})
     try:
         sp = SamplingParams(**raw)
     except TypeError as e:
         raise ValueError(f"turn {rid}: bad sampling parameters ({e})") from e
     messages: list[dict] = []
-    system = meta.get("system_prompt")
-    if system is not None:
-        if not isinstance(system, str):
-            raise ValueError(f"turn {rid}: system_prompt must be a string")
-        messages.append({"role": "system", "content": system})
-    history = meta.get("history") or []
-    if not isinstance(history, (list, tuple)):
-        raise ValueError(f"turn {rid}: history must be a list of [role, text] or call items")
+    if opts.system_prompt is not None:
+        messages.append({"role": "system", "content": opts.system_prompt})
+    history = opts.history or []
     items = [history_item(i, h, f"turn {rid}: history") for i, h in enumerate(history)]
     for it in items:
         if it.get("type") == "function_call":
@@ -99,7 +101,7 @@ def chat_request(rid: str, meta: dict, model: str, max_tool_calls: int) -> tuple
     if transcript:
         messages.append({"role": "user", "content": transcript})
     try:
-        tools = tool_set(meta.get("tools"), meta.get("tool_choice"))
+        tools = tool_set(opts.tools, opts.tool_choice)
     except ValueError as e:
         raise ValueError(f"turn {rid}: {e}") from None
     left = max_tool_calls - calls_since_user(items)
@@ -109,7 +111,7 @@ def chat_request(rid: str, meta: dict, model: str, max_tool_calls: int) -> tuple
     kwargs["max_tokens"] = sp.max_tokens + (CALL_TOKENS * left if tools.active else 0)
     if sp.seed is not None:
         kwargs["seed"] = sp.seed
-    reply = {"speech": meta.get("spoken", True) is not False, "calls": bool(tools.tools)}
+    reply = {"speech": opts.spoken is not False, "calls": bool(tools.tools)}
     if reply["speech"]:  # a few sentences unless the user asked for more
         asked = transcript or next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
         reply["max_sentences"] = sentence_budget(asked if isinstance(asked, str) else "")
@@ -119,8 +121,7 @@ def chat_request(rid: str, meta: dict, model: str, max_tool_calls: int) -> tuple
         kwargs["tool_choice"] = choice if choice in ("auto", "none", "required") else _named(choice)
         reply["max_calls"] = left if tools.active else 0
         reply["text_budget"] = sp.max_tokens if tools.active else None
-    turn_meta = {k: v for k, v in meta.items() if k not in ("sampling", "words", "tools", "tool_choice")}
-    return kwargs, reply, turn_meta
+    return kwargs, reply, handed_on(opts)
 
 
 def _named(name: str) -> dict:
@@ -142,10 +143,10 @@ class _Calls:
         call["args"] += arguments or ""
         if not call.get("started") and call["name"]:
             call["started"] = True
-            out.append((STARTED, {"call_id": call["call_id"], "name": call["name"], "index": self.count}))
+            out.append((STARTED, CallStarted(call["call_id"], call["name"], self.count)))
             self.count += 1
         if call.get("started") and len(call["args"]) > call["sent"]:
-            out.append((ARGUMENTS_DELTA, {"call_id": call["call_id"], "delta": call["args"][call["sent"] :]}))
+            out.append((ARGUMENTS_DELTA, CallArgumentsDelta(call["call_id"], call["args"][call["sent"] :])))
             call["sent"] = len(call["args"])
         return out
 
@@ -159,21 +160,21 @@ class _Calls:
             except ValueError:
                 ok = False
             if not call.get("started"):
-                out.append((STARTED, {"call_id": cid, "name": name, "index": self.count}))
+                out.append((STARTED, CallStarted(cid, name, self.count)))
                 self.count += 1
             if ok:
-                out.append((DONE, {"call_id": cid, "name": name, "arguments": args}))
+                out.append((DONE, CallDone(cid, name, args)))
             else:
                 error = "arguments are not a JSON object"
-                out.append((FAILED, {"call_id": cid, "name": name, "error": error}))
+                out.append((FAILED, CallFailed(cid, name, error)))
         self.open.clear()
         return out
 
 
 class _Turn:
-    def __init__(self, reply: dict, meta: dict) -> None:
+    def __init__(self, reply: dict, turn: TurnOptions) -> None:
         self.reply = ReplyStream(**reply)
-        self.meta: dict | None = meta  # None once the first message is out
+        self.turn: TurnOptions | None = turn  # None once the first message is out
         self.calls = _Calls()
 
 
@@ -251,22 +252,24 @@ class OpenAILLMWorker(WorkerBase):
             ValueError: bad input for this turn (as :meth:`.LLMWorker.submit`) or a duplicate id.
         """
         rid = msg.request_id
-        if is_partial_transcript(msg):
+        if isinstance(msg.meta, PartialTranscript):
             return  # no prefill hints: the server has its own prefix cache, or none
+        if not isinstance(msg.meta, Transcript):
+            raise ValueError(f"turn {rid}: the LLM stage takes a Transcript, got {type(msg.meta).__name__}")
         if rid in self.turns or any(m.request_id == rid for m in self._ready):
             raise ValueError(f"turn {rid}: already running")
-        kwargs, reply, turn_meta = chat_request(rid, msg.meta, self.model, self.max_tool_calls)
-        if isinstance(msg.meta.get("say"), str):  # said as written (:mod:`.llm`)
-            meta = {**turn_meta, "text": msg.meta["say"]}
-            empty = torch.zeros(0, dtype=torch.int64)
+        opts = msg.meta.options
+        kwargs, reply, turn = chat_request(rid, opts, msg.meta.transcript, self.model, self.max_tool_calls)
+        empty = torch.zeros(0, dtype=torch.int64)
+        if opts.say is not None:  # said as written (:mod:`.llm`)
+            said = DecoderOutput(turn=turn, text=opts.say)
+            self._ready.append(StageMessage(rid, {"token": empty}, said, last=True))
+            return
+        if opts.user_text is None and not has_words(msg.meta.transcript):
+            meta = DecoderOutput(turn=turn, text="", skipped="empty transcript")
             self._ready.append(StageMessage(rid, {"token": empty}, meta, last=True))
             return
-        if not isinstance(msg.meta.get("user_text"), str) and not has_words(msg.meta["transcript"]):
-            empty = torch.zeros(0, dtype=torch.int64)
-            meta = {**turn_meta, "text": "", "skipped": "empty transcript"}
-            self._ready.append(StageMessage(rid, {"token": empty}, meta, last=True))
-            return
-        self.turns[rid] = _Turn(reply, turn_meta)
+        self.turns[rid] = _Turn(reply, turn)
         self.tasks[rid] = asyncio.run_coroutine_threadsafe(self._generate(rid, kwargs), self._loop)
 
     def abort(self, request_id: str) -> None:
@@ -321,14 +324,14 @@ class OpenAILLMWorker(WorkerBase):
     def _messages(rid: str, t: _Turn, metas: list[dict], finish: str | None) -> list[StageMessage]:
         out = []
         for i, meta in enumerate(metas):
-            if t.meta is not None:
-                meta, t.meta = {**t.meta, **meta}, None
+            turn, t.turn = t.turn, None  # the turn's options go with its first message
             last = finish is not None and i == len(metas) - 1
             if last:
                 meta["finish_reason"] = finish
                 if t.reply.unspoken:
                     meta["unspoken"] = t.reply.unspoken
-            out.append(StageMessage(rid, {"token": torch.zeros(0, dtype=torch.int64)}, meta, last=last))
+            empty = torch.zeros(0, dtype=torch.int64)
+            out.append(StageMessage(rid, {"token": empty}, DecoderOutput(turn=turn, **meta), last=last))
         return out
 
     def pop_errors(self) -> list[tuple[str, str]]:

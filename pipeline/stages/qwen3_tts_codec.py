@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from omniduplex.models.qwen3_tts.codec import STREAM_CHUNK, STREAM_FIRST_CHUNK, CodecDecoder
 from omniduplex.models.qwen3_tts.codec_batch import push_together
 from omniduplex.models.qwen3_tts.codec_stream import StreamingDecoder
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import AudioOutput, DecoderOutput, StageMessage
 from omniduplex.pipeline.stages.contract import WorkerBase
 
 _ABORTED_MEMORY = 1024
@@ -44,7 +44,7 @@ class _Utterance:
     decoder: StreamingDecoder
     finished: bool = False  # the talker sent the last frame
     chunk: int = 0  # pieces sent
-    meta: dict = field(default_factory=dict)  # passed on with the first piece
+    talker_ms: float | None = None  # the talker's first-frame time, passed on with the first piece
 
 
 class Qwen3TTSCodecWorker(WorkerBase):
@@ -86,7 +86,7 @@ class Qwen3TTSCodecWorker(WorkerBase):
         u = self.streams.get(msg.request_id)
         if u is None:  # its first frame (or, with no frames at all, its end): a fresh decoder state
             u = _Utterance(StreamingDecoder(self.codec, self.first_chunk, self.chunk))
-            u.meta = {k: msg.meta[k] for k in ("talker_ms",) if k in msg.meta}
+            u.talker_ms = msg.meta.talker_ms if isinstance(msg.meta, DecoderOutput) else None
             self.streams[msg.request_id] = u
         if codes is not None:
             if codes.dim() != 1:
@@ -169,8 +169,8 @@ class Qwen3TTSCodecWorker(WorkerBase):
 
     @staticmethod
     def _piece(rid: str, u: _Utterance, pcm: torch.Tensor, ms: float, last: bool = False) -> StageMessage:
-        meta = {"chunk": u.chunk, "codec_ms": ms, **u.meta}
-        u.meta = {}
+        meta = AudioOutput(chunk=u.chunk, codec_ms=ms, talker_ms=u.talker_ms)
+        u.talker_ms = None
         u.chunk += 1
         return StageMessage(rid, {"pcm": pcm}, meta, last=last)
 

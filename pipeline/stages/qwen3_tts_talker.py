@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from omniduplex.models.qwen3_tts.voice import VoiceError, VoicePrompter
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import DecoderOutput, StageMessage, UtteranceRequest
 from omniduplex.pipeline.runtime.stage_stats import engine_stats
 from omniduplex.pipeline.speech.qwen3_tts import Qwen3TTSEngine
 from omniduplex.pipeline.stages.contract import WorkerBase
@@ -56,21 +56,21 @@ class Qwen3TTSTalkerWorker(WorkerBase):
     def submit(self, msg: StageMessage) -> None:
         """Admit one utterance.
 
-        Raises ValueError: no text, a bad voice or sampling field, a prompt past the context, a duplicate
-        id (nothing is queued then).
+        Raises ValueError: not an :class:`~omniduplex.pipeline.messages.UtteranceRequest`, no text, a bad
+        voice or sampling field, a prompt past the context, a duplicate id (nothing is queued then).
         """
         meta, rid = msg.meta, msg.request_id
-        text = meta.get("text")
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError("meta['text'] must be a non-empty string")
-        sampling = meta.get("sampling") or {}
-        if not isinstance(sampling, dict):
-            raise ValueError("meta['sampling'] must be a dict of sampling parameters")
+        if not isinstance(meta, UtteranceRequest):
+            got = type(meta).__name__
+            raise ValueError(f"utterance {rid}: the talker takes an UtteranceRequest, got {got}")
+        text = meta.text
+        if not text.strip():
+            raise ValueError("text must be a non-empty string")
+        sampling = meta.options.sampling or {}
         ref = msg.tensors.get("ref_audio")
         wav = None if ref is None else np.asarray(ref.float().reshape(-1).numpy())
-        language = meta.get("language") or "auto"
-        instructions, ref_text = meta.get("instructions"), meta.get("ref_text")
-        voice = self.prompter.voice(meta.get("voice"), instructions, language, wav, ref_text)
+        language = meta.language or "auto"
+        voice = self.prompter.voice(meta.options.voice, meta.instructions, language, wav, meta.ref_text)
         prompt = self.prompter.prompt(text, voice)
         room = self.prompter.context - prompt.prefill.shape[0]
         frames = min(int(sampling.get("max_tokens", self.max_frames)), self.max_frames, room)
@@ -99,14 +99,12 @@ class Qwen3TTSTalkerWorker(WorkerBase):
         events = self.tts.step()
         self.step_s += time.perf_counter() - t0
         for ev in events:
-            meta = {}
+            meta = DecoderOutput(finish_reason=ev.finish_reason if ev.finished else None)
             t0 = self.started.pop(ev.request_id, None)
             if t0 is not None and ev.codes is not None:
-                meta["talker_ms"] = 1000 * (time.perf_counter() - t0)
+                meta.talker_ms = 1000 * (time.perf_counter() - t0)
             elif t0 is not None and not ev.finished:
                 self.started[ev.request_id] = t0
-            if ev.finished:
-                meta["finish_reason"] = ev.finish_reason
             tensors = {"codes": ev.codes} if ev.codes is not None else {}
             self.frames += ev.codes is not None
             outs.append(StageMessage(ev.request_id, tensors, meta, last=ev.finished))

@@ -14,7 +14,7 @@ from omniduplex.models.registry import LoadedModel
 from omniduplex.pipeline.engine.adapters import TalkerAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import DecoderOutput, StageMessage
 from omniduplex.pipeline.stages.contract import EngineGauges
 
 DEFAULT_TALKER_SAMPLING = dict(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, max_tokens=1024)
@@ -58,7 +58,8 @@ class TalkerWorker(EngineGauges):
         rid, t = msg.request_id, msg.tensors
         if "prompt_hidden" in t:
             if msg.last:  # the Thinker stopped at its first token: nothing to speak
-                self.finished_early.append(StageMessage(rid, {}, {"finish_reason": "no_text"}, last=True))
+                none = DecoderOutput(finish_reason="no_text")
+                self.finished_early.append(StageMessage(rid, {}, none, last=True))
                 return
             self._start(msg)
             return
@@ -73,7 +74,7 @@ class TalkerWorker(EngineGauges):
 
     def _start(self, msg: StageMessage) -> None:
         t, tcfg = msg.tensors, self.cfg.talker
-        speaker = str(msg.meta.get("speaker", "ethan")).lower()
+        speaker = (msg.meta.options.speaker or "ethan").lower()
         if speaker not in tcfg.speaker_id:
             raise ValueError(f"unknown speaker {speaker!r}; this checkpoint has {sorted(tcfg.speaker_id)}")
         dev = self.engine.device  # the Thinker's tensors may land on the host (relay)
@@ -87,7 +88,7 @@ class TalkerWorker(EngineGauges):
             self.specials,
             tcfg.speaker_id[speaker],
         )
-        sp = {**DEFAULT_TALKER_SAMPLING, **msg.meta.get("talker_sampling", {})}
+        sp = {**DEFAULT_TALKER_SAMPLING, **(msg.meta.options.talker_sampling or {})}
         sp.update(stop_token_ids=(tcfg.codec_eos_token_id,), suppress_token_ids=self.adapter.suppress_ids)
         req = Request(
             msg.request_id,
@@ -115,11 +116,8 @@ class TalkerWorker(EngineGauges):
             t = {"codes": torch.tensor(o.extras["codes"], dtype=torch.int64)} if "codes" in o.extras else {}
             if o.finished:
                 self.live.pop(o.request_id, None)
-            outs.append(
-                StageMessage(
-                    o.request_id, t, {"finish_reason": o.finish_reason} if o.finished else {}, last=o.finished
-                )
-            )
+            meta = DecoderOutput(finish_reason=o.finish_reason if o.finished else None)
+            outs.append(StageMessage(o.request_id, t, meta, last=o.finished))
         return outs
 
     def _flush_text(self) -> None:

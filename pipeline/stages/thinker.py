@@ -16,7 +16,7 @@ from omniduplex.models.registry import LoadedModel
 from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import DecoderOutput, StageMessage, TurnOptions
 from omniduplex.pipeline.stages.contract import EngineGauges
 
 
@@ -56,7 +56,7 @@ class ThinkerWorker(EngineGauges):
             graphs="auto" if cuda_graphs else "off",
             name="thinker",
         )
-        self.prompts: dict[str, tuple[torch.Tensor, torch.Tensor, dict]] = {}
+        self.prompts: dict[str, tuple[torch.Tensor, torch.Tensor, TurnOptions | None]] = {}
 
     @torch.no_grad()
     def submit(self, msg: StageMessage) -> None:
@@ -64,13 +64,14 @@ class ThinkerWorker(EngineGauges):
         audio = msg.tensors.get("audio_embeds")
         dev = self.engine.device
         embeds = self.thinker.embed(ids.to(dev), None if audio is None else audio.to(dev))
-        sp = dict(msg.meta.get("sampling", {}))
+        sp = dict(msg.meta.options.sampling or {})
         sp.setdefault("stop_token_ids", (self.eos,))
         sp["stop_token_ids"] = tuple(sp["stop_token_ids"])
         req = Request(msg.request_id, ids.tolist(), SamplingParams(**sp), prompt_embeds=embeds)
         req.extra["capture_from"] = self._capture_from(ids)
         self.engine.add_request(req)
-        self.prompts[msg.request_id] = (ids, embeds, {k: v for k, v in msg.meta.items() if k != "sampling"})
+        turn = msg.meta.turn.model_copy(update={"sampling": None}) if msg.meta.turn is not None else None
+        self.prompts[msg.request_id] = (ids, embeds, turn)
 
     def _capture_from(self, ids: torch.Tensor) -> int:
         """First prompt row whose hidden state the Talker reads (a user turn's audio row), else ``P``."""
@@ -96,11 +97,10 @@ class ThinkerWorker(EngineGauges):
                 "token": torch.tensor(o.new_token_ids, dtype=torch.int64),
                 "token_embed": o.extras["token_embed"],
             }
-            meta = {"finish_reason": o.finish_reason} if o.finished else {}
+            meta = DecoderOutput(finish_reason=o.finish_reason if o.finished else None)
             if "prompt_hidden" in o.extras:  # first token: hand the Talker its prompt and the turn's options
-                ids, embeds, turn_meta = self.prompts[o.request_id]
+                ids, embeds, meta.turn = self.prompts[o.request_id]
                 t.update(prompt_ids=ids, prompt_embeds=embeds, prompt_hidden=o.extras["prompt_hidden"])
-                meta.update(turn_meta)
             if o.finished:
                 self.prompts.pop(o.request_id, None)
             outs.append(StageMessage(o.request_id, t, meta, last=o.finished))

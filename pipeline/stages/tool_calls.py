@@ -11,19 +11,24 @@ The LLM stage's reply text may hold call blocks in the Hermes / Qwen2.5 format
 :class:`ToolCallParser` takes the reply's text deltas and separates the text said outside blocks (spoken,
 as before) from the calls, which become events, in this order per call:
 
-* ``tool_call_started`` — ``{"call_id", "name", "index"}`` once the name is complete: ``call_id`` a new id
-  (``call_`` + 24 hex digits, the OpenAI shape), ``index`` the call's position in the response (0, 1, ...);
-* ``tool_call_arguments_delta`` — ``{"call_id", "delta"}``: arguments text as the model writes it (the
-  deltas of a call, joined, are its ``arguments``);
-* ``tool_call_done`` — ``{"call_id", "name", "arguments"}``: the whole arguments, a JSON object as a string;
-* or ``tool_call_failed`` — ``{"call_id", "name", "error"}`` instead of ``done``: a block cut off by the end
-  of the reply (token budget) or, from an unconstrained model, one whose arguments are not a JSON object.
+* :class:`~omniduplex.pipeline.events.CallStarted` (``call_id``, ``name``, ``index``) once the name is
+  complete: ``call_id`` a new id (``call_`` + 24 hex digits, the OpenAI shape), ``index`` the call's position
+  in the response (0, 1, ...);
+* :class:`~omniduplex.pipeline.events.CallArgumentsDelta` (``call_id``, ``delta``): arguments text as the
+  model writes it (the deltas of a call, joined, are its ``arguments``);
+* :class:`~omniduplex.pipeline.events.CallDone` (``call_id``, ``name``, ``arguments``): the whole arguments,
+  a JSON object as a string;
+* or :class:`~omniduplex.pipeline.events.CallFailed` (``call_id``, ``name``, ``error``) instead of ``done``:
+  a block cut off by the end of the reply (token budget) or, from an unconstrained model, one whose
+  arguments are not a JSON object.
 
-These are the keys of the LLM stage's output meta (see :mod:`.llm`); a message carries at most one event
-of each key, and events come before the message's ``text``. With grammar-constrained decoding
-(:mod:`omniduplex.pipeline.engine.grammar`) every block is well formed and every ``arguments`` parses and
-satisfies its tool's schema by construction; without it (vLLM, an unconstrained prompt), the parser still
-reads blocks written in the format loosely (any whitespace, ``arguments`` before ``name``), failing the
+These objects are the call's one shape from here to the session: the LLM stage puts them in its
+:class:`~omniduplex.pipeline.messages.DecoderOutput` (fields :data:`EVENT_KEYS`, at most one of each per
+message, before the message's ``text``), the orchestrator passes them on as turn events. With
+grammar-constrained decoding (:mod:`omniduplex.pipeline.engine.grammar`) every block is well formed and every
+``arguments`` parses and satisfies its tool's schema by construction; without it (vLLM, an unconstrained
+prompt), the parser still reads blocks written in the format loosely (any whitespace, ``arguments`` before
+``name``), failing the
 call rather than guessing.
 """
 
@@ -34,12 +39,15 @@ import re
 import secrets
 
 from omniduplex.models.cascade.tool_prompt import BARE_PREFIX, CALL_CLOSE, CALL_OPEN, FENCE
+from omniduplex.pipeline.events import CallArgumentsDelta, CallDone, CallFailed, CallStarted
 
-STARTED = "tool_call_started"
-ARGUMENTS_DELTA = "tool_call_arguments_delta"
-DONE = "tool_call_done"
-FAILED = "tool_call_failed"
+STARTED = "call_started"
+ARGUMENTS_DELTA = "call_delta"
+DONE = "call_done"
+FAILED = "call_failed"
 EVENT_KEYS = (STARTED, ARGUMENTS_DELTA, DONE, FAILED)
+"""The :class:`~omniduplex.pipeline.messages.DecoderOutput` fields of call events, in the order they come
+within one message."""
 REPEAT_ERROR = "the same call (same function, same arguments) was already made in this turn"
 """Why a repeated call fails: one call per need (the turn already has that call's output)."""
 
@@ -54,7 +62,6 @@ def call_key(name: str, arguments) -> tuple[str, str]:
         except ValueError:
             return name, arguments
     return name, json.dumps(arguments, sort_keys=True, separators=(",", ":"))
-"""Meta keys of call events, in the order they come within one message."""
 
 _HEADER = re.compile(r'(?:json)?\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 FORMS = ((CALL_OPEN, False, CALL_CLOSE), (BARE_PREFIX, True, ""), (FENCE, False, FENCE))
@@ -113,7 +120,7 @@ class _Arguments:
 class ToolCallParser:
     """Reply text deltas → spoken text and call events (see the module docstring).
 
-    :meth:`push` and :meth:`finish` return segments in order: ``("text", str)`` or ``(event_key, dict)``.
+    :meth:`push` and :meth:`finish` return segments in order: ``("text", str)`` or ``(event_key, CallEvent)``.
     Text that may be the start of a call (any opener of :data:`FORMS`) is held until the next delta decides.
 
     Attributes:
@@ -172,7 +179,7 @@ class ToolCallParser:
             if m is not None:
                 self.name = json.loads(f'"{m.group(1)}"')
                 self.call_id = new_call_id()
-                out.append((STARTED, {"call_id": self.call_id, "name": self.name, "index": self.index}))
+                out.append((STARTED, CallStarted(self.call_id, self.name, self.index)))
                 self.index += 1
                 self.buf, self.block, self.args = self.block[m.end() :], "", _Arguments()
                 return True
@@ -193,7 +200,7 @@ class ToolCallParser:
             before = len(self.args.text)
             n = self.args.feed(self.buf)
             if len(self.args.text) > before:
-                out.append((ARGUMENTS_DELTA, {"call_id": self.call_id, "delta": self.args.text[before:]}))
+                out.append((ARGUMENTS_DELTA, CallArgumentsDelta(self.call_id, self.args.text[before:])))
             if n is None:
                 self.buf = ""
                 return False
@@ -226,9 +233,9 @@ class ToolCallParser:
         except ValueError:
             ok = False
         if not ok:
-            return FAILED, {"call_id": call_id, "name": name, "error": "arguments are not a JSON object"}
+            return FAILED, CallFailed(call_id, name, "arguments are not a JSON object")
         self.calls += 1
-        return DONE, {"call_id": call_id, "name": name, "arguments": text}
+        return DONE, CallDone(call_id, name, text)
 
     def _whole_block(self, out: list) -> None:
         """A block whose header did not stream in the expected order: read it whole."""
@@ -248,13 +255,13 @@ class ToolCallParser:
             except ValueError:
                 args = None
         if not isinstance(name, str) or not isinstance(args, dict):
-            out.append((FAILED, {"call_id": call_id, "name": name or "", "error": "not a tool call block"}))
+            out.append((FAILED, CallFailed(call_id, name or "", "not a tool call block")))
             return
         text = json.dumps(args, ensure_ascii=False)
-        out.append((STARTED, {"call_id": call_id, "name": name, "index": self.index}))
+        out.append((STARTED, CallStarted(call_id, name, self.index)))
         self.index += 1
-        out.append((ARGUMENTS_DELTA, {"call_id": call_id, "delta": text}))
-        out.append((DONE, {"call_id": call_id, "name": name, "arguments": text}))
+        out.append((ARGUMENTS_DELTA, CallArgumentsDelta(call_id, text)))
+        out.append((DONE, CallDone(call_id, name, text)))
         self.calls += 1
 
     def finish(self) -> list[tuple[str, object]]:
@@ -276,7 +283,7 @@ class ToolCallParser:
             out.append(self._close())
             return out
         error = "the reply ended inside the call"
-        out.append((FAILED, {"call_id": self.call_id, "name": self.name, "error": error}))
+        out.append((FAILED, CallFailed(self.call_id, self.name, error)))
         self.in_block = False
         self._reset_block()
         self.buf = ""

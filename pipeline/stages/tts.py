@@ -38,12 +38,10 @@ import torch
 
 from omniduplex.models.cascade.piper_stream import FIRST_PIECE_FRAMES, PIECE_FRAMES, Piece
 from omniduplex.models.cascade.tts import PiperTTS
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import AudioOutput, DecoderOutput, StageMessage
 from omniduplex.pipeline.stages.contract import WorkerBase
 from omniduplex.pipeline.text.clauses import ClauseSplitter
 
-PASSED_OPTIONS = ("skipped",)
-"""Meta keys of a turn's first message copied onto every message the turn emits."""
 _ABORTED_MEMORY = 1024
 
 
@@ -51,7 +49,7 @@ _ABORTED_MEMORY = 1024
 class _Turn:
     splitter: ClauseSplitter
     resampler: soxr.ResampleStream | None  # None when the voice already speaks at the output rate
-    options: dict
+    skipped: str | None  # the LLM's ``skipped`` (first message), copied onto every message of the turn
     clauses: deque[str] = field(default_factory=deque)
     speaking: tuple[str, Iterator[Piece]] | None = None  # the clause being spoken, and its pieces to come
     finished: bool = False  # the reply's text is complete
@@ -78,17 +76,18 @@ class TTSWorker(WorkerBase):
         self._aborted: OrderedDict[str, None] = OrderedDict()  # late messages of aborted turns are dropped
 
     def submit(self, msg: StageMessage) -> None:
-        """Add a text delta (``meta["text"]``) to its turn; ``last`` closes the turn's text.
+        """Add a text delta (a :class:`~omniduplex.pipeline.messages.DecoderOutput`'s ``text``) to its turn;
+        ``last`` closes the turn's text.
 
         Raises:
-            ValueError: ``meta["text"]`` is not a string (this turn only).
+            ValueError: not a ``DecoderOutput`` (this turn only).
         """
         rid = msg.request_id
         if rid in self._aborted:
             return
-        delta = msg.meta.get("text", "")
-        if not isinstance(delta, str):
-            raise ValueError(f"turn {rid}: meta['text'] must be a str, got {type(delta).__name__}")
+        if not isinstance(msg.meta, DecoderOutput):
+            raise ValueError(f"turn {rid}: the TTS stage takes DecoderOutput, got {type(msg.meta).__name__}")
+        delta = msg.meta.text or ""
         t = self.turns.get(rid)
         if t is None:
             t = self.turns[rid] = self._new_turn(msg.meta)
@@ -125,7 +124,8 @@ class TTSWorker(WorkerBase):
             self.turns[rid] = self.turns.pop(rid)  # to the back of the round robin
         for rid, t in list(self.turns.items()):
             if t.finished and not t.clauses and not t.speaking:
-                outs.append(StageMessage(rid, {"pcm": self._flush(t)}, {"text": "", **t.options}, last=True))
+                end = AudioOutput(text="", skipped=t.skipped)
+                outs.append(StageMessage(rid, {"pcm": self._flush(t)}, end, last=True))
                 del self.turns[rid]
         return outs
 
@@ -142,12 +142,12 @@ class TTSWorker(WorkerBase):
             if t.finished and not t.clauses:  # the turn's final piece keeps the resampler's tail
                 pcm = torch.cat([pcm, self._flush(t)])
         tts_ms = 1000 * (time.perf_counter() - t0)
-        meta = {"text": text if piece.last else "", "chunk": t.chunk, "tts_ms": tts_ms, **t.options}
+        meta = AudioOutput(text=text if piece.last else "", chunk=t.chunk, tts_ms=tts_ms, skipped=t.skipped)
         t.chunk += piece.last
         t.started = t.started or pcm.numel() > 0
         return StageMessage(rid, {"pcm": pcm}, meta, last=False)
 
-    def _new_turn(self, meta: dict) -> _Turn:
+    def _new_turn(self, meta: DecoderOutput) -> _Turn:
         rate = self.tts.sample_rate
         resampler = None
         if rate != self.output_rate:
@@ -155,8 +155,8 @@ class TTSWorker(WorkerBase):
         return _Turn(
             ClauseSplitter(self.first_max_words, self.min_words),
             resampler,
-            {k: meta[k] for k in PASSED_OPTIONS if k in meta},
-            silent=meta.get("spoken") is False,
+            meta.skipped,
+            silent=meta.options.spoken is False,
         )
 
     @staticmethod

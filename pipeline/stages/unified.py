@@ -13,7 +13,7 @@ import torch
 from omniduplex.models.registry import LoadedModel
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.unified_adapter import UnifiedAdapter
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import DecoderOutput, StageMessage
 from omniduplex.pipeline.stages.contract import EngineGauges
 
 DEFAULT_MAX_TEXT_TOKENS = 48
@@ -53,9 +53,10 @@ class UnifiedWorker(EngineGauges):
         steps = msg.tensors.get("prompt_steps")
         if steps is None or steps.dim() != 2 or steps.shape[0] == 0:
             raise ValueError(f"turn {msg.request_id}: need prompt_steps [P, S]")
-        meta, sp = msg.meta, dict(msg.meta.get("sampling") or {})
-        max_text = int(meta.get("max_text_tokens", DEFAULT_MAX_TEXT_TOKENS))
-        max_frames = int(meta.get("max_audio_frames", DEFAULT_MAX_AUDIO_FRAMES))
+        opts = msg.meta.options
+        sp = dict(opts.sampling or {})
+        max_text = opts.max_text_tokens if opts.max_text_tokens is not None else DEFAULT_MAX_TEXT_TOKENS
+        max_frames = opts.max_audio_frames if opts.max_audio_frames is not None else DEFAULT_MAX_AUDIO_FRAMES
         if max_text < 0 or max_frames < 0:
             raise ValueError(f"turn {msg.request_id}: budgets must be >= 0")
         req = self.adapter.make_request(
@@ -63,7 +64,7 @@ class UnifiedWorker(EngineGauges):
             steps,
             max_text,
             max_frames,
-            float(meta.get("cfg_scale", 1.0)),
+            opts.cfg_scale if opts.cfg_scale is not None else 1.0,
             float(sp.get("temperature", 0.0)),
             sp.get("seed"),
         )
@@ -85,6 +86,6 @@ class UnifiedWorker(EngineGauges):
             if "codes" in o.extras:
                 t["codes"] = torch.tensor(o.extras["codes"], dtype=torch.int64)
             if t or o.finished:
-                meta = {"finish_reason": o.finish_reason} if o.finished else {}
+                meta = DecoderOutput(finish_reason=o.finish_reason if o.finished else None)
                 outs.append(StageMessage(o.request_id, t, meta, last=o.finished))
         return outs

@@ -54,7 +54,7 @@ import torch
 from omniduplex.models.checkpoint import read_config
 from omniduplex.pipeline.config import StageConfig
 from omniduplex.pipeline.engine.request import SamplingParams
-from omniduplex.pipeline.messages import StageMessage, is_partial_transcript
+from omniduplex.pipeline.messages import PartialTranscript, StageMessage
 from omniduplex.pipeline.runtime.stage_engines import require_vllm
 from omniduplex.pipeline.stages.chat_prompt import ChatPrompter, ChatTurn
 from omniduplex.pipeline.stages.contract import WorkerBase
@@ -249,7 +249,7 @@ class VLLMLLMWorker(WorkerBase):
             ValueError: bad input for this turn (as :meth:`.LLMWorker.submit`) or a duplicate id.
         """
         rid = msg.request_id
-        if is_partial_transcript(msg):
+        if isinstance(msg.meta, PartialTranscript):
             return  # a prefill hint (see .llm): vLLM's own prefix caching sees the turn's prompt at its end
         if rid in self.turns or any(m.request_id == rid for m in self._ready):
             raise ValueError(f"turn {rid}: already running")

@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 
 from omniduplex.pipeline.config import ChunkingConfig
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import AudioOutput, StageMessage
 from omniduplex.pipeline.stages.contract import StreamGauges
 
 
@@ -110,7 +110,7 @@ class VocoderWorker(StreamGauges):
             pcm = torch.cat(parts).float() if parts else torch.zeros(0)
             t.started = t.started or pcm.numel() > 0
             if pcm.numel() or t.finished:
-                outs.append(StageMessage(rid, {"pcm": pcm}, last=t.finished))
+                outs.append(StageMessage(rid, {"pcm": pcm}, AudioOutput(), last=t.finished))
         for rid in done:
             self.streams.pop(rid)
         return outs

@@ -21,6 +21,7 @@ after making calls, or the call limit was reached), ``length`` (the token budget
 
 from __future__ import annotations
 
+from omniduplex.pipeline.events import CallFailed
 from omniduplex.pipeline.stages.tool_calls import (
     DONE,
     EVENT_KEYS,
@@ -131,14 +132,13 @@ class ReplyStream:
                 out[-1]["text"] += self.spoken.finish("stop")
                 self.spoken = SpokenReply(self.spoken.md is not None, self.max_sentences)
             if key == DONE and self.max_calls == 0:  # tool_choice none: a block written anyway is no call
-                key, value = FAILED, {**value, "error": "no tool call is allowed in this reply"}
-                value.pop("arguments", None)
-            elif key == DONE and call_key(value["name"], value["arguments"]) in self.made:  # a repeat
-                key, value = FAILED, {**value, "error": REPEAT_ERROR}
-                value.pop("arguments", None)
+                refused = "no tool call is allowed in this reply"
+                key, value = FAILED, CallFailed(value.call_id, value.name, refused)
+            elif key == DONE and call_key(value.name, value.arguments) in self.made:  # a repeat
+                key, value = FAILED, CallFailed(value.call_id, value.name, REPEAT_ERROR)
                 self.stop = self.stop or ("tool_calls" if self.done else "stop")  # the model is looping
             elif key == DONE:
-                self.made.add(call_key(value["name"], value["arguments"]))
+                self.made.add(call_key(value.name, value.arguments))
             if key in (DONE, FAILED):
                 self.calls += 1
                 self.done += key == DONE

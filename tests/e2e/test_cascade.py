@@ -17,6 +17,7 @@ from omniduplex.models.cascade.tts import PiperTTS
 from omniduplex.models.weights import PIPER_JOE, PIPER_JOE_CONFIG, locate, locate_moonshine_base
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.config import load_graph
+from omniduplex.pipeline.messages import TurnOptions
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -39,7 +40,8 @@ def orch():
 async def turn(o, wav: np.ndarray, history=(), **meta) -> dict:
     """One turn; returns its transcript, reply text, aligned chunk texts, pcm (24 kHz) and metrics."""
     rid = o.submit(
-        wav, {"sampling": GREEDY, "system_prompt": CASCADE_SYSTEM_PROMPT, "history": list(history), **meta}
+        wav,
+        TurnOptions(sampling=GREEDY, system_prompt=CASCADE_SYSTEM_PROMPT, history=list(history), **meta),
     )
     out = {"transcript": None, "text": "", "chunks": [], "pcm": [], "metrics": None, "error": None}
     async for ev in o.events(rid):
@@ -142,7 +144,7 @@ def test_cancel_mid_reply_ends_the_turn_in_every_stage(orch):
     async def cancel(o):
         rid = o.submit(
             load_audio(QUESTION),
-            {"sampling": {"max_tokens": 200, "temperature": 0.0, "ignore_eos": True}, "history": []},
+            TurnOptions(sampling={"max_tokens": 200, "temperature": 0.0, "ignore_eos": True}, history=[]),
         )
         kinds = []
         async for ev in o.events(rid):

@@ -1,23 +1,18 @@
 """``backend: openai`` against our own ``POST /v1/chat/completions``: ``omniduplex serve`` (the default
-cascade) in another process is the brain of an LLM stage here. The reply streams, and a forced tool call's
-streamed deltas become our ``tool_call_*`` events with arguments that satisfy the tool's schema (grammar-
-constrained on the serving side)."""
+cascade) run as a user runs it (a child process, scrubbed environment: tests/served.py) is the brain of an
+LLM stage here. The reply streams, and a forced tool call's streamed deltas become our ``tool_call_*``
+events with arguments that satisfy the tool's schema (grammar-constrained on the serving side)."""
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 
-import httpx
 import jsonschema
 import pytest
 
 from omniduplex.pipeline.config import StageConfig
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
 from omniduplex.pipeline.stages.openai_llm import OpenAILLMWorker
 from omniduplex.pipeline.stages.tool_calls import DONE, STARTED
 
@@ -35,27 +30,9 @@ ORDER = {
 }
 
 
-@pytest.fixture(scope="module")
-def ours():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "omniduplex.cli.main", "serve", "--in-process", "--max-tokens", "40"]
-    proc = subprocess.Popen([*cmd, "--port", str(port), "--log-level", "warning"], env=dict(os.environ))
-    deadline = time.monotonic() + 900
-    try:
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, "omniduplex serve exited"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        proc.wait(60)
+@pytest.fixture()
+def ours(default_server):
+    return default_server.url("/v1")
 
 
 def drain(worker, deadline_s: float = 300):
@@ -69,19 +46,21 @@ def drain(worker, deadline_s: float = 300):
 def test_backend_openai_on_our_chat_completions(ours):
     worker = OpenAILLMWorker(StageConfig(backend="openai", base_url=ours, model="omniduplex", timeout_s=300))
     try:
-        worker.submit(StageMessage("1", {}, {"transcript": "How many days are in a week?", "voice": "joe"}))
+        ask = Transcript(transcript="How many days are in a week?", turn=TurnOptions(voice="joe"))
+        worker.submit(StageMessage("1", {}, ask, last=True))
         outs, errors = drain(worker)
-        assert not errors and outs[-1].last and outs[0].meta["voice"] == "joe"
-        assert "".join(o.meta.get("text", "") for o in outs).strip()
-        assert outs[-1].meta["finish_reason"] in ("stop", "length")
+        assert not errors and outs[-1].last and outs[0].meta.turn.voice == "joe"
+        assert "".join(o.meta.text or "" for o in outs).strip()
+        assert outs[-1].meta.finish_reason in ("stop", "length")
 
-        meta = {"transcript": "Where is my order A100?", "tools": [ORDER], "tool_choice": "required"}
-        worker.submit(StageMessage("2", {}, meta))
+        opts = TurnOptions(tools=[ORDER], tool_choice="required")
+        order = Transcript(transcript="Where is my order A100?", turn=opts)
+        worker.submit(StageMessage("2", {}, order, last=True))
         outs, errors = drain(worker)
-        assert not errors and outs[-1].meta["finish_reason"] == "tool_calls"
-        (start,) = [o.meta[STARTED] for o in outs if STARTED in o.meta]
-        (done,) = [o.meta[DONE] for o in outs if DONE in o.meta]
-        assert start["name"] == done["name"] == "order_status"
-        jsonschema.validate(json.loads(done["arguments"]), ORDER["parameters"])
+        assert not errors and outs[-1].meta.finish_reason == "tool_calls"
+        (start,) = [getattr(o.meta, STARTED) for o in outs if getattr(o.meta, STARTED) is not None]
+        (done,) = [getattr(o.meta, DONE) for o in outs if getattr(o.meta, DONE) is not None]
+        assert start.name == done.name == "order_status"
+        jsonschema.validate(json.loads(done.arguments), ORDER["parameters"])
     finally:
         worker.close()

@@ -6,7 +6,8 @@ The 135M model is not relied on to choose a tool: the session's ``tool_choice`` 
 call is forced and its arguments are grammar-constrained; what is tested is everything around it — the
 server runs the call on the MCP server, the call and its output reach the history, the reply goes on after
 it, a slow call gets the spoken filler, and a hanging or failing tool is answered with the spoken apology
-while the next call on the same server works."""
+while the next call on the same server works. (As a user runs it, ``serve --mcp`` in a child process with
+the model choosing the tool: tests/e2e/test_tools_chosen_by_the_model.py.)"""
 
 from __future__ import annotations
 
@@ -121,3 +122,4 @@ def test_hanging_and_failing_tools_get_filler_and_apology(srv, tmp_path):
 
     history = ask(srv, tmp_path, "again", "Where is my order B 200?", "order_status")  # still answers
     check_order_answer(srv, history)
+

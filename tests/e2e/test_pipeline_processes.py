@@ -16,6 +16,7 @@ from omniduplex.models.qwen3_omni.presets import write_checkpoint
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.config import PipelineConfig
+from omniduplex.pipeline.messages import TurnOptions
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.runtime.local_backend import LocalBackend
 from omniduplex.pipeline.runtime.process_backend import ProcessBackend
@@ -25,12 +26,14 @@ from omniduplex.relay import list_segments
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]
 QUESTION = ROOT / "examples" / "question.wav"
-GREEDY = {
-    "sampling": {"temperature": 0.0, "max_tokens": 8},
-    "talker_sampling": {"temperature": 0.0, "max_tokens": 20},
-}
+GREEDY = TurnOptions(
+    sampling={"temperature": 0.0, "max_tokens": 8},
+    talker_sampling={"temperature": 0.0, "max_tokens": 20},
+)
 # a 32 s reply that no codec EOS ends early: still running when it is cancelled or its stage killed
-LONG = {**GREEDY, "talker_sampling": {"temperature": 0.0, "max_tokens": 400, "ignore_eos": True}}
+LONG = GREEDY.model_copy(
+    update={"talker_sampling": {"temperature": 0.0, "max_tokens": 400, "ignore_eos": True}}
+)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.models.unified.presets import write_unified_checkpoint
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.config import PipelineConfig
+from omniduplex.pipeline.messages import TurnOptions
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.runtime.local_backend import LocalBackend
 from omniduplex.pipeline.runtime.process_backend import ProcessBackend
@@ -24,7 +25,7 @@ from omniduplex.relay import list_segments
 
 pytestmark = pytest.mark.slow
 QUESTION = Path(__file__).parents[2] / "examples" / "question.wav"
-META = {"max_text_tokens": 4, "max_audio_frames": 12, "cfg_scale": 3.0, "sampling": {"temperature": 0.0}}
+META = TurnOptions(max_text_tokens=4, max_audio_frames=12, cfg_scale=3.0, sampling={"temperature": 0.0})
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def test_unified_processes_equal_in_process_and_survive_a_killed_codec(ckpt):
         try:
             assert set(backend.procs) == {"codec_encoder", "unified", "codec"}
             first = await run_turn(orch, wav, META)
-            rid = orch.submit(wav, META | {"max_audio_frames": 2000})
+            rid = orch.submit(wav, META.model_copy(update={"max_audio_frames": 2000}))
             killed = None
             async for ev in orch.events(rid):
                 if ev.kind == "audio" and killed is None:

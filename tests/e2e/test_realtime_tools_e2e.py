@@ -1,12 +1,15 @@
 """Function tools end to end on the default cascade (SmolLM2-135M-Instruct on our engine, grammar-constrained
-calls, Piper speech), in-process pipeline:
+calls, Piper speech):
 
-* the official ``openai`` SDK's realtime client: a named ``tool_choice`` makes the model call
+* on ``omniduplex serve`` run as a user runs it (a child process, scrubbed environment: tests/served.py), the
+  official ``openai`` SDK's realtime client asks a spoken question (espeak-ng speech appended to the input
+  audio buffer, committed by the server's VAD); the session's named ``tool_choice`` makes the model call
   ``get_weather`` (deterministic: the grammar forces the call and the schema), the call streams as a
   ``function_call`` item, the client answers with a ``function_call_output`` and ``response.create``, and the
   spoken reply is made over the history holding the call and its result;
-* a session with a server-side :class:`~omniduplex.app.core.tools.ToolRunner`: it runs the call itself and the
-  same reply goes on to speak, with the call and its output in the history.
+* on the same server, a ``type: "mcp"`` tool the client names (an allowed URL) is run by the server;
+* in-process, a session with a server-side :class:`~omniduplex.app.core.tools.ToolRunner`: it runs the call
+  itself and the same reply goes on to speak, with the call and its output in the history.
 """
 
 from __future__ import annotations
@@ -15,12 +18,15 @@ import asyncio
 import base64
 import json
 
+import numpy as np
 import pytest
+import soxr
 from openai import AsyncOpenAI
+from speech import espeak
 
-from omniduplex.app.core.events import FunctionCallDone, FunctionCallOutput, ReplyEnded
+from omniduplex.app.core.events import FunctionCallOutput, ReplyEnded, ToolCall
 from omniduplex.app.core.session import Session, SessionConfig
-from omniduplex.app.core.tools import FunctionCall
+from omniduplex.app.core.tools import CallDone, FunctionCall
 from omniduplex.app.server import ServerConfig, create_app
 from omniduplex.benchmarks.local_server import LocalServer
 
@@ -40,8 +46,9 @@ RESULT = '{"city": "Paris", "conditions": "sunny", "temperature_c": 21}'
 
 
 @pytest.fixture(scope="module")
-def server():
-    """``omniduplex serve`` on the default cascade (in-process pipeline) on a free loopback port."""
+def inproc():
+    """The app on the default cascade (in-process pipeline) under uvicorn in this process: its sessions are
+    reachable, for a server-side runner of the test's own."""
     with LocalServer(create_app(ServerConfig(max_sessions=4, processes=False, max_tokens=32))) as srv:
         yield srv
 
@@ -56,22 +63,27 @@ async def until(conn, kind: str, events: list, timeout: float = 240.0) -> list:
     raise AssertionError(f"connection closed before {kind}")
 
 
-def test_function_call_round_trip_with_the_sdk_and_a_spoken_reply(server):
+async def speak(conn, pcm16k: np.ndarray) -> None:
+    """Append ``pcm16k`` (float32, 16 kHz) as the Realtime API's default input (pcm16 at 24 kHz) in 100 ms
+    pieces at about real time, then 1.5 s of silence so the server's VAD ends the turn."""
+    pcm = (np.clip(soxr.resample(pcm16k, 16000, 24000), -1, 1) * 32767).astype("<i2")
+    pcm = np.concatenate([pcm, np.zeros(36000, "<i2")])
+    for i in range(0, pcm.size, 2400):
+        await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i : i + 2400].tobytes()).decode())
+        await asyncio.sleep(0.08)
+
+
+def test_spoken_function_call_round_trip_with_the_sdk(default_server, tmp_path):
+    question = espeak(tmp_path, "weather", QUESTION)
+
     async def main():
-        client = AsyncOpenAI(base_url=server.url("/v1"), api_key="sk-local", max_retries=0)
+        client = AsyncOpenAI(base_url=default_server.url("/v1"), api_key="sk-local", max_retries=0)
         async with client.realtime.connect(model="omniduplex") as conn:
             await until(conn, "session.created", [])
-            await conn.session.update(session={"type": "realtime", "tools": [WEATHER], "tool_choice": "auto"})
+            named = {"type": "function", "name": "get_weather"}
+            await conn.session.update(session={"type": "realtime", "tools": [WEATHER], "tool_choice": named})
             await until(conn, "session.updated", [])
-            await conn.conversation.item.create(
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": QUESTION}],
-                }
-            )
-            await until(conn, "conversation.item.done", [])
-            await conn.response.create(response={"tool_choice": {"type": "function", "name": "get_weather"}})
+            await speak(conn, question)  # the VAD commits the turn and the response starts by itself
             first = await until(conn, "response.done", [])
             call = next(o for o in first[-1].response.output if o.type == "function_call")
             await conn.conversation.item.create(
@@ -83,6 +95,7 @@ def test_function_call_round_trip_with_the_sdk_and_a_spoken_reply(server):
             return first, second
 
     first, second = asyncio.run(main())
+    assert "input_audio_buffer.committed" in [e.type for e in first]  # a spoken turn, committed by the VAD
     done = first[-1].response
     assert done.status == "completed" and [o.type for o in done.output] == ["function_call"]
     call = done.output[0]
@@ -99,6 +112,8 @@ def test_function_call_round_trip_with_the_sdk_and_a_spoken_reply(server):
     transcript = reply.output[0].content[0].transcript
     assert len(audio) > 2 * 24000 * 0.5 and transcript.strip()  # over half a second of speech
     print("reply after the tool:", transcript)
+    log = default_server.log()
+    assert "Traceback" not in log, log[-4000:]
 
 
 class WeatherRunner:
@@ -117,12 +132,12 @@ class WeatherRunner:
         return json.dumps({"city": city, "conditions": "sunny", "temperature_c": 21})
 
 
-def test_a_server_side_runner_runs_the_call_and_the_same_reply_speaks(server):
+def test_a_server_side_runner_runs_the_call_and_the_same_reply_speaks(inproc):
     runner, events = WeatherRunner(), []
 
     async def main():
         cfg = SessionConfig(output_rate=24000)
-        session = Session("tools-srv", server.state.responder, events.append, cfg, tool_runner=runner)
+        session = Session("tools-srv", inproc.state.responder, events.append, cfg, tool_runner=runner)
         session.add_user_text(QUESTION)
         turn = session.respond(tools={"tools": [WEATHER], "tool_choice": "required"})
         heard = 0
@@ -134,13 +149,13 @@ def test_a_server_side_runner_runs_the_call_and_the_same_reply_speaks(server):
         await session.close()
         return turn, heard, history
 
-    turn, heard, history = asyncio.run_coroutine_threadsafe(main(), server.loop).result(300)
+    turn, heard, history = asyncio.run_coroutine_threadsafe(main(), inproc.loop).result(300)
     ended = next(e for e in events if isinstance(e, ReplyEnded))
     assert ended.turn_id == turn and ended.reason == "completed" and heard > 24000 * 0.5
     assert len(runner.calls) >= 1 and runner.calls[0].name == "get_weather"
-    done = [e for e in events if isinstance(e, FunctionCallDone)]
+    done = [e for e in events if isinstance(e, ToolCall) and isinstance(e.call, CallDone)]
     outputs = [e for e in events if isinstance(e, FunctionCallOutput)]
-    assert [d.call_id for d in done] == [c.call_id for c in runner.calls] == [o.call_id for o in outputs]
+    assert [d.call.call_id for d in done] == [c.call_id for c in runner.calls] == [o.call_id for o in outputs]
     assert all(d.run_here for d in done) and not any(o.error for o in outputs)
     kinds = [h["type"] if isinstance(h, dict) else h[0] for h in history]
     assert kinds[0] == "user" and kinds[-1] == "assistant" and "function_call" in kinds
@@ -149,58 +164,27 @@ def test_a_server_side_runner_runs_the_call_and_the_same_reply_speaks(server):
     print("server-run reply:", ended.text)
 
 
-def test_an_mcp_tool_called_by_the_server_on_the_cascade():
+def test_an_mcp_tool_called_by_the_server_on_the_cascade(default_server, order_mcp_url):
     """``type: "mcp"`` on the real cascade: a forced call of the order server's tool
-    (tests/mcp_order_server.py, streamable HTTP), run by our server, then the spoken reply in the same
-    response."""
-    import socket
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
+    (tests/mcp_order_server.py, streamable HTTP, its URL allowed by ``serve --mcp-allow-url``), run by our
+    server, then the spoken reply in the same response."""
 
-    from omniduplex.app.host.config import ToolsConfig
-    from omniduplex.app.host.tools import MCPConfig
+    async def main():
+        client = AsyncOpenAI(base_url=default_server.url("/v1"), api_key="sk-local", max_retries=0)
+        async with client.realtime.connect(model="omniduplex") as conn:
+            await until(conn, "session.created", [])
+            tool = {"type": "mcp", "server_label": "orders", "server_url": order_mcp_url,
+                    "allowed_tools": ["order_status"], "require_approval": "never"}
+            session = {"type": "realtime", "tools": [tool], "tool_choice": "required"}
+            await conn.session.update(session=session)
+            await until(conn, "mcp_list_tools.completed", [])
+            content = [{"type": "input_text", "text": "Where is my order A100?"}]
+            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": content})
+            await until(conn, "conversation.item.done", [])
+            await conn.response.create()
+            return await until(conn, "response.done", [])
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = Path(__file__).resolve().parents[1] / "mcp_order_server.py"
-    proc = subprocess.Popen([sys.executable, str(script), "http", str(port)], stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/mcp"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the MCP server did not start"
-                time.sleep(0.2)
-        cfg = ServerConfig(max_sessions=2, processes=False, max_tokens=32,
-                           tools=ToolsConfig(mcp=MCPConfig(allow_urls=[url])))
-        with LocalServer(create_app(cfg)) as srv:
-
-            async def main():
-                client = AsyncOpenAI(base_url=srv.url("/v1"), api_key="sk-local", max_retries=0)
-                async with client.realtime.connect(model="omniduplex") as conn:
-                    await until(conn, "session.created", [])
-                    tool = {"type": "mcp", "server_label": "orders", "server_url": url,
-                            "allowed_tools": ["order_status"], "require_approval": "never"}
-                    await conn.session.update(session={"type": "realtime", "tools": [tool],
-                                                       "tool_choice": "required"})
-                    await until(conn, "mcp_list_tools.completed", [])
-                    content = [{"type": "input_text", "text": "Where is my order A100?"}]
-                    item = {"type": "message", "role": "user", "content": content}
-                    await conn.conversation.item.create(item=item)
-                    await until(conn, "conversation.item.done", [])
-                    await conn.response.create()
-                    return await until(conn, "response.done", [])
-
-            events = asyncio.run(main())
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    events = asyncio.run(main())
     done = events[-1].response
     kinds = [o.type for o in done.output]
     assert done.status == "completed" and kinds[0] == "mcp_call" and kinds[-1] == "message", kinds

@@ -61,7 +61,7 @@ class Pacer:
                 self.n += 1
             await self.sleep(max(0.0, due - now))
         self.ticks += 1
-        return self.due
+        return self.anchor + self.n * self.period_s
 
     async def run(self, tick: Callable[[float], object]) -> None:
         """Call ``tick(due)`` once per frame, forever (cancel the task to stop)."""

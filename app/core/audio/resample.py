@@ -46,7 +46,7 @@ class StreamResampler:
         """The tail the filter holds back (float32), then a fresh stream (e.g. for the next reply)."""
         if self._rs is None:
             return np.zeros(0, np.float32)
-        tail = self._rs.resample_chunk(np.zeros(0, np.float32), last=True)
+        tail: np.ndarray = self._rs.resample_chunk(np.zeros(0, np.float32), last=True)
         self._rs.clear()
         return tail
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,7 @@ from omniduplex.models.checkpoint import read_config
 from omniduplex.models.qwen3_tts.config import TTSConfig
 from omniduplex.models.qwen3_tts.model import SAMPLE_RATE
 from omniduplex.pipeline.config import PipelineConfig, load_graph
+from omniduplex.pipeline.messages import TurnOptions, UtteranceRequest
 from omniduplex.pipeline.orchestrator import Orchestrator
 
 STAGE_PREFIX = "tts_talker: "
@@ -34,10 +35,10 @@ STAGE_PREFIX = "tts_talker: "
 
 @dataclass
 class GraphRequest:
-    """One checked request: its text and the meta of :meth:`Orchestrator.speak`."""
+    """One checked request: the utterance and the reference clip of :meth:`Orchestrator.speak`."""
 
-    text: str
-    meta: dict = field(default_factory=dict)
+    utterance: UtteranceRequest
+    ref_audio: np.ndarray | None = None
 
 
 class Qwen3GraphSpeech(SpeechService):
@@ -90,13 +91,12 @@ class Qwen3GraphSpeech(SpeechService):
         Raises SpeechError: a reference clip that is not base64 24 kHz audio of at least 1 s.
         """
         r = request
-        meta: dict = {"language": r.language, "sampling": {**self.sampling, "max_tokens": self.max_frames}}
-        for key, value in (("voice", r.voice), ("instructions", r.instructions), ("ref_text", r.ref_text)):
-            if value is not None:
-                meta[key] = value
-        if r.ref_audio is not None:
-            meta["ref_audio"] = decode_ref_audio(r.ref_audio)
-        return GraphRequest(r.text, meta)
+        turn = TurnOptions(voice=r.voice, sampling={**self.sampling, "max_tokens": self.max_frames})
+        utterance = UtteranceRequest(
+            turn=turn, text=r.text, language=r.language, instructions=r.instructions, ref_text=r.ref_text
+        )
+        ref = decode_ref_audio(r.ref_audio) if r.ref_audio is not None else None
+        return GraphRequest(utterance, ref)
 
     async def _orchestrator(self) -> Orchestrator:
         if self._starting is None:
@@ -117,7 +117,7 @@ class Qwen3GraphSpeech(SpeechService):
         context, ...: its reason), or it failed on the way.
         """
         orch = await self._orchestrator()
-        rid = orch.speak(request.text, request.meta)
+        rid = orch.speak(request.utterance, request.ref_audio)
         done = False
         try:
             async for ev in orch.events(rid):

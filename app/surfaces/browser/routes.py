@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from omniduplex.app.core.session_config import FAILURE_APOLOGY
 from omniduplex.app.host.admission import NotReady, SessionFull, check, new_call_id
 from omniduplex.app.host.readiness import RETRY_AFTER_S, readiness
 from omniduplex.app.host.state import ServerState
@@ -47,7 +48,7 @@ async def open_peer(host: ServerState, sdp: str, opts: PeerOptions) -> tuple[str
     peer = PeerSession(
         sid,
         host.responder,
-        replace(host.cfg.session),
+        replace(host.cfg.session, failure_apology=FAILURE_APOLOGY),  # said when a reply fails
         _closed(host),
         opts.media_timeout_s,
         opts.connect_timeout_s,

@@ -6,7 +6,9 @@ A request is one text-only turn through the server's responder (the orchestrator
 grammar-constrained tool calls, no audio). It is authenticated like every ``/v1/`` route
 (:mod:`omniduplex.app.host.auth`) and shares the server's capacity: it is refused with 503 while the
 pipeline is not ready and 429 while ``max_sessions`` sessions and completions are in flight. A malformed
-body → 400 with an OpenAI error object naming the field.
+body → 400 with an OpenAI error object naming the field. A turn that fails in the pipeline is never answered
+as a success: 500 (``code: pipeline_error``, the message naming the failing stage and the cause), or, once the
+stream has started, an SSE ``error`` chunk in place of the finish chunk and ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class _Turn:
         self.calls: dict[str, dict] = {}  # call_id → the Chat Completions tool call, in call order
         self.sent_args: dict[str, str] = {}
         self.metrics: dict = {}
-        self.error: str | None = None
+        self.error: str | None = None  # the turn failed: what failed it (its stage named first)
 
     def deltas(self, ev) -> list[dict]:
         """The stream deltas of one reply event (and fold it in)."""
@@ -82,7 +84,7 @@ class _Turn:
         elif isinstance(ev, ReplyDone):
             self.metrics = ev.metrics
         elif isinstance(ev, ReplyFailed):
-            self.error = ev.error
+            self.error = f"stage {ev.stage} failed: {ev.error}" if ev.stage else ev.error
         return []
 
     def tool_calls(self) -> list[dict]:
@@ -149,7 +151,7 @@ def router(host: ServerState) -> APIRouter:
             async for ev in events(rid):
                 turn.deltas(ev)
             if turn.error is not None:
-                return error_response(500, f"the turn failed: {turn.error}", "server_error")
+                return error_response(500, f"the turn failed: {turn.error}", "pipeline_error")
             reason = finish_reason(len(turn.calls), turn.metrics, max_tokens)
             return completion(cid, model, "".join(turn.text), turn.tool_calls(), reason, usage(turn.metrics))
 
@@ -161,7 +163,8 @@ def router(host: ServerState) -> APIRouter:
                 for delta in turn.deltas(ev):
                     yield _sse(chunk(cid, model, delta))
             if turn.error is not None:
-                yield _sse({"error": {"message": f"the turn failed: {turn.error}", "type": "server_error"}})
+                message = f"the turn failed: {turn.error}"
+                yield _sse({"error": {"message": message, "type": "server_error", "code": "pipeline_error"}})
                 return
             reason = finish_reason(len(turn.calls), turn.metrics, max_tokens)
             yield _sse(chunk(cid, model, {}, reason))

@@ -13,8 +13,8 @@ commit of the audio since the last turn / dropping it (the core's
 Session → framework: ``UserSpeechStarted`` / ``BargeIn`` / ``UserTurnCommitted`` → ``input_speech_started``
 / ``input_speech_stopped`` (policy: :mod:`.turn_signals`); ``UserTranscriptEvent`` →
 ``input_audio_transcription_completed``; ``ReplyStarted`` → ``generation_created``; ``ReplyText`` → the
-message's text stream; ``FunctionCallDone`` → an ``llm.FunctionCall`` on its function stream (the framework
-runs the tool, then ``update_chat_ctx`` + ``generate_reply``); reply audio → its audio stream;
+message's text stream; a ``ToolCall`` whose call is done → an ``llm.FunctionCall`` on its function stream
+(the framework runs the tool, then ``update_chat_ctx`` + ``generate_reply``); reply audio → its audio stream;
 ``ReplyEnded`` → the streams end; a failed reply or ``SessionError`` → ``error`` (recoverable).
 
 Room audio goes through the session's :class:`~omniduplex.app.core.audio.AudioPort` (16 kHz, 20 ms
@@ -43,6 +43,7 @@ from omniduplex.app.core.audio import AudioPort
 from omniduplex.app.core.input_buffer import InputAudioBuffer
 from omniduplex.app.core.replies import Responder
 from omniduplex.app.core.session import Session, SessionConfig
+from omniduplex.app.core.tools import CallDone
 from omniduplex.app.surfaces.livekit import tools as lk_tools
 from omniduplex.app.surfaces.livekit.audio import frame_pcm, pcm_frame
 from omniduplex.app.surfaces.livekit.chat_sync import ItemIds, apply_chat_ctx, history_chat_ctx
@@ -257,14 +258,19 @@ class PipelineRealtimeSession(llm.RealtimeSession):
             self._start_generation(e.turn_id)
         elif isinstance(e, se.ReplyText) and e.turn_id in self._gens:
             self._gens[e.turn_id][1].push_text(e.text)
-        elif isinstance(e, se.FunctionCallDone) and e.turn_id in self._gens and not e.run_here:
-            call = llm.FunctionCall(call_id=e.call_id, name=e.name, arguments=e.arguments)
-            self._ids.name(self.session.history.call(e.call_id), call.id)
+        elif isinstance(e, se.ToolCall) and self._client_call(e):
+            c = e.call
+            call = llm.FunctionCall(call_id=c.call_id, name=c.name, arguments=c.arguments)
+            self._ids.name(self.session.history.call(c.call_id), call.id)
             self._gens[e.turn_id][0].functions.send_nowait(call)
         elif isinstance(e, se.ReplyEnded):
             self._end_generation(e)
         elif isinstance(e, se.SessionError):
             self.emit("error", model_error(self.realtime_model.label, llm.RealtimeError(e.message), True))
+
+    def _client_call(self, e: se.ToolCall) -> bool:
+        """Whether ``e`` is a finished call of a generation in flight that the framework runs."""
+        return isinstance(e.call, CallDone) and e.turn_id in self._gens and not e.run_here
 
     def _signal(self, signals: list[str]) -> None:
         transcribes = self.realtime_model.capabilities.user_transcription

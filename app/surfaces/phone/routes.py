@@ -30,6 +30,7 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import PlainTextResponse, Response
 from starlette.websockets import WebSocketDisconnect
 
+from omniduplex.app.core.session_config import FAILURE_APOLOGY
 from omniduplex.app.host.admission import Refused, new_call_id
 from omniduplex.app.host.readiness import CLOSE_TRY_AGAIN_LATER, RETRY_AFTER_S, close_reason, unready_reason
 from omniduplex.app.host.state import ServerState
@@ -146,7 +147,7 @@ async def twilio_stream(host: ServerState, cfg: TwilioConfig, ws: WebSocket) -> 
     bridge = TwilioBridge(
         new_call_id("tw"),
         host.responder,
-        replace(host.cfg.session),
+        replace(host.cfg.session, failure_apology=FAILURE_APOLOGY),  # said when a reply fails
         ws.send_text,
         cfg.lead_ms,
         cfg.mark_ms,

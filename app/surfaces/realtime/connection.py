@@ -24,7 +24,8 @@ item itself is added at commit); ``UserTranscriptEvent`` →
 ``ReplyStarted`` → ``response.created`` … ``response.content_part.added``; ``ReplyText`` →
 ``response.output_audio_transcript.delta`` (or ``output_text.delta``); reply audio →
 ``response.output_audio.delta``; ``ReplyEnded`` → the ``*.done`` events and ``response.done`` with
-``completed``, ``cancelled`` (``turn_detected`` on barge-in, ``client_cancelled``) or ``failed``.
+``completed``, ``cancelled`` (``turn_detected`` on barge-in, ``client_cancelled``) or ``failed`` (after an
+``error`` event, ``code: pipeline_error``, naming what failed).
 
 Audio goes through the connection's :class:`~omniduplex.app.core.audio.AudioPort`: appends are decoded and
 handed to it (16 kHz session frames); reply audio leaves at real-time pace, one 20 ms frame per tick of its
@@ -40,19 +41,18 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import get_args
 
 from fastapi import WebSocket, WebSocketDisconnect
 
 from omniduplex.app.core.audio import AudioPort
 from omniduplex.app.core.events import (
     BargeIn,
-    FunctionCallStarted,
     ReplyEnded,
     ReplyStarted,
     ReplyText,
     SessionError,
     SessionEvent,
+    ToolCall,
     UserSpeechStarted,
     UserTranscriptEvent,
     UserTranscriptPartial,
@@ -62,12 +62,13 @@ from omniduplex.app.core.events import FunctionCallOutput as CallOutputEvent
 from omniduplex.app.core.input_buffer import InputAudioBuffer
 from omniduplex.app.core.replies import Responder
 from omniduplex.app.core.session import Session, SessionConfig
+from omniduplex.app.core.tools import CallStarted
 from omniduplex.app.core.vad import SAMPLE_RATE
 from omniduplex.app.host.tools.mcp_client import MCPHub
 from omniduplex.app.surfaces.realtime.item_events import ItemEvents
 from omniduplex.app.surfaces.realtime.items import ConversationItems, StoredItem
 from omniduplex.app.surfaces.realtime.mcp import RealtimeMcp, split_tools
-from omniduplex.app.surfaces.realtime.responses import OUTPUT_RATE, CallEvent, ResponseLifecycle
+from omniduplex.app.surfaces.realtime.responses import OUTPUT_RATE, ResponseLifecycle
 from omniduplex.app.surfaces.realtime.settings import session_options, turn_config
 from omniduplex.app.surfaces.realtime.tools import check_tools, response_tools
 from omniduplex.app.surfaces.wire.realtime import server_events as ev
@@ -95,7 +96,6 @@ from omniduplex.app.surfaces.wire.realtime.client_events import SessionConfig as
 from omniduplex.app.surfaces.wire.realtime.protocol import ProtocolError, parse_client_event
 
 log = logging.getLogger("omniduplex.realtime")
-CALL_EVENTS = get_args(CallEvent)
 
 
 @dataclass
@@ -335,12 +335,16 @@ class RealtimeConnection(ItemEvents):
             self.responses.text(e.text)
         elif isinstance(e, BargeIn) and self.responses.current is not None:
             self.buffer.clear()
-        elif isinstance(e, CALL_EVENTS) and self.responses.of(e.turn_id) is not None:
-            label = self.mcp.label.get(e.name, "") if isinstance(e, FunctionCallStarted) else ""
-            self.responses.call(e, self.session.history.call(e.call_id), label)
+        elif isinstance(e, ToolCall) and e.call is not None and self.responses.of(e.turn_id) is not None:
+            c = e.call
+            label = self.mcp.label.get(c.name, "") if isinstance(c, CallStarted) else ""
+            self.responses.call(c, self.session.history.call(c.call_id), label)
         elif isinstance(e, CallOutputEvent) and self.responses.of(e.turn_id) is not None:
             self.responses.call_output(e)
         elif isinstance(e, ReplyEnded) and self.responses.of(e.turn_id) is not None:
+            if e.reason == "error":  # then response.done with status failed, naming the same cause
+                failed = f"the response failed: {e.error}"
+                self._send(ev.error(failed, code="pipeline_error", type="server_error"))
             self.responses.finish(e)
         elif isinstance(e, SessionError):
             self._send(ev.error(e.message, code="server_error", type="server_error"))

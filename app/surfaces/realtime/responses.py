@@ -22,16 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omniduplex.app.core.events import (
-    FunctionCallArgumentsDelta,
-    FunctionCallDone,
-    FunctionCallFailed,
-    FunctionCallOutput,
-    FunctionCallStarted,
-    ReplyEnded,
-    ReplyStarted,
-)
+from omniduplex.app.core.events import FunctionCallOutput, ReplyEnded, ReplyStarted
 from omniduplex.app.core.history import FUNCTION_CALL, Entry
+from omniduplex.app.core.tools import CallArgumentsDelta, CallDone, CallEvent, CallFailed, CallStarted
 from omniduplex.app.surfaces.realtime.items import MESSAGE, ConversationItems, StoredItem
 from omniduplex.app.surfaces.wire.realtime import server_events as ev
 from omniduplex.app.surfaces.wire.realtime import server_objects as so
@@ -40,8 +33,6 @@ from omniduplex.app.surfaces.wire.realtime.audio import OutputConverter
 from omniduplex.app.surfaces.wire.realtime.client_events import SessionConfig as RealtimeConfig
 
 MCP_CALL = "mcp_call"
-CallEvent = FunctionCallStarted | FunctionCallArgumentsDelta | FunctionCallDone | FunctionCallFailed
-"""The session's function-call events."""
 OUTPUT_RATE = 24_000
 """The session's output rate for realtime clients (Hz): ``audio/pcm`` is 24 kHz (GA reference)."""
 
@@ -169,10 +160,11 @@ class ResponseLifecycle:
 
     # -- function calls ----------------------------------------------------------------------------
     def call(self, e: CallEvent, entry: Entry | None = None, label: str = "") -> None:
-        """A call event of the response in flight (``entry``: a finished call's history entry; ``label``:
-        the MCP server's, for a call the server runs itself)."""
+        """A call event of the response in flight (a :class:`~omniduplex.app.core.events.ToolCall`'s ``call``;
+        ``entry``: a finished call's history entry; ``label``: the MCP server's, for a call the server runs
+        itself)."""
         r = self.current
-        if isinstance(e, FunctionCallStarted):
+        if isinstance(e, CallStarted):
             kind = MCP_CALL if label else FUNCTION_CALL
             o = OutputItem(ev.new_id("item"), kind, len(r.output), e.call_id, e.name, label=label)
             r.output.append(o)
@@ -184,7 +176,7 @@ class ResponseLifecycle:
         o = r.call(e.call_id)
         if o is None or o.done:
             return
-        if isinstance(e, FunctionCallArgumentsDelta):
+        if isinstance(e, CallArgumentsDelta):
             o.arguments += e.delta
             if o.type == MCP_CALL:
                 self.send(te.ResponseMcpCallArgumentsDelta(response_id=r.response_id, item_id=o.id,
@@ -192,7 +184,7 @@ class ResponseLifecycle:
             else:
                 self.send(te.function_call_arguments_delta(r.response_id, o.id, o.index, o.call_id, e.delta))
             return
-        if o.type == MCP_CALL and isinstance(e, FunctionCallDone):  # it runs now; closed by its output
+        if o.type == MCP_CALL and isinstance(e, CallDone):  # it runs now; closed by its output
             o.arguments = e.arguments
             self.items.put(o.id, StoredItem(None, "assistant", MCP_CALL, entry))
             self.send(te.ResponseMcpCallArgumentsDone(response_id=r.response_id, item_id=o.id,
@@ -200,7 +192,7 @@ class ResponseLifecycle:
             self.send(te.ResponseMcpCallInProgress(item_id=o.id, output_index=o.index))
             return
         o.done = True
-        if isinstance(e, FunctionCallFailed):  # never recorded: the item closes incomplete and is dropped
+        if isinstance(e, CallFailed):  # never recorded: the item closes incomplete and is dropped
             self.items.pop(o.id)
             self.send(ev.response_output_item_done(r.response_id, o.call_item("incomplete"), o.index))
             return

@@ -30,6 +30,7 @@ import socket
 import time
 from dataclasses import replace
 
+from omniduplex.app.core.session_config import FAILURE_APOLOGY
 from omniduplex.app.core.tasks import Tasks
 from omniduplex.app.host.admission import Refused, new_call_id
 from omniduplex.app.host.readiness import RETRY_AFTER_S, unready_reason
@@ -283,7 +284,8 @@ class SipServer:
             self._respond(peer, req, e.status, headers=[("Warning", _warning(e.warning, e.reason))])
             return
         try:
-            call = SipCall(self, new_call_id("sip"), req, peer, neg, replace(self.host.cfg.session))
+            session = replace(self.host.cfg.session, failure_apology=FAILURE_APOLOGY)  # said if a reply fails
+            call = SipCall(self, new_call_id("sip"), req, peer, neg, session)
         except RuntimeError as e:  # no RTP port
             self._respond(peer, req, 503, headers=[("Retry-After", "5"), ("Warning", _warning(399, str(e)))])
             return
