@@ -181,8 +181,8 @@ def test_the_llm_stage_refuses_a_repeated_call_in_a_reply_and_in_the_turn():
     stream = ReplyStream(speech=True, calls=True, max_calls=4)
     metas = [m for piece in (block, "\n", other, "\n", block, "\n") for m in stream.push(piece)]
     metas += stream.finish("stop")[0]
-    done = [m[DONE]["arguments"] for m in metas if DONE in m]
-    failed = [m[FAILED]["error"] for m in metas if FAILED in m]
+    done = [m[DONE].arguments for m in metas if DONE in m]
+    failed = [m[FAILED].error for m in metas if FAILED in m]
     assert [json.loads(a)["city"] for a in done] == ["Oslo", "Bergen"] and failed == [REPEAT_ERROR]
     assert stream.stop == "tool_calls"  # the model is looping: the reply ends, the two calls run
     # a continuation: the turn's calls so far (after the last user message) are seeded
@@ -195,7 +195,7 @@ def test_the_llm_stage_refuses_a_repeated_call_in_a_reply_and_in_the_turn():
     assert made == {call_key("get_weather", '{"city":"Oslo"}')}
     again = ReplyStream(speech=True, calls=True, max_calls=3, made=made)
     metas = again.push(block) + again.finish("stop")[0]
-    assert [m[FAILED]["error"] for m in metas if FAILED in m] == [REPEAT_ERROR] and again.stop == "stop"
+    assert [m[FAILED].error for m in metas if FAILED in m] == [REPEAT_ERROR] and again.stop == "stop"
     assert calls_made(messages + [{"role": "user", "content": "And now?"}]) == set()
 
 
