@@ -8,9 +8,13 @@ call and the tool's output, plus ≥ 6 that need none. Scoring is :func:`score`,
 bench reuses: per request, ``right_tool`` (the first call names the expected tool), ``right_args`` (and its
 arguments equal the expected ones after :func:`normalise`), ``spurious`` (a call where none was needed),
 ``valid`` (every call made has arguments that parse and satisfy the tool's schema), ``cut`` (a call was
-started but cut off by the reply's token budget: no call is made) and ``uses_result`` (after the tool's
-output is fed back as a ``function_call_output``, the follow-up answer says one of the output's words, and
-is not JSON read out).
+started but cut off by the reply's token budget: no call is made), and the post-result reply in words
+(:func:`in_words`: after the tool's output is fed back as a ``function_call_output``, the follow-up says one
+of the output's values and holds no JSON): ``uses_result`` on what the TTS is given (the follow-up decoded
+as a spoken turn is, through the speakable-text stage), ``in_words_raw`` on the model's own text when a
+caller has it (``follow_up_raw``).
+
+``--spoken`` (:mod:`.tools_spoken`) speaks the same requests through the whole cascade.
 
 ``--text`` (the mode there is now) runs each request as a typed turn through the cascade's LLM stage
 in-process (:class:`~omniduplex.pipeline.stages.llm.LLMWorker`, the model quantized as served, grammar on,
@@ -62,6 +66,7 @@ class TurnResult:
     failed: list[CallFailed] = field(default_factory=list)
     follow_up: str | None = None
     follow_up_calls: int = 0
+    follow_up_raw: str | None = None  # the model's own words, before the speakable-text stage
 
 
 def load(path: Path = REQUESTS) -> tuple[list[dict], list[ToolRequest], str]:
@@ -129,19 +134,46 @@ def score(request: ToolRequest, result: TurnResult, schemas: dict[str, dict]) ->
     if request.call is None:
         answer = is_right(result.said, request.answers) if request.answers else None
         return {"right_tool": None, "right_args": None, "spurious": bool(result.calls), "valid": valid,
-                "cut": cut, "uses_result": None, "answer_right": answer}  # fmt: skip
+                "cut": cut, "uses_result": None, "in_words_raw": None, "answer_right": answer}  # fmt: skip
     right_tool = first is not None and first["name"] == request.call["name"]
     right_args = right_tool and args_match(request.call["arguments"], json.loads(first["arguments"]))
-    answer = result.follow_up
-    uses = answer is not None and "{" not in answer and is_right(answer, request.uses)  # JSON read out: no
+    uses = in_words(result.follow_up, request.uses)  # what is heard, after the speakable-text stage
+    raw = in_words(result.follow_up_raw, request.uses) if result.follow_up_raw is not None else uses
     return {"right_tool": right_tool, "right_args": right_args, "spurious": None, "valid": valid,
-            "cut": cut, "uses_result": right_tool and uses, "answer_right": None}  # fmt: skip
+            "cut": cut, "uses_result": right_tool and uses, "in_words_raw": right_tool and raw,
+            "answer_right": None}  # fmt: skip
+
+
+_JSON_KEY = re.compile(r"\"\w+\"\s*:")
+
+
+def in_words(answer: str | None, uses: tuple[str, ...]) -> bool:
+    """Whether a post-result reply states the result in words: it says one of ``uses`` (the result's
+    values, :func:`~omniduplex.benchmarks.qa.is_right`, as written or as the speakable-text stage says them:
+    "14:00" → "fourteen hundred") and holds no JSON (no brace or bracket, no
+    ``"key":``).
+
+    >>> in_words("Your order shipped and arrives Friday.", ("shipped",))
+    True
+    >>> in_words('{"status": "shipped"}', ("shipped",))
+    False
+    """
+    if not answer or any(c in answer for c in "{}[]") or _JSON_KEY.search(answer):
+        return False
+    from omniduplex.pipeline.text.verbalize import verbalize
+
+    return is_right(answer, uses) or is_right(answer, tuple(verbalize(u) for u in uses))  # "14:00" said
+
+
+SCORES = (
+    "right_tool", "right_args", "spurious", "valid", "cut", "uses_result", "in_words_raw", "answer_right"
+)
 
 
 def aggregate(scores: list[dict]) -> dict[str, float]:
     """Per score, the share of requests where it applies that have it (0..1), and ``n``."""
     out: dict[str, float] = {"n": len(scores)}
-    for key in ("right_tool", "right_args", "spurious", "valid", "cut", "uses_result", "answer_right"):
+    for key in SCORES:
         vals = [s[key] for s in scores if s[key] is not None]
         out[key] = sum(vals) / len(vals) if vals else float("nan")
     return out
@@ -246,9 +278,24 @@ def run_model(worker, requests: list[ToolRequest], tools: list[dict], date: str,
                 {"type": "function_call_output", "call_id": c["call_id"], "output": json.dumps(output)}
             )
         follow[str(i)] = Transcript(turn=base.model_copy(update={"user_text": "", "history": history}))
-    for rid, res in run_turns(worker, follow, concurrency).items():
+    done = run_turns(worker, follow, concurrency)
+    refused = {
+        r: Transcript(turn=follow[r].turn.model_copy(update={"tool_choice": "none"}))
+        for r, res in done.items()
+        if refused_repeat(res)
+    }
+    done.update(run_turns(worker, refused, concurrency))  # as the session goes on: no tool (tool_turns.py)
+    for rid, res in done.items():  # what the TTS is given (decoded as a spoken turn is)
         results[rid].follow_up, results[rid].follow_up_calls = res.said, len(res.calls)
     return [results[str(i)] for i in range(len(requests))], time.perf_counter() - t0
+
+
+def refused_repeat(result: TurnResult) -> bool:
+    """Whether a reply's only calls repeated ones the turn had made (refused by the LLM stage, so the session
+    continues the reply with no tool)."""
+    from omniduplex.pipeline.stages.tool_calls import REPEAT_ERROR
+
+    return not result.calls and any(f.error == REPEAT_ERROR for f in result.failed)
 
 
 def grammar_cost(worker, tools: list[dict], concurrency: int = 8, steps: int = 32, rounds: int = 3) -> dict:
@@ -314,12 +361,12 @@ def grammar_cost(worker, tools: list[dict], concurrency: int = 8, steps: int = 3
 
 def print_table(rows: list[tuple[str, dict, float]], cost: dict[str, dict] | None) -> None:
     print("model                          n   right tool  right args  spurious  valid   cut", end="")
-    print("  uses result  answers  time s")
+    print("  in words  answers  time s")
     for name, agg, secs in rows:
         print(
             f"{name:<30} {agg['n']:>2}   {agg['right_tool']:>9.0%}  {agg['right_args']:>10.0%}  "
             f"{agg['spurious']:>8.0%}  {agg['valid']:>5.0%}  {agg['cut']:>4.0%}  "
-            f"{agg['uses_result']:>11.0%}  "
+            f"{agg['uses_result']:>8.0%}  "
             f"{agg['answer_right']:>7.0%}  {secs:>6.0f}"
         )
     for model, c in (cost or {}).items():

@@ -336,8 +336,9 @@ def bench_qa(
 
 @bench.command("tools")
 def bench_tools(
-    text: bool = typer.Option(
-        False, "--text", help="Typed requests to the LLM stage (the mode there is now)."
+    text: bool = typer.Option(False, "--text", help="Typed requests to the LLM stage."),
+    spoken: bool = typer.Option(
+        False, "--spoken", help="The requests spoken (espeak-ng) through the whole cascade: ASR, LLM, TTS."
     ),
     model: list[str] | None = typer.Option(
         None,
@@ -351,11 +352,12 @@ def bench_tools(
     json_out: Path | None = typer.Option(None, "--json", help="Write every request's result as JSON."),
 ) -> None:
     """Tool calling: right tool, right arguments, no spurious call, the answer using the result, per model
-    (grammar-constrained decoding on our engine), and the grammar's cost per decode step."""
+    (grammar-constrained decoding on our engine), and the grammar's cost per decode step; --spoken: the
+    requests as audio through the whole cascade, with WER, TTFP, call, filler and result-sentence times."""
     from omniduplex.benchmarks.tools import resolve, run
 
-    if not text and not libs:
-        typer.echo("error: only --text is available (spoken requests come with the Realtime tools)", err=True)
+    if not (text or spoken or libs):
+        typer.echo("error: choose --text and/or --spoken (or --libs)", err=True)
         raise typer.Exit(2)
     try:
         if libs:
@@ -363,7 +365,14 @@ def bench_tools(
 
             libs_main([resolve(m)[1] for m in model or ["smollm2-135m", "qwen2.5-coder-0.5b"]])
             return
-        run([resolve(m) for m in model or ["smollm2-135m"]], limit, json_out, cost)
+        models = [resolve(m) for m in model or ["smollm2-135m"]]
+        if text:
+            run(models, limit, json_out, cost)
+        if spoken:
+            from omniduplex.benchmarks.tools_spoken import run as run_spoken
+
+            spoken_json = json_out.with_suffix(".spoken.json") if json_out else None
+            run_spoken(models, limit, spoken_json)
     except (ValueError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e

@@ -346,6 +346,12 @@ def agent(
     greeting: str | None = typer.Option(
         None, "--greeting", envvar="OMNIDUPLEX_GREETING", help="Instructions for a first reply on joining."
     ),
+    mcp: list[str] | None = typer.Option(
+        None,
+        "--mcp",
+        help="MCP tool server of every room's session, as serve --mcp: NAME=URL (streamable HTTP) or "
+        "NAME=COMMAND (stdio); NAME[tool1,tool2]=... allows only those tools (repeatable).",
+    ),
 ) -> None:
     """LiveKit agent worker with the pipeline as its realtime model: COMMAND is livekit-agents' own
     (start, dev, console, connect; `omniduplex agent start --help`). Needs LIVEKIT_URL, LIVEKIT_API_KEY,
@@ -357,12 +363,20 @@ def agent(
     except ImportError as e:
         typer.echo(f"error: livekit-agents is missing ({e}): pip install 'omniduplex[livekit]'", err=True)
         raise typer.Exit(2) from None
+    from omniduplex.app.surfaces.livekit.mcp_servers import ENV as MCP_ENV
+    from omniduplex.app.surfaces.livekit.mcp_servers import parse_specs
+
+    try:
+        parse_specs(mcp or [])
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     settings = {
         "OMNIDUPLEX_REALTIME_URL": realtime_url,
         "OMNIDUPLEX_API_KEY": realtime_key,
         "OMNIDUPLEX_MODEL": model,
         "OMNIDUPLEX_INSTRUCTIONS": instructions,
         "OMNIDUPLEX_GREETING": greeting,
+        MCP_ENV: "\n".join(mcp or []),
     }
     os.environ.update({k: v for k, v in settings.items() if v})  # job processes inherit them
     raise typer.Exit(run_worker([command, *ctx.args] if command else list(ctx.args)))

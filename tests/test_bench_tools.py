@@ -51,9 +51,15 @@ def test_score(bench):
     capital = next(r for r in requests if "capital" in r.text)
     good = TurnResult([_call("get_order_status", order_id="48213")], follow_up="It shipped with DHL.")
     want = {"right_tool": True, "right_args": True, "spurious": None, "valid": True, "cut": False}
-    assert score(order, good, schemas) == {**want, "uses_result": True, "answer_right": None}
+    assert score(order, good, schemas) == {**want, "uses_result": True, "in_words_raw": True,
+                                           "answer_right": None}
     echo = TurnResult([_call("get_order_status", order_id="48213")], follow_up='{"status": "shipped"}')
     assert score(order, echo, schemas)["uses_result"] is False  # JSON read out does not count
+    # the model wrote JSON; the speakable-text stage said it in words: heard in words, the model's own not
+    backstop = TurnResult([_call("get_order_status", order_id="48213")], follow_up="status shipped",
+                          follow_up_raw='{"status": "shipped"}')
+    scored = score(order, backstop, schemas)
+    assert scored["uses_result"] and not scored["in_words_raw"]
     wrong = TurnResult([_call("get_order_status", order_id="48214")], follow_up="It shipped.")
     assert score(order, wrong, schemas)["right_args"] is False and score(order, wrong, schemas)["right_tool"]
     invalid = TurnResult([_call("get_order_status", order_id="x")])

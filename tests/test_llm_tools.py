@@ -13,7 +13,7 @@ from tool_models import bench_tools, one_thread, smollm2_dir  # noqa: F401 (fixt
 from omniduplex.models.registry import load_model
 from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
 from omniduplex.pipeline.stages.llm import LLMWorker
-from omniduplex.pipeline.stages.tool_calls import ARGUMENTS_DELTA, DONE, STARTED
+from omniduplex.pipeline.stages.tool_calls import ARGUMENTS_DELTA, DONE, FAILED, REPEAT_ERROR, STARTED
 from omniduplex.pipeline.text.clauses import clause_ends
 from omniduplex.pipeline.text.spoken import SPOKEN_SYSTEM_PROMPT
 
@@ -64,8 +64,10 @@ def test_a_forced_call_streams_and_validates(worker):
     )
     assert [o.last for o in outs] == [False] * (len(outs) - 1) + [True]
     assert outs[-1].meta.finish_reason == "tool_calls"
-    started, done = events(outs, STARTED), events(outs, DONE)
-    assert done and [s.call_id for s in started] == [d.call_id for d in done]
+    started, done, failed = events(outs, STARTED), events(outs, DONE), events(outs, FAILED)
+    assert done and [s.call_id for s in started] == [c.call_id for c in sorted(
+        done + failed, key=lambda c: [s.call_id for s in started].index(c.call_id))]
+    assert all(f.error == REPEAT_ERROR for f in failed)  # one call per need: a repeat is refused
     for d in done:
         deltas = [e.delta for e in events(outs, ARGUMENTS_DELTA) if e.call_id == d.call_id]
         assert "".join(deltas) == d.arguments and len(deltas) > 1  # streamed while written
@@ -101,7 +103,7 @@ def test_the_call_loop_is_cut(model):
     )
     assert not events(outs, STARTED) and "".join(o.meta.text or "" for o in outs).strip()
     prompt = worker.tokenizer.decode(outs[0].tensors["prompt_ids"].tolist(), skip_special_tokens=False)
-    assert "# Tools" not in prompt and '<tool_response>\n{"temperature": 8}\n</tool_response>' in prompt
+    assert "# Tools" not in prompt and '<tool_response>\ntemperature: 8\n</tool_response>' in prompt
 
 
 def test_the_result_of_a_call_reaches_the_reply(worker):
@@ -147,14 +149,17 @@ def test_bad_tool_input_fails_the_turn_naming_the_field(worker, meta, field):
     assert not worker.has_work()
 
 
-def test_a_reply_out_of_tokens_ends_at_its_last_clause(worker):
+def test_a_reply_out_of_tokens_finishes_its_sentence_or_ends_at_its_last_clause(worker):
     plain = "You are a helpful assistant."  # not the spoken prompt: SmolLM2 then writes a long list
     q = "How do I make a cup of green tea?"
     outs = run(worker, "t7", q, system_prompt=plain, sampling={"max_tokens": 40})
     said = "".join(o.meta.text or "" for o in outs)
     last = outs[-1].meta
-    assert last.finish_reason == "length" and last.unspoken
-    assert said and clause_ends(said, final=True) == len(said.rstrip())
+    if last.finish_reason == "stop":  # the sentence said when the budget ran out was finished
+        assert said.rstrip()[-1] in ".!?"
+    else:  # the grace ran out too: cut at the last clause
+        assert last.finish_reason == "length" and last.unspoken
+        assert said and clause_ends(said, final=True) == len(said.rstrip())
     assert not any(line.lstrip()[:2] in ("1.", "- ", "**") for line in said.splitlines())
 
 

@@ -98,6 +98,7 @@ def test_chat_request_maps_history_tools_and_limits():
         "calls": True,
         "max_calls": 3,
         "text_budget": 50,
+        "max_sentences": 3,  # a few sentences (pipeline/text/spoken.py sentence_budget)
     }
     assert turn_opts.tools is None and turn_opts.sampling is None and turn_opts.history == history
     kwargs, reply, _ = chat_request("7", opts, "", "m", 1)  # the turn's one call is spent

@@ -76,9 +76,9 @@ def test_a_finished_reply_is_said_whole_and_the_first_clause_streams():
     assert out[:4] == [
         "To ",
         "make ",
-        "tea",
-        ",",
-    ]  # the first clause streams as written (time to first audio)
+        "",
+        "tea,",
+    ]  # the first clause streams word by word (the word being written may still become a number's unit)
     assert out[4:] == ["", "", "", ""]  # then text waits for its clause to end
     assert reply.finish("stop") == " boil water and steep it" and reply.unspoken == ""
     for reason in ("length", "stop"):  # a mark at the very end completes the clause

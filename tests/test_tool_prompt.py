@@ -85,6 +85,7 @@ def test_history_items_become_template_messages():
     assert msgs[1]["content"] == "Let me check both." and [c["id"] for c in calls] == ["call_1", "call_2"]
     assert calls[0]["function"] == {"name": "get_order_status", "arguments": {"order_id": "48213"}}
     assert msgs[3] == {"role": "tool", "tool_call_id": "call_2", "content": "8 degrees and light rain"}
+    assert msgs[2]["content"] == "status: shipped"  # a JSON result as plain lines
     assert calls_since_user(items) == 2 and calls_since_user(items + [{"role": "user", "content": "x"}]) == 0
     # a call with no text before it opens its own assistant message
     alone = chat_messages([{"role": "user", "content": "hi"}, history_item(0, HISTORY[3], "h")])
@@ -126,6 +127,8 @@ def test_inline_format_is_qwen25s_own_rendering():
         )
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
     assert "<tool_response>\n8 degrees and light rain\n</tool_response><|im_end|>" in text
+    # a JSON result is rendered as plain lines: nothing for a small model to read out as JSON
+    assert "<tool_response>\nstatus: shipped\n</tool_response>" in text
 
 
 def test_smollm2_template_gets_the_inline_format():
@@ -142,3 +145,27 @@ def test_smollm2_template_gets_the_inline_format():
     # a conversation with tools but no system message gets one holding the tools section
     text = smol.render(chat, tools=tools)
     assert text.startswith("<|im_start|>system\n# Tools\n") and "named SmolLM" not in text
+
+
+def test_a_spoken_reply_that_may_not_call_is_decoded_without_json_tokens():
+    """After a tool result a small model wrote the call again as JSON text: a spoken reply with no call
+    allowed never samples a token holding a brace or backtick (the speakable stage would drop it anyway)."""
+    from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
+    from omniduplex.pipeline.stages.chat_prompt import ChatPrompter
+
+    chat = ChatPrompter(smollm2_dir(), {})
+    ids = set(chat.json_token_ids)
+    vocab = chat.tokenizer.get_vocab()
+    assert vocab["{"] in ids and vocab["`"] in ids and vocab["Paris"] not in ids
+    opts = TurnOptions(tools=bench_tools(), tool_choice="none")
+
+    def prepare(**update):
+        turn = Transcript(transcript="Weather in Paris?", turn=opts.model_copy(update=update))
+        return chat.prepare(StageMessage("t", {}, turn))
+
+    spoken = prepare()
+    assert ids <= set(spoken.sampling.suppress_token_ids) and spoken.reply["max_calls"] == 0
+    written = prepare(spoken=False)  # chat completions: as written
+    assert not ids & set(written.sampling.suppress_token_ids)
+    auto = prepare(tool_choice="auto")  # calls need braces
+    assert not ids & set(auto.sampling.suppress_token_ids)

@@ -116,7 +116,7 @@ class ReplyStreams:
         if failed is not None:
             await self._failed(r, failed, final)
             return None
-        if r.calls and done:
+        if (r.calls or r.repeated) and done:  # a repeated call is not run: the reply goes on without a tool
             say = lambda text: self._drain(r, self.calls.say(r, text, self.responder), False)  # noqa: E731
             apologised = await self.calls.run(r, say)  # outputs recorded even if the reply was interrupted
             if self._current(r) and not (r.client_calls or apologised):  # client calls: it asks for more

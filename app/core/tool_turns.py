@@ -26,6 +26,7 @@ from omniduplex.app.core.tools import (
     ToolRunner,
     error_output,
 )
+from omniduplex.pipeline.stages.tool_calls import REPEAT_ERROR, call_key
 
 log = logging.getLogger("omniduplex.session")
 
@@ -85,6 +86,13 @@ class ToolCalls:
         if isinstance(ev, CallStarted | CallArgumentsDelta):
             self.emit(ToolCall(self.name, tid, ev))
         elif isinstance(ev, CallDone):
+            key = call_key(ev.name, ev.arguments)
+            if key in r.made:  # one call per need: a repeat is not made again (its output is in the history)
+                log.info("%s: call %s repeats %s with the same arguments; not made", tid, ev.call_id, ev.name)
+                r.repeated = True
+                self.emit(ToolCall(self.name, tid, CallFailed(ev.call_id, ev.name, REPEAT_ERROR)))
+                return
+            r.made.add(key)
             self.history.add_tool(FUNCTION_CALL, ev.arguments, ev.call_id, ev.name)
             r.n_calls += 1
             run_here = self.runs_here(ev.name)
@@ -94,6 +102,7 @@ class ToolCalls:
                 r.client_calls += 1
             self.emit(ToolCall(self.name, tid, ev, run_here))
         elif isinstance(ev, CallFailed):
+            r.repeated |= ev.error == REPEAT_ERROR  # refused by the LLM stage: go on without a tool
             log.warning("%s: call %s of %s failed: %s", tid, ev.call_id, ev.name, ev.error)
             self.emit(ToolCall(self.name, tid, ev))
 
@@ -151,11 +160,13 @@ class ToolCalls:
 
     def continuation(self, r: Reply) -> dict[str, Any]:
         """The tool options of reply ``r``'s continuation after its calls ran: as it was offered, with no
-        call allowed once the turn has made the runner's ``max_calls``."""
+        call allowed once the turn has made the runner's ``max_calls``, or after a call that repeated one
+        already made (:data:`REPEAT_ERROR`: the model would only call again)."""
         opts: dict[str, Any] = {k: r.options[k] for k in ("tools", "tool_choice") if k in r.options}
         limit = getattr(self.runner, "max_calls", MAX_CALLS_PER_TURN)
-        if opts and (r.n_calls >= limit or opts.get("tool_choice") not in ("auto", "none")):
-            opts["tool_choice"] = "none"  # the loop is cut; a forced choice would only call again
+        repeated, r.repeated = r.repeated, False
+        if opts and (r.n_calls >= limit or repeated or opts.get("tool_choice") not in ("auto", "none")):
+            opts["tool_choice"] = "none"  # the loop is cut; a forced choice or a repeat would only call again
         return opts
 
     def continue_reply(self, r: Reply, responder: Responder) -> AsyncIterator[ReplyEvent]:

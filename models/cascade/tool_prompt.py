@@ -12,7 +12,7 @@ possible), ``"required"`` (at least one call) or ``{"type": "function", "name": 
 ``{"type": "function_call_output", "call_id", "output"}`` (``output`` a string, JSON or not).
 :func:`chat_messages` turns them into chat-template messages the Hugging Face way: an assistant message
 with ``tool_calls`` (its text, if the assistant said something before calling, as ``content``) and one
-``role: "tool"`` message per output.
+``role: "tool"`` message per output, its content the output in plain lines (:func:`result_text`).
 
 **The call format** (Hermes; Qwen2.5's chat template, ``tokenizer_config.json`` of Qwen2.5-*-Instruct)::
 
@@ -252,10 +252,35 @@ def chat_messages(items: list[dict]) -> list[dict]:
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
-            out.append({"role": "tool", "tool_call_id": it["call_id"], "content": it["output"]})
+            out.append({"role": "tool", "tool_call_id": it["call_id"], "content": result_text(it["output"])})
         else:
             out.append(dict(it))
     return out
+
+
+def _plain(value) -> str:
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {_plain(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return ", ".join(_plain(v) for v in value)
+    return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
+
+
+def result_text(output: str) -> str:
+    """A tool's output as the model reads it in the prompt: a JSON object as one ``key: value`` line per
+    member (nested values ``k: v; k: v``, lists comma-separated), anything else as written. With no braces
+    to copy, the model says the result rather than reading JSON out (``bench tools``: the post-result reply
+    in words; figures in ``MODELS.md``). (A note asking for plain words after the result was tried: the
+    135M model read the note out.)
+
+    >>> result_text('{"status": "shipped", "arrives": "Friday"}').splitlines()[:2]
+    ['status: shipped', 'arrives: Friday']
+    """
+    try:
+        value = json.loads(output)
+    except ValueError:
+        value = None
+    return "\n".join(f"{k}: {_plain(v)}" for k, v in value.items()) if isinstance(value, dict) else output
 
 
 def calls_since_user(items: list[dict]) -> int:

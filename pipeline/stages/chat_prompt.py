@@ -25,6 +25,8 @@ from omniduplex.models.cascade.tool_prompt import (
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.pipeline.engine.request import SamplingParams
 from omniduplex.pipeline.messages import DecoderOutput, StageMessage, Transcript, TurnOptions
+from omniduplex.pipeline.stages.tool_calls import call_key
+from omniduplex.pipeline.text.spoken import sentence_budget
 
 EXTRA_STOP_TOKENS = ("<|endoftext|>",)
 """Stop tokens besides the tokenizer's eos, when the vocabulary has them."""
@@ -33,6 +35,9 @@ _PROBE = " and then"
 (:meth:`ChatPrompter.hint_ids`)."""
 MAX_TOOL_CALLS = 4
 """Default most tool calls per user turn (the call loop is cut there: ``max_tool_calls`` of the stage)."""
+SENTENCE_GRACE_TOKENS = 32
+"""Tokens a spoken reply may run past its ``max_tokens`` to finish the sentence it is saying (then it ends:
+:class:`~omniduplex.pipeline.text.reply_text.ReplyStream` ``finish_sentence``)."""
 CALL_TOKENS = 128
 """Tokens a reply may spend per tool call beyond its text budget (``max_tokens`` counts text only)."""
 
@@ -78,6 +83,7 @@ class ChatPrompter:
         self.tokenizer = Tokenizer.from_file(str(tok_file))
         self.template: ChatTemplate = load_chat_template(path)
         self.stop_ids = self._stop_ids(raw_config)
+        self._json_ids: tuple[int, ...] | None = None
 
     def _stop_ids(self, raw_config: dict) -> tuple[int, ...]:
         eos = self.template.special_tokens.get("eos_token")
@@ -90,6 +96,16 @@ class ChatPrompter:
         if not out:
             raise CheckpointError(f"{self.path}: no eos token in tokenizer_config.json or config.json")
         return out
+
+    @property
+    def json_token_ids(self) -> tuple[int, ...]:
+        """Ids of the vocabulary's tokens holding a brace or a backtick: never said (the speakable-text
+        stage drops them), so a spoken reply that may not call is decoded without them and the model says
+        a tool's result in words instead of writing JSON or a code fence (``bench tools``)."""
+        if self._json_ids is None:
+            vocab = self.tokenizer.get_vocab(with_added_tokens=False)
+            self._json_ids = tuple(sorted(i for t, i in vocab.items() if any(c in t for c in "{}`")))
+        return self._json_ids
 
     def messages(self, rid: str, opts: TurnOptions, transcript: str) -> list[dict]:
         """The chat of a turn: system prompt, history (``[role, text]`` pairs and function_call /
@@ -186,14 +202,21 @@ class ChatPrompter:
         tools = self.tools(rid, opts, messages)
         ids = encode_chat(self.tokenizer, self.template, messages, tools=tools)
         reply = {"speech": opts.spoken is not False, "calls": bool(tools.tools)}
+        if reply["speech"]:  # a few sentences unless the user asked for more, each said whole
+            reply["max_sentences"] = sentence_budget(transcript or _last_user_text(messages))
+            reply.update(text_budget=sampling.max_tokens, finish_sentence=True)
+            sampling = replace(sampling, max_tokens=sampling.max_tokens + SENTENCE_GRACE_TOKENS)
         if tools.active:  # the calls left to the turn, and their tokens beyond the text budget
             left = self.max_tool_calls - calls_since_user(messages_items(messages))
-            reply.update(max_calls=left, text_budget=sampling.max_tokens)
+            reply.update(max_calls=left, made=calls_made(messages))
+            reply.setdefault("text_budget", sampling.max_tokens)
             sampling = replace(sampling, max_tokens=sampling.max_tokens + CALL_TOKENS * left)
         elif tools.tools:  # tool_choice none, or the call limit reached: no call
             reply["max_calls"] = 0
-            if (trigger := self.tokenizer.token_to_id(CALL_OPEN)) is not None:
-                sampling = replace(sampling, suppress_token_ids=(*sampling.suppress_token_ids, trigger))
+            banned = [t] if (t := self.tokenizer.token_to_id(CALL_OPEN)) is not None else []
+            if reply["speech"]:  # words, not a call written as JSON text (a small model after a result)
+                banned += self.json_token_ids
+            sampling = replace(sampling, suppress_token_ids=(*sampling.suppress_token_ids, *banned))
         return ChatTurn(ids, sampling, turn, tools, reply)
 
 
@@ -201,6 +224,23 @@ def handed_on(opts: TurnOptions) -> TurnOptions:
     """The turn's options the LLM stage hands on to the TTS stage: all but its own (``sampling``, ``tools``,
     ``tool_choice``)."""
     return opts.model_copy(update={"sampling": None, "tools": None, "tool_choice": None})
+
+
+def _last_user_text(messages: list[dict]) -> str:
+    return next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
+
+
+def calls_made(messages: list[dict]) -> set[tuple[str, str]]:
+    """:func:`~.tool_calls.call_key` of the calls in ``messages`` after the last user message (the calls
+    of the turn in progress: a continuation must not repeat them)."""
+    out: set[tuple[str, str]] = set()
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            break
+        for c in m.get("tool_calls") or ():
+            fn = c.get("function", c)
+            out.add(call_key(fn["name"], fn["arguments"]))
+    return out
 
 
 def messages_items(messages: list[dict]) -> list[dict]:

@@ -57,6 +57,7 @@ from omniduplex.pipeline.stages.contract import WorkerBase
 from omniduplex.pipeline.stages.llm import compact_metas
 from omniduplex.pipeline.stages.tool_calls import ARGUMENTS_DELTA, DONE, FAILED, STARTED, new_call_id
 from omniduplex.pipeline.text.reply_text import ReplyStream
+from omniduplex.pipeline.text.spoken import sentence_budget
 
 STEP_WAIT_S = 0.002
 """Longest :meth:`OpenAILLMWorker.step` waits for the next chunk when none is ready (s)."""
@@ -111,6 +112,9 @@ def chat_request(
     if sp.seed is not None:
         kwargs["seed"] = sp.seed
     reply = {"speech": opts.spoken is not False, "calls": bool(tools.tools)}
+    if reply["speech"]:  # a few sentences unless the user asked for more
+        asked = transcript or next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+        reply["max_sentences"] = sentence_budget(asked if isinstance(asked, str) else "")
     if tools.tools:
         kwargs["tools"] = [t.signature() for t in tools.tools]
         choice = tools.choice

@@ -48,6 +48,20 @@ FAILED = "call_failed"
 EVENT_KEYS = (STARTED, ARGUMENTS_DELTA, DONE, FAILED)
 """The :class:`~omniduplex.pipeline.messages.DecoderOutput` fields of call events, in the order they come
 within one message."""
+REPEAT_ERROR = "the same call (same function, same arguments) was already made in this turn"
+"""Why a repeated call fails: one call per need (the turn already has that call's output)."""
+
+
+def call_key(name: str, arguments) -> tuple[str, str]:
+    """What makes two calls the same: the function's name and its arguments (a JSON string or the parsed
+    object) as canonical JSON (key order and spacing ignored; a string that does not parse compares as
+    written)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return name, arguments
+    return name, json.dumps(arguments, sort_keys=True, separators=(",", ":"))
 
 _HEADER = re.compile(r'(?:json)?\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 FORMS = ((CALL_OPEN, False, CALL_CLOSE), (BARE_PREFIX, True, ""), (FENCE, False, FENCE))

@@ -7,8 +7,10 @@ with ``text`` (the delta to say, maybe ``""``) and at most one event per ``tool_
 
 * calls (when the turn offers tools): :class:`~.tool_calls.ToolCallParser` splits call blocks off the text;
   the text said before a call is released whole when the call starts (its order against the call is kept);
-* the ear (:class:`~omniduplex.pipeline.text.spoken.SpokenReply`, for speech turns): markdown stripped, the
-  reply cut at its last complete clause when the token budget runs out;
+* the ear (:class:`~omniduplex.pipeline.text.spoken.SpokenReply`, for speech turns): the speakable-text
+  stage (:mod:`omniduplex.pipeline.text.speakable`: no code, JSON, tables or markdown; numbers, dates and
+  symbols in words), at most a few sentences (the reply ends after its sentence budget), the reply cut at
+  its last complete clause when the token budget runs out;
 * limits: ``text_budget`` tokens of text outside call blocks (a call's own tokens do not count, so a long
   call does not eat the spoken answer), and at most ``max_calls`` calls: :attr:`ReplyStream.stop` then says
   why the generation should end now (``"length"`` / ``"tool_calls"``), and the stage ends it.
@@ -20,7 +22,15 @@ after making calls, or the call limit was reached), ``length`` (the token budget
 from __future__ import annotations
 
 from omniduplex.pipeline.events import CallFailed
-from omniduplex.pipeline.stages.tool_calls import DONE, EVENT_KEYS, FAILED, STARTED, ToolCallParser
+from omniduplex.pipeline.stages.tool_calls import (
+    DONE,
+    EVENT_KEYS,
+    FAILED,
+    REPEAT_ERROR,
+    STARTED,
+    ToolCallParser,
+    call_key,
+)
 from omniduplex.pipeline.text.spoken import SpokenReply
 
 
@@ -34,6 +44,15 @@ class ReplyStream:
         max_calls: most calls this reply may make (``None``: no limit; ``0``: none, a block the model writes
             anyway ends ``tool_call_failed``).
         text_budget: most tokens of text outside call blocks (``None``: the engine's ``max_tokens`` alone).
+        made: :func:`~.tool_calls.call_key` of the calls the turn has made already; a call repeating one
+            (or one earlier in this reply) ends ``tool_call_failed`` (:data:`~.tool_calls.REPEAT_ERROR`)
+            and the reply ends: one call per need.
+        finish_sentence: once ``text_budget`` is spent, a spoken reply with a sentence budget ends after the
+            sentence being said instead of at once (the engine's ``max_tokens`` then holds a grace beyond the
+            budget, :data:`~omniduplex.pipeline.stages.chat_prompt.SENTENCE_GRACE_TOKENS`): never cut
+            mid-sentence unless the grace runs out too.
+        max_sentences: most sentences a spoken reply says (:func:`~omniduplex.pipeline.text.spoken.
+            sentence_budget`); once said, :attr:`stop` is ``"stop"`` (the reply is complete).
     """
 
     def __init__(
@@ -42,8 +61,14 @@ class ReplyStream:
         calls: bool = False,
         max_calls: int | None = None,
         text_budget: int | None = None,
+        max_sentences: int | None = None,
+        made: set | frozenset = frozenset(),
+        finish_sentence: bool = False,
     ) -> None:
-        self.spoken = SpokenReply(strip=speech) if speech else None
+        self.spoken = SpokenReply(strip=speech, max_sentences=max_sentences) if speech else None
+        self.max_sentences = max_sentences
+        self.made = set(made)  # call_key of the calls the turn has made (one call per need)
+        self.finish_sentence = finish_sentence
         self.parser = ToolCallParser() if calls else None
         self.max_calls, self.text_budget = max_calls, text_budget
         self.text_tokens = 0
@@ -71,9 +96,15 @@ class ReplyStream:
         if not was_in_block and not in_block and all(k == "text" for k, _ in segments):
             self.text_tokens += tokens
         if self.text_budget is not None and self.text_tokens >= self.text_budget and not in_block:
-            self.stop = self.stop or "length"
+            spoken = self.spoken
+            if self.finish_sentence and spoken is not None and spoken.max_sentences is not None:
+                spoken.max_sentences = min(spoken.max_sentences, spoken.sentences + 1)  # end after this one
+            else:
+                self.stop = self.stop or "length"
         if self.max_calls and self.calls >= self.max_calls:
             self.stop = self.stop or "tool_calls"
+        if self.spoken is not None and self.spoken.full and not in_block:
+            self.stop = self.stop or "stop"  # the sentence budget is said: the reply is complete
         return metas
 
     def finish(self, reason: str | None) -> tuple[list[dict], str]:
@@ -99,10 +130,15 @@ class ReplyStream:
                 continue
             if key == STARTED and self.spoken is not None:  # what was said before the call is complete
                 out[-1]["text"] += self.spoken.finish("stop")
-                self.spoken = SpokenReply(strip=self.spoken.md is not None)
+                self.spoken = SpokenReply(self.spoken.md is not None, self.max_sentences)
             if key == DONE and self.max_calls == 0:  # tool_choice none: a block written anyway is no call
                 refused = "no tool call is allowed in this reply"
                 key, value = FAILED, CallFailed(value.call_id, value.name, refused)
+            elif key == DONE and call_key(value.name, value.arguments) in self.made:  # a repeat
+                key, value = FAILED, CallFailed(value.call_id, value.name, REPEAT_ERROR)
+                self.stop = self.stop or ("tool_calls" if self.done else "stop")  # the model is looping
+            elif key == DONE:
+                self.made.add(call_key(value.name, value.arguments))
             if key in (DONE, FAILED):
                 self.calls += 1
                 self.done += key == DONE

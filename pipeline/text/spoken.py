@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import re
 
-from omniduplex.pipeline.text.clauses import clause_ends
+from omniduplex.pipeline.text.clauses import ABBREVIATIONS, clause_ends
+from omniduplex.pipeline.text.speakable import BlockFilter, Verbalizer
 
 SPOKEN_SYSTEM_PROMPT = (
     "You are a friendly voice assistant. Your replies are spoken aloud, so always answer in English, in one "
@@ -41,6 +42,44 @@ TOOLS_PROMPT = (
     "When a tool result arrives, say what it means for the caller in one short sentence."
 )
 """The system prompt of turns that offer tools (:func:`spoken_tools_prompt` fills in what the tools do)."""
+
+
+SENTENCES = 3
+"""Most sentences of a spoken reply (:func:`sentence_budget`): "a few sentences unless asked for more"."""
+SENTENCES_ASKED = 12
+"""Most sentences when the user asks for more (a story, details, steps, a list)."""
+_ASKS_MORE = re.compile(
+    r"\b(?:in detail|detailed|explain|tell me (?:more|a story|about|everything)|story|step[- ]by[- ]step|"
+    r"steps|list|describe|everything|all (?:the|of)|longer|elaborate|recipe|instructions)\b",
+    re.I,
+)
+
+
+def sentence_budget(transcript: str) -> int:
+    """Most sentences of the spoken reply to ``transcript``: :data:`SENTENCES`, or :data:`SENTENCES_ASKED`
+    when the user asks for more ("tell me a story", "explain in detail", "step by step").
+
+    >>> sentence_budget("What's the capital of France?"), sentence_budget("Explain how a bill becomes law")
+    (3, 12)
+    """
+    return SENTENCES_ASKED if _ASKS_MORE.search(transcript or "") else SENTENCES
+
+
+_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]”’]*(?=\s)")
+
+
+def sentence_ends(text: str) -> list[int]:
+    """Ends (exclusive) of the sentences of speakable ``text`` (no digits: :mod:`.speakable`): a ``.``,
+    ``!``, ``?`` or ``…`` (with closing quotes) before whitespace, not after an abbreviation
+    (``e.g.``, ``Dr.``) or initials (``U.S.``)."""
+    out = []
+    for m in _SENTENCE_END.finditer(text):
+        if m.group().startswith(".") and len(m.group().rstrip("\"')]”’")) == 1:
+            word = text[: m.start() + 1].split()[-1].lstrip("\"'(“‘").lower()
+            if word in ABBREVIATIONS or re.fullmatch(r"(?:[a-z]\.)+", word) and len(word) <= 4:
+                continue
+        out.append(m.end())
+    return out
 
 
 def spoken_tools_prompt(descriptions: list[str], date: str = "") -> str:
@@ -65,8 +104,9 @@ _MAYBE_LEADER = re.compile(rf"[ \t]*(?:{_MARK}[ \t]+)*(?:#{{1,6}}|[-*+•]|\d{{1
 """A line start that more text could still turn into (more) line-start markup."""
 _INLINE = re.compile(r"\d{1,2}[.)][ \t]+")
 _MAYBE_INLINE = re.compile(r"\d{1,2}[.)]?[ \t]*")
-SENTENCE_ENDS = ".!?:"
-"""After one of these and a space, ``2. `` starts a list item run into the line, and is dropped."""
+SENTENCE_ENDS = ".!?:,;"
+"""After one of these and a space, ``2. `` starts a list item run into the line, and is dropped ("Boil water.
+2. Add", and a small model's "just right, 2. Add a pinch")."""
 DROPPED = "*`~"
 """Emphasis and code characters removed anywhere (``_`` only at a word's edge)."""
 
@@ -199,14 +239,23 @@ class SpokenReply:
     """The reply text released to the TTS and the history (see the module docstring).
 
     Args:
-        strip: remove markdown (:class:`MarkdownStripper`); ``False`` passes text through as written.
+        strip: make the text speakable (:mod:`.speakable`: code, JSON, tables and rules out, markdown
+            stripped, numbers and symbols in words); ``False`` passes text through as written.
+        max_sentences: most sentences said (:func:`sentence_budget`); the reply ends after the last one
+            (:attr:`full`), never mid-sentence. ``None``: no limit.
 
     Attributes:
-        unspoken: after :meth:`finish` with ``length``, the text dropped after the last complete clause.
+        unspoken: after :meth:`finish` with ``length``, the text dropped after the last complete clause; once
+            :attr:`full`, the text written after the last sentence allowed.
+        full: the sentence budget is spent: nothing more is said (the LLM stage ends the reply).
     """
 
-    def __init__(self, strip: bool = True) -> None:
+    def __init__(self, strip: bool = True, max_sentences: int | None = None) -> None:
         self.md = MarkdownStripper() if strip else None
+        self.blocks = BlockFilter() if strip else None
+        self.words = Verbalizer() if strip else None
+        self.max_sentences, self.sentences, self.full = max_sentences, 0, False
+        self.said, self.counted = "", 0  # text released so far; the last sentence end counted in it
         self.echo = EchoFilter()  # copied tool results are never said
         self.text = ""  # all (stripped) text so far
         self.released = 0  # characters of text released
@@ -216,17 +265,35 @@ class SpokenReply:
 
     def push(self, delta: str) -> str:
         """Add reply text; the text to say now."""
+        if self.full:
+            self.unspoken += delta
+            return ""
         delta = self.echo.push(delta)
-        new = self.md.push(delta) if self.md else delta
+        new = self.words.push(self.md.push(self.blocks.push(delta))) if self.md else delta
         if not new:
             return ""
         self.text += new
         end = self._clause_end(final=False)
         if not self.first_done and end == 0:
             out, self.released = self.text[self.released :], len(self.text)  # the first clause streams
-            return out
+            return self._budget(out)
         self.first_done = True
         return self._release(end)
+
+    def _budget(self, out: str) -> str:
+        """``out`` (text being released) cut after the last sentence the budget allows (:attr:`full` then)."""
+        if self.max_sentences is None or self.full:
+            return out
+        said, self.said = self.said, self.said + out
+        for end in sentence_ends(self.said):
+            if end <= self.counted:
+                continue
+            self.counted, self.sentences = end, self.sentences + 1
+            if self.sentences >= self.max_sentences:
+                cut = max(0, end - len(said))
+                self.full, self.unspoken = True, out[cut:]
+                return out[:cut]
+        return out
 
     def _clause_end(self, final: bool) -> int:
         found = clause_ends(self.text[self.base :], final)
@@ -238,14 +305,17 @@ class SpokenReply:
         if end <= self.released:
             return ""
         out, self.released = self.text[self.released : end], end
-        return out
+        return self._budget(out)
 
     def finish(self, reason: str | None) -> str:
         """End of the reply: the text still to say. ``reason == "length"`` (token budget): up to the last
         complete clause only, the rest kept in :attr:`unspoken`; otherwise everything."""
+        if self.full:
+            return ""
         rest = self.echo.flush()
         if self.md is not None:
-            self.text += self.md.push(rest) + self.md.flush()
+            rest = self.md.push(self.blocks.push(rest, final=True)) + self.md.flush()
+            self.text += self.words.push(rest, final=True)
         else:
             self.text += rest
         if reason == "length":

@@ -14,6 +14,8 @@ Settings, from the environment (set by ``omniduplex agent`` options; job process
   ``tiny``; one pipeline per job process: fine for ``console`` and one room, heavy for many).
 * ``OMNIDUPLEX_INSTRUCTIONS``: the agent's instructions (default: the cascade's system prompt).
 * ``OMNIDUPLEX_GREETING``: instructions for a first reply when the session starts (unset: wait for the user).
+* ``OMNIDUPLEX_MCP``: ``--mcp`` declarations, one per line: MCP tool servers of every job's session
+  (:mod:`.mcp_servers`; livekit-agents offers their tools to the model and runs its calls).
 
 The agent's state (``lk.agent.state`` participant attribute: listening / thinking / speaking) is set by
 livekit-agents' room I/O from the session's state, which it derives from the model's events: speaking from
@@ -30,7 +32,9 @@ import os
 import sys
 
 from livekit import api
-from livekit.agents import Agent, AgentServer, AgentSession, JobContext, cli, llm
+from livekit.agents import NOT_GIVEN, Agent, AgentServer, AgentSession, JobContext, cli, llm
+
+from omniduplex.app.surfaces.livekit.mcp_servers import servers_from_env
 
 log = logging.getLogger("omniduplex.livekit")
 
@@ -79,6 +83,16 @@ def show_thinking(session: AgentSession) -> None:
     session.on("speech_created", on_speech)
 
 
+def make_session(model: llm.RealtimeModel, **kwargs) -> AgentSession:
+    """A job's ``AgentSession`` on ``model``, with the MCP servers of ``OMNIDUPLEX_MCP`` (``agent --mcp``)
+    as its tool servers; ``kwargs`` go to ``AgentSession``.
+
+    Raises:
+        ValueError: a malformed declaration in ``OMNIDUPLEX_MCP``.
+    """
+    return AgentSession(llm=model, mcp_servers=servers_from_env() or NOT_GIVEN, **kwargs)
+
+
 async def entrypoint(ctx: JobContext) -> None:
     """One room: the model, an AgentSession on it, joined to the room until the participant leaves."""
     model = build_model()
@@ -86,7 +100,7 @@ async def entrypoint(ctx: JobContext) -> None:
     if start is not None:
         await start()
     ctx.add_shutdown_callback(model.aclose)
-    session = AgentSession(llm=model)
+    session = make_session(model)
     show_thinking(session)
     await session.start(agent=Agent(instructions=instructions()), room=ctx.room)
     greeting = os.environ.get("OMNIDUPLEX_GREETING")
