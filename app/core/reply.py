@@ -38,7 +38,7 @@ class Reply:
     client_calls: int = 0  # calls its client must answer (a continuation waits for none)
     segments: int = 0  # continuations started after server-run calls
     filled: bool = False  # a filler was said while a slow server-run call ran
-    made: set = field(default_factory=set)  # (name, canonical arguments) of calls made (tool_turns.call_key)
+    made: set[tuple[str, str]] = field(default_factory=set)  # (name, canonical arguments) of calls made
     repeated: bool = False  # the last segment repeated a call already made (its continuation calls no tool)
     failed: str = ""  # the pipeline failed it (why); the apology then plays, and it ends with reason error
 
