@@ -5,7 +5,7 @@ tests/served.py; Qwen2.5-Coder-0.5B: the 135M default model is not relied on to 
 * ``POST /v1/chat/completions`` with the ``openai`` SDK: the weather question comes back as ``tool_calls``;
 * the Realtime API with the ``openai`` SDK's realtime client: a spoken question (espeak-ng speech appended
   to the input buffer) produces the ``function_call`` item of the registered function tool;
-* a Twilio Media Streams call: the server runs the order MCP server's tool (stdio) the model chose, and the
+* a Twilio Media Streams call: the server runs the order MCP server's tool the model chose, and the
   answer is spoken on the call.
 
 No request leaves a traceback in the server's log.
@@ -85,7 +85,7 @@ def metric(server, name: str) -> float:
 def test_a_call_to_serve_runs_the_mcp_tool_the_model_chose(quality_server, tmp_path):
     """``omniduplex serve --model quality --mcp orders[order_status]=…`` as a user runs it (tests/served.py):
     a caller asks a spoken question on a Twilio Media Streams call; the model chooses the tool itself
-    (``tool_choice: "auto"``, the server's default), the server runs it on the MCP server (stdio) and the
+    (``tool_choice: "auto"``, the server's default), the server runs it on the MCP server and the
     answer is spoken on the call."""
     question = phone_audio_of(tmp_path, "Where is my order A 100?")
     ran = 'omniduplex_tool_calls_total{outcome='
