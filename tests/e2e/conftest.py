@@ -4,7 +4,7 @@ child process, scrubbed environment), started once per test session and only whe
 * ``default_server``: ``serve`` with the default model (stage processes, the packaged weights), Realtime
   clients allowed to name the order MCP server (``order_mcp_url``) as a ``type: "mcp"`` tool;
 * ``quality_server``: ``serve --model quality`` (Qwen2.5-Coder-0.5B, which chooses a tool by itself on
-  ``tool_choice: "auto"``), with the order MCP server declared for the voice surfaces (``--mcp``, stdio).
+  ``tool_choice: "auto"``), with the order MCP server declared for the voice surfaces (``--mcp``).
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ def default_server(_one_server, order_mcp_url) -> Served:
 
 
 @pytest.fixture()
-def quality_server(_one_server) -> Served:
-    orders = f"orders[order_status]={sys.executable} {ORDER_SERVER} stdio"
+def quality_server(_one_server, order_mcp_url) -> Served:
+    # over HTTP, already up: a stdio server started by serve may miss its 10 s listing on a loaded machine
+    orders = f"orders[order_status]={order_mcp_url}"
     return _one_server.get("quality", "--model", "quality", "--max-tokens", "40", "--mcp", orders,
                            "--log-level", "warning")
