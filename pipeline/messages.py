@@ -214,8 +214,24 @@ def meta_from_wire(data: bytes, request_id: str = "") -> Meta:
     try:
         return kind.model_validate_json(body)
     except ValidationError as e:
-        where = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise EdgeMessageError(f"request {request_id}: {kind.__name__}: {where}") from None
+        raise EdgeMessageError(f"request {request_id}: {kind.__name__}: {_where(e)}") from None
+
+
+def validated(kind: type[Meta], fields: dict[str, Any], request_id: str = "") -> Meta:
+    """``kind`` built from ``fields``, validated.
+
+    Raises:
+        EdgeMessageError: a field of the wrong type, unknown or missing (each named).
+    """
+    try:
+        return kind.model_validate(fields)
+    except ValidationError as e:
+        raise EdgeMessageError(f"request {request_id}: {kind.__name__}: {_where(e)}") from None
+
+
+def _where(e: ValidationError) -> str:
+    """Each failing field of ``e`` and why, ``; ``-separated."""
+    return "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
 
 
 @dataclass
