@@ -47,6 +47,7 @@ from omniduplex.models.weights import (
     assemble,
     locate,
     locate_moonshine_base,
+    locate_whisper_base,
 )
 
 ARCHITECTURE = "cascade"
@@ -54,6 +55,7 @@ MANIFEST_NAME = "cascade.yaml"
 ASR_NAMES = {
     "moonshine-base": locate_moonshine_base,
     "whisper-tiny.en": lambda: locate(WHISPER_TINY_EN).parent,
+    "whisper-base": locate_whisper_base,
 }
 """Packaged ASR models a manifest's ``asr:`` (or ``init-cascade --asr``) may name instead of a path."""
 DEFAULT_ASR = "moonshine-base"
