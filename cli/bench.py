@@ -364,7 +364,7 @@ def bench_tools(
     model: list[str] | None = typer.Option(
         None,
         "--model",
-        help="smollm2-135m (default), qwen2.5-coder-0.5b (quality), qwen2.5-coder-1.5b or a cascade "
+        help="qwen2.5-coder-0.5b (default), qwen2.5-coder-1.5b (quality), smollm2-135m (small) or a cascade "
         "manifest; repeatable.",
     ),
     limit: int | None = typer.Option(None, help="The first N tool requests (and N/4 without a tool)."),
@@ -385,7 +385,7 @@ def bench_tools(
 
             libs_main([resolve(m)[1] for m in model or ["smollm2-135m", "qwen2.5-coder-0.5b"]])
             return
-        run([resolve(m) for m in model or ["smollm2-135m"]], limit, json_out, cost)
+        run([resolve(m) for m in model or ["qwen2.5-coder-0.5b"]], limit, json_out, cost)
     except (ValueError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
