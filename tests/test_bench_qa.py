@@ -187,3 +187,22 @@ def test_two_questions_through_the_default_cascade(tmp_path):
     s = r["summary"]
     assert s["asked"] == 2 and s["right"] == sum(a["right"] for a in answers)
     assert s["ttfp_ms_p50"] > 0
+
+
+@pytest.mark.slow
+def test_text_mode_asks_the_llm_alone_and_scores_each_kind(tmp_path):
+    from omniduplex.cli.main import cli
+
+    out = tmp_path / "qa-text.json"
+    args = ["bench", "qa", "--text", "--model", "small", "--limit", "3", "--json", str(out)]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    assert "bench qa --text: 3 questions typed, temperature 0.0" in res.output
+    [(label, r)] = json.loads(out.read_text()).items()
+    assert label == "smollm2-135m"
+    questions = load_questions()[:3]
+    assert [a["asked"] for a in r["answers"]] == [q.text for q in questions]
+    for q, a in zip(questions, r["answers"]):
+        assert words(a["reply"]) and a["right"] == is_right(a["reply"], q.answers, q.reject)
+    assert r["summary"]["right"] == sum(a["right"] for a in r["answers"])
+    assert sum(n for _, n in r["summary"]["by_kind"].values()) == 3
