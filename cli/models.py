@@ -135,7 +135,7 @@ def init_cascade(
         "(default: moonshine-base).",
     ),
     llm: Path | None = typer.Option(
-        None, help="LLM: HF Llama/Qwen3 checkpoint directory or .gguf (default: packaged SmolLM2-135M)."
+        None, help="LLM: HF Llama/Qwen3 checkpoint directory or .gguf (default: packaged Qwen2.5-Coder-0.5B)."
     ),
     tts: Path | None = typer.Option(
         None,
@@ -199,10 +199,11 @@ def init_cascade(
         path = write_manifest(
             out,
             asr=asr_path(asr or DEFAULT_ASR).resolve(),
-            llm=pick(llm, weights.SMOLLM2_135M),
+            llm=llm.resolve() if llm else weights.assemble(weights.QWEN25_CODER_05B),
             tts=pick(tts, weights.PIPER_JOE),
             tts_config=None if tts else weights.locate(weights.PIPER_JOE_CONFIG),
             tts_voice=voice if family else None,
+            llm_quantized=llm is None,  # the packaged default LLM on its quantized blocks
         )
         m = load_manifest(path)  # checks that every part exists
     except CheckpointError as e:

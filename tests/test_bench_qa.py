@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from omniduplex.benchmarks.qa import Answer, Question, ask, is_right, load_questions, summarize, words
+from omniduplex.benchmarks.spoken_set import key_heard, key_words
 from omniduplex.pipeline.events import ReplyDone, ReplyFailed, ReplyTextDelta, UserTranscript
 
 
@@ -47,7 +48,39 @@ def test_a_reply_without_an_accepted_form_is_wrong(reply, answers):
 
 
 def test_words_split_hyphens_and_keep_numbers_whole():
-    assert words("Twenty-four, 1,000 and 3.5 degrees!") == ["twenty", "four", "1000", "and", "3.5", "degrees"]
+    assert words("Twenty-four, 1,000 and 3.5 degrees!") == ["24", "1000", "and", "3.5", "degrees"]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("one hundred and twenty minutes", ["120", "minutes"]),
+        ("eleven times eleven is one hundred twenty-one", ["11", "times", "11", "is", "121"]),
+        ("count: one, two, three", ["count", "1", "2", "3"]),  # a unit after a unit starts a new number
+        ("twenty twenty", ["20", "20"]),
+        ("a hundred", ["a", "100"]),
+        ("two thousand and five", ["2005"]),
+        ("bread and butter", ["bread", "and", "butter"]),
+        ("What colour is it?", ["what", "color", "is", "it"]),
+    ],
+)
+def test_spelled_numbers_become_digits(text, expected):
+    assert words(text) == expected
+
+
+def test_a_rejected_form_beside_the_right_one_is_wrong():
+    answers, reject = ("blue whale", "whale"), ("elephant",)
+    assert is_right("The blue whale is the largest.", answers, reject)
+    assert not is_right("The elephant, or maybe the blue whale.", answers, reject)
+    assert is_right("Forty-two.", ["42"]) and is_right("It is one hundred and twenty.", ["120"])
+
+
+def test_key_words_are_the_content_words_and_all_must_be_heard():
+    assert key_words("What is the capital of France?") == ["capital", "france"]
+    assert key_words("What is six times seven?") == ["6", "times", "7"]
+    assert key_heard("What is six times seven?", "what is 6 times 7")
+    assert not key_heard("What is six times seven?", "what is time times 4")
+    assert key_heard("What colour is the sky?", "What color is the sky")
 
 
 def test_bad_answers_are_refused():
@@ -59,11 +92,16 @@ def test_bad_answers_are_refused():
 
 def test_the_question_set_is_varied_and_never_contains_its_own_answer():
     qs = load_questions()  # raises if a question contains one of its accepted answers
-    assert len(qs) >= 20
+    assert len(qs) >= 100
     assert len({q.text for q in qs}) == len(qs)
     assert len({q.voice.split("+")[0] for q in qs}) >= 5  # voices (accents)
     assert len({q.voice for q in qs}) >= 10  # voices with their variants
     assert len({q.speed for q in qs}) >= 5 and len({q.pitch for q in qs}) >= 5
+    kinds = {k: sum(q.kind == k for q in qs) for k in ("fact", "arithmetic", "common sense", "instruction")}
+    assert min(kinds.values()) >= 10 and sum(q.kind == "small talk" for q in qs) >= 5
+    assert sum(q.voice == "piper" for q in qs) >= 20
+    assert sum(q.channel == "phone" for q in qs) >= 20 and sum(q.channel == "noise" for q in qs) >= 20
+    assert all(q.text.strip() == q.text and q.answers for q in qs)
 
 
 def test_a_question_that_contains_its_answer_is_refused(tmp_path):
@@ -149,3 +187,22 @@ def test_two_questions_through_the_default_cascade(tmp_path):
     s = r["summary"]
     assert s["asked"] == 2 and s["right"] == sum(a["right"] for a in answers)
     assert s["ttfp_ms_p50"] > 0
+
+
+@pytest.mark.slow
+def test_text_mode_asks_the_llm_alone_and_scores_each_kind(tmp_path):
+    from omniduplex.cli.main import cli
+
+    out = tmp_path / "qa-text.json"
+    args = ["bench", "qa", "--text", "--model", "small", "--limit", "3", "--json", str(out)]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    assert "bench qa --text: 3 questions typed, temperature 0.0" in res.output
+    [(label, r)] = json.loads(out.read_text()).items()
+    assert label == "smollm2-135m"
+    questions = load_questions()[:3]
+    assert [a["asked"] for a in r["answers"]] == [q.text for q in questions]
+    for q, a in zip(questions, r["answers"]):
+        assert words(a["reply"]) and a["right"] == is_right(a["reply"], q.answers, q.reject)
+    assert r["summary"]["right"] == sum(a["right"] for a in r["answers"])
+    assert sum(n for _, n in r["summary"]["by_kind"].values()) == 3

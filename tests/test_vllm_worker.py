@@ -282,12 +282,12 @@ def test_a_dead_engine_raises_from_step(tmp_path):
 @pytest.mark.slow
 def test_spoken_turn_through_the_cascade_gives_the_same_reply(smollm_dir, tmp_path):
     """Stage processes with the LLM on vLLM vs our engine in-process: same transcript, ids and reply text."""
-    from omniduplex.models.cascade.manifest import load_manifest, write_manifest
+    from omniduplex.models.cascade.manifest import load_manifest, small_manifest, write_manifest
 
     wav = load_audio(GREEN_TEA)
     meta = TurnOptions(sampling={"max_tokens": 40, "temperature": 0.0}, system_prompt=CASCADE_SYSTEM_PROMPT)
-    # both on the dequantised fp32 weights (vLLM serves those; the default manifest serves the Q4_1 blocks)
-    m = load_manifest(default_model())
+    # both on SmolLM2's dequantised fp32 weights (vLLM serves those; `--model small` serves the Q4_1 blocks)
+    m = load_manifest(small_manifest(cache_dir()))
     fp32 = write_manifest(tmp_path, asr=m.asr, llm=m.llm, tts=m.tts, tts_config=m.tts_config)
     replies = []
     for graph, processes in ((None, False), (VLLM_GRAPH, True)):

