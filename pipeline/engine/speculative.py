@@ -24,6 +24,10 @@ decode one id a step: their matcher cannot take back rejected ids), no repetitio
 change within the drafted run), no CFG companion, no embedding inputs, ``req.speculate`` true, and an adapter
 whose sampled ids produce no extras (``supports_speculation``).
 
+Back-off: a request none of whose drafts were kept skips the next 1, 2, 4, then 8 steps' drafts (doubling
+while the drafts keep failing, reset by a kept one): on a CPU a verify step of ``1 + k`` rows costs more than
+a one-row decode step, so drafts that keep failing would slow the request down. Outputs never depend on it.
+
 Counters: per request ``num_draft_tokens`` / ``num_accepted_tokens``; per speculator ``num_drafted``,
 ``num_accepted``, ``num_verified`` (requests verified, summed over steps) and ``num_emitted``.
 """
@@ -40,6 +44,8 @@ from omniduplex.pipeline.engine.spec_verify import verify_greedy, verify_sampled
 
 METHODS = ("ngram", "draft")
 MAX_K = 16
+MAX_BACKOFF = 8
+"""Most steps a request skips drafting after drafts that all failed (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,7 @@ class Speculator:
             raise ValueError(f"speculative method {config.method!r} {need} draft model")
         self.config, self.draft = config, draft
         self.num_drafted = self.num_accepted = self.num_verified = self.num_emitted = 0
+        self._backoff: dict[str, tuple[int, int]] = {}  # request id -> (steps left to skip, last back-off)
 
     @staticmethod
     def eligible(req: Request) -> bool:
@@ -139,6 +146,10 @@ class Speculator:
         cands = []
         for req in running:
             req.draft_ids, req.draft_probs = [], None
+            skip, last = self._backoff.get(req.request_id, (0, 0))
+            if skip > 0 and req.num_pending == 1:
+                self._backoff[req.request_id] = (skip - 1, last)
+                continue
             if self.eligible(req):
                 k = min(self.config.k, req.sampling.max_tokens - len(req.output_ids) - 1)
                 if k > 0:
@@ -170,6 +181,12 @@ class Speculator:
                 emitted = verify_sampled(rows, drafts, q, sp, len(req.output_ids))
             req.num_draft_tokens += len(drafts)
             req.num_accepted_tokens += len(emitted) - 1
+            if drafts and len(emitted) == 1:  # every draft failed: skip the next drafts, doubling
+                last = self._backoff.get(req.request_id, (0, 0))[1]
+                wait = min(MAX_BACKOFF, 2 * last or 1)
+                self._backoff[req.request_id] = (wait, wait)
+            elif drafts:
+                self._backoff.pop(req.request_id, None)
             self.num_drafted += len(drafts)
             self.num_accepted += len(emitted) - 1
             self.num_verified += 1
@@ -180,6 +197,7 @@ class Speculator:
 
     def release(self, request_id: str) -> None:
         """A request finished or was aborted: drop its draft state."""
+        self._backoff.pop(request_id, None)
         if self.draft is not None:
             self.draft.release(request_id)
 
