@@ -69,22 +69,30 @@ def _turns(workload: str, n: int, max_tokens: int) -> list[dict]:
     ] * min(n, 2)
 
 
-def _run_turns(worker, metas: list[dict], tag: str) -> tuple[list[list[int]], int, float]:
-    """Each turn alone; returns the replies' ids, the ids after each first one and the wall time after it."""
-    replies, tokens, wall = [], 0, 0.0
+def _run_turn(worker, meta: dict, rid: str) -> tuple[list[int], float]:
+    """One turn alone: its ids and the wall time after its first id."""
+    worker.submit(StageMessage(rid, {}, dict(meta)))
+    ids: list[int] = []
+    first = None
+    while worker.has_work():
+        for m in worker.step():
+            ids += m.tensors["token"].tolist()
+            first = first or time.perf_counter()
+    end = time.perf_counter()
+    return ids, end - (first or end)
+
+
+def _compare(plain, fast, metas: list[dict], tag: str) -> tuple[bool, list[int], list[float]]:
+    """Each turn on ``plain`` then on ``fast`` (interleaved: a busy host's load hits both alike); returns
+    whether every reply is the same, and per worker the ids after each first one and the wall time after."""
+    same, tokens, wall = True, [0, 0], [0.0, 0.0]
     for i, meta in enumerate(metas):
-        worker.submit(StageMessage(f"{tag}{i}", {}, dict(meta)))
-        ids: list[int] = []
-        first = None
-        while worker.has_work():
-            for m in worker.step():
-                ids += m.tensors["token"].tolist()
-                first = first or time.perf_counter()
-        end = time.perf_counter()
-        replies.append(ids)
-        tokens += max(0, len(ids) - 1)
-        wall += end - (first or end)
-    return replies, tokens, wall
+        outs = [_run_turn(w, meta, f"{tag}{j}-{i}") for j, w in enumerate((plain, fast))]
+        same &= outs[0][0] == outs[1][0]
+        for j, (ids, s) in enumerate(outs):
+            tokens[j] += max(0, len(ids) - 1)
+            wall[j] += s
+    return same, tokens, wall
 
 
 def _load(gguf: Path):
@@ -159,12 +167,10 @@ def run(
         fast = LLMWorker(model, 512, 1, 512, speculative=spec, draft=draft)
         for workload in ("qa", "tool"):
             metas = _turns(workload, turns, max_tokens)
-            _run_turns(plain, metas[:1], "warm-p")  # warm-up: kernels built, system prompt cached
-            _run_turns(fast, metas[:1], "warm-s")
+            _compare(plain, fast, metas[:1], f"warm-{workload}")  # kernels built, system prompt cached
             s = fast.engine.spec
             before = (s.num_drafted, s.num_accepted, s.num_verified, s.num_emitted)
-            base, n0, w0 = _run_turns(plain, metas, "p")
-            got, n1, w1 = _run_turns(fast, metas, "s")
+            same, (n0, n1), (w0, w1) = _compare(plain, fast, metas, workload)
             drafted, accepted, verified, emitted = (
                 a - b for a, b in zip((s.num_drafted, s.num_accepted, s.num_verified, s.num_emitted), before)
             )
@@ -177,7 +183,7 @@ def run(
                 "spec_tok_s": n1 / w1 if w1 else float("nan"),
                 "acceptance": accepted / drafted if drafted else 0.0,
                 "ids_per_step": emitted / verified if verified else 1.0,
-                "same": base == got,
+                "same": same,
                 "tokens": n1,
             }
             row["speedup"] = row["spec_tok_s"] / row["tok_s"]

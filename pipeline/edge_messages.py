@@ -74,12 +74,15 @@ class TurnRequest(_Kind):
 
 
 class Prefill(BaseModel):
-    """The conversation a turn still being spoken will be answered in."""
+    """The conversation a turn still being spoken will be answered in (its tools too: they are rendered into
+    the prompt's system part, so a hint without them would share almost nothing with the turn)."""
 
     model_config = ConfigDict(extra="forbid")
 
     system_prompt: str
     history: list[list | dict]
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
 
 
 class AsrPiece(_Kind):

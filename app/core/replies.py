@@ -149,6 +149,8 @@ class OrchestratorResponder:
         if context is not None:
             meta = self._turn_meta(*context)
             prefill = {"system_prompt": meta["system_prompt"], "history": meta["history"]}
+            if meta.get("tools"):  # rendered into the prompt: the hint must hold them to be its prefix
+                prefill["tools"], prefill["tool_choice"] = meta["tools"], meta["tool_choice"]
         self.orch.feed(turn_id, samples, on_partial, prefill)
         return True
 

@@ -21,7 +21,8 @@ int64 ``[0]``, meta ``text=""``, ``skipped="empty transcript"`` + turn meta, ``l
 
 Prefill while the user speaks: before a turn's message, the ASR stage may send ``last=False`` messages of
 the turn still being spoken (meta ``partial_transcript`` and ``prefill`` = ``{system_prompt, history}``,
-see :mod:`.asr`). Each is a *prefill hint*: the chat of the partial transcript, cut where a longer transcript
+with the turn's ``tools`` / ``tool_choice`` when it has tools, see :mod:`.asr`). Each is a *prefill
+hint*: the chat of the partial transcript, cut where a longer transcript
 could tokenize differently (:meth:`ChatPrompter.hint_ids`), is prefilled as a one-token request whose output
 is dropped; its full KV blocks stay in the prefix cache, so at end of turn the turn's prompt finds the system
 prompt, history and the words already heard computed and prefills only the rest (the idea of issue 24 item
