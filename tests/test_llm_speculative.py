@@ -139,3 +139,27 @@ def test_the_manifest_knob_is_checked_and_reaches_the_engine(model, tmp_path):
         load_manifest(_manifest(tmp_path, "{method: draft, draft: nowhere.gguf}"))
     with pytest.raises(CheckpointError, match="llm_speculative must be a mapping"):
         load_manifest(_manifest(tmp_path, "ngram"))
+
+
+@pytest.mark.slow
+def test_bench_spec_reports_acceptance_and_speedup_with_identical_replies(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from omniduplex.cli.main import cli
+
+    smollm2_dir()  # skips when the weights are missing
+    out = tmp_path / "spec.json"
+    res = CliRunner().invoke(
+        cli, ["bench", "spec", "--only", "SmolLM2", "--turns", "1", "--max-tokens", "12", "--json", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())
+    assert [(r["target"], r["proposer"], r["workload"]) for r in rows] == [
+        ("SmolLM2-135M", "ngram", "qa"),
+        ("SmolLM2-135M", "ngram", "tool"),
+    ]
+    for r in rows:
+        assert r["same"] is True and 0 <= r["acceptance"] <= 1 and r["tok_s"] > 0 and r["spec_tok_s"] > 0
+    assert "speedup" in res.output and "SmolLM2-135M" in res.output

@@ -253,7 +253,10 @@ class Engine:
             hidden = self.graphs.run(plan.items)
         if hidden is None:
             t0 = time.perf_counter()
-            batch = self.inputs.eager_batch(plan.items)
+            if self.spec is not None and all(r.num_pending == 1 for r, _ in plan.items):
+                batch = self.inputs.row_batch(plan.items)  # decodes and drafts: one query a row
+            else:
+                batch = self.inputs.eager_batch(plan.items)
             x = self.adapter.input_embeds(plan.items)
             self.host_s += time.perf_counter() - t0
             hidden = self.adapter.forward(x, batch, self.kv)
