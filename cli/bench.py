@@ -123,6 +123,23 @@ def bench_prefix(
     run(json_out, max_tokens, repeats, threads, dtype)
 
 
+@bench.command("spec")
+def bench_spec(
+    k: int = typer.Option(4, help="Draft ids a step."),
+    turns: int = typer.Option(4, help="Turns per workload (each alone: c = 1)."),
+    max_tokens: int = typer.Option(48, help="Most reply ids per turn (greedy; EOS ends a turn)."),
+    threads: int = typer.Option(1, help="torch intra-op threads."),
+    only: str | None = typer.Option(None, help="Only the pairs whose target or proposer name contains this."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+) -> None:
+    """Speculative decoding on the packaged LLMs: acceptance rate and speedup per (target, proposer) pair."""
+    from omniduplex.benchmarks.spec import run
+
+    if not 1 <= k <= 16:
+        raise typer.BadParameter(f"--k {k}: choose 1 to 16")
+    run(json_out, k, turns, max_tokens, threads, only)
+
+
 @bench.command("llm")
 def bench_llm(
     model: Path | None = typer.Option(

@@ -85,12 +85,15 @@ class TurnRequest(Meta):
 
 
 class Prefill(BaseModel):
-    """The conversation a turn still being spoken will be answered in."""
+    """The conversation a turn still being spoken will be answered in (its tools too: they are rendered into
+    the prompt's system part, so a hint without them would share almost nothing with the turn)."""
 
     model_config = ConfigDict(extra="forbid")
 
     system_prompt: str
     history: list[list[Any] | dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
 
 class AsrPiece(Meta):

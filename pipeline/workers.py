@@ -272,6 +272,15 @@ def _llm_worker(manifest, cfg: StageConfig) -> StageWorker:
         return VLLMLLMWorker(llm_dir, cfg, _dtype(cfg))
     from omniduplex.pipeline.stages.llm import LLMWorker
 
+    spec, draft = None, None
+    if manifest.llm_speculative is not None:  # speculative decoding (pipeline/stages/llm_speculative.py)
+        from omniduplex.pipeline.engine.speculative import SpeculativeConfig
+        from omniduplex.pipeline.stages.llm_speculative import load_draft
+
+        spec = SpeculativeConfig.parse(manifest.llm_speculative, f"{manifest.path}: llm_speculative")
+        if spec.draft is not None:
+            draft = load_draft(spec.draft, _dtype(cfg), cfg.device, cache_dir())
+            _prepack(draft.thinker, cfg)
     model = load_model(llm_dir, parts=("thinker",), dtype=_dtype(cfg), device=cfg.device)
     if manifest.llm_quantized:  # GGUF blocks on our quantized kernels (models/cascade/gguf_quantized.py)
         from omniduplex.models.cascade.gguf_quantized import quantize_from_gguf
@@ -286,6 +295,8 @@ def _llm_worker(manifest, cfg: StageConfig) -> StageWorker:
         enable_prefix_caching=cfg.enable_prefix_caching,
         cuda_graphs=cfg.cuda_graphs,
         max_tool_calls=cfg.max_tool_calls,
+        speculative=spec,
+        draft=draft,
     )
 
 

@@ -161,7 +161,13 @@ class OrchestratorResponder:
         prefill = None
         if context is not None:
             turn = self._turn_options(*context)
-            prefill = Prefill(system_prompt=turn.system_prompt or "", history=turn.history or [])
+            # its tools too: rendered into the prompt, the hint must hold them to be its prefix
+            prefill = Prefill(
+                system_prompt=turn.system_prompt or "",
+                history=turn.history or [],
+                tools=turn.tools,
+                tool_choice=turn.tool_choice,
+            )
         self.orch.feed(turn_id, samples, on_partial, prefill)
         return True
 

@@ -17,6 +17,9 @@ A manifest is a small YAML file (``omniduplex init-cascade`` writes one)::
     tts_ref_text: Transcript of the clip.  # Qwen3-TTS Base only: in-context cloning with the clip's codes
     tts_max_frames: 1024                   # Qwen3-TTS only: codec frames per clause at most (12.5 / s)
     llm_quantized: true                    # optional, GGUF only: serve its quantized blocks (default false)
+    llm_speculative: {method: ngram, k: 4} # optional: speculative decoding (prompt lookup), or
+                                           # {method: draft, draft: /path/to/draft.gguf, k: 4} (a draft
+                                           # LM of the same tokenizer); pipeline/engine/speculative.py
 
 Relative paths are resolved against the manifest's folder. ``--model`` accepts the file, or a folder that
 holds ``cascade.yaml``. With no ``--model`` the commands use :func:`default_manifest`: the packaged weights
@@ -91,6 +94,9 @@ class CascadeManifest:
             ``tts_ref_text``, checked when the stage loads the model).
         llm_quantized: serve a GGUF LLM on its quantized blocks (Q4_1/Q5_0/Q8_0/Q4_K/Q6_K kernels)
             instead of the dequantised fp32/bf16 weights.
+        llm_speculative: the LLM stage's speculative decoding, as written (its ``draft`` made absolute and
+            checked to exist); the stage parses and checks the rest
+            (:meth:`~omniduplex.pipeline.engine.speculative.SpeculativeConfig.parse`).
     """
 
     path: Path
@@ -104,6 +110,7 @@ class CascadeManifest:
     tts_ref_audio: Path | None = None
     tts_ref_text: str | None = None
     tts_max_frames: int = 1024
+    llm_speculative: dict | None = None
 
     @property
     def tts_is_qwen3(self) -> bool:
@@ -188,6 +195,12 @@ def load_manifest(model: str | Path) -> CascadeManifest:
         raise CheckpointError(f"{path}: llm_quantized must be true or false, not {quantized!r}")
     if quantized and llm.suffix != ".gguf":
         raise CheckpointError(f"{path}: llm_quantized needs a .gguf llm, not {llm}")
+    spec = raw.get("llm_speculative")
+    if spec is not None:
+        if not isinstance(spec, dict):
+            raise CheckpointError(f"{path}: llm_speculative must be a mapping like {{method: ngram, k: 4}}")
+        if spec.get("draft"):
+            spec = {**spec, "draft": str(part("llm_speculative.draft", spec["draft"]))}
     return CascadeManifest(
         path.resolve(),
         part("asr", asr_path(raw["asr"])),
@@ -198,6 +211,7 @@ def load_manifest(model: str | Path) -> CascadeManifest:
         **{k: str(v) if v is not None else None for k, v in voice.items()},
         tts_ref_audio=ref_audio,
         tts_max_frames=max_frames,
+        llm_speculative=spec,
     )
 
 

@@ -58,6 +58,7 @@ class DecoderLMAdapter:
         self.vocab_size, self.hidden_size = cfg.vocab_size, cfg.hidden_size
         self.max_position_embeddings = cfg.max_position_embeddings
         self._items: list[tuple[Request, int]] = []
+        self.supports_speculation = capture_layer is None and not emit_embeds  # sampled ids make no extras
 
     def input_embeds(self, items: list[tuple[Request, int]]) -> torch.Tensor:
         self._items = items
@@ -68,6 +69,8 @@ class DecoderLMAdapter:
                 ids.extend(req.prompt_ids[s : s + n])
             else:  # without building prompt + outputs (O(1) per decode row)
                 ids.extend(req.prompt_ids[s:p] + req.output_ids[max(s, p) - p : s + n - p])
+                if s + n > req.num_inputs:  # speculative rows: the step's drafts (.speculative)
+                    ids.extend(req.draft_ids[: s + n - req.num_inputs])
             if req.prompt_embeds is not None and s < req.num_prompt:
                 from_prompt.append((len(ids) - n, req.prompt_embeds[s : min(s + n, req.num_prompt)]))
         emb = self.model.model.embed_tokens(torch.tensor(ids, device=self.model.lm_head.weight.device))

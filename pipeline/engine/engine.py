@@ -26,6 +26,7 @@ from omniduplex.pipeline.engine.request import Request, RequestOutput, Status
 from omniduplex.pipeline.engine.sampler import sample
 from omniduplex.pipeline.engine.sampling_tables import SamplingTables
 from omniduplex.pipeline.engine.scheduler import Scheduler
+from omniduplex.pipeline.engine.speculative import Speculator
 from omniduplex.pipeline.engine.step_inputs import StepInputs
 from omniduplex.pipeline.engine.threads import ThreadGovernor
 
@@ -80,6 +81,8 @@ class Engine:
             width); default ``num_blocks * 16``, at most the adapter's ``max_position_embeddings``. Longer
             requests still run, eagerly.
         name: the engine's name in logs (``"thinker"``).
+        speculator: speculative decoding (:class:`.speculative.Speculator`; ``None``: off). Needs an adapter
+            with ``supports_speculation`` true (its sampled ids make no extras) and no ``decode`` of its own.
 
     Counters: ``num_prefill_tokens`` (prompt rows run through the model, recomputations after preemption
     included), ``num_cached_tokens`` (prompt rows taken from the prefix cache, summed over requests at their
@@ -100,8 +103,14 @@ class Engine:
         graphs: str = "auto",
         max_model_len: int | None = None,
         name: str = "engine",
+        speculator: Speculator | None = None,
     ) -> None:
         self.adapter, self.device, self.name = adapter, torch.device(device), name
+        if speculator is not None and (
+            not getattr(adapter, "supports_speculation", False) or hasattr(adapter, "decode")
+        ):
+            raise ValueError(f"{name}: this model adapter does not support speculative decoding")
+        self.spec = speculator
         self.kv = allocate_kv_cache(
             adapter.num_layers, num_blocks, adapter.num_kv_heads, adapter.head_dim, dtype=dtype, device=device
         )
@@ -216,6 +225,8 @@ class Engine:
 
     def _finish(self, req: Request, status: Status) -> None:
         self.scheduler.finish(req, status)
+        if self.spec is not None:
+            self.spec.release(req.request_id)
         self.grammars.release(req.request_id)
         for r in req.group:
             if r.slot >= 0:
@@ -226,6 +237,8 @@ class Engine:
     # -- one iteration -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduler iteration; returns the outputs of requests that sampled or finished."""
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running)
         plan = self.scheduler.schedule()
         if not plan.items:
             return []
@@ -237,14 +250,20 @@ class Engine:
             hidden = self.graphs.run(plan.items)
         if hidden is None:
             t0 = time.perf_counter()
-            batch = self.inputs.eager_batch(plan.items)
+            if self.spec is not None and all(r.num_pending == 1 for r, _ in plan.items):
+                batch = self.inputs.row_batch(plan.items)  # decodes and drafts: one query a row
+            else:
+                batch = self.inputs.eager_batch(plan.items)
             x = self.adapter.input_embeds(plan.items)
             self.host_s += time.perf_counter() - t0
             hidden = self.adapter.forward(x, batch, self.kv)
-        rows, reqs = [], []
+        rows, reqs, speculated = [], [], []
         end = 0
         for req, n in plan.items:
             end += n
+            if n > req.num_pending:  # its pending row and n - 1 draft rows: verified below
+                speculated.append((req, end - n, n))
+                continue
             prompt_rows = max(0, min(req.num_computed + n, req.num_prompt) - req.num_computed)
             req.num_prefill_computed += prompt_rows
             self.num_prefill_tokens += prompt_rows
@@ -253,14 +272,14 @@ class Engine:
             if req.num_pending == 0:
                 rows.append(end - 1)
                 reqs.append(req)
+        outs = self._speculated(speculated, hidden) if speculated else []
         if not reqs:
-            return []
+            return outs
         h = hidden if len(rows) == hidden.shape[0] else hidden[rows]  # decode steps: every row samples
         if hasattr(self.adapter, "decode"):  # models that sample several streams / pair CFG rows
             token_list, finishing, extras = self.adapter.decode(reqs, h)
         else:
             token_list, finishing, extras = self._sample(reqs, h)
-        outs = []
         ran = {id(r) for r in reqs}
         for req, tok, fin, extra in zip(reqs, token_list, finishing, extras):
             req.output_ids.append(tok)
@@ -279,6 +298,31 @@ class Engine:
             if len(req.output_ids) == 1:
                 out.num_cached_tokens = max(0, req.num_cached_tokens)
                 self.num_cached_tokens += out.num_cached_tokens
+            if req.num_draft_tokens:
+                out.num_draft_tokens, out.num_accepted_tokens = req.num_draft_tokens, req.num_accepted_tokens
+            outs.append(out)
+        return outs
+
+    def _speculated(self, items: list[tuple[Request, int, int]], hidden: torch.Tensor) -> list[RequestOutput]:
+        """Verify the drafts of speculating requests (``(request, first row, rows)``), append the emitted ids
+        up to a stop id or ``max_tokens``, and roll each request's KV back to the rows it kept."""
+        outs = []
+        for (req, _, _), emitted in zip(items, self.spec.verify(self.adapter, items, hidden)):
+            sp, new, status = req.sampling, [], None
+            for tok in emitted:
+                req.output_ids.append(tok)
+                new.append(tok)
+                if tok in sp.stop_token_ids or len(req.output_ids) >= sp.max_tokens:
+                    status = Status.FINISHED_STOPPED if tok in sp.stop_token_ids else Status.FINISHED_LENGTH
+                    break
+            req.num_computed += len(new)  # the pending row and the kept drafts; the last id is pending
+            if status is not None:
+                self._finish(req, status)
+            else:
+                self.scheduler.rollback(req)
+                self.scheduler.computed(req)
+            out = RequestOutput(req.request_id, new, status is not None, status and status.value)
+            out.num_draft_tokens, out.num_accepted_tokens = req.num_draft_tokens, req.num_accepted_tokens
             outs.append(out)
         return outs
 

@@ -79,6 +79,10 @@ class Request:
     KV state: ``blocks`` (the block table), ``num_computed`` (input rows whose KV is in those blocks),
     ``block_hashes`` (chain hashes of the full blocks of its inputs, filled lazily by the prefix cache),
     ``num_registered`` (leading blocks of ``blocks`` already offered to the prefix cache).
+    Speculative decoding (:mod:`.speculative`): ``speculate`` (False: never given drafts), ``draft_ids`` (this
+    step's draft ids, input rows after the pending one), ``draft_probs`` (float64 ``[k, V]``, the draft
+    distributions of sampled drafts; ``None`` for deterministic ones), ``num_draft_tokens`` /
+    ``num_accepted_tokens`` (drafts verified / kept, summed over the request's steps).
     Accounting: ``num_cached_tokens`` (prompt rows taken from the prefix cache at first admission; ``-1``
     before it), ``num_prefill_computed`` (prompt rows run through the model, recomputations included).
     """
@@ -104,6 +108,11 @@ class Request:
     companion: Request | None = None
     is_companion: bool = False
     companion_live: bool = True
+    speculate: bool = True
+    draft_ids: list[int] = field(default_factory=list)
+    draft_probs: torch.Tensor | None = None
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.companion is not None:
@@ -140,10 +149,13 @@ class Request:
 class RequestOutput:
     """What one engine step produced for one request.
 
-    ``new_token_ids``: ids sampled this step (0 or 1). ``extras``: model-specific streams, e.g. the
+    ``new_token_ids``: ids sampled this step (0 or 1; up to ``k + 1`` for a speculating request).
+    ``extras``: model-specific streams, e.g. the
     Talker's full codec frame or Thinker hidden states. ``finished``/``finish_reason`` when done.
     ``num_cached_tokens``: on a request's first output, the prompt tokens its prefill took from the prefix
     cache (as OpenAI's ``usage.prompt_tokens_details.cached_tokens``); ``None`` on later outputs.
+    ``num_draft_tokens`` / ``num_accepted_tokens``: the request's speculative counters so far
+    (:mod:`.speculative`).
     """
 
     request_id: str
@@ -152,3 +164,5 @@ class RequestOutput:
     finish_reason: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     num_cached_tokens: int | None = None
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from omniduplex.models.forward_batch import BLOCK_SIZE
 from omniduplex.pipeline.engine.block_manager import BlockAllocator, blocks_for
 from omniduplex.pipeline.engine.prefix_cache import PrefixCache
 from omniduplex.pipeline.engine.request import Request, Status
@@ -107,6 +108,9 @@ class Scheduler:
             ns = self._chunk(req, budget, bool(out.items))
             if not any(ns):
                 continue
+            if req.draft_ids and not self._grow(req, ns):  # no room for the drafts' KV: decode one id
+                req.draft_ids = []
+                ns = self._chunk(req, budget, bool(out.items))
             while not self._grow(req, ns):
                 victim = max(self.running, key=lambda r: r.arrival)
                 self._preempt(victim)
@@ -149,8 +153,8 @@ class Scheduler:
         may a CFG request whose companion is not live yet (the companion waits); a live CFG pair runs
         whole (both members must reach their sampling point in the same step, the companion catching up
         on everything it skipped), waiting for a step with room unless nothing else is planned."""
-        if req.companion is None:
-            return [min(req.num_pending, budget)]
+        if req.companion is None:  # a speculating request: its pending row, then its drafts
+            return [min(req.num_pending + len(req.draft_ids), budget)]
         if not req.companion_live:
             return [min(req.num_pending, budget), 0]
         ns = [r.num_pending for r in req.group]
@@ -167,12 +171,32 @@ class Scheduler:
                 r.blocks += self.allocator.allocate(e)
         return True
 
+    def rollback(self, req: Request) -> None:
+        """Drop the KV rows of ``req`` at and after ``req.num_computed`` (lowered by the caller: rejected
+        speculative rows). Blocks past the kept rows go back to the pool; the block holding the last kept
+        rows is made writable (unregistered if it was named in the prefix cache; if it is shared, it is left
+        and its rows are recomputed)."""
+        k, m = divmod(req.num_computed, BLOCK_SIZE)
+        if m and k < len(req.blocks) and self.allocator.block_hash(req.blocks[k]) is not None:
+            if self.allocator.refcount(req.blocks[k]) == 1:
+                self.allocator.unregister(req.blocks[k])
+            else:
+                req.num_computed = k * BLOCK_SIZE
+        keep = blocks_for(req.num_computed)
+        if len(req.blocks) > keep:
+            self.allocator.free(req.blocks[keep:][::-1])
+            req.blocks = req.blocks[:keep]  # a new list: the step inputs rewrite its block table row
+        full = req.num_computed // BLOCK_SIZE
+        req.num_registered = min(req.num_registered, full)
+        del req.block_hashes[full:]
+
     def _preempt(self, req: Request) -> None:
         """Recompute-style preemption of a whole group: drop the KV, keep the outputs, requeue first."""
         self.running.remove(req)
         self.num_preemptions += 1
         for r in req.group:
             self._release(r)
+            r.draft_ids = []  # drafts follow a pending decode row only
             r.num_preemptions += 1
             r.status = Status.WAITING
         self.waiting.appendleft(req)

@@ -219,6 +219,42 @@ class StepInputs:
             max_query_len=max(ns),
         )
 
+    def row_batch(self, items: list[tuple[Request, int]]) -> ForwardBatch:
+        """A decode-shaped :class:`ForwardBatch` of ``items`` whose requests each run ``n`` rows from their
+        ``num_computed`` (a decode and its speculative drafts): every row is a query of its own over the
+        request's block table, attending up to its position. Layers write a step's K/V rows before they
+        attend, so row ``i`` sees rows ``< i`` of the same step: the causal attention of the multi-row decode,
+        on the one-query decode kernels (and the one-call quantized layers), each row computed as a plain
+        decode step would compute it."""
+        rows = [(r, p) for r, n in items for p in range(r.num_computed, r.num_computed + n)]
+        for r, _ in items:
+            self.tables.sync(r)
+        t = len(rows)
+        max_end = max(p for _, p in rows) + 1
+        width = max(1, -(-max_end // BLOCK_SIZE))
+        buf = self._eager_buffer(t, t, t * width)
+        buf.writable()
+        h = buf.host
+        pos = [p for _, p in rows]
+        h["positions"][:t] = pos
+        h["slot_mapping"][:t] = [r.blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for r, p in rows]
+        h["query_start_loc"][: t + 1] = np.arange(t + 1)
+        h["seq_lens"][:t] = [p + 1 for p in pos]
+        h["block_tables"][: t * width].reshape(t, width)[:] = self.tables.table[
+            [r.slot for r, _ in rows], :width
+        ]
+        buf.upload(buf.end("block_tables", t * width))
+        d = buf.device_views
+        return ForwardBatch(
+            positions=d["positions"][:t],
+            slot_mapping=d["slot_mapping"][:t],
+            block_tables=d["block_tables"][: t * width].view(t, width),
+            seq_lens=d["seq_lens"][:t],
+            query_start_loc=d["query_start_loc"][: t + 1],
+            max_seq_len=max_end,
+            max_query_len=1,
+        )
+
     # -- the static inputs of replayed decode steps -----------------------------------------------------
     def setup_graph(self, max_batch: int, width: int) -> None:
         """Allocate the static decode inputs: ``max_batch`` rows, block tables ``width`` blocks wide (the

@@ -23,6 +23,8 @@ def worker_stats(worker) -> dict[str, int]:
     ``kv_blocks_used`` / ``kv_blocks_free``: the paged KV cache, for stages on the engine only.
     ``cuda_graph_hits`` / ``cuda_graph_misses``: steps (engine stages; the Talker's code predictor included)
     and pushes (Code2Wav) replayed as CUDA graphs / run eagerly, for stages that captured graphs only.
+    ``spec_draft_tokens`` / ``spec_accepted_tokens``: speculative draft ids verified / kept, for engines
+    that speculate only (:mod:`~omniduplex.pipeline.engine.speculative`).
     """
     return worker.stats()
 
@@ -37,6 +39,7 @@ def engine_stats(engine) -> dict[str, int]:
         "kv_blocks_used": alloc.num_blocks - alloc.num_free,
         "kv_blocks_free": alloc.num_free,
         **getattr(engine, "graph_stats", dict)(),
+        **(engine.spec.stats() if getattr(engine, "spec", None) is not None else {}),
     }
 
 

@@ -21,7 +21,8 @@ int64 ``[0]``, meta ``text=""``, ``skipped="empty transcript"`` + turn meta, ``l
 
 Prefill while the user speaks: before a turn's message, the ASR stage may send ``last=False`` messages of
 the turn still being spoken (meta ``partial_transcript`` and ``prefill`` = ``{system_prompt, history}``,
-see :mod:`.asr`). Each is a *prefill hint*: the chat of the partial transcript, cut where a longer transcript
+with the turn's ``tools`` / ``tool_choice`` when it has tools, see :mod:`.asr`). Each is a *prefill
+hint*: the chat of the partial transcript, cut where a longer transcript
 could tokenize differently (:meth:`ChatPrompter.hint_ids`), is prefilled as a one-token request whose output
 is dropped; its full KV blocks stay in the prefix cache, so at end of turn the turn's prompt finds the system
 prompt, history and the words already heard computed and prefills only the rest (the idea of issue 24 item
@@ -42,6 +43,7 @@ from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.grammar import TokenizerGrammars
 from omniduplex.pipeline.engine.request import Request, SamplingParams
+from omniduplex.pipeline.engine.speculative import SpeculativeConfig
 from omniduplex.pipeline.messages import DecoderOutput, PartialTranscript, StageMessage, TurnOptions
 from omniduplex.pipeline.stages.chat_prompt import (
     MAX_TOOL_CALLS,
@@ -49,6 +51,7 @@ from omniduplex.pipeline.stages.chat_prompt import (
     ChatTurn,
 )
 from omniduplex.pipeline.stages.contract import EngineGauges
+from omniduplex.pipeline.stages.llm_speculative import make_speculator
 from omniduplex.pipeline.stages.tool_calls import EVENT_KEYS
 from omniduplex.pipeline.text.detokenize import IncrementalDetokenizer
 from omniduplex.pipeline.text.reply_text import ReplyStream
@@ -134,6 +137,8 @@ class LLMWorker(EngineGauges):
             its history as the same tokens, so it computes only the new turn).
         cuda_graphs: replay decode steps as CUDA graphs on a CUDA device (the engine's ``graphs="auto"``).
         max_tool_calls: most tool calls per user turn (the call loop is cut there).
+        speculative, draft: speculative decoding (the manifest's ``llm_speculative``, parsed) and its draft
+            model (``method: draft``), :mod:`.llm_speculative`; a step may then emit several ids of a turn.
 
     Raises:
         CheckpointError: no ``tokenizer.json``, no eos token, or a model without a text decoder.
@@ -148,6 +153,8 @@ class LLMWorker(EngineGauges):
         enable_prefix_caching: bool = True,
         cuda_graphs: bool = True,
         max_tool_calls: int = MAX_TOOL_CALLS,
+        speculative: SpeculativeConfig | None = None,
+        draft: LoadedModel | None = None,
     ) -> None:
         if model.thinker is None or model.thinker.model is None:
             raise CheckpointError(f"{model.path}: not a text LM checkpoint (no decoder loaded)")
@@ -155,6 +162,9 @@ class LLMWorker(EngineGauges):
         self.tokenizer, self.template = self.chat.tokenizer, self.chat.template
         self.stop_ids = self.chat.stop_ids
         weight = model.thinker.lm_head.weight
+        sizes = (num_blocks, max_num_seqs, max_num_batched_tokens)
+        vocab = model.thinker.cfg.vocab_size
+        spec = make_speculator(speculative, draft, self.tokenizer, vocab, sizes, weight.dtype, weight.device)
         self.engine = Engine(
             DecoderLMAdapter(model.thinker),
             num_blocks,
@@ -165,6 +175,7 @@ class LLMWorker(EngineGauges):
             enable_prefix_caching=enable_prefix_caching,
             graphs="auto" if cuda_graphs else "off",
             name="llm",
+            speculator=spec,
         )
         self.turns: dict[str, TurnStream] = {}
         self._ready: list[StageMessage] = []  # skipped turns, emitted at the next step
@@ -214,7 +225,16 @@ class LLMWorker(EngineGauges):
         if rid in self.turns:
             return
         ctx = partial.prefill
-        opts = TurnOptions(system_prompt=ctx.system_prompt, history=ctx.history) if ctx else TurnOptions()
+        opts = (
+            TurnOptions(
+                system_prompt=ctx.system_prompt,
+                history=ctx.history,
+                tools=ctx.tools,
+                tool_choice=ctx.tool_choice,
+            )
+            if ctx
+            else TurnOptions()
+        )
         try:
             ids = self.chat.hint_ids(rid, opts, partial.partial_transcript)
         except ValueError:
@@ -246,11 +266,13 @@ class LLMWorker(EngineGauges):
             stream = self.turns.get(o.request_id)
             if stream is None:
                 continue
-            (tok,) = o.new_token_ids
-            msgs = stream.messages(o.request_id, tok, o.finish_reason if o.finished else None)
-            outs += msgs
-            if msgs[-1].last:
-                if not o.finished:  # the reply ended itself (text budget, call limit)
-                    self.engine.abort(o.request_id)
-                self.turns.pop(o.request_id, None)
+            for j, tok in enumerate(o.new_token_ids):  # several ids when drafts were kept
+                ends = o.finished and j == len(o.new_token_ids) - 1
+                msgs = stream.messages(o.request_id, tok, o.finish_reason if ends else None)
+                outs += msgs
+                if msgs[-1].last:
+                    if not ends:  # the reply ended itself (text budget, call limit)
+                        self.engine.abort(o.request_id)
+                    self.turns.pop(o.request_id, None)
+                    break
         return outs
