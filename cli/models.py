@@ -24,8 +24,8 @@ def init_model(
         "qwen3-omni",
         "--arch",
         help="qwen3-omni (Thinker-Talker), unified (delay-pattern speech LM + DAC), qwen3-tts, or "
-        "voxcpm2-tiny / voxcpm2-small, higgs-tiny / higgs-small, fish-speech-tiny / fish-speech-small "
-        "(the preset in the name).",
+        "voxcpm2-tiny / voxcpm2-small, higgs-tiny / higgs-small, fish-speech-tiny / fish-speech-small, "
+        "moshi-tiny / moshi-small / moshi-7b (full duplex; the preset in the name).",
     ),
     variant: str = typer.Option(
         "custom_voice",
@@ -38,7 +38,8 @@ def init_model(
     from omniduplex.models.registry import load_model
     from omniduplex.models.unified.presets import write_unified_checkpoint
 
-    for family in ("voxcpm2", "higgs", "fish-speech"):  # the preset in the name, or --arch FAMILY --preset P
+    # the preset in the name, or --arch FAMILY --preset P
+    for family in ("voxcpm2", "higgs", "fish-speech", "moshi"):
         if arch == family or arch.startswith(family + "-"):
             name = arch.removeprefix(family).removeprefix("-") or preset
             _init_family(out, family.replace("-", "_"), name, seed)
@@ -104,7 +105,7 @@ def _init_qwen3_tts(out: Path, preset: str, seed: int, variant: str) -> None:
 
 
 def _init_family(out: Path, family: str, preset: str, seed: int) -> None:
-    """Write and load back a random VoxCPM2 / Higgs Audio v3 / Fish Speech checkpoint (one JSON line).
+    """Write and load back a random VoxCPM2 / Higgs Audio v3 / Fish Speech / Moshi checkpoint (one JSON line).
 
     Raises typer.BadParameter: a preset the family does not have."""
     if family == "voxcpm2":
@@ -119,6 +120,12 @@ def _init_family(out: Path, family: str, preset: str, seed: int) -> None:
         from omniduplex.models.higgs.presets import write_higgs_checkpoint as write
 
         architecture = "HiggsMultimodalQwen3ForConditionalGeneration"
+    elif family == "moshi":
+        from omniduplex.models.moshi.checkpoint import load_moshi as load
+        from omniduplex.models.moshi.checkpoint import write_moshi_checkpoint as write
+        from omniduplex.models.moshi.config import PRESETS
+
+        architecture = "moshi"
     else:
         from omniduplex.models.fish_speech.load import load_fish_speech as load
         from omniduplex.models.fish_speech.presets import PRESETS

