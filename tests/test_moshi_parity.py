@@ -25,7 +25,8 @@ LSB = 1 / 32768
 
 @pytest.fixture(scope="module")
 def ref():
-    """``moshi.models.loaders`` and ``moshi.models.lm.LMGen`` (imported from site-packages or the apart folder)."""
+    """``moshi.models.loaders`` and ``moshi.models.lm.LMGen`` (imported from site-packages or the apart
+    folder)."""
     apart = importlib.util.find_spec("moshi") is None
     if apart:
         sys.path.insert(0, str(packages_dir()))
@@ -56,9 +57,10 @@ def _check(preset: str, ref, tmp_path) -> None:
         assert codes.shape == (1, 8, FRAMES)
         assert torch.equal(codes, ref_mimi.encode(pcm))
         start_streaming(mimi, 1)
-        streamed = torch.cat([mimi.encode(pcm[..., i * FRAME_SAMPLES:(i + 1) * FRAME_SAMPLES])
-                              for i in range(FRAMES)], -1)
-        wave_streamed = torch.cat([mimi.decode(codes[..., i:i + 1]) for i in range(FRAMES)], -1)
+        streamed = torch.cat(
+            [mimi.encode(pcm[..., i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES]) for i in range(FRAMES)], -1
+        )
+        wave_streamed = torch.cat([mimi.decode(codes[..., i : i + 1]) for i in range(FRAMES)], -1)
         stop_streaming(mimi)
         assert torch.equal(streamed, codes)
         wave = mimi.decode(codes)
@@ -66,7 +68,7 @@ def _check(preset: str, ref, tmp_path) -> None:
         assert (wave - ref_mimi.decode(codes)).abs().max() <= LSB
         assert (wave_streamed - wave).abs().max() <= LSB
         with ref_mimi.streaming(1):
-            ref_streamed = torch.cat([ref_mimi.decode(codes[..., i:i + 1]) for i in range(FRAMES)], -1)
+            ref_streamed = torch.cat([ref_mimi.decode(codes[..., i : i + 1]) for i in range(FRAMES)], -1)
         assert (wave_streamed - ref_streamed).abs().max() <= LSB
 
         gen = LMGen(ref_lm, use_sampling=False)
@@ -74,7 +76,7 @@ def _check(preset: str, ref, tmp_path) -> None:
         got, want = [], []
         with gen.streaming(1):
             for i in range(FRAMES):
-                r = gen.step(codes[:, :, i:i + 1])
+                r = gen.step(codes[:, :, i : i + 1])
                 out, ready = lm.step(codes[:, :, i], Sampling.greedy(1))
                 assert bool(ready[0]) == (r is not None)
                 if r is not None:

@@ -28,12 +28,15 @@ ARCHITECTURE = "moshi"
 
 def published_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """``module``'s tensors under their published names (``in_proj.weight`` → ``in_proj_weight``)."""
-    return {re.sub(r"self_attn\.in_proj\.weight$", "self_attn.in_proj_weight", k): v.contiguous()
-            for k, v in module.state_dict().items()}
+    return {
+        re.sub(r"self_attn\.in_proj\.weight$", "self_attn.in_proj_weight", k): v.contiguous()
+        for k, v in module.state_dict().items()
+    }
 
 
 def to_module_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Published or ``moshi``-package names → ours. ``in_projs.{i}.weight`` blocks are stacked in step order."""
+    """Published or ``moshi``-package names → ours. ``in_projs.{i}.weight`` blocks are stacked in step
+    order."""
     out: dict[str, torch.Tensor] = {}
     split: dict[str, dict[int, torch.Tensor]] = {}
     for k, v in state.items():
@@ -48,7 +51,8 @@ def to_module_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
-    """Load ``state`` (any accepted naming) strictly. Raises ValueError naming missing / unexpected tensors."""
+    """Load ``state`` (any accepted naming) strictly. Raises ValueError naming missing / unexpected
+    tensors."""
     state = to_module_names(state)
     own = module.state_dict()
     missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
@@ -83,8 +87,15 @@ def write_moshi_checkpoint(out: str | Path, preset: str, seed: int = 0) -> Path:
     dtype = torch.bfloat16 if preset == "7b" else torch.float32
     save_file({k: v.to(dtype) for k, v in published_state(lm).items()}, str(out / MOSHI_NAME))
     save_file(published_state(mimi), str(out / MIMI_NAME))
-    cfg = dict(lm_config(preset), moshi_name=MOSHI_NAME, mimi_name=MIMI_NAME, model_type="moshi",
-               architecture=ARCHITECTURE, preset=preset, mimi_config=mimi_config(preset))
+    cfg = dict(
+        lm_config(preset),
+        moshi_name=MOSHI_NAME,
+        mimi_name=MIMI_NAME,
+        model_type="moshi",
+        architecture=ARCHITECTURE,
+        preset=preset,
+        mimi_config=mimi_config(preset),
+    )
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     return out
 
@@ -100,16 +111,42 @@ class MoshiModels:
     voices: dict = field(default_factory=dict)
 
     def num_parameters(self) -> dict[str, int]:
-        return {"lm": sum(p.numel() for p in self.lm.parameters()),
-                "mimi": sum(p.numel() for p in self.mimi.parameters())}
+        return {
+            "lm": sum(p.numel() for p in self.lm.parameters()),
+            "mimi": sum(p.numel() for p in self.mimi.parameters()),
+        }
 
 
-LM_KEYS = ("dim", "text_card", "existing_text_padding_id", "n_q", "dep_q", "card", "num_heads", "num_layers",
-           "hidden_scale", "causal", "layer_scale", "context", "max_period", "gating", "norm",
-           "positional_embedding", "depformer_dim", "depformer_dim_feedforward", "depformer_num_heads",
-           "depformer_num_layers", "depformer_layer_scale", "depformer_multi_linear", "depformer_context",
-           "depformer_max_period", "depformer_gating", "depformer_pos_emb", "depformer_weights_per_step",
-           "delays")
+LM_KEYS = (
+    "dim",
+    "text_card",
+    "existing_text_padding_id",
+    "n_q",
+    "dep_q",
+    "card",
+    "num_heads",
+    "num_layers",
+    "hidden_scale",
+    "causal",
+    "layer_scale",
+    "context",
+    "max_period",
+    "gating",
+    "norm",
+    "positional_embedding",
+    "depformer_dim",
+    "depformer_dim_feedforward",
+    "depformer_num_heads",
+    "depformer_num_layers",
+    "depformer_layer_scale",
+    "depformer_multi_linear",
+    "depformer_context",
+    "depformer_max_period",
+    "depformer_gating",
+    "depformer_pos_emb",
+    "depformer_weights_per_step",
+    "delays",
+)
 
 
 def load_moshi(folder: str | Path, dtype: torch.dtype = torch.float32) -> MoshiModels:

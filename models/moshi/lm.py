@@ -2,7 +2,8 @@
 
 Per 80 ms frame ``s`` the temporal transformer reads the sum of 17 embeddings (text ``text_emb``, model audio
 ``emb.0..7``, user audio ``emb.8..15``; id ``card`` / ``text_card`` is the initial token, -1 embeds to zero)
-and gives ``z_s`` ``[B, dim]``; ``out_norm`` then ``text_linear`` give the text logits (the "inner monologue").
+and gives ``z_s`` ``[B, dim]``; ``out_norm`` then ``text_linear`` give the text logits (the "inner
+monologue").
 The depth transformer then predicts the frame's 8 model codebooks one after another: step ``k`` reads
 ``depformer_in.k(z_s) + emb(token_{k-1})`` (token ``-1`` is the text token, ``depformer_text_emb``;
 otherwise ``depformer_emb.{k-1}``), attends over the frame's earlier steps and emits ``linears.k`` logits.
@@ -34,7 +35,8 @@ class ScaledEmbedding(nn.Embedding):
 @dataclass
 class Sampling:
     """Per-row sampling settings as tensors ``[B]``: temperature (<= 0 means greedy) and top-k, for the text
-    and the audio tokens (Moshi's defaults: text 0.7 / 25, audio 0.8 / 250, ``moshi/models/lm.py`` ``LMGen``)."""
+    and the audio tokens (Moshi's defaults: text 0.7 / 25, audio 0.8 / 250, ``moshi/models/lm.py``
+    ``LMGen``)."""
 
     temp_text: torch.Tensor
     top_k_text: torch.Tensor
@@ -48,9 +50,11 @@ class Sampling:
         return Sampling(z, k, z.clone(), k.clone())
 
 
-def sample(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor,
-           generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row: ``logits`` ``[B, V]``, ``temp`` float ``[B]``, ``top_k`` int64 ``[B]`` → int64 ``[B]``.
+def sample(
+    logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """One token per row: ``logits`` ``[B, V]``, ``temp`` float ``[B]``, ``top_k`` int64 ``[B]`` → int64
+    ``[B]``.
     Rows with ``temp <= 0`` take the argmax; others sample ``softmax(logits / temp)`` restricted to the
     ``top_k`` largest logits. One batched call for all rows, no per-row Python."""
     greedy = logits.argmax(dim=-1)
@@ -73,8 +77,10 @@ class DelayState(Streaming):
         self.streams, self.depth = streams, depth
 
     def new_state(self, rows: int) -> dict[str, torch.Tensor]:
-        return {"cache": torch.full((rows, self.streams, self.depth), -2, dtype=torch.long),
-                "offset": torch.zeros(rows, dtype=torch.long)}
+        return {
+            "cache": torch.full((rows, self.streams, self.depth), -2, dtype=torch.long),
+            "offset": torch.zeros(rows, dtype=torch.long),
+        }
 
     def fresh_row_values(self) -> dict[str, float]:
         return {"cache": -2}
@@ -95,17 +101,35 @@ class MoshiLM(nn.Module):
         self.emb = nn.ModuleList([ScaledEmbedding(card + 1, dim) for _ in range(self.n_q)])
         self.text_emb = ScaledEmbedding(text + 1, dim)
         self.text_linear = nn.Linear(dim, text, bias=False)
-        self.transformer = Transformer(dim, cfg["num_heads"], cfg["num_layers"], int(cfg["hidden_scale"] * dim),
-                                       cfg["norm"], cfg["gating"], cfg["context"], cfg["positional_embedding"],
-                                       cfg["max_period"], cfg["layer_scale"])
+        self.transformer = Transformer(
+            dim,
+            cfg["num_heads"],
+            cfg["num_layers"],
+            int(cfg["hidden_scale"] * dim),
+            cfg["norm"],
+            cfg["gating"],
+            cfg["context"],
+            cfg["positional_embedding"],
+            cfg["max_period"],
+            cfg["layer_scale"],
+        )
         self.out_norm = make_norm(cfg["norm"], dim)
         self.depformer_in = nn.ModuleList([nn.Linear(dim, ddim, bias=False) for _ in range(self.dep_q)])
         self.depformer_emb = nn.ModuleList([ScaledEmbedding(card + 1, ddim) for _ in range(self.dep_q - 1)])
         self.depformer_text_emb = ScaledEmbedding(text + 1, ddim)
-        self.depformer = Transformer(ddim, cfg["depformer_num_heads"], cfg["depformer_num_layers"],
-                                     cfg["depformer_dim_feedforward"], cfg["norm"], cfg["depformer_gating"], None,
-                                     cfg["depformer_pos_emb"], cfg["depformer_max_period"],
-                                     cfg["depformer_layer_scale"], steps=self.dep_q)
+        self.depformer = Transformer(
+            ddim,
+            cfg["depformer_num_heads"],
+            cfg["depformer_num_layers"],
+            cfg["depformer_dim_feedforward"],
+            cfg["norm"],
+            cfg["depformer_gating"],
+            None,
+            cfg["depformer_pos_emb"],
+            cfg["depformer_max_period"],
+            cfg["depformer_layer_scale"],
+            steps=self.dep_q,
+        )
         self.linears = nn.ModuleList([nn.Linear(ddim, card, bias=False) for _ in range(self.dep_q)])
         self.tokens = DelayState(self.n_q + 1, max(self.delays) + 2)
 
@@ -114,13 +138,18 @@ class MoshiLM(nn.Module):
         ``out_norm``) and text logits ``[B, text_card]``."""
         x = self.emb[0](frame[:, 1:2])
         for k in range(1, self.n_q):
-            x = x + self.emb[k](frame[:, k + 1:k + 2])
+            x = x + self.emb[k](frame[:, k + 1 : k + 2])
         x = x + self.text_emb(frame[:, :1])
         z = self.out_norm(self.transformer(x))
         return z, self.text_linear(z)[:, 0]
 
-    def depth(self, z: torch.Tensor, text: torch.Tensor, sampling: Sampling,
-              generator: torch.Generator | None = None) -> torch.Tensor:
+    def depth(
+        self,
+        z: torch.Tensor,
+        text: torch.Tensor,
+        sampling: Sampling,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """The depth transformer over one frame for all rows at once: ``z`` ``[B, 1, dim]``, ``text`` int64
         ``[B]`` → audio tokens int64 ``[B, dep_q]``. Its KV cache lives for the frame only."""
         b = z.shape[0]
@@ -141,12 +170,14 @@ class MoshiLM(nn.Module):
         return torch.stack(out, 1)
 
     @torch.no_grad()
-    def step(self, user: torch.Tensor, sampling: Sampling,
-             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(
+        self, user: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Advance every row one frame. ``user`` int64 ``[B, 8]``: the user's Mimi codes for this frame.
         Returns ``(tokens, ready)``: int64 ``[B, 1 + dep_q]`` (text, model audio codebooks) for the frame
         ``max(delays)`` steps back, and bool ``[B]`` (False while a row is still within its first
-        ``max(delays)`` steps; those rows hold -2). Requires streaming (:func:`~.streaming.start_streaming`)."""
+        ``max(delays)`` steps; those rows hold -2). Requires streaming
+        (:func:`~.streaming.start_streaming`)."""
         st = self.tokens.rows(user.shape[0])
         cache, offset = st["cache"], st["offset"]
         b, ct = user.shape[0], cache.shape[2]
@@ -163,10 +194,10 @@ class MoshiLM(nn.Module):
         offset.add_(1)
         here = (offset % ct)[:, None, None]
         gen = torch.cat([text[:, None], audio], 1)
-        cache[:, :self.dep_q + 1].scatter_(2, here.expand(-1, self.dep_q + 1, 1), gen[..., None])
+        cache[:, : self.dep_q + 1].scatter_(2, here.expand(-1, self.dep_q + 1, 1), gen[..., None])
         lag = max(self.delays)
-        idx = (offset[:, None] - lag + delays[None, :self.dep_q + 1]) % ct
-        out = cache[:, :self.dep_q + 1].gather(2, idx[..., None])[..., 0].clone()
+        idx = (offset[:, None] - lag + delays[None, : self.dep_q + 1]) % ct
+        out = cache[:, : self.dep_q + 1].gather(2, idx[..., None])[..., 0].clone()
         ready = offset > lag
         out[~ready] = -2
         return out, ready[:b]

@@ -19,13 +19,18 @@ from omniduplex.models.moshi.transformer import ProjectedTransformer
 
 
 class ResnetBlock(nn.Module):
-    """``x + conv1x1(elu(conv_k(elu(x))))`` with a ``dim // compress`` bottleneck (``block.1``, ``block.3``)."""
+    """``x + conv1x1(elu(conv_k(elu(x))))`` with a ``dim // compress`` bottleneck (``block.1``,
+    ``block.3``)."""
 
     def __init__(self, dim: int, kernel: int, dilation: int, compress: int) -> None:
         super().__init__()
         hidden = dim // compress
-        self.block = nn.Sequential(nn.ELU(), StreamingConv1d(dim, hidden, kernel, dilation=dilation),
-                                   nn.ELU(), StreamingConv1d(hidden, dim, 1))
+        self.block = nn.Sequential(
+            nn.ELU(),
+            StreamingConv1d(dim, hidden, kernel, dilation=dilation),
+            nn.ELU(),
+            StreamingConv1d(hidden, dim, 1),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.block(x)
@@ -44,11 +49,18 @@ class SEANet(nn.Module):
 
 def seanet_encoder(cfg: dict) -> SEANet:
     """SEANet encoder ``model.{i}``: ``[B, 1, T]`` → ``[B, dimension, T / 960]``."""
-    nf, mult, layers = cfg["n_filters"], 1, [StreamingConv1d(cfg["channels"], cfg["n_filters"], cfg["kernel_size"])]
+    nf, mult, layers = (
+        cfg["n_filters"],
+        1,
+        [StreamingConv1d(cfg["channels"], cfg["n_filters"], cfg["kernel_size"])],
+    )
     for ratio in reversed(cfg["ratios"]):
         for j in range(cfg["n_residual_layers"]):
-            layers.append(ResnetBlock(mult * nf, cfg["residual_kernel_size"], cfg["dilation_base"] ** j,
-                                      cfg["compress"]))
+            layers.append(
+                ResnetBlock(
+                    mult * nf, cfg["residual_kernel_size"], cfg["dilation_base"] ** j, cfg["compress"]
+                )
+            )
         layers += [nn.ELU(), StreamingConv1d(mult * nf, mult * nf * 2, ratio * 2, stride=ratio)]
         mult *= 2
     layers += [nn.ELU(), StreamingConv1d(mult * nf, cfg["dimension"], cfg["last_kernel_size"])]
@@ -62,8 +74,11 @@ def seanet_decoder(cfg: dict) -> SEANet:
     for ratio in cfg["ratios"]:
         layers += [nn.ELU(), StreamingConvTranspose1d(mult * nf, mult * nf // 2, ratio * 2, ratio)]
         for j in range(cfg["n_residual_layers"]):
-            layers.append(ResnetBlock(mult * nf // 2, cfg["residual_kernel_size"], cfg["dilation_base"] ** j,
-                                      cfg["compress"]))
+            layers.append(
+                ResnetBlock(
+                    mult * nf // 2, cfg["residual_kernel_size"], cfg["dilation_base"] ** j, cfg["compress"]
+                )
+            )
         mult //= 2
     layers += [nn.ELU(), StreamingConv1d(nf, cfg["channels"], cfg["last_kernel_size"])]
     return SEANet(layers)
@@ -71,7 +86,8 @@ def seanet_decoder(cfg: dict) -> SEANet:
 
 class Codebook(nn.Module):
     """Euclidean codebook stored as EMA sums (``embedding_sum`` ``[bins, D]``, ``cluster_usage`` ``[bins]``):
-    centroids are ``embedding_sum / max(cluster_usage, 1e-5)``; a vector's code is its nearest centroid (L2)."""
+    centroids are ``embedding_sum / max(cluster_usage, 1e-5)``; a vector's code is its nearest centroid
+    (L2)."""
 
     def __init__(self, bins: int, dim: int) -> None:
         super().__init__()
@@ -183,7 +199,9 @@ class Mimi(nn.Module):
         n = pcm.shape[-1]
         if self.encoder.model[0].state is not None:
             if n == 0 or n % FRAME_SAMPLES:
-                raise ValueError(f"streaming Mimi needs a positive multiple of {FRAME_SAMPLES} samples, got {n}")
+                raise ValueError(
+                    f"streaming Mimi needs a positive multiple of {FRAME_SAMPLES} samples, got {n}"
+                )
         elif n % FRAME_SAMPLES:
             pcm = nn.functional.pad(pcm, (0, FRAME_SAMPLES - n % FRAME_SAMPLES))
         emb = self.downsample(self.encoder_transformer(self.encoder(pcm)))

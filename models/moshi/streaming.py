@@ -30,7 +30,8 @@ class Streaming(nn.Module):
         return {}
 
     def rows(self, batch: int) -> dict[str, torch.Tensor]:
-        """The state for a call over ``batch`` rows: rows ``[:batch]`` of the streaming buffers, or new ones."""
+        """The state for a call over ``batch`` rows: rows ``[:batch]`` of the streaming buffers, or new
+        ones."""
         if self.state is None:
             return self.new_state(batch)
         if batch > next(iter(self.state.values())).shape[0]:
@@ -76,23 +77,36 @@ class _Conv(nn.Module):
 
 
 class StreamingConv1d(Streaming):
-    """Causal ``nn.Conv1d`` (``conv.conv.weight`` as published). ``x`` ``[B, C_in, T]`` → ``[B, C_out, T / S]``.
+    """Causal ``nn.Conv1d`` (``conv.conv.weight`` as published). ``x`` ``[B, C_in, T]`` → ``[B, C_out, T /
+    S]``.
 
     ``pad_mode="replicate"`` fills the first call's left context with the first sample (Mimi's downsampling);
     ``"constant"`` with zeros."""
 
-    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int = 1, dilation: int = 1,
-                 groups: int = 1, bias: bool = True, pad_mode: str = "constant") -> None:
+    def __init__(
+        self,
+        c_in: int,
+        c_out: int,
+        kernel: int,
+        stride: int = 1,
+        dilation: int = 1,
+        groups: int = 1,
+        bias: bool = True,
+        pad_mode: str = "constant",
+    ) -> None:
         super().__init__()
-        self.conv = _Conv(nn.Conv1d(c_in, c_out, kernel, stride, dilation=dilation, groups=groups, bias=bias),
-                          "conv")
+        self.conv = _Conv(
+            nn.Conv1d(c_in, c_out, kernel, stride, dilation=dilation, groups=groups, bias=bias), "conv"
+        )
         self.c_in, self.stride, self.pad_mode = c_in, stride, pad_mode
         self.context = (kernel - 1) * dilation + 1 - stride
 
     def new_state(self, rows: int) -> dict[str, torch.Tensor]:
         w = self.conv.conv.weight
-        return {"previous": torch.zeros(rows, self.c_in, self.context, dtype=w.dtype, device=w.device),
-                "first": torch.ones(rows, dtype=torch.bool, device=w.device)}
+        return {
+            "previous": torch.zeros(rows, self.c_in, self.context, dtype=w.dtype, device=w.device),
+            "first": torch.ones(rows, dtype=torch.bool, device=w.device),
+        }
 
     def fresh_row_values(self) -> dict[str, float]:
         return {"first": True}
@@ -116,10 +130,13 @@ class StreamingConvTranspose1d(Streaming):
     """Causal ``nn.ConvTranspose1d`` (``convtr.convtr.weight``). ``x`` ``[B, C_in, T]`` → ``[B, C_out, T·S]``;
     one-shot calls trim the ``K - S`` trailing samples, streaming calls carry them to the next call."""
 
-    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int, groups: int = 1,
-                 bias: bool = True) -> None:
+    def __init__(
+        self, c_in: int, c_out: int, kernel: int, stride: int, groups: int = 1, bias: bool = True
+    ) -> None:
         super().__init__()
-        self.convtr = _Conv(nn.ConvTranspose1d(c_in, c_out, kernel, stride, groups=groups, bias=bias), "convtr")
+        self.convtr = _Conv(
+            nn.ConvTranspose1d(c_in, c_out, kernel, stride, groups=groups, bias=bias), "convtr"
+        )
         self.c_out, self.overlap = c_out, kernel - stride
 
     def new_state(self, rows: int) -> dict[str, torch.Tensor]:

@@ -4,7 +4,8 @@
 Pre-norm layers: ``x + ls1(attn(norm1(x)))`` then ``x + ls2(ffn(norm2(x)))``; LayerNorm (Mimi) or RMSNorm in
 fp32 (Moshi, ``alpha`` ``[1, 1, D]``, eps 1e-8); FFN either GELU (``linear1``/``linear2``, Mimi) or a SiLU
 gated unit (``gating.linear_in`` ``[2H, D]``, ``gating.linear_out``); RoPE in the interleaved (complex pair)
-layout, ``θ_i = max_period^(-2i/D)`` (Su et al. 2021). Attention is causal over at most ``context`` past steps,
+layout, ``θ_i = max_period^(-2i/D)`` (Su et al. 2021). Attention is causal over at most ``context`` past
+steps,
 reading a per-row ring KV cache of ``context`` slots when streaming. The depth transformer uses one set of
 weights per codebook step (``weights_per_step``: ``in_proj_weight`` stacks them).
 """
@@ -44,17 +45,22 @@ def make_norm(kind: str, dim: int) -> nn.Module:
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, offset: torch.Tensor, max_period: float):
-    """Rotate ``q``, ``k`` ``[B, H, T, D]`` (interleaved pairs) at positions ``offset[b] + t`` (int64 ``[B]``)."""
+    """Rotate ``q``, ``k`` ``[B, H, T, D]`` (interleaved pairs) at positions ``offset[b] + t`` (int64
+    ``[B]``)."""
     b, _, t, d = q.shape
     ds = torch.arange(d // 2, device=q.device, dtype=torch.float32)
     freqs = torch.exp(ds * (-math.log(max_period) * 2 / d))
-    ts = (offset.float().view(-1, 1) + torch.arange(t, device=q.device, dtype=torch.float32)).view(b, 1, -1, 1)
+    ts = (offset.float().view(-1, 1) + torch.arange(t, device=q.device, dtype=torch.float32)).view(
+        b, 1, -1, 1
+    )
     cos, sin = torch.cos(freqs * ts), torch.sin(freqs * ts)
 
     def turn(x: torch.Tensor) -> torch.Tensor:
         xv = x.view(*x.shape[:-1], d // 2, 2)
         re, im = xv[..., 0].float(), xv[..., 1].float()
-        return torch.stack([(re * cos - im * sin).to(x.dtype), (re * sin + im * cos).to(x.dtype)], -1).view(x.shape)
+        return torch.stack([(re * cos - im * sin).to(x.dtype), (re * sin + im * cos).to(x.dtype)], -1).view(
+            x.shape
+        )
 
     return turn(q), turn(k)
 
@@ -69,17 +75,19 @@ class _Proj(nn.Module):
         self.d_out = d_out
 
     def forward(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
-        return F.linear(x, self.weight[step * self.d_out:(step + 1) * self.d_out])
+        return F.linear(x, self.weight[step * self.d_out : (step + 1) * self.d_out])
 
 
 class Attention(Streaming):
     """Causal multi-head self-attention with a ring KV cache. ``x`` ``[B, T, D]`` → ``[B, T, D]``.
 
     Streaming rows keep ``k``/``v`` ``[H, capacity, D/H]`` and ``offset`` (int64, steps seen). A key at
-    position ``p`` is visible from query ``q`` when ``0 <= q - p < context`` (all past when context is None)."""
+    position ``p`` is visible from query ``q`` when ``0 <= q - p < context`` (all past when context is
+    None)."""
 
-    def __init__(self, dim: int, heads: int, context: int | None, max_period: float | None,
-                 steps: int = 1) -> None:
+    def __init__(
+        self, dim: int, heads: int, context: int | None, max_period: float | None, steps: int = 1
+    ) -> None:
         super().__init__()
         self.dim, self.heads, self.context, self.max_period = dim, heads, context, max_period
         self.capacity = context if context is not None else steps
@@ -89,15 +97,19 @@ class Attention(Streaming):
     def new_state(self, rows: int) -> dict[str, torch.Tensor]:
         w = self.in_proj.weight
         kv = (rows, self.heads, self.capacity, self.dim // self.heads)
-        return {"k": torch.zeros(kv, dtype=w.dtype, device=w.device),
-                "v": torch.zeros(kv, dtype=w.dtype, device=w.device),
-                "offset": torch.zeros(rows, dtype=torch.long, device=w.device)}
+        return {
+            "k": torch.zeros(kv, dtype=w.dtype, device=w.device),
+            "v": torch.zeros(kv, dtype=w.dtype, device=w.device),
+            "offset": torch.zeros(rows, dtype=torch.long, device=w.device),
+        }
 
     def forward(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
         b, t, _ = x.shape
         q, k, v = self.in_proj(x, step).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         streaming = self.state is not None
-        offset = self.rows(b)["offset"].clone() if streaming else torch.zeros(b, dtype=torch.long, device=x.device)
+        offset = (
+            self.rows(b)["offset"].clone() if streaming else torch.zeros(b, dtype=torch.long, device=x.device)
+        )
         if self.max_period is not None:
             q, k = rope(q, k, offset, self.max_period)
         if streaming:
@@ -156,8 +168,18 @@ class LayerScale(nn.Module):
 class Layer(nn.Module):
     """One pre-norm transformer layer (see the module docstring)."""
 
-    def __init__(self, dim: int, heads: int, ff: int, norm: str, gating: str, context: int | None,
-                 max_period: float | None, layer_scale: float | None, steps: int = 1) -> None:
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        ff: int,
+        norm: str,
+        gating: str,
+        context: int | None,
+        max_period: float | None,
+        layer_scale: float | None,
+        steps: int = 1,
+    ) -> None:
         super().__init__()
         self.self_attn = Attention(dim, heads, context, max_period, steps)
         self.norm1, self.norm2 = make_norm(norm, dim), make_norm(norm, dim)
@@ -172,7 +194,10 @@ class Layer(nn.Module):
         if layer_scale is None:
             self.layer_scale_1, self.layer_scale_2 = nn.Identity(), nn.Identity()
         else:
-            self.layer_scale_1, self.layer_scale_2 = LayerScale(dim, layer_scale), LayerScale(dim, layer_scale)
+            self.layer_scale_1, self.layer_scale_2 = (
+                LayerScale(dim, layer_scale),
+                LayerScale(dim, layer_scale),
+            )
 
     def forward(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
         x = x + self.layer_scale_1(self.self_attn(self.norm1(x), step))
@@ -190,15 +215,27 @@ class Transformer(nn.Module):
     """A stack of :class:`Layer` (``layers.{i}``). ``x`` ``[B, T, D]`` → ``[B, T, D]``; ``step`` picks the
     depth transformer's per-codebook weights."""
 
-    def __init__(self, dim: int, heads: int, layers: int, ff: int, norm: str, gating: str,
-                 context: int | None, positional_embedding: str, max_period: float,
-                 layer_scale: float | None, steps: int = 1) -> None:
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        layers: int,
+        ff: int,
+        norm: str,
+        gating: str,
+        context: int | None,
+        positional_embedding: str,
+        max_period: float,
+        layer_scale: float | None,
+        steps: int = 1,
+    ) -> None:
         super().__init__()
         period = max_period if positional_embedding == "rope" else None
         if positional_embedding not in ("rope", "none"):
             raise ValueError(f"unsupported positional embedding {positional_embedding!r}")
-        self.layers = nn.ModuleList([Layer(dim, heads, ff, norm, gating, context, period, layer_scale, steps)
-                                     for _ in range(layers)])
+        self.layers = nn.ModuleList(
+            [Layer(dim, heads, ff, norm, gating, context, period, layer_scale, steps) for _ in range(layers)]
+        )
 
     def forward(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
         for layer in self.layers:
@@ -213,9 +250,18 @@ class ProjectedTransformer(nn.Module):
     def __init__(self, cfg: dict) -> None:
         super().__init__()
         d, d_in = cfg["d_model"], cfg["input_dimension"]
-        self.transformer = Transformer(d, cfg["num_heads"], cfg["num_layers"], cfg["dim_feedforward"],
-                                       cfg["norm"], cfg["gating"], cfg["context"], cfg["positional_embedding"],
-                                       cfg["max_period"], cfg["layer_scale"])
+        self.transformer = Transformer(
+            d,
+            cfg["num_heads"],
+            cfg["num_layers"],
+            cfg["dim_feedforward"],
+            cfg["norm"],
+            cfg["gating"],
+            cfg["context"],
+            cfg["positional_embedding"],
+            cfg["max_period"],
+            cfg["layer_scale"],
+        )
         if d != d_in:
             self.input_proj = nn.Linear(d_in, d, bias=False)
         d_out = cfg["output_dimensions"][0]
