@@ -33,10 +33,11 @@ def ref():
     try:
         from moshi.models import loaders
         from moshi.models.lm import LMGen
+        from moshi.utils.compile import no_compile
     finally:
         if apart:
             sys.path.remove(str(packages_dir()))
-    return loaders, LMGen
+    return loaders, LMGen, no_compile
 
 
 def _pcm() -> torch.Tensor:
@@ -45,14 +46,14 @@ def _pcm() -> torch.Tensor:
 
 
 def _check(preset: str, ref, tmp_path) -> None:
-    loaders, LMGen = ref
+    loaders, LMGen, no_compile = ref
     ours = load_moshi(write_moshi_checkpoint(tmp_path / preset, preset, seed=0))
     ref_mimi = loaders.get_mimi(None, mimi_config(preset), device="cpu", num_codebooks=8)
     ref_mimi.load_state_dict(published_state(ours.mimi))
     ref_lm = loaders.get_moshi_lm(None, lm_kwargs=lm_config(preset), device="cpu", dtype=torch.float32).eval()
     ref_lm.load_state_dict(published_state(ours.lm))
     pcm, mimi, lm = _pcm(), ours.mimi, ours.lm
-    with torch.no_grad():
+    with torch.no_grad(), no_compile():
         codes = mimi.encode(pcm)
         assert codes.shape == (1, 8, FRAMES)
         assert torch.equal(codes, ref_mimi.encode(pcm))
