@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from omniduplex.models.moshi.config import lm_config, mimi_config
+from omniduplex.models.moshi.config import FRAME_SAMPLES, lm_config, mimi_config
 from omniduplex.models.moshi.lm import MoshiLM
 from omniduplex.models.moshi.mimi import Mimi
 
@@ -65,16 +65,38 @@ def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str
 
 
 def random_models(preset: str, seed: int) -> tuple[MoshiLM, Mimi]:
-    """A preset's LM and Mimi with random weights drawn from ``torch.manual_seed(seed)``: PyTorch's default
-    inits, embeddings N(0, 1/dim), codebook centroids N(0, 1) (``cluster_usage`` 1)."""
+    """A preset's LM and Mimi with random weights drawn from ``torch.manual_seed(seed)``.
+
+    LM: PyTorch's default inits, embeddings N(0, 1/dim). Mimi: convolutions He-normal (N(0, 2/fan_in)), zero
+    biases, so the latent depends on the input (PyTorch's default shrinks it into the biases); codebook
+    centroids N(0, s²) with ``s`` the spread of a calibration signal's projected latent (seeded noise at three
+    levels and silence), shrinking 0.75× per residual level, so different audio gets different codes; the
+    decoder's output conv scaled so that decoded speech has an RMS of about 0.1 (neither silent nor clipped).
+    """
     torch.manual_seed(seed)
     lm, mimi = MoshiLM(lm_config(preset)), Mimi(mimi_config(preset))
     for m in lm.modules():
         if isinstance(m, torch.nn.Embedding):
             torch.nn.init.normal_(m.weight, std=m.embedding_dim**-0.5)
-    for name, buf in mimi.named_buffers():
-        if name.endswith("embedding_sum"):
-            buf.normal_()
+    for m in mimi.modules():
+        if isinstance(m, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)) and m.groups == 1:
+            w = m.weight
+            fan_in = w.shape[1] * w.shape[2] if isinstance(m, torch.nn.Conv1d) else w.shape[0] * w.shape[2]
+            torch.nn.init.normal_(w, std=(2 / fan_in) ** 0.5)
+            if m.bias is not None:
+                torch.nn.init.zeros_(m.bias)
+    g = torch.Generator().manual_seed(seed)
+    calib = torch.cat([a * torch.randn(1, 1, 4 * FRAME_SAMPLES, generator=g) for a in (0.0, 0.05, 0.3, 0.8)])
+    with torch.no_grad():
+        emb = mimi.downsample(mimi.encoder_transformer(mimi.encoder(calib)))
+        q = mimi.quantizer
+        for rvq in (q.rvq_first, q.rvq_rest):
+            spread = rvq.input_proj(emb).std().item()
+            for k, layer in enumerate(rvq.vq.layers):
+                layer._codebook.embedding_sum.normal_(std=spread * 0.75**k, generator=g)
+        last = mimi.decoder.model[-1].conv.conv
+        rms = mimi.decode(mimi.encode(calib)).pow(2).mean().sqrt().item()
+        last.weight.mul_(0.1 / max(rms, 1e-6))
     return lm.eval(), mimi.eval()
 
 

@@ -42,23 +42,33 @@ class Sampling:
     top_k_text: torch.Tensor
     temp_audio: torch.Tensor
     top_k_audio: torch.Tensor
+    any_sampling: bool | None = None
+    """Host-side hint: ``False`` when every row is greedy (skips the sort), ``True`` when some row samples,
+    ``None`` to find out from the tensors (a host sync; CUDA-graph callers pass a bool)."""
 
     @staticmethod
     def greedy(rows: int, device: torch.device | str = "cpu") -> Sampling:
         z = torch.zeros(rows, device=device)
         k = torch.ones(rows, dtype=torch.long, device=device)
-        return Sampling(z, k, z.clone(), k.clone())
+        return Sampling(z, k, z.clone(), k.clone(), any_sampling=False)
 
 
 def sample(
-    logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    temp: torch.Tensor,
+    top_k: torch.Tensor,
+    generator: torch.Generator | None = None,
+    any_sampling: bool | None = None,
 ) -> torch.Tensor:
     """One token per row: ``logits`` ``[B, V]``, ``temp`` float ``[B]``, ``top_k`` int64 ``[B]`` → int64
     ``[B]``.
     Rows with ``temp <= 0`` take the argmax; others sample ``softmax(logits / temp)`` restricted to the
-    ``top_k`` largest logits. One batched call for all rows, no per-row Python."""
+    ``top_k`` largest logits. One batched call for all rows, no per-row Python. ``any_sampling``: see
+    :attr:`Sampling.any_sampling`."""
     greedy = logits.argmax(dim=-1)
-    if not bool((temp > 0).any()):
+    if any_sampling is None:
+        any_sampling = bool((temp > 0).any())
+    if not any_sampling:
         return greedy
     vals, idx = logits.float().sort(dim=-1, descending=True)
     keep = torch.arange(vals.shape[-1], device=vals.device)[None] < top_k.clamp(min=1)[:, None]
@@ -75,11 +85,13 @@ class DelayState(Streaming):
     def __init__(self, streams: int, depth: int) -> None:
         super().__init__()
         self.streams, self.depth = streams, depth
+        self.register_buffer("anchor", torch.zeros(0), persistent=False)  # follows the model's device
 
     def new_state(self, rows: int) -> dict[str, torch.Tensor]:
+        dev = self.anchor.device
         return {
-            "cache": torch.full((rows, self.streams, self.depth), -2, dtype=torch.long),
-            "offset": torch.zeros(rows, dtype=torch.long),
+            "cache": torch.full((rows, self.streams, self.depth), -2, dtype=torch.long, device=dev),
+            "offset": torch.zeros(rows, dtype=torch.long, device=dev),
         }
 
     def fresh_row_values(self) -> dict[str, float]:
@@ -132,6 +144,9 @@ class MoshiLM(nn.Module):
         )
         self.linears = nn.ModuleList([nn.Linear(ddim, card, bias=False) for _ in range(self.dep_q)])
         self.tokens = DelayState(self.n_q + 1, max(self.delays) + 2)
+        self.register_buffer("delay_table", torch.tensor(self.delays, dtype=torch.long), persistent=False)
+        initial = [self.text_card] + [self.card] * self.n_q  # the initial token of each stream
+        self.register_buffer("initial_tokens", torch.tensor(initial, dtype=torch.long), persistent=False)
 
     def forward_text(self, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One temporal step. ``frame`` int64 ``[B, 17]`` (text, audio streams) → ``z`` ``[B, 1, dim]`` (after
@@ -162,7 +177,8 @@ class MoshiLM(nn.Module):
                 emb = self.depformer_text_emb if k == 0 else self.depformer_emb[k - 1]
                 x = self.depformer_in[k](z) + emb(prev[:, None])
                 logits = self.linears[k](self.depformer(x, step=k))[:, 0]
-                prev = sample(logits, sampling.temp_audio, sampling.top_k_audio, generator)
+                temp, top_k = sampling.temp_audio, sampling.top_k_audio
+                prev = sample(logits, temp, top_k, generator, sampling.any_sampling)
                 out.append(prev)
         finally:
             for a in attn:
@@ -181,15 +197,15 @@ class MoshiLM(nn.Module):
         st = self.tokens.rows(user.shape[0])
         cache, offset = st["cache"], st["offset"]
         b, ct = user.shape[0], cache.shape[2]
-        delays = torch.tensor(self.delays, dtype=torch.long)
+        delays = self.delay_table
         user_rows = slice(self.dep_q + 1, self.n_q + 1)
         pos = (offset[:, None] + delays[user_rows][None]) % ct
         cache[:, user_rows].scatter_(2, pos[..., None], user[..., None])
-        initial = torch.tensor([self.text_card] + [self.card] * self.n_q, dtype=torch.long)
+        initial = self.initial_tokens
         frame = cache.gather(2, (offset % ct)[:, None, None].expand(-1, self.n_q + 1, 1))[..., 0]
         frame = torch.where(offset[:, None] <= delays[None], initial[None], frame)
         z, text_logits = self.forward_text(frame)
-        text = sample(text_logits, sampling.temp_text, sampling.top_k_text, generator)
+        text = sample(text_logits, sampling.temp_text, sampling.top_k_text, generator, sampling.any_sampling)
         audio = self.depth(z, text, sampling, generator)
         offset.add_(1)
         here = (offset % ct)[:, None, None]
@@ -197,7 +213,6 @@ class MoshiLM(nn.Module):
         cache[:, : self.dep_q + 1].scatter_(2, here.expand(-1, self.dep_q + 1, 1), gen[..., None])
         lag = max(self.delays)
         idx = (offset[:, None] - lag + delays[None, : self.dep_q + 1]) % ct
-        out = cache[:, : self.dep_q + 1].gather(2, idx[..., None])[..., 0].clone()
+        out = cache[:, : self.dep_q + 1].gather(2, idx[..., None])[..., 0]
         ready = offset > lag
-        out[~ready] = -2
-        return out, ready[:b]
+        return torch.where(ready[:, None], out, torch.full_like(out, -2)), ready[:b].clone()

@@ -91,11 +91,14 @@ class Attention(Streaming):
         super().__init__()
         self.dim, self.heads, self.context, self.max_period = dim, heads, context, max_period
         self.capacity = context if context is not None else steps
+        self.fixed_window = False
+        """Always attend over the whole ring (CUDA graphs bake host ints in; set by the duplex engine)."""
         self.in_proj = _Proj(dim, 3 * dim, steps)
         self.out_proj = _Proj(dim, dim, steps)
 
     def new_state(self, rows: int) -> dict[str, torch.Tensor]:
         w = self.in_proj.weight
+        self.filled = 0
         kv = (rows, self.heads, self.capacity, self.dim // self.heads)
         return {
             "k": torch.zeros(kv, dtype=w.dtype, device=w.device),
@@ -119,8 +122,10 @@ class Attention(Streaming):
             gather = idx.view(b, 1, t, 1).expand(-1, self.heads, -1, k.shape[-1])
             st["k"].scatter_(2, gather, k)
             st["v"].scatter_(2, gather, v)
-            k, v = st["k"], st["v"]
-            slots = torch.arange(cap, device=x.device)
+            # slots past the most any row has written are masked for every row: leave them out (host count)
+            self.filled = cap if self.fixed_window else min(cap, self.filled + t)
+            k, v = st["k"][:, :, : self.filled], st["v"][:, :, : self.filled]
+            slots = torch.arange(self.filled, device=x.device)
             last = offset.view(-1, 1) + t - 1
             delta = slots - last % cap
             pos_k = torch.where(delta <= 0, last + delta, last + delta - cap)
