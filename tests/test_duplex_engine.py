@@ -95,7 +95,7 @@ def test_cpu_twin_of_the_graphed_step_equals_eager():
     for eng in (eager, twin):
         for s in ("x", "y", "z"):
             eng.join(s, GREEDY)
-    for t, (vx, vy) in enumerate(zip(_voice(1), _voice(2))):
+    for vx, vy in zip(_voice(1), _voice(2)):
         res = []
         for eng in (eager, twin):
             eng.push("x", vx)
