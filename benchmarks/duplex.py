@@ -38,8 +38,8 @@ def _models(model: Path | None, preset: str, dtype: torch.dtype, device: str) ->
     if model is not None:
         m = load_moshi(model, dtype)
     else:
-        lm, mimi = random_models(preset, 0)
-        m = MoshiModels(lm.to(dtype), mimi, {})
+        lm, mimi = random_models(preset, 0, device, dtype)
+        m = MoshiModels(lm, mimi, {})
     m.lm.to(device)
     m.mimi.to(device)
     return m

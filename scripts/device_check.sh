@@ -10,6 +10,7 @@
 #   attention     python3 -m omniduplex.benchmarks.bench_attention --json OUTDIR/attention.json
 #   shapes        every shape through deploy/graph-gpu.yaml with TTFP (scripts/device_check.py shapes)
 #   engine        omniduplex bench engine --device cuda --concurrency 1,8,128 --json OUTDIR/engine.json
+#   duplex        omniduplex bench duplex --device cuda --preset 7b --graphs cuda --json OUTDIR/duplex.json
 # A part whose module or option is not there yet is recorded "missing". OUTDIR gets at most 8 files:
 # device_check.log (everything printed), summary.json (each part's status, rc, seconds, key figures and
 # output tail), gpu_tests.xml, triton_tests.xml, attention.json, engine.json, shapes.json. The table of parts
@@ -80,8 +81,8 @@ printf 'setup\t%s\t%s\t0\t%s\n' "$([ -z "$setup_note" ] && echo 0 || echo 1)" "$
   "${setup_note:-ok}" > "$WORK/parts.tsv"
 
 # ---- the parts ------------------------------------------------------------------------------------------
-PARTS=(triton_tests gpu_tests attention shapes engine)
-declare -A BUDGET=([triton_tests]=45 [gpu_tests]=140 [attention]=40 [shapes]=100 [engine]=105)
+PARTS=(triton_tests gpu_tests attention shapes engine duplex)
+declare -A BUDGET=([triton_tests]=45 [gpu_tests]=140 [attention]=40 [shapes]=100 [engine]=105 [duplex]=150)
 
 later_budget() {  # the budgets of the parts after $1
   local seen=0 sum=0 p
@@ -151,6 +152,9 @@ sys.exit(u.find_spec("omniduplex.benchmarks.bench_attention") is None)' 2>/dev/n
       else
         run_part engine omniduplex bench engine --device cuda --concurrency 1,8,128 --json "$OUTDIR/engine.json"
       fi ;;
+    duplex)  # the full-duplex frame engine at the real Moshi 7B shape, random weights (issue 42)
+      run_part duplex omniduplex bench duplex --device cuda --preset 7b --dtype bfloat16 --graphs cuda \
+        --sessions 1,8,32 --ticks 20 --dialog-sessions 0 --threads 8 --json "$OUTDIR/duplex.json" ;;
   esac
 done
 

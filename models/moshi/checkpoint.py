@@ -64,7 +64,9 @@ def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str
     module.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
 
 
-def random_models(preset: str, seed: int) -> tuple[MoshiLM, Mimi]:
+def random_models(
+    preset: str, seed: int, device: str | torch.device = "cpu", lm_dtype: torch.dtype = torch.float32
+) -> tuple[MoshiLM, Mimi]:
     """A preset's LM and Mimi with random weights drawn from ``torch.manual_seed(seed)``.
 
     LM: PyTorch's default inits, embeddings N(0, 1/dim). Mimi: convolutions He-normal (N(0, 2/fan_in)), zero
@@ -72,9 +74,17 @@ def random_models(preset: str, seed: int) -> tuple[MoshiLM, Mimi]:
     centroids N(0, s²) with ``s`` the spread of a calibration signal's projected latent (seeded noise at three
     levels and silence), shrinking 0.75× per residual level, so different audio gets different codes; the
     decoder's output conv scaled so that decoded speech has an RMS of about 0.1 (neither silent nor clipped).
+    The LM is built directly on ``device`` in ``lm_dtype`` (the 7B preset in bf16 on a GPU); Mimi in fp32.
     """
     torch.manual_seed(seed)
-    lm, mimi = MoshiLM(lm_config(preset)), Mimi(mimi_config(preset))
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(lm_dtype)
+    try:
+        with torch.device(device):
+            lm = MoshiLM(lm_config(preset))
+    finally:
+        torch.set_default_dtype(default)
+    mimi = Mimi(mimi_config(preset))
     for m in lm.modules():
         if isinstance(m, torch.nn.Embedding):
             torch.nn.init.normal_(m.weight, std=m.embedding_dim**-0.5)
@@ -97,7 +107,7 @@ def random_models(preset: str, seed: int) -> tuple[MoshiLM, Mimi]:
         last = mimi.decoder.model[-1].conv.conv
         rms = mimi.decode(mimi.encode(calib)).pow(2).mean().sqrt().item()
         last.weight.mul_(0.1 / max(rms, 1e-6))
-    return lm.eval(), mimi.eval()
+    return lm.eval(), mimi.to(device).eval()
 
 
 def write_moshi_checkpoint(out: str | Path, preset: str, seed: int = 0) -> Path:

@@ -82,12 +82,14 @@ class DuplexEngine:
             torch.zeros(capacity, device=dev),
             torch.ones(capacity, dtype=torch.long, device=dev),
         )
-        self.generator = torch.Generator(device=dev).manual_seed(seed)
+        self.generator: torch.Generator | None = torch.Generator(device=dev).manual_seed(seed)
         self.ticks = self.overrun_ticks = 0
         self.tick_ms: list[float] = []
         for m in (self.mimi, self.lm):
             start_streaming(m, capacity)
         backend = make_backend(graph_mode, dev)
+        if backend is not None and backend.name == "cuda":
+            self.generator = None  # a CUDA graph replays the default generator's draws (graph-safe RNG)
         self.runner: GraphRunner | None = None
         if backend is not None:
             self.runner = GraphRunner("duplex step", backend, bucket_sizes(capacity))
