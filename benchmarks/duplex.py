@@ -9,7 +9,9 @@ has. Tick p50 / p99 are over ``ticks`` ticks after 3 warm-up ticks; real time me
 Underruns: the ticks are replayed on a paced clock (a tick starts every 80 ms or when the previous one ends,
 whichever is later); each session's player starts one frame (80 ms jitter buffer) after its first frame
 arrives and plays one frame per 80 ms; a frame that arrives after its play time is an underrun. All sessions
-of a batch share the ticks, so the count is the same for each; reported per session.
+of a batch share the ticks, so the count is the same for each; reported per session. ``cpu p50 ms`` is the
+process CPU time of a tick (with 1 thread, the wall time the tick would take on an idle core: on a shared
+machine the wall times include waiting for a core).
 
 Reference (printed beside, not measured here): vLLM-Omni runs PersonaPlex (Moshi architecture, 7B) at 30.2 ms
 per 80 ms frame for one session on an H100 with CUDA graphs, 77.5 ms without (vllm-omni PR #6604).
@@ -17,6 +19,7 @@ per 80 ms frame for one session on an H100 with CUDA graphs, 77.5 ms without (vl
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import time
@@ -82,16 +85,17 @@ def tick_curve(
         eng = _engine(models, n, full_context, graph_mode)
         for i in range(n):
             eng.join(f"s{i}")
-        times = []
+        times, cpu = [], []
         for t in range(ticks + 3):
             for i in range(n):
                 eng.push(f"s{i}", (0.1 * rng.standard_normal(1920)).astype(np.float32))
             _sync(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             eng.tick()
             _sync(device)
             if t >= 3:
                 times.append((time.perf_counter() - t0) * 1000)
+                cpu.append((time.process_time() - c0) * 1000)
         q = statistics.quantiles(times, n=100, method="inclusive") if len(times) > 1 else times * 99
         rows.append(
             {
@@ -101,15 +105,21 @@ def tick_curve(
                 "tick_max_ms": max(times),
                 "real_time": q[98] <= FRAME_MS,
                 "underruns_per_session": underruns(times),
+                "tick_cpu_p50_ms": statistics.median(cpu),
                 "ticks": len(times),
             }
         )
         print(
             f"{n:>8} {rows[-1]['tick_p50_ms']:>9.1f} {q[98]:>9.1f} {max(times):>9.1f} "
-            f"{'yes' if q[98] <= FRAME_MS else 'no':>9} {rows[-1]['underruns_per_session']:>10}"
+            f"{'yes' if q[98] <= FRAME_MS else 'no':>9} {rows[-1]['underruns_per_session']:>10} "
+            f"{rows[-1]['tick_cpu_p50_ms']:>12.1f}"
             + (f"   vLLM-Omni 1 session H100+graphs: {VLLM_OMNI_1_SESSION_MS} ms" if n == 1 else ""),
             flush=True,
         )
+        del eng  # free its states and graphs before the next size allocates
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -152,7 +162,10 @@ def run(
         f"duplex engine: {label}, {device}, {threads} threads, graphs {graph_mode}, "
         f"context {'full window' if full_context else 'as filled'}; budget {FRAME_MS:.0f} ms per tick"
     )
-    print(f"{'sessions':>8} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} {'real time':>9} {'underruns':>10}")
+    print(
+        f"{'sessions':>8} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} {'real time':>9} {'underruns':>10} "
+        f"{'cpu p50 ms':>12}"
+    )
     with torch.no_grad():
         curve = tick_curve(models, sessions, ticks, full_context, graph_mode, device)
         per = dialogs(models, dialog_sessions, dialog_seconds, graph_mode) if dialog_sessions else []
