@@ -148,3 +148,39 @@ def test_sampling_settings_are_per_row_tensors():
     assert s.temp_text[:2].tolist() == [1.5, 0.0] and s.top_k_text[:2].tolist() == [7, 25]
     assert s.top_k_audio[:2].tolist() == [5, 250]
     assert isinstance(s.temp_text, torch.Tensor)
+
+
+def test_clock_ticks_on_its_thread_while_sessions_join_and_leave():
+    import threading
+    import time
+
+    from omniduplex.pipeline.duplex.clock import DuplexClock
+
+    eng = _engine(capacity=3)
+    got: dict[str, list] = {}
+    seen = threading.Event()
+
+    def on_frames(frames):
+        for f in frames:
+            got.setdefault(f.session_id, []).append(f.tick)
+        if len(got.get("b", [])) >= 3:
+            seen.set()
+
+    clock = DuplexClock(eng, on_frames)
+    eng.join("a", GREEDY)
+    clock.start()
+    try:
+        for pcm in _voice(4, 3):
+            eng.push("a", pcm)
+        eng.join("b", GREEDY)  # from this thread while the clock ticks
+        assert seen.wait(60)
+        eng.leave("a")
+        deadline = time.monotonic() + 60
+        while "a" in eng.slots.sessions and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        clock.stop()
+    assert "a" not in eng.slots.sessions and clock.errors == 0
+    for ticks in got.values():  # every tick reached every session once, in order
+        assert ticks == list(range(ticks[0], ticks[0] + len(ticks)))
+    assert got["b"][0] > got["a"][0]

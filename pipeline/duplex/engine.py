@@ -20,6 +20,7 @@ stand-in, :mod:`omniduplex.pipeline.engine.graph_runner`) the step is captured o
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -75,6 +76,8 @@ class DuplexEngine:
         dev = next(self.lm.parameters()).device
         self.capacity, self.budget_ms, self.device = capacity, budget_ms, dev
         self.slots = Slots(capacity)
+        self.lock = threading.Lock()
+        """Guards the slots: joins, leaves and pushes may come from other threads than the ticking one."""
         self.pcm_in = torch.zeros(capacity, 1, FRAME_SAMPLES, device=dev)
         self.settings = Sampling(
             torch.zeros(capacity, device=dev),
@@ -103,15 +106,18 @@ class DuplexEngine:
     # sessions -----------------------------------------------------------------------------------------
     def join(self, session_id: str, settings: DuplexSettings | None = None) -> None:
         """Add a session from the next tick on. Raises ValueError when full or already joined."""
-        self.slots.join(session_id, settings)
+        with self.lock:
+            self.slots.join(session_id, settings)
 
     def leave(self, session_id: str) -> None:
         """Remove a session before the next tick. Raises ValueError for an unknown id."""
-        self.slots.leave(session_id)
+        with self.lock:
+            self.slots.leave(session_id)
 
     def push(self, session_id: str, pcm: np.ndarray) -> None:
         """Queue the session's next 80 ms input frame (see :meth:`Slots.push` for the errors)."""
-        self.slots.push(session_id, pcm)
+        with self.lock:
+            self.slots.push(session_id, pcm)
 
     def stats(self, session_id: str) -> dict[str, int]:
         """``{"frames", "input_underruns", "overruns"}`` of a live session. Raises KeyError if unknown."""
@@ -120,8 +126,9 @@ class DuplexEngine:
 
     def events(self, session_id: str) -> list[dict]:
         """Drain the session's events (``{"type": "tick_overrun", "tick", "tick_ms", "budget_ms"}``)."""
-        s = self.slots.sessions[session_id]
-        out, s.events = s.events, []
+        with self.lock:
+            s = self.slots.sessions[session_id]
+            out, s.events = s.events, []
         return out
 
     @property
@@ -172,17 +179,18 @@ class DuplexEngine:
     def tick(self) -> list[DuplexFrame]:
         """Advance every live session one frame (see the module docstring). Returns one frame per session."""
         t0 = time.perf_counter()
-        self.slots.apply(self._move, self._reset)
-        n = len(self.slots.order)
-        if n == 0:
-            return []
-        sessions = [self.slots.sessions[sid] for sid in self.slots.order]
-        frames = np.zeros((n, FRAME_SAMPLES), dtype=np.float32)
-        for i, s in enumerate(sessions):
-            if s.inbox:
-                frames[i] = s.inbox.popleft()
-            else:
-                s.input_underruns += 1
+        with self.lock:
+            self.slots.apply(self._move, self._reset)
+            n = len(self.slots.order)
+            if n == 0:
+                return []
+            sessions = [self.slots.sessions[sid] for sid in self.slots.order]
+            frames = np.zeros((n, FRAME_SAMPLES), dtype=np.float32)
+            for i, s in enumerate(sessions):
+                if s.inbox:
+                    frames[i] = s.inbox.popleft()
+                else:
+                    s.input_underruns += 1
         self.pcm_in[:n, 0].copy_(torch.from_numpy(frames))
         bucket = self.runner.bucket_for(n) if self.runner is not None else None
         if bucket is not None:
@@ -204,18 +212,21 @@ class DuplexEngine:
         self.overrun_ticks += over
         self.tick_ms.append(ms)
         out = []
-        for i, s in enumerate(sessions):
-            s.frames += 1
-            if over:
-                s.overruns += 1
-                s.events.append(
-                    {
-                        "type": "tick_overrun",
-                        "tick": self.ticks,
-                        "tick_ms": round(ms, 2),
-                        "budget_ms": self.budget_ms,
-                    }
+        with self.lock:
+            for i, s in enumerate(sessions):
+                s.frames += 1
+                if over:
+                    s.overruns += 1
+                    s.events.append(
+                        {
+                            "type": "tick_overrun",
+                            "tick": self.ticks,
+                            "tick_ms": round(ms, 2),
+                            "budget_ms": self.budget_ms,
+                        }
+                    )
+                audio = pcm_np[i] if ready_l[i] else np.zeros(FRAME_SAMPLES, dtype=np.float32)
+                out.append(
+                    DuplexFrame(s.session_id, audio, text[i] if ready_l[i] else None, self.ticks, over)
                 )
-            audio = pcm_np[i] if ready_l[i] else np.zeros(FRAME_SAMPLES, dtype=np.float32)
-            out.append(DuplexFrame(s.session_id, audio, text[i] if ready_l[i] else None, self.ticks, over))
         return out
