@@ -1,7 +1,7 @@
 """The duplex engine's clock: a thread that runs :meth:`~.engine.DuplexEngine.tick` once per 80 ms frame and
 hands each tick's frames to a callback (a transport sends them). A tick that ends after the next one was due
-starts the next at once (the clock never skips a frame: every session gets every frame, late) and is counted in
-``late_ticks``; the engine itself tells the sessions of the overrun (``tick_overrun`` events)."""
+starts the next at once (the clock never skips a frame: every session gets every frame, late) and is counted
+in ``late_ticks``; the engine itself tells the sessions of the overrun (``tick_overrun`` events)."""
 
 from __future__ import annotations
 
