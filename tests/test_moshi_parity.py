@@ -114,3 +114,17 @@ def test_loader_names_the_bad_tensor(tmp_path):
     save_file(state, str(folder / "model.safetensors"))
     with pytest.raises(ValueError, match="text_linear.weight"):
         load_moshi(folder)
+
+
+def test_init_model_writes_a_loadable_moshi_folder(tmp_path):
+    from typer.testing import CliRunner
+
+    from omniduplex.cli.main import cli
+
+    out = tmp_path / "m"
+    res = CliRunner().invoke(cli, ["init-model", "--arch", "moshi-tiny", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert '"architecture": "moshi"' in res.output
+    assert (out / "tokenizer-e351c8d8-checkpoint125.safetensors").is_file()
+    bad = CliRunner().invoke(cli, ["init-model", "--arch", "moshi-huge", "--out", str(tmp_path / "x")])
+    assert bad.exit_code != 0 and "moshi-huge" in bad.output
