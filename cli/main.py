@@ -115,6 +115,13 @@ def serve(
         "'tiny' = the tiny random Qwen3-Omni checkpoint).",
     ),
     graph: Path | None = typer.Option(None, help="Stage-graph YAML (default: the shipped one)."),
+    duplex_model: Path | None = typer.Option(
+        None,
+        "--duplex-model",
+        help="A Moshi checkpoint folder (init-model --arch moshi-tiny) served full duplex on "
+        "ws /v1/realtime?duplex=1 beside the cascade.",
+    ),
+    duplex_sessions: int = typer.Option(4, "--duplex-sessions", min=1, help="Duplex engine rows."),
     system_prompt: str | None = typer.Option(
         None, "--system-prompt", help="Cascade: the LLM's system prompt."
     ),
@@ -222,6 +229,8 @@ def serve(
         session=SessionConfig(turn=turn, vad_aggressiveness=vad_aggressiveness),
         model=str(model) if model else None,
         graph=str(graph) if graph else None,
+        duplex_model=str(duplex_model) if duplex_model else None,
+        duplex_sessions=duplex_sessions,
         processes=processes,
         max_tokens=max_tokens,
         talker_max_tokens=talker_max_tokens,
