@@ -179,3 +179,49 @@ def test_cascade_realtime_answers_beside_duplex(served):
 
     done = asyncio.run(main())
     assert done.response.status == "completed"
+
+
+def test_bad_input_gets_one_clear_error_each_and_the_stream_goes_on(served):
+    async def main():
+        async with connect(served) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            bad = [
+                ({"type": "input_audio_buffer.append", "audio": "not base64!"}, "invalid_audio"),
+                ({"type": "playback.ack", "played_ms": -5}, "invalid_value"),
+                ({"type": "response.create"}, "unsupported_in_duplex_mode"),
+            ]
+            for i, (event, _) in enumerate(bad):
+                await ws.send(json.dumps({**event, "event_id": f"ev{i}"}))
+            await ws.send("{not json")
+            errors = []
+            audio = 0
+            while audio < 5 or len(errors) < 4:
+                e = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                audio += e["type"] == "response.output_audio.delta"
+                if e["type"] == "error":
+                    errors.append(e["error"])
+            got = {(x.get("event_id"), x["code"]) for x in errors}
+            assert got == {
+                ("ev0", "invalid_audio"),
+                ("ev1", "invalid_value"),
+                ("ev2", "unsupported_in_duplex_mode"),
+                (None, "invalid_json"),
+            }
+
+    asyncio.run(main())
+
+
+def test_a_server_without_duplex_model_refuses_duplex_mode(tmp_path):
+    """Asserted on the in-process app (no second server start): ``duplex_unavailable``, close 1013."""
+    from starlette.testclient import TestClient
+
+    from omniduplex.app.server import ServerConfig, create_app
+
+    app = create_app(ServerConfig(max_sessions=2))
+    state = app.state.server
+    state.started = True  # readiness is the cascade's: nothing else is started here
+    # no lifespan (``TestClient`` outside ``with``): the cascade is not built; the host is marked started
+    with TestClient(app).websocket_connect("/v1/realtime?duplex=1") as ws:
+        e = ws.receive_json()
+        assert e["type"] == "error" and e["error"]["code"] == "duplex_unavailable"
+        assert ws.receive()["code"] == 1013
