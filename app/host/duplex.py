@@ -38,11 +38,15 @@ class DuplexService:
     Args:
         folder: the Moshi checkpoint folder.
         capacity: engine rows (concurrent duplex sessions).
-        graph_mode: the engine's ``graph_mode`` (``auto``: CUDA graphs on a GPU, eager on CPU).
+        graph_mode: the engine's ``graph_mode`` (``off``: eager; ``auto``: CUDA graphs on a GPU).
+        budget_ms: a tick's budget (80 ms, one frame); a longer tick is told to its sessions.
     """
 
-    def __init__(self, folder: str | Path, capacity: int = 4, graph_mode: str = "off") -> None:
+    def __init__(
+        self, folder: str | Path, capacity: int = 4, graph_mode: str = "off", budget_ms: float = 80.0
+    ) -> None:
         self.folder, self.capacity, self.graph_mode = Path(folder), capacity, graph_mode
+        self.budget_ms = budget_ms
         self.engine: DuplexEngine | None = None
         self.clock = None
         self.pad_ids: set[int] = set()
@@ -60,7 +64,9 @@ class DuplexService:
 
         models = load_moshi(self.folder)
         self.pad_ids = {0, int(models.config.get("existing_text_padding_id", 3))}
-        self.engine = DuplexEngine(models, capacity=self.capacity, graph_mode=self.graph_mode)
+        self.engine = DuplexEngine(
+            models, capacity=self.capacity, budget_ms=self.budget_ms, graph_mode=self.graph_mode
+        )
         log.info("duplex model %s loaded (%d rows)", self.folder, self.capacity)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
