@@ -44,3 +44,14 @@ def test_frames_overruns_full_and_leave(folder):
             service.stop()
 
     asyncio.run(main())
+
+
+def test_drain_does_not_wait_for_a_duplex_stream():
+    """A duplex stream never ends by itself: the drain's busy list leaves it out (it is closed at once)."""
+    from types import SimpleNamespace
+
+    from omniduplex.app.host.drain import busy_sessions
+    from omniduplex.app.surfaces.realtime.duplex import DuplexSession
+
+    call = SimpleNamespace(id="dx1", session=DuplexSession("dx1", None))
+    assert busy_sessions(SimpleNamespace(sessions={"dx1": call})) == []

@@ -49,7 +49,12 @@ def pcm16_frame(pcm: np.ndarray) -> str:
 
 
 class DuplexSession:
-    """What the host's session table holds for a duplex call (``stats`` for ``/stats``, ``close``)."""
+    """What the host's session table holds for a duplex call (``stats`` for ``/stats``, ``close``).
+
+    ``busy`` is always False for the drain (:mod:`omniduplex.app.host.drain`): a duplex stream has no reply in
+    flight to finish, it never ends by itself, so a draining server closes it at once."""
+
+    busy = False
 
     def __init__(self, session_id: str, ws: WebSocket) -> None:
         self.id, self.ws, self.stats = session_id, ws, SessionStats()
