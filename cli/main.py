@@ -217,6 +217,17 @@ def serve(
             raise typer.BadParameter(
                 f"--tts {d}: not a Qwen3-TTS, VoxCPM2, Higgs or Fish Speech checkpoint (config.json)"
             )
+    from omniduplex.app.host.duplex import is_moshi_folder
+
+    if model is not None and is_moshi_folder(model):
+        raise typer.BadParameter(
+            f"--model {model} is a Moshi (full-duplex) checkpoint: serve it with --duplex-model {model} "
+            "(on /v1/realtime?duplex=1, beside the cascade)"
+        )
+    if duplex_model is not None and not is_moshi_folder(duplex_model):
+        raise typer.BadParameter(
+            f"--duplex-model {duplex_model}: not a Moshi checkpoint folder (config.json)"
+        )
     turn = TurnConfig(
         endpoint_ms=endpoint_ms,
         preemptive_ms=preemptive_ms,

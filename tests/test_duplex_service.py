@@ -55,3 +55,18 @@ def test_drain_does_not_wait_for_a_duplex_stream():
 
     call = SimpleNamespace(id="dx1", session=DuplexSession("dx1", None))
     assert busy_sessions(SimpleNamespace(sessions={"dx1": call})) == []
+
+
+def test_serve_points_a_moshi_model_to_duplex_model_and_refuses_a_bad_one(folder, tmp_path):
+    from typer.testing import CliRunner
+
+    from omniduplex.cli.main import cli
+
+    def run(*args: str) -> tuple[int, str]:
+        r = CliRunner().invoke(cli, ["serve", *args], terminal_width=400)
+        return r.exit_code, " ".join(r.output.replace("│", " ").split())  # the error box, unwrapped
+
+    code, out = run("--model", str(folder))
+    assert code == 2 and f"serve it with --duplex-model {folder}" in out
+    code, out = run("--duplex-model", str(tmp_path))
+    assert code == 2 and "not a Moshi checkpoint folder" in out

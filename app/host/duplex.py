@@ -27,6 +27,19 @@ LEAVE_WAIT_S = 1.0
 """How long a join waits for a pending leave to free a row (a few ticks)."""
 
 
+def is_moshi_folder(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a Moshi checkpoint: a ``config.json`` with ``model_type`` ``moshi``
+    (written by ``init-model --arch moshi-*``) or Kyutai's published LM keys (``depformer_dim``)."""
+    import json
+
+    path = Path(folder) / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and (raw.get("model_type") == "moshi" or "depformer_dim" in raw)
+
+
 class DuplexFull(RuntimeError):
     """Every row of the frame engine is taken."""
 
