@@ -308,6 +308,41 @@ def bench_cfg(
     run(model, concurrency, frames, cfg_scale, json_out, threads, dtype, repeats, text_tokens)
 
 
+@bench.command("duplex")
+def bench_duplex(
+    model: Path | None = typer.Option(None, help="Moshi folder (default: a random preset)."),
+    preset: str = typer.Option("small", help="Random preset when no --model: tiny, small or 7b."),
+    sessions: str = typer.Option("1,2,4,6,8", help="Session counts of the tick curve."),
+    ticks: int = typer.Option(40, help="Timed ticks per session count."),
+    threads: int = typer.Option(2, help="torch intra-op threads."),
+    full_context: bool = typer.Option(True, help="Attend over the whole context window (steady state)."),
+    graphs: str = typer.Option("off", help="off, twin, cuda or auto (CUDA graphs per batch bucket)."),
+    dialog_sessions: int = typer.Option(4, help="Sessions in the synthetic-dialog run (0: skip it)."),
+    dialog_seconds: float = typer.Option(20.0, help="Length of each synthetic dialog."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    dtype: str = typer.Option("float32", help="LM weights: float32 or bfloat16."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+) -> None:
+    """Full-duplex frame engine: sessions vs tick time p50/p99, underruns, Full-Duplex-Bench measures."""
+    from omniduplex.benchmarks.duplex import run
+
+    counts = [int(x) for x in sessions.split(",") if x.strip()]
+    run(
+        model,
+        preset,
+        counts,
+        ticks,
+        threads,
+        full_context,
+        graphs,
+        dialog_sessions,
+        dialog_seconds,
+        device,
+        dtype,
+        json_out,
+    )
+
+
 @bench.command("relay", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench_relay(ctx: typer.Context) -> None:
     """Relay throughput/latency (shm slots vs pickle-over-ZMQ vs multiprocessing.Queue), signal latency,

@@ -116,6 +116,13 @@ def serve(
         "'tiny' = the tiny random Qwen3-Omni checkpoint).",
     ),
     graph: Path | None = typer.Option(None, help="Stage-graph YAML (default: the shipped one)."),
+    duplex_model: Path | None = typer.Option(
+        None,
+        "--duplex-model",
+        help="A Moshi checkpoint folder (init-model --arch moshi-tiny) served full duplex on "
+        "ws /v1/realtime?duplex=1 beside the cascade.",
+    ),
+    duplex_sessions: int = typer.Option(4, "--duplex-sessions", min=1, help="Duplex engine rows."),
     system_prompt: str | None = typer.Option(
         None, "--system-prompt", help="Cascade: the LLM's system prompt."
     ),
@@ -212,6 +219,17 @@ def serve(
     for d in tts or []:
         if family_of(d) is None:
             raise typer.BadParameter(f"--tts {d}: not a checkpoint of a registered TTS family ({known()})")
+    from omniduplex.app.host.duplex import is_moshi_folder
+
+    if model is not None and is_moshi_folder(model):
+        raise typer.BadParameter(
+            f"--model {model} is a Moshi (full-duplex) checkpoint: serve it with --duplex-model {model} "
+            "(on /v1/realtime?duplex=1, beside the cascade)"
+        )
+    if duplex_model is not None and not is_moshi_folder(duplex_model):
+        raise typer.BadParameter(
+            f"--duplex-model {duplex_model}: not a Moshi checkpoint folder (config.json)"
+        )
     turn = TurnConfig(
         endpoint_ms=endpoint_ms,
         preemptive_ms=preemptive_ms,
@@ -224,6 +242,8 @@ def serve(
         session=SessionConfig(turn=turn, vad_aggressiveness=vad_aggressiveness),
         model=str(model) if model else None,
         graph=str(graph) if graph else None,
+        duplex_model=str(duplex_model) if duplex_model else None,
+        duplex_sessions=duplex_sessions,
         processes=processes,
         max_tokens=max_tokens,
         talker_max_tokens=talker_max_tokens,

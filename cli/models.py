@@ -29,7 +29,8 @@ def init_model(
         help="qwen3-omni (Thinker-Talker), unified (delay-pattern speech LM + DAC), a registered TTS family: "
         "qwen3-tts, voxcpm2, higgs, fish-speech, a --plugin's (FAMILY-PRESET names the preset too, e.g. "
         "voxcpm2-tiny), or a real-size weightless preset: qwen3-omni-30b-a3b, qwen3-tts-12hz-1.7b, "
-        "qwen3-0.6b, qwen2.5-7b (random weights built on the device at load).",
+        "qwen3-0.6b, qwen2.5-7b (random weights built on the device at load), or moshi-tiny / moshi-small / "
+        "moshi-7b (the full-duplex Moshi family).",
     ),
     depth: int | None = typer.Option(
         None, help="Real-size presets: cap every stack at this many layers (same widths; CPU runs)."
@@ -49,6 +50,9 @@ def init_model(
     load_plugins(plugin)
     if arch in REAL:
         _init_real(out, arch, depth, seed)
+        return
+    if arch == "moshi" or arch.startswith("moshi-"):
+        _init_moshi(out, arch.removeprefix("moshi").removeprefix("-") or preset, seed)
         return
     if arch not in ("qwen3-omni", "unified"):
         _init_tts(out, arch, preset, seed, variant)
@@ -98,6 +102,24 @@ def _init_real(out: Path, name: str, depth: int | None, seed: int) -> None:
             }
         )
     )
+
+
+def _init_moshi(out: Path, preset: str, seed: int) -> None:
+    """Write and load back a random Moshi (full-duplex) checkpoint (one JSON line).
+
+    Raises typer.BadParameter: a preset the family does not have."""
+    from omniduplex.models.moshi.checkpoint import load_moshi, write_moshi_checkpoint
+    from omniduplex.models.moshi.config import PRESETS
+
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"unknown --arch moshi-{preset}; choose a preset from {list(PRESETS)}")
+    t0 = time.perf_counter()
+    write_moshi_checkpoint(out, preset, seed)
+    written = time.perf_counter() - t0
+    counts = load_moshi(out).num_parameters()
+    info = dict(out=str(out), preset=preset, architecture="moshi", parameters=counts)
+    info.update(total_parameters=sum(counts.values()), write_seconds=round(written, 3))
+    typer.echo(json.dumps(info))
 
 
 def _init_tts(out: Path, arch: str, preset: str, seed: int, variant: str | None) -> None:

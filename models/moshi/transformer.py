@@ -1,0 +1,279 @@
+"""The streaming transformer shared by Mimi, Moshi's temporal transformer and its depth transformer
+(Moshi paper arXiv 2410.00037 §3.4; tensor names of ``moshi/modules/transformer.py``).
+
+Pre-norm layers: ``x + ls1(attn(norm1(x)))`` then ``x + ls2(ffn(norm2(x)))``; LayerNorm (Mimi) or RMSNorm in
+fp32 (Moshi, ``alpha`` ``[1, 1, D]``, eps 1e-8); FFN either GELU (``linear1``/``linear2``, Mimi) or a SiLU
+gated unit (``gating.linear_in`` ``[2H, D]``, ``gating.linear_out``); RoPE in the interleaved (complex pair)
+layout, ``θ_i = max_period^(-2i/D)`` (Su et al. 2021). Attention is causal over at most ``context`` past
+steps,
+reading a per-row ring KV cache of ``context`` slots when streaming. The depth transformer uses one set of
+weights per codebook step (``weights_per_step``: ``in_proj_weight`` stacks them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omniduplex.models.moshi.streaming import Streaming
+
+
+class RMSNormF32(nn.Module):
+    """``y = x · alpha / sqrt(eps + mean(x²))`` in fp32 (``rms_norm_f32``), ``x`` ``[B, T, D]``."""
+
+    def __init__(self, dim: int, eps: float = 1e-8) -> None:
+        super().__init__()
+        self.eps = eps
+        self.alpha = nn.Parameter(torch.ones(1, 1, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        var = self.eps + torch.mean(xf**2, dim=2, keepdim=True)
+        return (xf * (self.alpha.float() * torch.rsqrt(var))).to(x.dtype)
+
+
+def make_norm(kind: str, dim: int) -> nn.Module:
+    """``layer_norm`` (eps 1e-5) or ``rms_norm_f32`` (eps 1e-8). Raises ValueError otherwise."""
+    if kind == "layer_norm":
+        return nn.LayerNorm(dim, eps=1e-5)
+    if kind == "rms_norm_f32":
+        return RMSNormF32(dim)
+    raise ValueError(f"unsupported norm {kind!r}")
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, offset: torch.Tensor, max_period: float):
+    """Rotate ``q``, ``k`` ``[B, H, T, D]`` (interleaved pairs) at positions ``offset[b] + t`` (int64
+    ``[B]``)."""
+    b, _, t, d = q.shape
+    ds = torch.arange(d // 2, device=q.device, dtype=torch.float32)
+    freqs = torch.exp(ds * (-math.log(max_period) * 2 / d))
+    ts = (offset.float().view(-1, 1) + torch.arange(t, device=q.device, dtype=torch.float32)).view(
+        b, 1, -1, 1
+    )
+    cos, sin = torch.cos(freqs * ts), torch.sin(freqs * ts)
+
+    def turn(x: torch.Tensor) -> torch.Tensor:
+        xv = x.view(*x.shape[:-1], d // 2, 2)
+        re, im = xv[..., 0].float(), xv[..., 1].float()
+        return torch.stack([(re * cos - im * sin).to(x.dtype), (re * sin + im * cos).to(x.dtype)], -1).view(
+            x.shape
+        )
+
+    return turn(q), turn(k)
+
+
+class _Proj(nn.Module):
+    """A bias-free projection holding ``weight`` ``[steps·out, in]`` (one block per step)."""
+
+    def __init__(self, d_in: int, d_out: int, steps: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(steps * d_out, d_in))
+        nn.init.normal_(self.weight, std=d_in**-0.5)
+        self.d_out = d_out
+
+    def forward(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
+        return F.linear(x, self.weight[step * self.d_out : (step + 1) * self.d_out])
+
+
+class Attention(Streaming):
+    """Causal multi-head self-attention with a ring KV cache. ``x`` ``[B, T, D]`` → ``[B, T, D]``.
+
+    Streaming rows keep ``k``/``v`` ``[H, capacity, D/H]`` and ``offset`` (int64, steps seen). A key at
+    position ``p`` is visible from query ``q`` when ``0 <= q - p < context`` (all past when context is
+    None)."""
+
+    def __init__(
+        self, dim: int, heads: int, context: int | None, max_period: float | None, steps: int = 1
+    ) -> None:
+        super().__init__()
+        self.dim, self.heads, self.context, self.max_period = dim, heads, context, max_period
+        self.capacity = context if context is not None else steps
+        self.fixed_window = False
+        """Always attend over the whole ring (CUDA graphs bake host ints in; set by the duplex engine)."""
+        self.in_proj = _Proj(dim, 3 * dim, steps)
+        self.out_proj = _Proj(dim, dim, steps)
+
+    def new_state(self, rows: int) -> dict[str, torch.Tensor]:
+        w = self.in_proj.weight
+        self.filled = 0
+        kv = (rows, self.heads, self.capacity, self.dim // self.heads)
+        return {
+            "k": torch.zeros(kv, dtype=w.dtype, device=w.device),
+            "v": torch.zeros(kv, dtype=w.dtype, device=w.device),
+            "offset": torch.zeros(rows, dtype=torch.long, device=w.device),
+        }
+
+    def forward(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.in_proj(x, step).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        streaming = self.state is not None
+        offset = (
+            self.rows(b)["offset"].clone() if streaming else torch.zeros(b, dtype=torch.long, device=x.device)
+        )
+        if self.max_period is not None:
+            q, k = rope(q, k, offset, self.max_period)
+        if streaming:
+            st = self.rows(b)
+            cap = self.capacity
+            idx = (offset.view(-1, 1) + torch.arange(t, device=x.device)) % cap
+            gather = idx.view(b, 1, t, 1).expand(-1, self.heads, -1, k.shape[-1])
+            st["k"].scatter_(2, gather, k)
+            st["v"].scatter_(2, gather, v)
+            # slots past the most any row has written are masked for every row: leave them out (host count)
+            self.filled = cap if self.fixed_window else min(cap, self.filled + t)
+            k, v = st["k"][:, :, : self.filled], st["v"][:, :, : self.filled]
+            slots = torch.arange(self.filled, device=x.device)
+            last = offset.view(-1, 1) + t - 1
+            delta = slots - last % cap
+            pos_k = torch.where(delta <= 0, last + delta, last + delta - cap)
+            pos_k = torch.where(slots >= offset.view(-1, 1) + t, torch.full_like(pos_k, -1), pos_k)
+            st["offset"].add_(t)
+        else:
+            pos_k = torch.arange(t, device=x.device).expand(b, -1)
+        pos_q = offset.view(-1, 1, 1) + torch.arange(t, device=x.device).view(-1, 1)
+        delta = pos_q - pos_k[:, None]
+        mask = (pos_k[:, None] >= 0) & (delta >= 0)
+        if self.context is not None:
+            mask = mask & (delta < self.context)
+        out = F.scaled_dot_product_attention(q, k, v, mask[:, None], dropout_p=0.0)
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, self.dim), step)
+
+
+class Gating(nn.Module):
+    """SiLU-gated FFN (``linear_in`` ``[2H, D]``: gate rows then value rows; ``linear_out`` ``[D, H]``); the
+    hidden width ``H`` is ``21·D/8`` when ``ff == 4·D`` else ``2·ff/3`` (``moshi/modules/gating.py``)."""
+
+    def __init__(self, dim: int, ff: int) -> None:
+        super().__init__()
+        hidden = (21 * dim) // 8 if ff == 4 * dim else (2 * ff) // 3
+        self.linear_in = nn.Linear(dim, 2 * hidden, bias=False)
+        self.linear_out = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear_in(x)
+        b, t, _ = h.shape
+        h = h.view(b, t, 2, -1)
+        return self.linear_out(F.silu(h[..., 0, :]) * h[..., 1, :])
+
+
+class LayerScale(nn.Module):
+    """Per-channel residual scale (Touvron et al. 2021), ``scale`` ``[D]``."""
+
+    def __init__(self, dim: int, init: float) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class Layer(nn.Module):
+    """One pre-norm transformer layer (see the module docstring)."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        ff: int,
+        norm: str,
+        gating: str,
+        context: int | None,
+        max_period: float | None,
+        layer_scale: float | None,
+        steps: int = 1,
+    ) -> None:
+        super().__init__()
+        self.self_attn = Attention(dim, heads, context, max_period, steps)
+        self.norm1, self.norm2 = make_norm(norm, dim), make_norm(norm, dim)
+        self.steps = steps
+        if gating == "none":
+            self.linear1 = nn.Linear(dim, ff, bias=False)
+            self.linear2 = nn.Linear(ff, dim, bias=False)
+        elif steps > 1:
+            self.gating = nn.ModuleList([Gating(dim, ff) for _ in range(steps)])
+        else:
+            self.gating = Gating(dim, ff)
+        if layer_scale is None:
+            self.layer_scale_1, self.layer_scale_2 = nn.Identity(), nn.Identity()
+        else:
+            self.layer_scale_1, self.layer_scale_2 = (
+                LayerScale(dim, layer_scale),
+                LayerScale(dim, layer_scale),
+            )
+
+    def forward(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
+        x = x + self.layer_scale_1(self.self_attn(self.norm1(x), step))
+        h = self.norm2(x)
+        if hasattr(self, "linear1"):
+            update = self.linear2(F.gelu(self.linear1(h)))
+        elif self.steps > 1:
+            update = self.gating[step](h)
+        else:
+            update = self.gating(h)
+        return x + self.layer_scale_2(update)
+
+
+class Transformer(nn.Module):
+    """A stack of :class:`Layer` (``layers.{i}``). ``x`` ``[B, T, D]`` → ``[B, T, D]``; ``step`` picks the
+    depth transformer's per-codebook weights."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        layers: int,
+        ff: int,
+        norm: str,
+        gating: str,
+        context: int | None,
+        positional_embedding: str,
+        max_period: float,
+        layer_scale: float | None,
+        steps: int = 1,
+    ) -> None:
+        super().__init__()
+        period = max_period if positional_embedding == "rope" else None
+        if positional_embedding not in ("rope", "none"):
+            raise ValueError(f"unsupported positional embedding {positional_embedding!r}")
+        self.layers = nn.ModuleList(
+            [Layer(dim, heads, ff, norm, gating, context, period, layer_scale, steps) for _ in range(layers)]
+        )
+
+    def forward(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, step)
+        return x
+
+
+class ProjectedTransformer(nn.Module):
+    """Mimi's transformer on the conv layout: ``x`` ``[B, C, T]`` → ``[B, C, T]`` (``transformer.*``, and
+    ``input_proj`` / ``output_projs.0`` only when ``d_model`` differs from the input width)."""
+
+    def __init__(self, cfg: dict) -> None:
+        super().__init__()
+        d, d_in = cfg["d_model"], cfg["input_dimension"]
+        self.transformer = Transformer(
+            d,
+            cfg["num_heads"],
+            cfg["num_layers"],
+            cfg["dim_feedforward"],
+            cfg["norm"],
+            cfg["gating"],
+            cfg["context"],
+            cfg["positional_embedding"],
+            cfg["max_period"],
+            cfg["layer_scale"],
+        )
+        if d != d_in:
+            self.input_proj = nn.Linear(d_in, d, bias=False)
+        d_out = cfg["output_dimensions"][0]
+        self.output_projs = nn.ModuleList([nn.Identity() if d == d_out else nn.Linear(d, d_out, bias=False)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.transpose(1, 2)
+        if hasattr(self, "input_proj"):
+            x = self.input_proj(x)
+        return self.output_projs[0](self.transformer(x)).transpose(1, 2)

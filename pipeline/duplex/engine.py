@@ -1,0 +1,232 @@
+"""The duplex frame engine: one batched step per 80 ms tick for every live session of a Moshi-architecture
+model (Moshi paper arXiv 2410.00037 §3: Mimi at 12.5 Hz, the LM one frame per step).
+
+A tick (:meth:`DuplexEngine.tick`):
+
+1. applies queued leaves and joins (:class:`~.slots.Slots`; rows stay contiguous, a joining row is reset);
+2. copies each session's next input frame (or silence: an input underrun, counted) into the static input
+   buffer ``[capacity, 1, 1920]``;
+3. runs ONE step over rows ``[:n]`` (padded to a batch bucket when graphed): Mimi encode of every session's
+   frame, the temporal transformer's decode step for all sessions (per-row ring KV over the model's context),
+   the depth transformer's 8 codebooks batched across sessions, Mimi decode of the generated codes;
+4. hands back one :class:`DuplexFrame` per session: 1920 samples of model audio and the inner-monologue text
+   token. A session's first tick yields silence (the acoustic delay: its first frame is not ready yet).
+
+Per-session sampling settings live in batched tensors (rows like the states), so sampling is one call per
+codebook for all sessions. A tick longer than the budget (80 ms) is counted in every session it served and
+each gets a ``tick_overrun`` event; nobody is dropped. With ``graph_mode`` ``cuda`` (or ``twin``, its CPU
+stand-in, :mod:`omniduplex.pipeline.engine.graph_runner`) the step is captured once per batch bucket at start.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from omniduplex.models.moshi.checkpoint import MoshiModels
+from omniduplex.models.moshi.config import FRAME_SAMPLES
+from omniduplex.models.moshi.lm import Sampling
+from omniduplex.models.moshi.streaming import move_row, reset_rows, start_streaming
+from omniduplex.models.moshi.transformer import Attention
+from omniduplex.pipeline.duplex.slots import DuplexSettings, Slots
+from omniduplex.pipeline.engine.graph_runner import GraphRunner, bucket_sizes, make_backend
+
+FRAME_MS = 80.0
+"""One Mimi frame (1920 samples at 24 kHz), the tick period."""
+
+
+@dataclass
+class DuplexFrame:
+    """What one tick gave one session: ``pcm`` float32 ``[1920]`` (24 kHz), the text token (``None`` while
+    the first frame is not ready), the tick number and whether that tick overran its budget."""
+
+    session_id: str
+    pcm: np.ndarray
+    text_token: int | None
+    tick: int
+    overrun: bool
+
+
+class DuplexEngine:
+    """Batched full-duplex sessions over one loaded Moshi folder.
+
+    Args:
+        models: :func:`omniduplex.models.moshi.checkpoint.load_moshi` output (the engine owns its streaming
+            state from now on).
+        capacity: most sessions at once.
+        budget_ms: a tick's time budget (80 ms, one frame).
+        graph_mode: ``off`` (eager), ``twin`` (CPU twin of CUDA graphs), ``cuda`` or ``auto``
+            (:func:`~omniduplex.pipeline.engine.graph_runner.resolve_mode`).
+        seed: the sampling generator's seed.
+    """
+
+    def __init__(
+        self,
+        models: MoshiModels,
+        capacity: int = 8,
+        budget_ms: float = FRAME_MS,
+        graph_mode: str = "off",
+        seed: int = 0,
+    ) -> None:
+        self.mimi, self.lm = models.mimi, models.lm
+        dev = next(self.lm.parameters()).device
+        self.capacity, self.budget_ms, self.device = capacity, budget_ms, dev
+        self.slots = Slots(capacity)
+        self.lock = threading.Lock()
+        """Guards the slots: joins, leaves and pushes may come from other threads than the ticking one."""
+        self.pcm_in = torch.zeros(capacity, 1, FRAME_SAMPLES, device=dev)
+        self.settings = Sampling(
+            torch.zeros(capacity, device=dev),
+            torch.ones(capacity, dtype=torch.long, device=dev),
+            torch.zeros(capacity, device=dev),
+            torch.ones(capacity, dtype=torch.long, device=dev),
+        )
+        self.generator: torch.Generator | None = torch.Generator(device=dev).manual_seed(seed)
+        self.ticks = self.overrun_ticks = 0
+        self.tick_ms: list[float] = []
+        for m in (self.mimi, self.lm):
+            start_streaming(m, capacity)
+        backend = make_backend(graph_mode, dev)
+        if backend is not None and backend.name == "cuda":
+            self.generator = None  # a CUDA graph replays the default generator's draws (graph-safe RNG)
+        self.runner: GraphRunner | None = None
+        if backend is not None:
+            self.runner = GraphRunner("duplex step", backend, bucket_sizes(capacity))
+            for m in (*self.mimi.modules(), *self.lm.modules()):
+                if isinstance(m, Attention):
+                    m.fixed_window = True
+            with torch.no_grad():
+                self.runner.capture(lambda b: lambda: self._step(b, any_sampling=True))
+            self._reset(list(range(capacity)))  # the captures stepped every row
+
+    # sessions -----------------------------------------------------------------------------------------
+    def join(self, session_id: str, settings: DuplexSettings | None = None) -> None:
+        """Add a session from the next tick on. Raises ValueError when full or already joined."""
+        with self.lock:
+            self.slots.join(session_id, settings)
+
+    def leave(self, session_id: str) -> None:
+        """Remove a session before the next tick. Raises ValueError for an unknown id."""
+        with self.lock:
+            self.slots.leave(session_id)
+
+    def push(self, session_id: str, pcm: np.ndarray) -> None:
+        """Queue the session's next 80 ms input frame (see :meth:`Slots.push` for the errors)."""
+        with self.lock:
+            self.slots.push(session_id, pcm)
+
+    def stats(self, session_id: str) -> dict[str, int]:
+        """``{"frames", "input_underruns", "overruns"}`` of a live session. Raises KeyError if unknown."""
+        s = self.slots.sessions[session_id]
+        return {"frames": s.frames, "input_underruns": s.input_underruns, "overruns": s.overruns}
+
+    def events(self, session_id: str) -> list[dict]:
+        """Drain the session's events (``{"type": "tick_overrun", "tick", "tick_ms", "budget_ms"}``)."""
+        with self.lock:
+            s = self.slots.sessions[session_id]
+            out, s.events = s.events, []
+        return out
+
+    @property
+    def live(self) -> int:
+        """Sessions in the batch now."""
+        return len(self.slots.order)
+
+    # rows ---------------------------------------------------------------------------------------------
+    def _move(self, src: int, dst: int) -> None:
+        for m in (self.mimi, self.lm):
+            move_row(m, src, dst)
+        for t in (
+            self.settings.temp_text,
+            self.settings.top_k_text,
+            self.settings.temp_audio,
+            self.settings.top_k_audio,
+        ):
+            t[dst] = t[src]
+
+    def _reset(self, rows: list[int]) -> None:
+        idx = torch.tensor(rows, dtype=torch.long, device=self.device)
+        for m in (self.mimi, self.lm):
+            reset_rows(m, idx)
+        for r in rows:
+            sid = self.slots.order[r] if r < len(self.slots.order) else None
+            s = self.slots.sessions[sid].settings if sid is not None else DuplexSettings()
+            self.settings.temp_text[r], self.settings.top_k_text[r] = s.temp_text, s.top_k_text
+            self.settings.temp_audio[r], self.settings.top_k_audio[r] = s.temp_audio, s.top_k_audio
+
+    def _reset_decoder(self, rows: list[int]) -> None:
+        """Forget a not-ready frame's decode in the Mimi decoder state (as if it had not been decoded)."""
+        idx = torch.tensor(rows, dtype=torch.long, device=self.device)
+        for m in (self.mimi.upsample, self.mimi.decoder_transformer, self.mimi.decoder):
+            reset_rows(m, idx)
+
+    # the step -----------------------------------------------------------------------------------------
+    def _step(self, b: int, any_sampling: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The batched step over rows ``[:b]``: returns model audio ``[b, 1, 1920]``, tokens ``[b, 9]``
+        (text, 8 codebooks; -2 while not ready) and ``ready`` bool ``[b]``."""
+        s = self.settings
+        rows = Sampling(s.temp_text[:b], s.top_k_text[:b], s.temp_audio[:b], s.top_k_audio[:b], any_sampling)
+        user = self.mimi.encode(self.pcm_in[:b])[:, :, 0]
+        tokens, ready = self.lm.step(user, rows, self.generator)
+        pcm = self.mimi.decode(tokens[:, 1:, None].clamp(min=0))
+        return pcm, tokens, ready
+
+    @torch.no_grad()
+    def tick(self) -> list[DuplexFrame]:
+        """Advance every live session one frame (see the module docstring). Returns one frame per session."""
+        t0 = time.perf_counter()
+        with self.lock:
+            self.slots.apply(self._move, self._reset)
+            n = len(self.slots.order)
+            if n == 0:
+                return []
+            sessions = [self.slots.sessions[sid] for sid in self.slots.order]
+            frames = np.zeros((n, FRAME_SAMPLES), dtype=np.float32)
+            for i, s in enumerate(sessions):
+                if s.inbox:
+                    frames[i] = s.inbox.popleft()
+                else:
+                    s.input_underruns += 1
+        self.pcm_in[:n, 0].copy_(torch.from_numpy(frames))
+        bucket = self.runner.bucket_for(n) if self.runner is not None else None
+        if bucket is not None:
+            pcm, tokens, ready = (t[:n] for t in self.runner.replay(bucket))
+        else:
+            if self.runner is not None:
+                self.runner.miss()
+            any_sampling = any(s.settings.temp_text > 0 or s.settings.temp_audio > 0 for s in sessions)
+            pcm, tokens, ready = self._step(n, any_sampling)
+        ready_l = ready.tolist()
+        pcm_np = pcm[:, 0].float().cpu().numpy()
+        text = tokens[:, 0].tolist()
+        not_ready = [i for i, r in enumerate(ready_l) if not r]
+        if not_ready:
+            self._reset_decoder(not_ready)
+        ms = (time.perf_counter() - t0) * 1000
+        over = ms > self.budget_ms
+        self.ticks += 1
+        self.overrun_ticks += over
+        self.tick_ms.append(ms)
+        out = []
+        with self.lock:
+            for i, s in enumerate(sessions):
+                s.frames += 1
+                if over:
+                    s.overruns += 1
+                    s.events.append(
+                        {
+                            "type": "tick_overrun",
+                            "tick": self.ticks,
+                            "tick_ms": round(ms, 2),
+                            "budget_ms": self.budget_ms,
+                        }
+                    )
+                audio = pcm_np[i] if ready_l[i] else np.zeros(FRAME_SAMPLES, dtype=np.float32)
+                out.append(
+                    DuplexFrame(s.session_id, audio, text[i] if ready_l[i] else None, self.ticks, over)
+                )
+        return out
