@@ -3,6 +3,7 @@ message meta: events before text, the text before a call released whole, call li
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from hypothesis import given
@@ -48,7 +49,7 @@ def _summary(segments):
     for k, v in segments:
         if k == "text":
             continue
-        v = dict(v)
+        v = dataclasses.asdict(v)  # a CallStarted / CallArgumentsDelta / CallDone / CallFailed
         v["call_id"] = ids.setdefault(v["call_id"], len(ids))
         events.append((k, v))
     return text, events
@@ -101,8 +102,8 @@ def test_fenced_calls_any_split(cuts):
 
 
 def test_call_ids_are_fresh():
-    a = [v["call_id"] for k, v in _parse([REPLY]) if k == STARTED]
-    b = [v["call_id"] for k, v in _parse([REPLY]) if k == STARTED]
+    a = [v.call_id for k, v in _parse([REPLY]) if k == STARTED]
+    b = [v.call_id for k, v in _parse([REPLY]) if k == STARTED]
     assert len(set(a + b)) == 4 and all(c.startswith("call_") and len(c) == 29 for c in a)
 
 
@@ -161,4 +162,4 @@ def test_no_call_is_made_when_none_is_allowed():
     metas = stream.push(call_block("get_weather", {"city": "Paris"}))
     assert not any(DONE in m for m in metas)
     failed = [m[FAILED] for m in metas if FAILED in m]
-    assert failed and "no tool call is allowed" in failed[0]["error"] and "arguments" not in failed[0]
+    assert failed and "no tool call is allowed" in failed[0].error and not hasattr(failed[0], "arguments")
