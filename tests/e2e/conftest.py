@@ -3,8 +3,8 @@ child process, scrubbed environment), started once per test session and only whe
 
 * ``default_server``: ``serve`` with the default model (stage processes, the packaged weights), Realtime
   clients allowed to name the order MCP server (``order_mcp_url``) as a ``type: "mcp"`` tool;
-* ``quality_server``: ``serve --model quality`` (Qwen2.5-Coder-0.5B, which chooses a tool by itself on
-  ``tool_choice: "auto"``), with the order MCP server declared for the voice surfaces (``--mcp``).
+* ``mcp_server``: ``serve`` with the default model (Qwen2.5-Coder-0.5B, which chooses a tool by itself on
+  ``tool_choice: "auto"``) and the order MCP server declared for the voice surfaces (``--mcp``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def order_mcp_url():
 
 class _OneServer:
     """At most one shared server runs at a time (each holds a cascade's worth of memory): asking for another
-    stops the one running. Tests of one server sit in modules next to each other (the quality server's in
+    stops the one running. Tests of one server sit in modules next to each other (the MCP server's in
     test_tools_chosen_by_the_model.py), so each starts once per test session."""
 
     def __init__(self) -> None:
@@ -79,8 +79,7 @@ def default_server(_one_server, order_mcp_url) -> Served:
 
 
 @pytest.fixture()
-def quality_server(_one_server, order_mcp_url) -> Served:
+def mcp_server(_one_server, order_mcp_url) -> Served:
     # over HTTP, already up: a stdio server started by serve may miss its 10 s listing on a loaded machine
     orders = f"orders[order_status]={order_mcp_url}"
-    return _one_server.get("quality", "--model", "quality", "--max-tokens", "40", "--mcp", orders,
-                           "--log-level", "warning")
+    return _one_server.get("mcp", "--max-tokens", "40", "--mcp", orders, "--log-level", "warning")

@@ -1,4 +1,4 @@
-"""Tools the model chooses by itself (``tool_choice: "auto"``) on ``omniduplex serve --model quality --mcp
+"""Tools the model chooses by itself (``tool_choice: "auto"``) on ``omniduplex serve --mcp
 orders[order_status]=...`` run as a user runs it (a child process, no ``OMNIDUPLEX_*`` variable:
 tests/served.py; Qwen2.5-Coder-0.5B: the 135M default model is not relied on to choose a tool):
 
@@ -30,9 +30,9 @@ def no_traceback(server) -> None:
     assert "Traceback" not in log, log[-4000:]
 
 
-def test_auto_tool_call_chosen_by_the_model(quality_server):
-    """``tool_choice: "auto"``: the 0.5B model (``--model quality``) decides to call the tool itself."""
-    client = openai.OpenAI(base_url=quality_server.url("/v1"), api_key="unused", timeout=300, max_retries=0)
+def test_auto_tool_call_chosen_by_the_model(mcp_server):
+    """``tool_choice: "auto"``: the default 0.5B model decides to call the tool itself."""
+    client = openai.OpenAI(base_url=mcp_server.url("/v1"), api_key="unused", timeout=300, max_retries=0)
     r = client.chat.completions.create(
         model="omniduplex", messages=LISBON, tools=[WEATHER_TOOL], tool_choice="auto"
     )
@@ -42,5 +42,5 @@ def test_auto_tool_call_chosen_by_the_model(quality_server):
     assert call.function.name == "get_weather" and call.id.startswith("call_")
     city = json.loads(call.function.arguments)["city"]
     assert "lisbo" in city.lower(), city  # "Lisbon" (or the model's "Lisboa")
-    no_traceback(quality_server)
+    no_traceback(mcp_server)
 
