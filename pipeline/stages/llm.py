@@ -39,7 +39,6 @@ from tokenizers import Tokenizer
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.registry import LoadedModel
 from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
-from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.grammar import TokenizerGrammars
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.messages import DecoderOutput, PartialTranscript, StageMessage, TurnOptions
@@ -49,6 +48,7 @@ from omniduplex.pipeline.stages.chat_prompt import (
     ChatTurn,
 )
 from omniduplex.pipeline.stages.contract import EngineGauges
+from omniduplex.pipeline.stages.engine_build import stage_engine
 from omniduplex.pipeline.stages.tool_calls import EVENT_KEYS
 from omniduplex.pipeline.text.detokenize import IncrementalDetokenizer
 from omniduplex.pipeline.text.reply_text import ReplyStream
@@ -155,16 +155,9 @@ class LLMWorker(EngineGauges):
         self.tokenizer, self.template = self.chat.tokenizer, self.chat.template
         self.stop_ids = self.chat.stop_ids
         weight = model.thinker.lm_head.weight
-        self.engine = Engine(
-            DecoderLMAdapter(model.thinker),
-            num_blocks,
-            max_num_seqs,
-            max_num_batched_tokens,
-            dtype=weight.dtype,
-            device=weight.device,
-            enable_prefix_caching=enable_prefix_caching,
-            graphs="auto" if cuda_graphs else "off",
-            name="llm",
+        self.engine = stage_engine(
+            DecoderLMAdapter(model.thinker), weight, "llm",
+            num_blocks, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, cuda_graphs,
         )
         self.turns: dict[str, TurnStream] = {}
         self._ready: list[StageMessage] = []  # skipped turns, emitted at the next step
