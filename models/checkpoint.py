@@ -36,6 +36,17 @@ def read_config(model_dir: str | Path) -> dict:
         raise CheckpointError(f"{path}: invalid JSON ({e})") from e
 
 
+def parameter_counts(loaded: object, parts: tuple[str, ...]) -> dict[str, int]:
+    """Parameter count per loaded part: ``{name: numel}`` for each attribute of ``loaded`` named in
+    ``parts`` that holds a module (a part left ``None`` is absent). A parameter shared between modules of
+    one part counts once (``Module.parameters`` yields it once)."""
+    return {
+        name: sum(p.numel() for p in m.parameters())
+        for name in parts
+        if (m := getattr(loaded, name)) is not None
+    }
+
+
 def weight_files(model_dir: str | Path) -> dict[str, Path]:
     """Map every tensor name to the safetensors file holding it.
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from omniduplex.models.checkpoint import CheckpointError, read_config, weight_files
+from omniduplex.models.checkpoint import CheckpointError, parameter_counts, read_config, weight_files
 from omniduplex.models.codecs.dac import DacCodec, DacDecoderConfig, load_codec_into
 from omniduplex.models.codecs.dac_encoder import DacCodecEncoder, DacEncoderConfig, load_codec_encoder_into
 from omniduplex.models.config import ConfigError
@@ -39,11 +39,7 @@ class FishSpeech:
 
     def num_parameters(self) -> dict[str, int]:
         """Parameter count per loaded part."""
-        return {
-            name: sum(p.numel() for p in m.parameters())
-            for name in PARTS
-            if (m := getattr(self, name)) is not None
-        }
+        return parameter_counts(self, PARTS)
 
 
 def is_fish_speech(model_dir: str | Path) -> bool:

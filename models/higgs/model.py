@@ -16,7 +16,13 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from omniduplex.models.checkpoint import CheckpointError, load_state_dict_into, read_config, weight_files
+from omniduplex.models.checkpoint import (
+    CheckpointError,
+    load_state_dict_into,
+    parameter_counts,
+    read_config,
+    weight_files,
+)
 from omniduplex.models.config import ConfigError
 from omniduplex.models.higgs.codec import HiggsCodecDecoder, load_codec
 from omniduplex.models.higgs.config import (
@@ -52,7 +58,7 @@ class Higgs:
 
     def num_parameters(self) -> dict[str, int]:
         """Parameter count per loaded part."""
-        return {n: sum(p.numel() for p in getattr(self, n).parameters()) for n in PARTS if getattr(self, n)}
+        return parameter_counts(self, PARTS)
 
 
 def is_higgs(model_dir: str | Path) -> bool:

@@ -15,7 +15,13 @@ from pathlib import Path
 
 import torch
 
-from omniduplex.models.checkpoint import CheckpointError, load_state_dict_into, read_config, weight_files
+from omniduplex.models.checkpoint import (
+    CheckpointError,
+    load_state_dict_into,
+    parameter_counts,
+    read_config,
+    weight_files,
+)
 from omniduplex.models.config import ConfigError
 from omniduplex.models.qwen3_tts.codec import CodecDecoder
 from omniduplex.models.qwen3_tts.codec_encoder import CodecEncoder, CodecEncoderConfig
@@ -52,12 +58,7 @@ class Qwen3TTS:
 
     def num_parameters(self) -> dict[str, int]:
         """Parameter count per loaded part."""
-        out = {}
-        for name in PARTS:
-            m = getattr(self, name)
-            if m is not None:
-                out[name] = sum(p.numel() for p in m.parameters())
-        return out
+        return parameter_counts(self, PARTS)
 
 
 def is_qwen3_tts(model_dir: str | Path) -> bool:
