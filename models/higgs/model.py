@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 
 from omniduplex.models.checkpoint import (
     CheckpointError,
+    config_value,
     load_state_dict_into,
     parameter_counts,
     read_config,
@@ -63,10 +64,7 @@ class Higgs:
 
 def is_higgs(model_dir: str | Path) -> bool:
     """Whether ``model_dir/config.json`` names :data:`ARCHITECTURE` (False for an unreadable config)."""
-    try:
-        return (read_config(model_dir).get("architectures") or [None])[0] == ARCHITECTURE
-    except CheckpointError:
-        return False
+    return (config_value(model_dir, "architectures") or [None])[0] == ARCHITECTURE
 
 
 def read_codec_config(model_dir: str | Path) -> HiggsCodecConfig:

@@ -17,6 +17,7 @@ import torch
 
 from omniduplex.models.checkpoint import (
     CheckpointError,
+    config_value,
     load_state_dict_into,
     parameter_counts,
     read_config,
@@ -63,10 +64,7 @@ class Qwen3TTS:
 
 def is_qwen3_tts(model_dir: str | Path) -> bool:
     """Whether ``model_dir/config.json`` names :data:`ARCHITECTURE` (False for an unreadable config)."""
-    try:
-        return (read_config(model_dir).get("architectures") or [None])[0] == ARCHITECTURE
-    except CheckpointError:
-        return False
+    return (config_value(model_dir, "architectures") or [None])[0] == ARCHITECTURE
 
 
 def build_modules(raw: dict, codec_raw: dict | None) -> dict[str, torch.nn.Module]:

@@ -32,6 +32,7 @@ from torch import nn
 
 from omniduplex.models.checkpoint import (
     CheckpointError,
+    config_value,
     load_state_dict_into,
     parameter_counts,
     read_config,
@@ -134,10 +135,7 @@ class VoxCPM2:
 
 def is_voxcpm2(model_dir: str | Path) -> bool:
     """Whether ``model_dir/config.json`` names ``architecture: voxcpm2`` (False when unreadable)."""
-    try:
-        return read_config(model_dir).get("architecture") == ARCHITECTURE
-    except CheckpointError:
-        return False
+    return config_value(model_dir, "architecture") == ARCHITECTURE
 
 
 def vae_weight_file(model_dir: Path) -> Path:
