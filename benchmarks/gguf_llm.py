@@ -17,7 +17,6 @@ its ``c`` turns run one after another (its figure at ``c`` is what that API give
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from omniduplex.benchmarks.llm_backends import QUESTIONS, _turn
+from omniduplex.benchmarks.report import print_table, write_json
 
 
 def _measure_worker(worker, c: int, new_tokens: int, rounds: int, system: str) -> dict[str, float]:
@@ -155,14 +155,14 @@ def run(
         f"\nGGUF LLM benchmark: {gguf.name}  {new_tokens} new tokens per turn, greedy, {rounds} rounds per "
         f"level, {threads} thread(s); quantized kernels: {quant.isa()}"
     )
-    print("| engine | c | decode tok/s | tok/s | TTFT p50 ms | TTFT max ms |")
-    print("|---|---|---|---|---|---|")
-    for engine, levels in res.items():
-        for c, m in levels.items():
-            print(
-                f"| {engine} | {c} | {m['decode_tok_s']:.1f} | {m['tok_s']:.1f} | {m['ttft_p50_ms']:.0f} "
-                f"| {m['ttft_max_ms']:.0f} |"
-            )
-    if json_out:
-        json_out.write_text(json.dumps(res, indent=2))
+    print_table(
+        ["engine", "c", "decode tok/s", "tok/s", "TTFT p50 ms", "TTFT max ms"],
+        (
+            [engine, c, f"{m['decode_tok_s']:.1f}", f"{m['tok_s']:.1f}", f"{m['ttft_p50_ms']:.0f}",
+             f"{m['ttft_max_ms']:.0f}"]
+            for engine, levels in res.items()
+            for c, m in levels.items()
+        ),
+    )
+    write_json(res, json_out)
     return res

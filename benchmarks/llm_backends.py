@@ -10,13 +10,13 @@ the stage settings given (default: fp32, eager, 1 GiB KV); our engine with the s
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from omniduplex.benchmarks.report import print_table, write_json
 from omniduplex.pipeline.config import StageConfig
 from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
 
@@ -101,11 +101,13 @@ def run(
         f"\nLLM stage benchmark: {model_dir}  chat turns, {new_tokens} new tokens each, greedy, {dtype}, "
         f"{rounds} rounds per level, our engine on {threads} torch thread(s)"
     )
-    print("| backend | c | tok/s | TTFT p50 ms | TTFT max ms |")
-    print("|---|---|---|---|---|")
-    for backend, levels in res.items():
-        for c, m in levels.items():
-            print(f"| {backend} | {c} | {m['tok_s']:.1f} | {m['ttft_p50_ms']:.0f} | {m['ttft_max_ms']:.0f} |")
-    if json_out:
-        json_out.write_text(json.dumps(res, indent=2))
+    print_table(
+        ["backend", "c", "tok/s", "TTFT p50 ms", "TTFT max ms"],
+        (
+            [backend, c, f"{m['tok_s']:.1f}", f"{m['ttft_p50_ms']:.0f}", f"{m['ttft_max_ms']:.0f}"]
+            for backend, levels in res.items()
+            for c, m in levels.items()
+        ),
+    )
+    write_json(res, json_out)
     return res

@@ -9,13 +9,13 @@ seconds of the round, summed over the concurrent turns.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
 from omniduplex.app.host.pipeline import serving_meta
+from omniduplex.benchmarks.report import print_table, write_json
 from omniduplex.pipeline.audio_io import load_audio
 from omniduplex.pipeline.messages import TurnOptions
 from omniduplex.pipeline.orchestrator import Orchestrator
@@ -122,13 +122,13 @@ def run(
         )
     if shape == CASCADE.name:
         print("\nTTFP split, p50 ms (ASR compute | LLM prefill + first clause | TTS first chunk):")
-        print("| c | ASR | LLM first clause | TTS first chunk |")
-        print("|---|---|---|---|")
-        for c, m in res.items():
-            print(
-                f"| {c} | {m['asr_ms_p50']:.0f} | {m['llm_first_clause_ms_p50']:.0f} | "
-                f"{m['tts_first_chunk_ms_p50']:.0f} |"
-            )
-    if json_out:
-        json_out.write_text(json.dumps(res, indent=2))
+        print_table(
+            ["c", "ASR", "LLM first clause", "TTS first chunk"],
+            (
+                [c, f"{m['asr_ms_p50']:.0f}", f"{m['llm_first_clause_ms_p50']:.0f}",
+                 f"{m['tts_first_chunk_ms_p50']:.0f}"]
+                for c, m in res.items()
+            ),
+        )
+    write_json(res, json_out)
     return res

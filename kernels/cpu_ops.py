@@ -88,6 +88,41 @@ def _isa_flags() -> list[str]:
     return []
 
 
+def build_extension(name: str, sources: list[str], cflags: list[str], what: str) -> None:
+    """Build (unless ``name``'s ``.so`` is cached) and load the torch C++ extension ``name`` from ``sources``
+    with ``cflags`` (plus OpenMP linking), under ``$TORCH_EXTENSIONS_DIR`` (default
+    ``~/.cache/torch_extensions``); ``what`` is the progress line of a first build.
+
+    Stage processes start together and the first one builds. Our lock is an flock, which the kernel drops
+    when its holder dies; torch's own lock is a file that a build killed midway leaves behind, after which
+    every later start would wait on it forever, so it is cleared under ours.
+
+    Raises:
+        OSError, RuntimeError, ImportError: compiler or ninja missing, or the build failed.
+    """
+    from torch.utils.cpp_extension import load as build
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
+    build_dir = Path(root) / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / "omniduplex.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)
+        built = (build_dir / f"{name}.so").is_file()
+        done = None if built else announce(what, str(root))
+        build(
+            name=name,
+            sources=sources,
+            extra_cflags=cflags,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=False,
+        )
+        if done is not None:
+            done()
+
+
 def load() -> None:
     """Build (first call on this machine) and load the extension; idempotent and thread-safe.
 
@@ -100,32 +135,12 @@ def load() -> None:
         if hasattr(torch.ops.omniduplex_cpu, "moe_experts"):  # loaded by another copy of this module
             _state["loaded"] = True
             return
-        from torch.utils.cpp_extension import load as build
-
         name = f"omniduplex_cpu_ops_{_build_tag()}"
-        root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
-        build_dir = Path(root) / name
         try:
-            build_dir.mkdir(parents=True, exist_ok=True)
-            # Stage processes start together and the first one builds. Our lock is an flock, which the kernel
-            # drops when its holder dies; torch's own lock is a file that a build killed midway leaves behind,
-            # after which every later start would wait on it forever, so it is cleared under ours.
-            with open(build_dir / "omniduplex.lock", "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                (build_dir / "lock").unlink(missing_ok=True)
-                built = (build_dir / f"{name}.so").is_file()
-                done = None if built else announce("building the C++ CPU kernels", str(root))
-                build(
-                    name=name,
-                    sources=[str(src) for src in SOURCES],
-                    extra_cflags=["-O3", "-march=native", "-fopenmp", *_isa_flags()],
-                    extra_ldflags=["-fopenmp"],
-                    build_directory=str(build_dir),
-                    is_python_module=False,
-                    verbose=False,
-                )
-                if done is not None:
-                    done()
+            build_extension(
+                name, [str(src) for src in SOURCES], ["-O3", "-march=native", "-fopenmp", *_isa_flags()],
+                "building the C++ CPU kernels",
+            )
         except (OSError, RuntimeError, ImportError) as e:
             raise CpuOpsBuildError(f"building {SOURCE.name} failed: {e}") from e
         _register_fakes()

@@ -18,7 +18,6 @@ Results do not depend on the batch: row ``t`` of a ``[T, K]`` input gives exactl
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import threading
@@ -26,8 +25,7 @@ from pathlib import Path
 
 import torch
 
-from omniduplex.kernels.cpu_ops import _cpu_flags
-from omniduplex.kernels.once import announce
+from omniduplex.kernels.cpu_ops import _cpu_flags, build_extension
 
 SOURCE = Path(__file__).with_name("csrc") / "quant_ops.cpp"
 ISA_ENV = "OMNIDUPLEX_QUANT_ISA"
@@ -60,32 +58,13 @@ def load() -> None:
         if _loaded.get("ok") or hasattr(torch.ops.omniduplex_quant, "qmatmul"):
             _loaded["ok"] = True
             return
-        from torch.utils.cpp_extension import load as build
-
         h = hashlib.sha1(" ".join(sorted(_cpu_flags())).encode())
         h.update(SOURCE.read_bytes())
         h.update(" ".join(_flags()).encode())
         name = f"omniduplex_quant_ops_{h.hexdigest()[:10]}"
-        root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
-        build_dir = Path(root) / name
         try:
-            build_dir.mkdir(parents=True, exist_ok=True)
-            with open(build_dir / "omniduplex.lock", "w") as lock:  # see cpu_ops.load: a dead builder's
-                fcntl.flock(lock, fcntl.LOCK_EX)  # flock is dropped, torch's stale lock file is cleared
-                (build_dir / "lock").unlink(missing_ok=True)
-                built = (build_dir / f"{name}.so").is_file()
-                done = None if built else announce("building the C++ quantized-matmul kernels", str(root))
-                build(
-                    name=name,
-                    sources=[str(SOURCE)],
-                    extra_cflags=[*_flags(), "-fopenmp"],
-                    extra_ldflags=["-fopenmp"],
-                    build_directory=str(build_dir),
-                    is_python_module=False,
-                    verbose=False,
-                )
-                if done is not None:
-                    done()
+            what = "building the C++ quantized-matmul kernels"
+            build_extension(name, [str(SOURCE)], [*_flags(), "-fopenmp"], what)
         except (OSError, RuntimeError, ImportError) as e:
             raise QuantBuildError(f"building {SOURCE.name} failed: {e}") from e
 

@@ -9,6 +9,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -34,6 +35,26 @@ def read_config(model_dir: str | Path) -> dict:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: invalid JSON ({e})") from e
+
+
+def config_value(model_dir: str | Path, key: str) -> Any:
+    """``config.json``'s value for ``key``: ``None`` when the key is absent or the file is missing or
+    unreadable (what the family checks ``is_<family>`` need: they answer False for such a folder)."""
+    try:
+        return read_config(model_dir).get(key)
+    except CheckpointError:
+        return None
+
+
+def parameter_counts(loaded: object, parts: tuple[str, ...]) -> dict[str, int]:
+    """Parameter count per loaded part: ``{name: numel}`` for each attribute of ``loaded`` named in
+    ``parts`` that holds a module (a part left ``None`` is absent). A parameter shared between modules of
+    one part counts once (``Module.parameters`` yields it once)."""
+    return {
+        name: sum(p.numel() for p in m.parameters())
+        for name in parts
+        if (m := getattr(loaded, name)) is not None
+    }
 
 
 def weight_files(model_dir: str | Path) -> dict[str, Path]:

@@ -16,7 +16,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from omniduplex.models.checkpoint import CheckpointError, load_state_dict_into, read_config, weight_files
+from omniduplex.models.checkpoint import (
+    CheckpointError,
+    load_state_dict_into,
+    parameter_counts,
+    read_config,
+    weight_files,
+)
 from omniduplex.models.codecs.dac import DacCodec, DacDecoderConfig, load_codec_into
 from omniduplex.models.codecs.dac_encoder import DacCodecEncoder, DacEncoderConfig, load_codec_encoder_into
 from omniduplex.models.config import ConfigError, DecoderConfig, OmniConfig
@@ -59,12 +65,7 @@ class LoadedModel:
 
     def num_parameters(self) -> dict[str, int]:
         """Parameter count per loaded part (tied weights counted once)."""
-        out = {}
-        for name in ("thinker", "talker", "code2wav", "unified", "codec", "codec_encoder"):
-            m = getattr(self, name)
-            if m is not None:
-                out[name] = sum(p.numel() for p in m.parameters())
-        return out
+        return parameter_counts(self, ("thinker", "talker", "code2wav", "unified", "codec", "codec_encoder"))
 
     @property
     def unified_config(self) -> UnifiedConfig:

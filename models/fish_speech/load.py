@@ -14,7 +14,13 @@ from pathlib import Path
 
 import torch
 
-from omniduplex.models.checkpoint import CheckpointError, read_config, weight_files
+from omniduplex.models.checkpoint import (
+    CheckpointError,
+    config_value,
+    parameter_counts,
+    read_config,
+    weight_files,
+)
 from omniduplex.models.codecs.dac import DacCodec, DacDecoderConfig, load_codec_into
 from omniduplex.models.codecs.dac_encoder import DacCodecEncoder, DacEncoderConfig, load_codec_encoder_into
 from omniduplex.models.config import ConfigError
@@ -39,19 +45,12 @@ class FishSpeech:
 
     def num_parameters(self) -> dict[str, int]:
         """Parameter count per loaded part."""
-        return {
-            name: sum(p.numel() for p in m.parameters())
-            for name in PARTS
-            if (m := getattr(self, name)) is not None
-        }
+        return parameter_counts(self, PARTS)
 
 
 def is_fish_speech(model_dir: str | Path) -> bool:
     """Whether ``model_dir/config.json`` has ``model_type`` ``fish_qwen3_omni`` (False if unreadable)."""
-    try:
-        return read_config(model_dir).get("model_type") == MODEL_TYPE
-    except CheckpointError:
-        return False
+    return config_value(model_dir, "model_type") == MODEL_TYPE
 
 
 def load_fish_speech(

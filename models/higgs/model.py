@@ -16,7 +16,14 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from omniduplex.models.checkpoint import CheckpointError, load_state_dict_into, read_config, weight_files
+from omniduplex.models.checkpoint import (
+    CheckpointError,
+    config_value,
+    load_state_dict_into,
+    parameter_counts,
+    read_config,
+    weight_files,
+)
 from omniduplex.models.config import ConfigError
 from omniduplex.models.higgs.codec import HiggsCodecDecoder, load_codec
 from omniduplex.models.higgs.config import (
@@ -52,15 +59,12 @@ class Higgs:
 
     def num_parameters(self) -> dict[str, int]:
         """Parameter count per loaded part."""
-        return {n: sum(p.numel() for p in getattr(self, n).parameters()) for n in PARTS if getattr(self, n)}
+        return parameter_counts(self, PARTS)
 
 
 def is_higgs(model_dir: str | Path) -> bool:
     """Whether ``model_dir/config.json`` names :data:`ARCHITECTURE` (False for an unreadable config)."""
-    try:
-        return (read_config(model_dir).get("architectures") or [None])[0] == ARCHITECTURE
-    except CheckpointError:
-        return False
+    return (config_value(model_dir, "architectures") or [None])[0] == ARCHITECTURE
 
 
 def read_codec_config(model_dir: str | Path) -> HiggsCodecConfig:

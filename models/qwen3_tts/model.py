@@ -15,7 +15,14 @@ from pathlib import Path
 
 import torch
 
-from omniduplex.models.checkpoint import CheckpointError, load_state_dict_into, read_config, weight_files
+from omniduplex.models.checkpoint import (
+    CheckpointError,
+    config_value,
+    load_state_dict_into,
+    parameter_counts,
+    read_config,
+    weight_files,
+)
 from omniduplex.models.config import ConfigError
 from omniduplex.models.qwen3_tts.codec import CodecDecoder
 from omniduplex.models.qwen3_tts.codec_encoder import CodecEncoder, CodecEncoderConfig
@@ -53,20 +60,12 @@ class Qwen3TTS:
 
     def num_parameters(self) -> dict[str, int]:
         """Parameter count per loaded part."""
-        out = {}
-        for name in PARTS:
-            m = getattr(self, name)
-            if m is not None:
-                out[name] = sum(p.numel() for p in m.parameters())
-        return out
+        return parameter_counts(self, PARTS)
 
 
 def is_qwen3_tts(model_dir: str | Path) -> bool:
     """Whether ``model_dir/config.json`` names :data:`ARCHITECTURE` (False for an unreadable config)."""
-    try:
-        return (read_config(model_dir).get("architectures") or [None])[0] == ARCHITECTURE
-    except CheckpointError:
-        return False
+    return (config_value(model_dir, "architectures") or [None])[0] == ARCHITECTURE
 
 
 def build_modules(raw: dict, codec_raw: dict | None) -> dict[str, torch.nn.Module]:

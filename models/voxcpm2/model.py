@@ -30,7 +30,14 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from omniduplex.models.checkpoint import CheckpointError, load_state_dict_into, read_config, weight_files
+from omniduplex.models.checkpoint import (
+    CheckpointError,
+    config_value,
+    load_state_dict_into,
+    parameter_counts,
+    read_config,
+    weight_files,
+)
 from omniduplex.models.config import ConfigError
 from omniduplex.models.voxcpm2.audio_vae import AudioVAE
 from omniduplex.models.voxcpm2.config import ARCHITECTURE, VoxCPM2Config
@@ -123,15 +130,12 @@ class VoxCPM2:
 
     def num_parameters(self) -> dict[str, int]:
         """Parameter count per loaded part."""
-        return {n: sum(p.numel() for p in getattr(self, n).parameters()) for n in PARTS if getattr(self, n)}
+        return parameter_counts(self, PARTS)
 
 
 def is_voxcpm2(model_dir: str | Path) -> bool:
     """Whether ``model_dir/config.json`` names ``architecture: voxcpm2`` (False when unreadable)."""
-    try:
-        return read_config(model_dir).get("architecture") == ARCHITECTURE
-    except CheckpointError:
-        return False
+    return config_value(model_dir, "architecture") == ARCHITECTURE
 
 
 def vae_weight_file(model_dir: Path) -> Path:

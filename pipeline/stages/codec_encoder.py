@@ -18,13 +18,13 @@ from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.models.unified.prompt import conversation_steps
 from omniduplex.pipeline.audio_io import MODEL_INPUT_RATE
 from omniduplex.pipeline.messages import Encoded, StageMessage
-from omniduplex.pipeline.stages.contract import BatchGauges
+from omniduplex.pipeline.stages.turn_batch import TurnBatching
 
 MAX_INPUT_S = 60.0
 """Longest user turn accepted (s): the prompt grows by ~86 steps per second at 44.1 kHz / hop 512."""
 
 
-class CodecEncoderWorker(BatchGauges):
+class CodecEncoderWorker(TurnBatching):
     """Encodes pending turns one DAC call each (utterances differ in length; the encoder is cheap)."""
 
     def __init__(self, model: LoadedModel, max_batch: int = 16) -> None:
@@ -47,15 +47,9 @@ class CodecEncoderWorker(BatchGauges):
             raise ValueError(f"turn {msg.request_id}: empty waveform and no user_text")
         self.pending.append(msg)
 
-    def abort(self, request_id: str) -> None:
-        self.pending = [m for m in self.pending if m.request_id != request_id]
-
-    def has_work(self) -> bool:
-        return bool(self.pending)
-
     @torch.no_grad()
     def step(self) -> list[StageMessage]:
-        batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch :]
+        batch = self.take_batch()
         outs = []
         for m in batch:
             codes = self._encode(m.tensors["waveform"])

@@ -9,10 +9,10 @@ from omniduplex.models.qwen3_omni.audio_encoder import audio_token_count
 from omniduplex.models.registry import LoadedModel
 from omniduplex.models.tokenizer import DEFAULT_SYSTEM_PROMPT, load_tokenizer, voice_turn_prompt
 from omniduplex.pipeline.messages import Encoded, StageMessage, TurnOptions
-from omniduplex.pipeline.stages.contract import BatchGauges
+from omniduplex.pipeline.stages.turn_batch import TurnBatching
 
 
-class EncoderWorker(BatchGauges):
+class EncoderWorker(TurnBatching):
     """Batches every pending turn of a step through one mel + encoder call.
 
     Input tensors: ``waveform`` float32 ``[samples]`` at 16 kHz; meta ``system_prompt`` (optional) and
@@ -41,19 +41,13 @@ class EncoderWorker(BatchGauges):
             )
         self.pending.append(msg)
 
-    def abort(self, request_id: str) -> None:
-        self.pending = [m for m in self.pending if m.request_id != request_id]
-
-    def has_work(self) -> bool:
-        return bool(self.pending)
-
     @torch.no_grad()
     def step(self) -> list[StageMessage]:
         typed = [m for m in self.pending if m.meta.options.user_text is not None]
         if typed:  # no audio to encode: alone in their step
             self.pending = [m for m in self.pending if m not in typed]
             return [self._text_turn(m) for m in typed]
-        batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch :]
+        batch = self.take_batch()
         if not batch:
             return []
         feats, lens = self.mel([m.tensors["waveform"].to(self.device, torch.float32) for m in batch])

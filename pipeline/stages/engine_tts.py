@@ -23,19 +23,19 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from omniduplex.pipeline.messages import AudioOutput, DecoderOutput, StageMessage
+from omniduplex.pipeline.messages import AudioOutput, StageMessage
 from omniduplex.pipeline.stages.contract import EngineGauges
+from omniduplex.pipeline.stages.tts_intake import AbortedTurns, text_delta
 from omniduplex.pipeline.text.clauses import ClauseSplitter
 
 log = logging.getLogger(__name__)
 
-_ABORTED_MEMORY = 1024
 
 
 @dataclass
@@ -67,7 +67,7 @@ class EngineTTSStageWorker(EngineGauges, ABC):
     def _init_turns(self) -> None:
         self.turns: dict[str, _Turn] = {}
         self._by_request: dict[str, str] = {}  # engine request id → turn id
-        self._aborted: OrderedDict[str, None] = OrderedDict()
+        self._aborted = AbortedTurns()
         self._n = 0
 
     @abstractmethod
@@ -91,16 +91,15 @@ class EngineTTSStageWorker(EngineGauges, ABC):
         Raises ValueError: not a ``DecoderOutput`` (this turn only).
         """
         rid = msg.request_id
-        if rid in self._aborted:
+        meta = text_delta(msg, self._aborted)
+        if meta is None:
             return
-        if not isinstance(msg.meta, DecoderOutput):
-            raise ValueError(f"turn {rid}: the TTS stage takes DecoderOutput, got {type(msg.meta).__name__}")
-        delta = msg.meta.text or ""
+        delta = meta.text or ""
         t = self.turns.get(rid)
         if t is None:
             splitter = ClauseSplitter(self.first_max_words, self.min_words)
-            voice = self.voice_for(msg.meta.options.voice)
-            t = self.turns[rid] = _Turn(splitter, msg.meta.skipped, voice)
+            voice = self.voice_for(meta.options.voice)
+            t = self.turns[rid] = _Turn(splitter, meta.skipped, voice)
         t.clauses.extend(t.splitter.push(delta))
         if msg.last and not t.finished:
             t.clauses.extend(t.splitter.flush())
@@ -112,9 +111,7 @@ class EngineTTSStageWorker(EngineGauges, ABC):
         if t is not None and t.active is not None:
             self.tts.abort(t.active)
             self._by_request.pop(t.active, None)
-        self._aborted[request_id] = None
-        while len(self._aborted) > _ABORTED_MEMORY:
-            self._aborted.popitem(last=False)
+        self._aborted.add(request_id)
 
     def has_work(self) -> bool:
         return self.tts.has_unfinished() or any(

@@ -40,7 +40,6 @@ from tokenizers import Tokenizer
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.registry import LoadedModel
 from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
-from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.grammar import TokenizerGrammars
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.engine.speculative import SpeculativeConfig
@@ -51,6 +50,7 @@ from omniduplex.pipeline.stages.chat_prompt import (
     ChatTurn,
 )
 from omniduplex.pipeline.stages.contract import EngineGauges
+from omniduplex.pipeline.stages.engine_build import stage_engine
 from omniduplex.pipeline.stages.llm_speculative import make_speculator
 from omniduplex.pipeline.stages.tool_calls import EVENT_KEYS
 from omniduplex.pipeline.text.detokenize import IncrementalDetokenizer
@@ -165,16 +165,9 @@ class LLMWorker(EngineGauges):
         sizes = (num_blocks, max_num_seqs, max_num_batched_tokens)
         vocab = model.thinker.cfg.vocab_size
         spec = make_speculator(speculative, draft, self.tokenizer, vocab, sizes, weight.dtype, weight.device)
-        self.engine = Engine(
-            DecoderLMAdapter(model.thinker),
-            num_blocks,
-            max_num_seqs,
-            max_num_batched_tokens,
-            dtype=weight.dtype,
-            device=weight.device,
-            enable_prefix_caching=enable_prefix_caching,
-            graphs="auto" if cuda_graphs else "off",
-            name="llm",
+        self.engine = stage_engine(
+            DecoderLMAdapter(model.thinker), weight, "llm",
+            num_blocks, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, cuda_graphs,
             speculator=spec,
         )
         self.turns: dict[str, TurnStream] = {}

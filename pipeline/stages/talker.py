@@ -12,10 +12,10 @@ import torch
 from omniduplex.models.qwen3_omni.talker_prompt import TalkerTextEmbeds, talker_prefill_embeds
 from omniduplex.models.registry import LoadedModel
 from omniduplex.pipeline.engine.adapters import TalkerAdapter
-from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.messages import DecoderOutput, StageMessage
 from omniduplex.pipeline.stages.contract import EngineGauges
+from omniduplex.pipeline.stages.engine_build import stage_engine
 
 DEFAULT_TALKER_SAMPLING = dict(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, max_tokens=1024)
 """``transformers``' Qwen3-Omni ``generate`` defaults for the Talker (``talker_*`` kwargs)."""
@@ -38,16 +38,9 @@ class TalkerWorker(EngineGauges):
     ) -> None:
         self.model, self.cfg, self.talker, self.specials = model, model.config, model.talker, specials
         self.adapter = TalkerAdapter(model.talker, specials.tts_pad)
-        self.engine = Engine(
-            self.adapter,
-            num_blocks,
-            max_num_seqs,
-            max_num_batched_tokens,
-            dtype=model.talker.codec_head.weight.dtype,
-            device=model.talker.codec_head.weight.device,
-            enable_prefix_caching=enable_prefix_caching,
-            graphs="auto" if cuda_graphs else "off",
-            name="talker",
+        self.engine = stage_engine(
+            self.adapter, model.talker.codec_head.weight, "talker",
+            num_blocks, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, cuda_graphs,
         )
         self.live: dict[str, Request] = {}
         self.text_queue: list[tuple[str, torch.Tensor]] = []

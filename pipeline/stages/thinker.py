@@ -14,10 +14,10 @@ import torch
 from omniduplex.models.qwen3_omni.talker_prompt import user_token_mask
 from omniduplex.models.registry import LoadedModel
 from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
-from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.messages import DecoderOutput, StageMessage, TurnOptions
 from omniduplex.pipeline.stages.contract import EngineGauges
+from omniduplex.pipeline.stages.engine_build import stage_engine
 
 
 class ThinkerWorker(EngineGauges):
@@ -45,16 +45,11 @@ class ThinkerWorker(EngineGauges):
         self.thinker = model.thinker
         accept = cfg.talker.accept_hidden_layer if cfg.talker else None
         self.eos = cfg.im_end_token_id
-        self.engine = Engine(
+        self.engine = stage_engine(
             DecoderLMAdapter(model.thinker, capture_layer=accept, emit_embeds=True),
-            num_blocks,
-            max_num_seqs,
-            max_num_batched_tokens,
-            dtype=model.thinker.lm_head.weight.dtype,
-            device=model.thinker.lm_head.weight.device,
-            enable_prefix_caching=enable_prefix_caching,
-            graphs="auto" if cuda_graphs else "off",
-            name="thinker",
+            model.thinker.lm_head.weight,
+            "thinker",
+            num_blocks, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, cuda_graphs,
         )
         self.prompts: dict[str, tuple[torch.Tensor, torch.Tensor, TurnOptions | None]] = {}
 

@@ -28,7 +28,7 @@ reply never holds back a new one.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -40,9 +40,8 @@ from omniduplex.models.cascade.piper_stream import FIRST_PIECE_FRAMES, PIECE_FRA
 from omniduplex.models.cascade.tts import PiperTTS
 from omniduplex.pipeline.messages import AudioOutput, DecoderOutput, StageMessage
 from omniduplex.pipeline.stages.contract import WorkerBase
+from omniduplex.pipeline.stages.tts_intake import AbortedTurns, text_delta
 from omniduplex.pipeline.text.clauses import ClauseSplitter
-
-_ABORTED_MEMORY = 1024
 
 
 @dataclass
@@ -73,7 +72,7 @@ class TTSWorker(WorkerBase):
         self.tts, self.output_rate = tts, output_rate
         self.first_max_words, self.min_words = first_max_words, min_words
         self.turns: dict[str, _Turn] = {}
-        self._aborted: OrderedDict[str, None] = OrderedDict()  # late messages of aborted turns are dropped
+        self._aborted = AbortedTurns()  # late messages of aborted turns are dropped
 
     def submit(self, msg: StageMessage) -> None:
         """Add a text delta (a :class:`~omniduplex.pipeline.messages.DecoderOutput`'s ``text``) to its turn;
@@ -83,14 +82,13 @@ class TTSWorker(WorkerBase):
             ValueError: not a ``DecoderOutput`` (this turn only).
         """
         rid = msg.request_id
-        if rid in self._aborted:
+        meta = text_delta(msg, self._aborted)
+        if meta is None:
             return
-        if not isinstance(msg.meta, DecoderOutput):
-            raise ValueError(f"turn {rid}: the TTS stage takes DecoderOutput, got {type(msg.meta).__name__}")
-        delta = msg.meta.text or ""
+        delta = meta.text or ""
         t = self.turns.get(rid)
         if t is None:
-            t = self.turns[rid] = self._new_turn(msg.meta)
+            t = self.turns[rid] = self._new_turn(meta)
         if not t.silent:
             t.clauses.extend(t.splitter.push(delta))
         if msg.last and not t.finished:
@@ -105,9 +103,7 @@ class TTSWorker(WorkerBase):
     def abort(self, request_id: str) -> None:
         """Drop the turn at once: nothing more of it is emitted, even if text for it still arrives."""
         self.turns.pop(request_id, None)
-        self._aborted[request_id] = None
-        while len(self._aborted) > _ABORTED_MEMORY:
-            self._aborted.popitem(last=False)
+        self._aborted.add(request_id)
 
     def has_work(self) -> bool:
         return any(t.clauses or t.speaking or t.finished for t in self.turns.values())

@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 
 from omniduplex.models.registry import LoadedModel
-from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.unified_adapter import UnifiedAdapter
 from omniduplex.pipeline.messages import DecoderOutput, StageMessage
 from omniduplex.pipeline.stages.contract import EngineGauges
+from omniduplex.pipeline.stages.engine_build import stage_engine
 
 DEFAULT_MAX_TEXT_TOKENS = 48
 DEFAULT_MAX_AUDIO_FRAMES = 256
@@ -36,16 +36,9 @@ class UnifiedWorker(EngineGauges):
     ) -> None:
         lm = model.unified
         self.adapter = UnifiedAdapter(lm, max_len=max_len)
-        self.engine = Engine(
-            self.adapter,
-            num_blocks,
-            max_num_seqs,
-            max_num_batched_tokens,
-            dtype=lm.lm_head.weight.dtype,
-            device=lm.lm_head.weight.device,
-            enable_prefix_caching=enable_prefix_caching,
-            graphs="auto" if cuda_graphs else "off",
-            name="unified",
+        self.engine = stage_engine(
+            self.adapter, lm.lm_head.weight, "unified",
+            num_blocks, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, cuda_graphs,
         )
 
     def submit(self, msg: StageMessage) -> None:

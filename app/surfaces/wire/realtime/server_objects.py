@@ -76,13 +76,19 @@ ItemContent = Annotated[
 ]
 
 
-class Item(WireModel):
-    """A conversation item ``{id, object: realtime.item, type: message, status, role, content}``."""
+class _RealtimeItem(WireModel):
+    """The fields every ``realtime.item`` starts with (``type`` narrowed by each kind)."""
 
     id: str
     object: Literal["realtime.item"] = "realtime.item"
-    type: Literal["message"] = "message"
+    type: str
     status: ItemStatus = "completed"
+
+
+class Item(_RealtimeItem):
+    """A conversation item ``{id, object: realtime.item, type: message, status, role, content}``."""
+
+    type: Literal["message"] = "message"
     role: Role
     content: list[ItemContent] = Field(default_factory=list)
 
@@ -93,26 +99,20 @@ class Item(WireModel):
         return " ".join(p for p in parts if p).strip()
 
 
-class FunctionCallItem(WireModel):
+class FunctionCallItem(_RealtimeItem):
     """A ``function_call`` item: the model called function ``name`` (``arguments``: a JSON object as a string,
     "" while it streams); ``call_id`` names the call for its ``function_call_output``."""
 
-    id: str
-    object: Literal["realtime.item"] = "realtime.item"
     type: Literal["function_call"] = "function_call"
-    status: ItemStatus = "completed"
     call_id: str
     name: str
     arguments: str = ""
 
 
-class FunctionCallOutputItem(WireModel):
+class FunctionCallOutputItem(_RealtimeItem):
     """A ``function_call_output`` item: the result (``output``, any string) of call ``call_id``."""
 
-    id: str
-    object: Literal["realtime.item"] = "realtime.item"
     type: Literal["function_call_output"] = "function_call_output"
-    status: ItemStatus = "completed"
     call_id: str
     output: str
 
