@@ -110,8 +110,8 @@ def test_forced_tool_call_then_answer(server, client):
         ]},
         {"role": "tool", "tool_call_id": call_id, "content": "Order A100 shipped Monday, arrives Thursday."},
     ]
-    r = client.chat.completions.create(
-        model="omniduplex", messages=follow, tools=[ORDER_TOOL], max_completion_tokens=32
+    r = client.chat.completions.create(  # tool_choice none, as a session continues after a forced call
+        model="omniduplex", messages=follow, tools=[ORDER_TOOL], tool_choice="none", max_completion_tokens=32
     )
     answer = r.choices[0].message
     assert answer.content and answer.content.strip() and not answer.tool_calls
