@@ -1,5 +1,6 @@
-"""livekit-agents' AgentSession on the in-process plugin over the real default cascade (Whisper → SmolLM2 →
-Piper), with in-memory room audio: a spoken question answered aloud, a text turn from
+"""livekit-agents' AgentSession on the in-process plugin over the real cascade (`--model small`: Moonshine →
+SmolLM2 → Piper, whose long replies give a barge-in something to cut; the default 0.5B declines to tell
+stories), with in-memory room audio: a spoken question answered aloud, a text turn from
 ``generate_reply(instructions=...)``, and a barge-in whose truncation leaves the played words in history."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ async def until(predicate, timeout: float = 120.0) -> None:
 
 def test_cascade_in_process_spoken_turn_text_turn_and_barge_in():
     async def main():
-        model = PipelineRealtimeModel(options=PipelineOptions(max_tokens=48))
+        model = PipelineRealtimeModel(options=PipelineOptions(model="small", max_tokens=48))
         await model.start()
         session = AgentSession(llm=model, aec_warmup_duration=None)
         mic, speaker = MicInput(), SpeakerOutput()
@@ -59,7 +60,7 @@ def test_cascade_in_process_spoken_turn_text_turn_and_barge_in():
 
         # 3. a long reply, interrupted by speech after 1.5 s of playback
         handle = session.generate_reply(user_input="Tell me a long story about a brave cat.")
-        await until(lambda: speaker.segments == 3)  # the story is playing
+        await until(lambda: speaker.segments >= 3)  # the story is playing
         await asyncio.sleep(1.5)
         mic.say(speech(EXAMPLES / "green_tea.wav"))
         await asyncio.wait_for(handle, 60)
