@@ -97,11 +97,11 @@ def test_any_logits_give_calls_that_parse_and_validate(vocab, choice, seed, adve
     found = calls(vocab, ids)
     for i, (kind, event) in enumerate(found):
         if kind == FAILED:  # only a call still being written when the step budget ran out
-            assert not stopped and i == len(found) - 1 and "ended inside" in event["error"], event
+            assert not stopped and i == len(found) - 1 and "ended inside" in event.error, event
             continue
-        jsonschema.validate(json.loads(event["arguments"]), SCHEMAS[event["name"]])
+        jsonschema.validate(json.loads(event.arguments), SCHEMAS[event.name])
         if isinstance(choice, dict):
-            assert event["name"] == choice["name"]
+            assert event.name == choice["name"]
     if stopped and (choice != "auto" or opened):
         assert found and found[-1][0] == DONE  # a forced or opened call is always made
 

@@ -94,7 +94,7 @@ def test_constrained_and_free_requests_batched_equal_each_alone(tiny, seed, num_
         for kind, event in events:
             assert kind != "tool_call_failed", event
             if kind == DONE:
-                jsonschema.validate(json.loads(event["arguments"]), SCHEMAS[event["name"]])
+                jsonschema.validate(json.loads(event.arguments), SCHEMAS[event.name])
         assert parser.calls >= (choices[i] != "auto")
 
 
