@@ -23,7 +23,7 @@ from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.grammar import TokenizerGrammars
 from omniduplex.pipeline.engine.request import Request, SamplingParams
-from omniduplex.pipeline.stages.tool_calls import DONE, ToolCallParser
+from omniduplex.pipeline.stages.tool_calls import DONE, FAILED, ToolCallParser
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SCHEMAS = {t["name"]: t["parameters"] for t in bench_tools()}
@@ -92,7 +92,7 @@ def test_constrained_and_free_requests_batched_equal_each_alone(tiny, seed, num_
         parser = ToolCallParser()
         events = parser.push(tok.decode(ids[:-1], skip_special_tokens=True)) + parser.finish()
         for kind, event in events:
-            assert kind != "tool_call_failed", event
+            assert kind != FAILED, event
             if kind == DONE:
                 jsonschema.validate(json.loads(event.arguments), SCHEMAS[event.name])
         assert parser.calls >= (choices[i] != "auto")

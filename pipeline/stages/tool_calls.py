@@ -125,7 +125,7 @@ class ToolCallParser:
 
     Attributes:
         in_block: whether the text so far ends inside a call block (its tokens are not spoken text).
-        calls: calls completed (``tool_call_done``) so far.
+        calls: calls completed (``CallDone``) so far.
     """
 
     def __init__(self) -> None:
@@ -265,7 +265,7 @@ class ToolCallParser:
         self.calls += 1
 
     def finish(self) -> list[tuple[str, object]]:
-        """End of the reply: held text as text; a block still open fails (``tool_call_failed``)."""
+        """End of the reply: held text as text; a block still open fails (a ``CallFailed``)."""
         out: list[tuple[str, object]] = []
         if not self.in_block:
             if self.buf:

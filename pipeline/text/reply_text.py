@@ -42,10 +42,10 @@ class ReplyStream:
             ``False`` passes the text through as written.
         calls: parse call blocks out of the text (the turn offers tools).
         max_calls: most calls this reply may make (``None``: no limit; ``0``: none, a block the model writes
-            anyway ends ``tool_call_failed``).
+            anyway ends a ``CallFailed``).
         text_budget: most tokens of text outside call blocks (``None``: the engine's ``max_tokens`` alone).
         made: :func:`~.tool_calls.call_key` of the calls the turn has made already; a call repeating one
-            (or one earlier in this reply) ends ``tool_call_failed`` (:data:`~.tool_calls.REPEAT_ERROR`)
+            (or one earlier in this reply) ends a ``CallFailed`` (:data:`~.tool_calls.REPEAT_ERROR`)
             and the reply ends: one call per need.
         finish_sentence: once ``text_budget`` is spent, a spoken reply with a sentence budget ends after the
             sentence being said instead of at once (the engine's ``max_tokens`` then holds a grace beyond the
