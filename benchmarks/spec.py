@@ -27,7 +27,7 @@ import torch
 
 from omniduplex.benchmarks.llm_backends import QUESTIONS
 from omniduplex.pipeline.engine.speculative import SpeculativeConfig
-from omniduplex.pipeline.messages import StageMessage
+from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
 from omniduplex.pipeline.text.spoken import SPOKEN_SYSTEM_PROMPT
 
 TOOL_HISTORY = [
@@ -47,31 +47,20 @@ TOOL_HISTORY = [
 ]
 
 
-def _turns(workload: str, n: int, max_tokens: int) -> list[dict]:
+def _turns(workload: str, n: int, max_tokens: int) -> list[Transcript]:
     sampling = {"temperature": 0.0, "max_tokens": max_tokens}
     if workload == "qa":
-        return [
-            {
-                "transcript": QUESTIONS[i % len(QUESTIONS)],
-                "system_prompt": SPOKEN_SYSTEM_PROMPT,
-                "sampling": sampling,
-            }
-            for i in range(n)
-        ]
-    return [
-        {
-            "transcript": "",
-            "user_text": "",
-            "history": TOOL_HISTORY,
-            "system_prompt": SPOKEN_SYSTEM_PROMPT,
-            "sampling": sampling,
-        }
-    ] * min(n, 2)
+        opts = TurnOptions(system_prompt=SPOKEN_SYSTEM_PROMPT, sampling=sampling)
+        return [Transcript(turn=opts, transcript=QUESTIONS[i % len(QUESTIONS)]) for i in range(n)]
+    opts = TurnOptions(
+        user_text="", history=TOOL_HISTORY, system_prompt=SPOKEN_SYSTEM_PROMPT, sampling=sampling
+    )
+    return [Transcript(turn=opts, transcript="")] * min(n, 2)
 
 
-def _run_turn(worker, meta: dict, rid: str) -> tuple[list[int], float]:
+def _run_turn(worker, meta: Transcript, rid: str) -> tuple[list[int], float]:
     """One turn alone: its ids and the wall time after its first id."""
-    worker.submit(StageMessage(rid, {}, dict(meta)))
+    worker.submit(StageMessage(rid, {}, meta))
     ids: list[int] = []
     first = None
     while worker.has_work():
