@@ -221,7 +221,7 @@ def run_manifest(
     model: str,
     questions: list[Question],
     wavs: list[np.ndarray],
-    meta: dict,
+    meta: TurnOptions,
     processes: bool = True,
     verbose: bool = True,
     live: bool = False,

@@ -30,6 +30,7 @@ import numpy as np
 
 from omniduplex.benchmarks import qa
 from omniduplex.benchmarks.tools import ToolRequest, TurnResult, aggregate, refused_repeat, score
+from omniduplex.pipeline.messages import TurnOptions
 
 VOICES = (
     ("en-us", 160, 50), ("en", 175, 40), ("en-us+f3", 150, 60), ("en-gb", 140, 45), ("en-us+m3", 185, 55)
@@ -109,7 +110,7 @@ async def ask(orch, request: ToolRequest, wav: np.ndarray, meta) -> SpokenTurn:
     return turn
 
 
-async def filler_first_audio_ms(orch, meta: dict) -> float | None:
+async def filler_first_audio_ms(orch, meta: TurnOptions) -> float | None:
     """ms from submitting the runner's filler (said as written, ``say``) to its first audio."""
     from omniduplex.app.host.tools.runner import FILLER_TEXT
 
