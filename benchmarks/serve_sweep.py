@@ -147,6 +147,7 @@ def sweep(
     from omniduplex.models.tokenizer import load_tokenizer
     from omniduplex.pipeline.audio_io import load_audio
     from omniduplex.pipeline.config import load_graph
+    from omniduplex.pipeline.messages import TurnOptions, UtteranceRequest
     from omniduplex.pipeline.orchestrator import Orchestrator
     from omniduplex.pipeline.runtime.process_backend import ProcessBackend
 
@@ -172,8 +173,8 @@ def sweep(
         sampling = {"max_tokens": talker_frames + 1, "ignore_eos": True}
 
         def submit(i: int) -> str:
-            meta = {"voice": speakers[i % len(speakers)], "sampling": {**sampling, "seed": i}}
-            return orch.speak(SENTENCES[i % len(SENTENCES)], meta)
+            voice = TurnOptions(voice=speakers[i % len(speakers)], sampling={**sampling, "seed": i})
+            return orch.speak(UtteranceRequest(turn=voice, text=SENTENCES[i % len(SENTENCES)]))
 
         tokenizer = None
     else:

@@ -150,7 +150,7 @@ class PipelineConfig(BaseModel):
     def _backends(cls, stages: dict[str, StageConfig]) -> dict[str, StageConfig]:
         for stage, scfg in stages.items():
             if stage not in STAGE_KINDS:
-                raise ValueError(f"unknown stage {stage!r} (stage kinds: {', '.join(STAGE_KINDS)})")
+                raise ValueError(f"stages.{stage}: unknown stage (stage kinds: {', '.join(STAGE_KINDS)})")
             if scfg.backend in ("vllm", "openai") and stage not in VLLM_STAGES:
                 only = ", ".join(VLLM_STAGES)
                 raise ValueError(f"{stage}.backend: {scfg.backend} runs the {only} stage only")

@@ -102,16 +102,16 @@ def test_the_wire_gives_back_an_equal_object(meta):
 @pytest.mark.parametrize(
     ("wire", "named"),
     [
-        (b'{"kind": "Transcript", "transcript": 3}', "Transcript: transcript"),
-        (b'{"kind": "AudioOutput", "tts_ms": "slow"}', "AudioOutput: tts_ms"),
-        (b'{"kind": "AudioOutput", "pcm_ms": 1}', "pcm_ms"),  # a field the kind does not declare
-        (b'{"kind": "DecoderOutput", "call_done": {"call_id": "c", "name": "f"}}', r"call_done\.arguments"),
-        (b'{"kind": "Transcript", "turn": {"history": "not a list"}}', r"turn\.history"),
-        (b'{"kind": "AsrPiece", "prefill": {"history": []}}', r"prefill\.system_prompt"),
-        (b'{"kind": "UtteranceRequest"}', "UtteranceRequest: text"),
-        (b'{"kind": "SpeechRequest", "text": "hi"}', "SpeechRequest"),  # an unknown kind
-        (b'{"text": "hi"}', "kind"),  # no kind
-        (b"not json", "unreadable"),
+        (b'Transcript\0{"transcript": 3}', "Transcript: transcript"),
+        (b'AudioOutput\0{"tts_ms": "slow"}', "AudioOutput: tts_ms"),
+        (b'AudioOutput\0{"pcm_ms": 1}', "pcm_ms"),  # a field the kind does not declare
+        (b'DecoderOutput\0{"call_done": {"call_id": "c", "name": "f"}}', r"call_done\.arguments"),
+        (b'Transcript\0{"turn": {"history": "not a list"}}', r"turn\.history"),
+        (b'AsrPiece\0{"prefill": {"history": []}}', r"prefill\.system_prompt"),
+        (b"UtteranceRequest\0{}", "UtteranceRequest: text"),
+        (b'SpeechRequest\0{"text": "hi"}', "SpeechRequest"),  # an unknown kind
+        (b'{"text": "hi"}', "no known kind"),  # no kind tag
+        (b"Transcript\0not json", "Transcript: .*JSON"),
     ],
 )
 def test_a_bad_wire_meta_is_refused_naming_the_field(wire, named):
@@ -209,7 +209,7 @@ def test_a_stage_message_that_does_not_fit_fails_its_turn_only_across_processes(
             backend.inflight.add(rid)
             backend.waiting[rid] = {"llm", "tts"}
         token = torch.tensor([5])
-        bad = {"token": token, META_KEY: torch.frombuffer(bytearray(b'{"kind": "DecoderOutput", "text": 5}'),
+        bad = {"token": token, META_KEY: torch.frombuffer(bytearray(b'DecoderOutput\0{"text": 5}'),
                                                          dtype=torch.uint8)}  # fmt: skip
         good = pack(StageMessage("2", {"token": token}, DecoderOutput(text="hi"), last=False), ("llm", "tts"),
                     CASCADE)  # fmt: skip

@@ -68,7 +68,7 @@ def test_the_graph_yaml_accepts_only_declared_stages():
     from omniduplex.pipeline.config import PipelineConfig
 
     assert PipelineConfig(stages={"llm": {}}).stage("llm").max_num_seqs >= 1
-    with pytest.raises(ValueError, match="unknown stage 'nope'"):
+    with pytest.raises(ValueError, match="stages.nope: unknown stage"):
         PipelineConfig(stages={"nope": {}})
 
 

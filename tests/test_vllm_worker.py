@@ -203,7 +203,9 @@ def test_abort_frees_the_requests_kv_blocks(vworker):
     hint = PartialTranscript(partial_transcript="Hi", prefill=Prefill(system_prompt="Be brief.", history=[]))
     w.submit(StageMessage("probe", {}, hint, last=False))  # a prefill hint: no work, no error, no reply
     assert not w.has_work()
-    w.submit(turn("probe", "Hi.", max_tokens=3))
+    # text as written (no sentence grace): vLLM ends the probe at its own 3 tokens, its stats then up to date
+    text_only = TurnOptions(sampling={"temperature": 0.0, "max_tokens": 3}, spoken=False)
+    w.submit(StageMessage("probe", {}, Transcript(transcript="Hi.", turn=text_only), last=True))
     probe: list[StageMessage] = []
     while not probe:
         probe += w.step()

@@ -202,7 +202,9 @@ class ChatPrompter:
         tools = self.tools(rid, opts, messages)
         ids = encode_chat(self.tokenizer, self.template, messages, tools=tools)
         reply = {"speech": opts.spoken is not False, "calls": bool(tools.tools)}
-        if reply["speech"]:  # a few sentences unless the user asked for more, each said whole
+        # a few sentences unless the user asked for more, each said whole (not for a fixed-length reply: a
+        # benchmark's ``ignore_eos``)
+        if reply["speech"] and not sampling.ignore_eos:
             reply["max_sentences"] = sentence_budget(transcript or _last_user_text(messages))
             reply.update(text_budget=sampling.max_tokens, finish_sentence=True)
             sampling = replace(sampling, max_tokens=sampling.max_tokens + SENTENCE_GRACE_TOKENS)

@@ -112,7 +112,7 @@ def chat_request(
     if sp.seed is not None:
         kwargs["seed"] = sp.seed
     reply = {"speech": opts.spoken is not False, "calls": bool(tools.tools)}
-    if reply["speech"]:  # a few sentences unless the user asked for more
+    if reply["speech"] and not sp.ignore_eos:  # a few sentences unless the user asked for more
         asked = transcript or next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
         reply["max_sentences"] = sentence_budget(asked if isinstance(asked, str) else "")
     if tools.tools:

@@ -310,7 +310,7 @@ class VLLMLLMWorker(WorkerBase):
                 if finish_reason is None:  # the reply ended itself (text budget, call limit)
                     if task is not None:
                         task.cancel()
-                    asyncio.run_coroutine_threadsafe(self.llm.abort(rid), self._loop)
+                    self._call(self.llm.abort(rid), timeout=30)  # its KV blocks are free when step returns
         if self.llm.errored:
             raise RuntimeError(f"vLLM engine died: {self.llm.dead_error}")
         return outs
