@@ -280,21 +280,11 @@ def bench(
 ) -> list[dict]:
     """``bench tts`` on a Fish Speech checkpoint (its ``bench`` in the family's declaration): :func:`measure`
     with the levers on and off (:func:`~.tts_levers.lever_bench`)."""
-    from omniduplex.benchmarks.tts_levers import lever_bench
+    from omniduplex.benchmarks.tts_levers import common_rows, lever_bench
 
     def rows(lever: bool) -> list[dict]:
         got = measure(model_dir, tuple(levels), lever=lever, threads=threads or 2)["rows"]
-        return [
-            dict(
-                c=r["c"],
-                ttfp_ms_p50=r["ttfp_ms_p50"],
-                rtf=r["rtf_p50"],
-                audio_s_per_s=r["audio_s_per_s"],
-                counter=r["slow_attn_ms_per_step"],
-                detail=r,
-            )
-            for r in got
-        ]
+        return common_rows(got, "slow_attn_ms_per_step")
 
     seed = {64: "23.72 audio-s/s, TTFP 900 ms"}
     return lever_bench("fish-speech", model_dir, rows, "slow-AR attn ms/step", seed, threads or 2, json_out)

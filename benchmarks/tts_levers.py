@@ -13,6 +13,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def common_rows(got: list[dict], counter_key: str) -> list[dict]:
+    """``measure`` rows in the common keys of :func:`lever_bench` (``c``, ``ttfp_ms_p50``, ``rtf`` from
+    ``rtf_p50``, ``audio_s_per_s``, ``counter`` from ``counter_key``), each keeping its row as ``detail``."""
+    return [
+        dict(
+            c=r["c"],
+            ttfp_ms_p50=r["ttfp_ms_p50"],
+            rtf=r["rtf_p50"],
+            audio_s_per_s=r["audio_s_per_s"],
+            counter=r[counter_key],
+            detail=r,
+        )
+        for r in got
+    ]
+
+
 def lever_bench(
     family: str,
     model_dir: Path,

@@ -176,21 +176,11 @@ def bench(
 ) -> list[dict]:
     """``bench tts`` on a VoxCPM2 checkpoint (its ``bench`` in the family's declaration): :func:`measure`
     with the lever on and off (:func:`~.tts_levers.lever_bench`)."""
-    from omniduplex.benchmarks.tts_levers import lever_bench
+    from omniduplex.benchmarks.tts_levers import common_rows, lever_bench
 
     def rows(lever: bool) -> list[dict]:
         got = measure(model_dir, tuple(levels), lever=lever, threads=threads or 2)["rows"]
-        return [
-            dict(
-                c=r["c"],
-                ttfp_ms_p50=r["ttfp_ms_p50"],
-                rtf=r["rtf_p50"],
-                audio_s_per_s=r["audio_s_per_s"],
-                counter=r["solver_calls_per_step"],
-                detail=r,
-            )
-            for r in got
-        ]
+        return common_rows(got, "solver_calls_per_step")
 
     seed = {c: f"{v} audio-s/s" for c, v in SEED_AUDIO_S_PER_S.items()}
     return lever_bench("voxcpm2", model_dir, rows, "solver calls/step", seed, threads or 2, json_out)
