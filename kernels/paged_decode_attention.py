@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -20,6 +21,7 @@ from omniduplex.kernels.paged_decode_config import (
     DecodeConfig,
     choose_config,
     choose_num_splits,
+    choose_split_plan,
     next_pow2,
     split_workspace_numel,
 )
@@ -38,6 +40,7 @@ __all__ = [
     "fits_triton_decode",
     "choose_config",
     "choose_num_splits",
+    "choose_split_plan",
     "paged_decode_attention_triton",
     "split_workspace_numel",
 ]
@@ -80,16 +83,17 @@ def _workspace(device: torch.device, numel: int) -> torch.Tensor:
 _degraded: dict[tuple, DecodeConfig] = {}
 
 
-def _launch_decode(kernel, grid, args, consts: dict, cfg: DecodeConfig, key: tuple) -> None:
+def _launch_decode(kernel, grid, args, consts: dict, cfg: DecodeConfig, key: tuple) -> int:
     """Launch with ``cfg``; if the compiled kernel needs more shared memory than the GPU has (Triton's
     ``OutOfResources``, raised by the first launch of a shape), retry once without pipelining and with half
-    the tile, and keep that config for ``key``."""
+    the tile, and keep that config for ``key``. Returns the ``block_n`` launched (the combine's tiles)."""
     cfg = _degraded.get(key, cfg)
     try:
         kernel[grid](*args, **consts, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     except out_of_resources():
         cfg = _degraded[key] = replace(cfg, block_n=max(16, cfg.block_n // 2), num_stages=1)
         kernel[grid](*args, **consts, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return cfg.block_n
 
 
 def paged_decode_attention_triton(
@@ -102,6 +106,8 @@ def paged_decode_attention_triton(
     num_splits: int | None = None,
     *,
     max_seq_len: int | None = None,
+    seq_lens_host: Sequence[int] | torch.Tensor | None = None,
+    split_len: int | None = None,
     config: DecodeConfig | None = None,
     workspace: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
@@ -117,11 +123,18 @@ def paged_decode_attention_triton(
         seq_lens: int32 ``[num_seqs]``, cached tokens including this step's; the query sits at position
             ``seq_len - 1`` and attends to ``0..seq_len - 1``. ``seq_len <= 0`` (padding rows) yields zeros.
         scale: softmax scale, usually ``head_dim ** -0.5``.
-        num_splits: split-KV factor; ``None`` picks one with :func:`choose_num_splits`, 1 forces the single
-            pass, ``> 1`` the split + combine (clamped to the number of tiles of the bound).
+        num_splits: split-KV factor; ``None`` picks one (see ``seq_lens_host``), 1 forces the single
+            pass, ``> 1`` the split + combine with each sequence cut evenly (clamped to the number of
+            tiles of the bound).
         max_seq_len: host-side upper bound of ``seq_lens`` (a CUDA-graph bucket's bound); only sizes the
-            split count, so a bound that is too small costs speed, never correctness. Default: the
-            block-table width. No device-to-host sync either way.
+            split count (:func:`choose_num_splits`), so a bound that is too small costs speed, never
+            correctness. Default: the block-table width. No device-to-host sync either way.
+        seq_lens_host: the same lengths as ``seq_lens`` on the host (a CPU tensor or ints, e.g. from the
+            engine's step inputs): with ``num_splits=None`` the split count and length come from them
+            (:func:`choose_split_plan`) instead of the bound. Only sizes the launch: stale figures (a
+            CUDA graph replayed with other lengths) cost speed, never correctness.
+        split_len: tokens per split (a multiple of the config's ``block_n``), overriding the plan (tests,
+            tuning); a sequence too long for ``num_splits`` splits of it is cut evenly instead.
         config: overrides :func:`choose_config` (tests, tuning).
         workspace: fp32 buffer of at least :func:`split_workspace_numel` elements on ``q``'s device for the
             split partials; default a cached one per shape.
@@ -173,9 +186,22 @@ def paged_decode_attention_triton(
     if max_seq_len is not None:
         bound = min(bound, max_seq_len)
     max_tiles = max(1, -(-bound // cfg.block_n))
-    if num_splits is None:
+    if split_len is not None:
+        if split_len <= 0 or split_len % cfg.block_n:
+            raise ValueError(f"split_len must be a positive multiple of block_n {cfg.block_n}: {split_len}")
+        if num_splits is None:
+            num_splits = min(64, -(-bound // split_len))
+        num_splits = max(1, num_splits)
+    elif num_splits is None and seq_lens_host is not None:
+        if len(seq_lens_host) != num_seqs:
+            raise ValueError(f"seq_lens_host has {len(seq_lens_host)} lengths for {num_seqs} sequences")
+        lens = seq_lens_host.tolist() if isinstance(seq_lens_host, torch.Tensor) else seq_lens_host
+        num_splits, split_len = choose_split_plan(lens, num_kv_heads, cfg.block_n, num_sms)
+    elif num_splits is None:
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_tiles, num_sms)
-    num_splits = max(1, min(num_splits, max_tiles))
+    else:
+        num_splits = max(1, min(num_splits, max_tiles))
+    split_len = split_len or 0
 
     block_d = max(16, next_pow2(head_dim))
     upcast = q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and interpreted())
@@ -203,6 +229,7 @@ def paged_decode_attention_triton(
         out.stride(1),
         num_q_heads,
         num_splits,
+        split_len,
     )
     key = (q.device, q.dtype, head_dim, group, num_splits > 1)
     grid = (num_seqs, num_kv_heads, num_splits)
@@ -213,8 +240,8 @@ def paged_decode_attention_triton(
 
     parts = num_seqs * num_q_heads * num_splits
     numel = split_workspace_numel(num_seqs, num_q_heads, num_splits, head_dim)
-    if workspace is None:
-        workspace = _workspace(q.device, numel)
+    if workspace is None:  # sizes rounded up to a power of two: few distinct cached buffers
+        workspace = _workspace(q.device, next_pow2(numel))
     elif workspace.dtype != torch.float32 or workspace.device != q.device or workspace.numel() < numel:
         raise ValueError(f"workspace must be fp32 on {q.device} with >= {numel} elements")
     ws = workspace.view(-1)
@@ -222,18 +249,21 @@ def paged_decode_attention_triton(
     part_m = ws[parts * head_dim : parts * (head_dim + 1)]
     part_l = ws[parts * (head_dim + 1) : parts * (head_dim + 2)]
     args = (q, k_cache, v_cache, block_tables, seq_lens, out, part_m, part_l, part_acc, *strides)
-    _launch_decode(decode_kernel, grid, args, consts, cfg, key)
+    block_n = _launch_decode(decode_kernel, grid, args, consts, cfg, key)
     combine_kernel[(num_seqs, num_q_heads)](
         part_m,
         part_l,
         part_acc,
         out,
+        seq_lens,
         out.stride(0),
         out.stride(1),
         num_splits,
+        split_len,
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         BLOCK_P=max(2, next_pow2(num_splits)),
+        BLOCK_N=block_n,
         num_warps=4,
     )
     return out

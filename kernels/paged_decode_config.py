@@ -4,6 +4,8 @@ no device data), so a launch is reproducible, interpretable on CPU and capturabl
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +16,7 @@ __all__ = [
     "DecodeConfig",
     "choose_config",
     "choose_num_splits",
+    "choose_split_plan",
     "next_pow2",
     "split_workspace_numel",
 ]
@@ -48,6 +51,7 @@ TILE_BYTES = 32 * 1024
 2-3 pipelined stages fit in shared memory beside the layout conversions."""
 
 
+@functools.cache
 def choose_config(
     head_dim: int, group: int, dtype: torch.dtype, capability: tuple[int, int] | None
 ) -> DecodeConfig:
@@ -68,7 +72,7 @@ def choose_config(
     """
     block_d = max(16, next_pow2(head_dim))
     block_g = max(16, next_pow2(group))
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     block_n = min(128, max(16, _floor_pow2(TILE_BYTES // (2 * block_d * itemsize))))
     while block_g * block_n > 4096 and block_n > 16:
         block_n //= 2
@@ -101,6 +105,57 @@ def choose_num_splits(
     """
     programs = max(num_seqs * num_kv_heads, 1)
     return max(1, min(PROGRAMS_PER_SM * num_sms // programs, max_tiles, max_splits))
+
+
+def choose_split_plan(
+    seq_lens: Sequence[int],
+    num_kv_heads: int,
+    block_n: int,
+    num_sms: int,
+    max_splits: int = 64,
+) -> tuple[int, int]:
+    """Split-KV plan from the REAL context lengths (host side, e.g. the engine's step inputs): the FlashInfer
+    decode plan (``PartitionPagedKVCacheBinarySearchMinNumPagePerBatch``, flashinfer ``scheduler.cuh``; Ye
+    et al. 2025, arXiv:2501.01005) on Flash-Decoding's split-KV (Dao et al. 2023). Pure; O(S log T).
+
+    Every sequence is cut into splits of one length ``split_len`` (whole ``block_n`` tiles), so a sequence of
+    ``n`` tiles runs ``ceil(n / T)`` programs per KV head and a short one runs few: the binary search finds
+    the smallest ``T`` (tiles per split) with ``num_kv_heads * sum_i ceil(n_i / T) <= PROGRAMS_PER_SM *
+    num_sms`` (one resident wave: 528 programs on a 132-SM H100/H200, every program's loads in flight at
+    once) and ``ceil(max_i n_i / T) <= max_splits``. The critical path is then ``T`` tiles, set by the total
+    work rather than by the longest sequence times the batch (:func:`choose_num_splits`' even cut), which
+    matters for ragged batches: 8 sequences of 4096 + 7 x 100 tokens (64-token tiles) -> ``T = 2`` (32
+    splits for the long one, 2 for each short one) where the bound-sized even cut gives 8 tiles a program.
+    A batch that fills the wave on its own is not split.
+
+    Args:
+        seq_lens: context length of each sequence (tokens incl. this step's; ``<= 0`` for padding rows).
+        num_kv_heads: KV heads (programs per split: one covers a KV head's whole GQA group).
+        block_n: tokens per kernel tile (:attr:`DecodeConfig.block_n`).
+        num_sms: streaming multiprocessors of the GPU.
+        max_splits: most splits for one sequence (the combine pass reads ``next_pow2`` of it per head).
+
+    Returns:
+        ``(num_splits, split_len)``: grid splits per ``(sequence, KV head)`` (the longest sequence's split
+        count) and tokens per split (a multiple of ``block_n``; 0 when ``num_splits == 1``).
+
+    E.g. 132 SMs, 8 KV heads, 64-token tiles: batch 1 x 4096 -> (64, 64); 8 x 4096 -> (8, 512); 32 x 1024
+    -> (2, 512); 64 x 4096 -> (1, 0).
+    """
+    tiles = [max(0, -(-int(n) // block_n)) for n in seq_lens]
+    longest = max(tiles, default=0)
+    budget = PROGRAMS_PER_SM * num_sms // max(num_kv_heads, 1)  # splits summed over the batch
+    if longest <= 1 or len(tiles) >= budget:
+        return 1, 0
+    lo, hi = max(1, -(-longest // max_splits)), longest  # hi always fits: sum of ceil(n / longest) <= S
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sum(-(-n // mid) for n in tiles) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    num_splits = -(-longest // lo)
+    return (num_splits, lo * block_n) if num_splits > 1 else (1, 0)
 
 
 def split_workspace_numel(num_seqs: int, num_q_heads: int, num_splits: int, head_dim: int) -> int:

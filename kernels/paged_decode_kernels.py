@@ -18,15 +18,23 @@ Dao 2023, arXiv:2307.08691; Flash-Decoding split-KV, Dao et al. 2023):
   fp32 caches use exact fp32 dots (``input_precision="ieee"``). Under the interpreter bf16 operands are
   up-cast to fp32 first: Triton 3.7's interpreter multiplies the raw uint16 bits of bf16 operands in
   ``tl.dot``; fp16 keeps the low-precision path there too, so CPU tests cover both code paths.
-- Split-KV for small batches: the launch grid has ``num_splits`` programs per ``(sequence, KV head)``,
-  chosen on the host from the batch shape and an UPPER BOUND of the sequence length (``max_seq_len`` or the
-  block-table width; the seed's Fish Speech "upper bound" dispatch), never from device data. Each program
-  then cuts its own sequence's tiles evenly on the device (``cdiv(cdiv(seq_len, BLOCK_N), num_splits)``
-  tiles per split), so any sequence shorter than the bound, of length 0 or 1, or with empty splits is
-  handled, and the result never depends on the bound being tight. Each split writes ``(max, sum, acc)``
-  in fp32 to a workspace reused across calls (keyed by shape, or passed by the caller) and a combine
-  kernel merges them with the log-sum-exp rule. No host sync, no allocation sized by device data: the call
-  can be captured in a CUDA graph.
+- Split-KV for small batches (Flash-Decoding; FlashInfer's decode plan): the launch grid has
+  ``num_splits`` programs per ``(sequence, KV head)``. Two host-side sources size it, never device data:
+  the REAL context lengths when the caller has them on the host (the engine's step inputs; eager steps):
+  :func:`.paged_decode_config.choose_split_plan` picks one split length (``split_len`` tokens, whole tiles) so
+  the batch's used programs make about one resident wave, short sequences use few splits and the grid has
+  the longest one's count; else an UPPER BOUND of the length (``max_seq_len`` or the block-table width; a
+  CUDA graph bucket's fixed bound): :func:`.paged_decode_config.choose_num_splits`, ``split_len = 0``, and
+  each sequence's own tiles are cut evenly over the splits. Either way each program recomputes its range
+  on the device from its sequence's length (``max(split_len / BLOCK_N, cdiv(tiles, num_splits))`` tiles a
+  split), so the result never depends on the host's figures being right: any length, 0 or 1, is exact.
+  Splits past a sequence's used count load no K/V and store nothing (a graph's padded splits cost a launch
+  slot); a sequence with one used split stores its output directly; the others store ``(max, sum, acc)``
+  in fp32 to a workspace reused across calls (keyed by size, or passed by the caller) and a combine kernel
+  (one program per query head) merges only the used splits with the log-sum-exp rule. No host sync, no
+  allocation sized by device data: the call can be captured in a CUDA graph. The epilogue is branch-free
+  (masked stores): compiled for sm90, a runtime branch there cost ~35 registers and an early return ~15,
+  which would drop the bf16 x 128 split kernel from 4 to 3 resident programs per SM (122 registers now).
 - Tile sizes, ``num_warps`` and ``num_stages`` come from :func:`.paged_decode_config.choose_config`
   (pure; the launcher applies them); no ``@triton.autotune``. Triton is imported, and the kernels
   decorated, on the first call, never at import: ``TRITON_INTERPRET=1`` must be set before the first
@@ -103,6 +111,7 @@ def _paged_decode_kernel(
     stride_oh,
     num_q_heads,
     num_splits,
+    split_len,  # tokens per split from the host plan (the real lengths), whole tiles; 0: even cut
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -115,9 +124,12 @@ def _paged_decode_kernel(
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + seq)
+    seq_len = tl.maximum(tl.load(seq_lens_ptr + seq), 0)  # padding rows (<= 0): no tiles
     n_tiles = tl.cdiv(seq_len, BLOCK_N)
-    tiles_per_split = tl.cdiv(n_tiles, num_splits)  # this sequence's own tiles, cut on the device
+    # this sequence's own tiles cut on the device: the plan's split length, stretched if the grid has too
+    # few splits for this length (so any length is exact whatever the host assumed)
+    tiles_per_split = tl.maximum(tl.maximum(split_len // BLOCK_N, tl.cdiv(n_tiles, num_splits)), 1)
+    used_splits = tl.maximum(tl.cdiv(n_tiles, tiles_per_split), 1)
     tile_lo = split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, n_tiles)
 
@@ -171,18 +183,24 @@ def _paged_decode_kernel(
         m_i = m_new
 
     out_mask = g_mask[:, None] & d_mask[None, :]
+    # Branch-free epilogue (a runtime branch here costs ~35 registers, an early return ~15: fewer resident
+    # programs): a padded split (past this sequence's used ones) stores nothing; a sequence with one used
+    # split stores its final output (the combine skips it), the others their partials.
+    direct = (used_splits == 1) & (split == 0)
     if IS_SPLIT:
         part = (seq * num_q_heads + heads) * num_splits + split  # [BLOCK_G]
-        tl.store(part_m_ptr + part, m_i, mask=g_mask)
-        tl.store(part_l_ptr + part, l_i, mask=g_mask)
-        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
-    else:
-        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # seq_len == 0 -> zeros
-        tl.store(
-            out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=out_mask,
-        )
+        part_mask = g_mask & (split < used_splits) & (used_splits > 1)
+        tl.store(part_m_ptr + part, m_i, mask=part_mask)
+        tl.store(part_l_ptr + part, l_i, mask=part_mask)
+        acc_ptrs = part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :]
+        tl.store(acc_ptrs, acc, mask=part_mask[:, None] & out_mask)
+        out_mask = out_mask & direct
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # seq_len == 0 -> zeros
+    tl.store(
+        out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=out_mask,
+    )
 
 
 def _split_combine_kernel(
@@ -190,18 +208,26 @@ def _split_combine_kernel(
     part_l_ptr,  # fp32 [S, Hq, P]
     part_acc_ptr,  # fp32 [S, Hq, P, D]
     out_ptr,  # [S, Hq, D]
+    seq_lens_ptr,  # int32 [S]
     stride_os,
     stride_oh,
     num_splits,
+    split_len,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
+    n_tiles = tl.cdiv(tl.maximum(tl.load(seq_lens_ptr + seq), 0), BLOCK_N)  # the decode kernel's split rule
+    tiles_per_split = tl.maximum(tl.maximum(split_len // BLOCK_N, tl.cdiv(n_tiles, num_splits)), 1)
+    used_splits = tl.cdiv(n_tiles, tiles_per_split)
+    if used_splits <= 1:  # the decode kernel wrote this row's output itself
+        return
     offs_p = tl.arange(0, BLOCK_P)
     offs_d = tl.arange(0, BLOCK_D)
-    p_mask = offs_p < num_splits
+    p_mask = offs_p < used_splits
     base = (seq * tl.num_programs(1) + head) * num_splits
     m = tl.load(part_m_ptr + base + offs_p, mask=p_mask, other=float("-inf"))
     l = tl.load(part_l_ptr + base + offs_p, mask=p_mask, other=0.0)
@@ -210,11 +236,10 @@ def _split_combine_kernel(
         mask=p_mask[:, None] & (offs_d < HEAD_DIM)[None, :],
         other=0.0,
     )  # [BLOCK_P, BLOCK_D]
-    m_max = tl.max(m, 0)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # every split empty (seq_len == 0)
-    w = tl.exp2(m - m_max)  # empty splits: exp2(-inf) = 0
+    m_max = tl.max(m, 0)  # finite: every used split holds a valid token
+    w = tl.exp2(m - m_max)  # masked lanes: exp2(-inf) = 0
     l_sum = tl.sum(l * w, 0)
-    out = tl.sum(acc * w[:, None], 0) / tl.where(l_sum > 0.0, l_sum, 1.0)
+    out = tl.sum(acc * w[:, None], 0) / l_sum
     tl.store(
         out_ptr + seq * stride_os + head * stride_oh + offs_d,
         out.to(out_ptr.dtype.element_ty),

@@ -55,14 +55,14 @@ SCRIPT = textwrap.dedent(
         a.update({n: P("*i32") for n in ["block_tables_ptr", "seq_lens_ptr"]})
         a.update({n: P("*fp32") for n in ["part_m_ptr", "part_l_ptr", "part_acc_ptr"]})
         a.update({n: I16 for n in STRIDES})
-        a.update(qk_scale=("fp32", None), num_splits=I, GROUP=("c", 2), BLOCK_G=("c", 16),
+        a.update(qk_scale=("fp32", None), num_splits=I, split_len=I, GROUP=("c", 2), BLOCK_G=("c", 16),
                  HEAD_DIM=("c", 128), BLOCK_D=("c", 128), BLOCK_SIZE=("c", 16), BLOCK_N=("c", cfg.block_n),
                  UPCAST=("c", dtype == "fp32"), IS_SPLIT=("c", split))
         k = build(pda._compiled["decode"], a, arch, cfg.num_warps, cfg.num_stages)
         assert dtype == "fp32" or "mma.sync" in k.asm["ptx"], "bf16 dots must run on tensor cores"
     a = dict(part_m_ptr=P("*fp32"), part_l_ptr=P("*fp32"), part_acc_ptr=P("*fp32"), out_ptr=P("*bf16"),
-             stride_os=I16, stride_oh=I16, num_splits=I, HEAD_DIM=("c", 128), BLOCK_D=("c", 128),
-             BLOCK_P=("c", 64))
+             seq_lens_ptr=P("*i32"), stride_os=I16, stride_oh=I16, num_splits=I, split_len=I,
+             HEAD_DIM=("c", 128), BLOCK_D=("c", 128), BLOCK_P=("c", 64), BLOCK_N=("c", 64))
     build(pda._compiled["combine"], a, 90, 4, 1)
     a = dict(x_ptr=P("*bf16"), delta_ptr=P("*bf16"), res_ptr=P("*bf16"), w_ptr=P("*bf16"), y_ptr=P("*bf16"),
              stride_x=I16, stride_d=I16, stride_r=I16, stride_y=I16, eps=("fp32", None), H=("c", 1024),
