@@ -236,11 +236,15 @@ def summary(args) -> int:
 
 
 def _targets(part: str, r) -> dict[str, bool]:
-    """``{target: met}`` a part's JSON records: the engine's (issue 33), the sweep's rows (issue 41)."""
+    """``{target: met}`` a part's JSON records: the engine's (issue 33), the decode kernel's and the sweep's
+    rows (issue 41)."""
     if not isinstance(r, dict):
         return {}
     if part == "engine":
         return {k: t["met"] for k, t in (r.get("targets") or {}).items() if t.get("met") is not None}
+    if part == "attention":  # a list of {name, status}; "not measured" rows are left out
+        rows = r.get("targets") or []
+        return {t["name"]: t["status"] == "met" for t in rows if t["status"] != "not measured"}
     if part == "sweep":
         return {
             f"{g} c={row['c']} {k}": ok
