@@ -12,7 +12,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from omniduplex.benchmarks.bench_attention import (
+from omniduplex.benchmarks.attention_workload import (
     DEV,
     DTYPE,
     HKV,

@@ -43,12 +43,20 @@ import time
 import torch
 import torch.nn.functional as F
 
+from omniduplex.benchmarks.attention_workload import (
+    BLOCK,
+    DEV,
+    DTYPE,
+    HKV,
+    HQ,
+    D,
+    bench_ms,
+    nbytes,
+    paged_case,
+)
 from omniduplex.kernels import paged_decode_attention as pda
 from omniduplex.kernels.paged_decode_config import choose_config, choose_split_plan
 
-HQ, HKV, D, BLOCK = 16, 8, 128, 16
-DTYPE = torch.bfloat16
-DEV = "cuda"
 BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 CONTEXTS = (1024, 4096)
@@ -65,13 +73,6 @@ def _fail_without_cuda() -> str | None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         return "bench_attention needs CUDA: TRITON_INTERPRET=1 would interpret the kernels; unset it"
     return None
-
-
-def bench_ms(fn) -> float:
-    """Median ms of ``fn`` by ``triton.testing.do_bench`` (L2 flushed before each call)."""
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
 
 
 def _capture(fn):
@@ -122,23 +123,6 @@ def _graph_check(q, kc, vc, bt, sl, ctx, scale, gen) -> tuple[bool, object]:
     sl.copy_(saved_sl)
     bt.copy_(saved_bt)
     return ok, graph
-
-
-def paged_case(batch: int, ctx: int, gen: torch.Generator):
-    """``(q, k_cache, v_cache, block_tables, seq_lens)``: ``batch`` sequences of ``ctx`` tokens over blocks
-    handed out in a random permutation."""
-    blocks = ctx // BLOCK
-    kc = torch.randn(batch * blocks, BLOCK, HKV, D, device=DEV, dtype=DTYPE, generator=gen)
-    vc = torch.randn(batch * blocks, BLOCK, HKV, D, device=DEV, dtype=DTYPE, generator=gen)
-    bt = torch.randperm(batch * blocks, device=DEV, generator=gen).view(batch, blocks).to(torch.int32)
-    sl = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
-    q = torch.randn(batch, HQ, D, device=DEV, dtype=DTYPE, generator=gen)
-    return q, kc, vc, bt, sl
-
-
-def nbytes(batch: int, ctx: int) -> int:
-    """K and V read plus q and the output written, bf16."""
-    return (2 * batch * ctx * HKV * D + 2 * batch * HQ * D) * DTYPE.itemsize
 
 
 def attention_case(batch: int, ctx: int, gen: torch.Generator) -> dict:
