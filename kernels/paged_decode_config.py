@@ -114,9 +114,11 @@ def choose_split_plan(
     num_sms: int,
     max_splits: int = 64,
 ) -> tuple[int, int]:
-    """Split-KV plan from the REAL context lengths (host side, e.g. the engine's step inputs): the FlashInfer
-    decode plan (``PartitionPagedKVCacheBinarySearchMinNumPagePerBatch``, flashinfer ``scheduler.cuh``; Ye
-    et al. 2025, arXiv:2501.01005) on Flash-Decoding's split-KV (Dao et al. 2023). Pure; O(S log T).
+    """Split-KV plan from the REAL context lengths (host side, e.g. the engine's step inputs): FlashInfer's
+    decode plan (``PartitionPagedKVCacheBinarySearchMinNumPagePerBatch`` in flashinfer
+    ``include/flashinfer/attention/scheduler.cuh``, its grid bound ``max_grid_size`` = resident blocks per
+    SM x SMs, no split once ``batch x kv_heads`` reaches it; Ye et al. 2025, arXiv:2501.01005) on
+    Flash-Decoding's split-KV (Dao et al. 2023). Pure; O(S log T).
 
     Every sequence is cut into splits of one length ``split_len`` (whole ``block_n`` tiles), so a sequence of
     ``n`` tiles runs ``ceil(n / T)`` programs per KV head and a short one runs few: the binary search finds
@@ -126,7 +128,10 @@ def choose_split_plan(
     work rather than by the longest sequence times the batch (:func:`choose_num_splits`' even cut), which
     matters for ragged batches: 8 sequences of 4096 + 7 x 100 tokens (64-token tiles) -> ``T = 2`` (32
     splits for the long one, 2 for each short one) where the bound-sized even cut gives 8 tiles a program.
-    A batch that fills the wave on its own is not split.
+    A batch that fills the wave on its own is not split. Why one wave and not more: a decode program is
+    latency-bound (its tiles' loads are the whole work), so the used programs should all be resident at
+    once, each with its tiles' loads in flight; splitting further shortens each program but adds partials
+    (``group x (head_dim + 2)`` fp32 per program) and combine reads, and a second wave only queues.
 
     Args:
         seq_lens: context length of each sequence (tokens incl. this step's; ``<= 0`` for padding rows).

@@ -57,7 +57,13 @@ measures with ``python3 -m omniduplex.benchmarks.bench_attention``):
 - Batch 8 x 4096 (134 MB, 45 us floor on H100): 64 programs x 8 splits = 512 (one wave), 8 tiles each
   -> ~2-2.5 TB/s; the combine adds one ~3 us kernel and 0.5 MB of partials.
 - Batch 1 x 4096 (16.8 MB, 5.6 us floor): latency-bound; 64 splits of one tile + the combine kernel
-  ~10-15 us -> ~1.1-1.7 TB/s (cuDNN measured 675 GB/s on H200).
+  ~10-15 us of GPU time -> ~1.1-1.7 TB/s (cuDNN: 234 GB/s eager on H200, below).
+- Measured eager on an H200 (2026-11-27, do_bench with the L2 flushed, host launch included): 91 GB/s at
+  1 x 4096 (cuDNN 234), 786 at 8 x 4096 (2,060), 2,349 at 32 x 4096 (3,964), 4,239 at 128 x 4096
+  (4,398). From the ratios, every split cell took ~170-230 us whatever its bytes (16.8-537 MB), while the
+  unsplit 128 x 1024 (537 MB) took ~140 us: a fixed cost of the split path's two launches, not of the
+  bytes; ``bench_attention`` now times both sides as CUDA graphs too (the engine's decode path, GPU time)
+  and prints the host time per call, to tell the two apart.
 - fp32 caches: exact fp32 FMA dots (4 FMA per K/V byte), 32-token tiles: ~1.5-2.5 TB/s at large batch.
 """
 
