@@ -7,7 +7,7 @@
 # under its own `timeout` (a hang costs only its part), cheapest and most informative first:
 #   triton_tests  the paged decode kernel's tests, compiled (TRITON_INTERPRET unset)
 #   gpu_tests     python3 -m pytest -m gpu: every shape on CUDA (in-process, stage processes), fp32 parity
-#   attention     python3 -m omniduplex.benchmarks.bench_attention --json OUTDIR/attention.json --time-budget 20
+#   attention     python3 -m omniduplex.benchmarks.bench_attention --json OUTDIR/attention.json --time-budget 16
 #   shapes        every shape through deploy/graph-gpu.yaml with TTFP (scripts/device_check.py shapes)
 #   real_shapes   the real-size presets built on the GPU, one short decode (scripts/device_real.py)
 #   sweep         omniduplex bench serve-sweep --preset real on graph-gpu.yaml (Qwen3-TTS, then Qwen3-Omni)
@@ -147,9 +147,9 @@ for part in "${PARTS[@]}"; do
 sys.exit(u.find_spec("omniduplex.benchmarks.bench_attention") is None)' 2>/dev/null; then
         note_only attention "missing: omniduplex.benchmarks.bench_attention is not in this tree"
       else
-        # batch 1..128 x ctx 1024/4096, rows saved as they finish; no new cell after 20 s (startup ~6 s)
+        # batch 1..128 x ctx 1024/4096, rows saved as they finish; no new cell after 16 s (startup ~6 s, the last cell ~2 s: inside its 30 s)
         run_part attention python3 -m omniduplex.benchmarks.bench_attention --json "$OUTDIR/attention.json" \
-          --time-budget 20
+          --time-budget 16
       fi ;;
     shapes)
       run_part shapes python3 scripts/device_check.py shapes --json "$OUTDIR/shapes.json" ;;

@@ -179,3 +179,19 @@ def test_seq_lens_host_plan_through_the_launcher(decode):
         decode(**case, seq_lens_host=[700, 3])
     with pytest.raises(ValueError, match="split_len"):
         decode(**case, num_splits=2, split_len=TILE + 16)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    seq_lens=st.lists(st.integers(0, 700), min_size=1, max_size=5),
+    ratio=st.sampled_from([1, 2, 4, 8]),
+    num_splits=st.integers(1, 6),
+    split_tiles=st.integers(1, 3),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    seed=st.integers(0, 2**16),
+)
+def test_random_split_lengths(decode, seq_lens, ratio, num_splits, split_tiles, dtype, seed):
+    """Any grid of splits and any split length, whether it covers the batch (padded splits) or not (the
+    device stretches the split): exact."""
+    case = decode_case(seq_lens, ratio, 1, 16, dtype, seed)
+    assert_matches(run(decode, case, num_splits=num_splits, split_len=split_tiles * TILE), case)
