@@ -2,8 +2,9 @@
 
 The kernels and their design and bandwidth notes are in :mod:`.paged_decode_kernels` (vLLM PagedAttention
 layout, FlashAttention-2 online softmax, Flash-Decoding split-KV); tile sizes, warps, stages and the split
-count are chosen on the host by the pure functions of :mod:`.paged_decode_config`, from the batch shape and an
-upper bound of the sequence length, never from device data, so a call can be captured in a CUDA graph. This
+count are chosen on the host by the pure functions of :mod:`.paged_decode_config`, from the batch shape and
+the real lengths when the caller has them on the host (``seq_lens_host``), else an upper bound of the
+length, never from device data, so a call can be captured in a CUDA graph. This
 module checks the arguments, picks the config, owns the split workspaces and launches the kernels (decode,
 then the log-sum-exp combine when split). Importing it does not import triton.
 """
@@ -190,8 +191,7 @@ def paged_decode_attention_triton(
         if split_len <= 0 or split_len % cfg.block_n:
             raise ValueError(f"split_len must be a positive multiple of block_n {cfg.block_n}: {split_len}")
         if num_splits is None:
-            num_splits = min(64, -(-bound // split_len))
-        num_splits = max(1, num_splits)
+            num_splits = -(-bound // split_len)
     elif num_splits is None and seq_lens_host is not None:
         if len(seq_lens_host) != num_seqs:
             raise ValueError(f"seq_lens_host has {len(seq_lens_host)} lengths for {num_seqs} sequences")
@@ -199,8 +199,7 @@ def paged_decode_attention_triton(
         num_splits, split_len = choose_split_plan(lens, num_kv_heads, cfg.block_n, num_sms)
     elif num_splits is None:
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_tiles, num_sms)
-    else:
-        num_splits = max(1, min(num_splits, max_tiles))
+    num_splits = max(1, min(num_splits, max_tiles, 256))  # the combine holds 256 x head_dim fp32 at most
     split_len = split_len or 0
 
     block_d = max(16, next_pow2(head_dim))

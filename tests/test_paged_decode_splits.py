@@ -83,7 +83,8 @@ def test_plan_is_the_smallest_split_within_one_wave(lens, num_kv_heads, block_n,
     budget = PROGRAMS_PER_SM * num_sms // num_kv_heads
     if num_splits == 1:
         assert split_len == 0
-        assert max(tiles) <= 1 or len(lens) >= budget or sum(-(-n // max(tiles)) for n in tiles) > budget
+        longest = max(tiles)  # no split: even the largest split length short of the longest overflows
+        assert longest <= 1 or len(lens) >= budget or sum(-(-n // (longest - 1)) for n in tiles) > budget
         return
     assert split_len % block_n == 0 and 1 < num_splits <= max_splits
     per = split_len // block_n
