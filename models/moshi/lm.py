@@ -180,8 +180,13 @@ class MoshiLM(nn.Module):
         ``[B]`` → audio tokens int64 ``[B, dep_q]``. Its KV cache lives for the frame only."""
         b = z.shape[0]
         attn = [layer.self_attn for layer in self.depformer.layers]
-        for a in attn:
-            a.state = a.new_state(b)
+        if attn[0].max_period is None:  # the published depformer (no RoPE): frame-local KV, reused
+            kv = self._frame_kv(b, z)
+            for i, a in enumerate(attn):
+                a.frame_kv = kv[i]
+        else:
+            for a in attn:
+                a.state = a.new_state(b)
         prev, out = text, []
         try:
             for k in range(self.dep_q):
@@ -193,8 +198,21 @@ class MoshiLM(nn.Module):
                 out.append(prev)
         finally:
             for a in attn:
-                a.state = None
+                a.state = a.frame_kv = None
         return torch.stack(out, 1)
+
+    def _frame_kv(self, b: int, z: torch.Tensor) -> torch.Tensor:
+        """The depth transformer's frame-local KV ``[layers, 2, b, heads, dep_q, head_dim]`` (rows ``[:b]``
+        of a buffer kept across frames and grown when more rows come: no allocation per frame)."""
+        a = self.depformer.layers[0].self_attn
+        shape = (len(self.depformer.layers), 2, b, a.heads, self.dep_q, a.dim // a.heads)
+        buf = getattr(self, "_depth_kv", None)
+        if buf is None or buf.shape[2] < b or buf.dtype != z.dtype or buf.device != z.device:
+            cap = self.tokens.state["cache"].shape[0] if self.tokens.state is not None else b
+            # sized for the streaming capacity at once (a captured graph keeps its pointers)
+            buf = torch.empty((*shape[:2], max(b, cap), *shape[3:]), dtype=z.dtype, device=z.device)
+            self._depth_kv = buf
+        return buf[:, :, :b]
 
     @torch.no_grad()
     def step(

@@ -30,6 +30,8 @@ class RMSNormF32(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, 1, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.alpha.dtype == torch.float32:  # no casts to dispatch
+            return x * (self.alpha * torch.rsqrt(self.eps + torch.mean(x * x, dim=2, keepdim=True)))
         xf = x.float()
         var = self.eps + torch.mean(xf**2, dim=2, keepdim=True)
         return (xf * (self.alpha.float() * torch.rsqrt(var))).to(x.dtype)
@@ -112,6 +114,8 @@ class Attention(Streaming):
         self.fixed_window = False
         """Always attend over the whole ring (CUDA graphs bake host ints in; set by the duplex engine)."""
         self.filled = 0
+        self.frame_kv: torch.Tensor | None = None
+        """``[2, B, H, steps, D/H]`` while the depth transformer runs a frame (:meth:`_frame_step`)."""
         self.in_proj = _Proj(dim, 3 * dim, steps)
         self.out_proj = _Proj(dim, dim, steps)
 
@@ -156,9 +160,11 @@ class Attention(Streaming):
 
     def forward(self, x: torch.Tensor, step: int = 0, plan: AttentionPlan | None = None) -> torch.Tensor:
         b, t, _ = x.shape
+        q, k, v = self.in_proj(x, step).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        if self.frame_kv is not None:
+            return self._frame_step(q, k, v, step)
         if plan is None:
             plan = self.plan(b, t, x.device)
-        q, k, v = self.in_proj(x, step).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         if plan.cos is not None:
             q, k = apply_rope(q, plan.cos, plan.sin), apply_rope(k, plan.cos, plan.sin)
         if self.state is not None:
@@ -179,6 +185,22 @@ class Attention(Streaming):
         else:
             out = F.scaled_dot_product_attention(q, k, v, plan.mask[:, None], dropout_p=0.0)
         return self.out_proj(out.transpose(1, 2).reshape(b, t, self.dim), step)
+
+    def _frame_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: int) -> torch.Tensor:
+        """Step ``step`` of a frame-local sequence (the depth transformer's codebooks): every row is at
+        position ``step``, so the new key/value go to slot ``step`` of :attr:`frame_kv` and the query sees
+        slots ``0..step``, all visible (no mask, no index tensors, no RoPE)."""
+        b = q.shape[0]
+        kv = self.frame_kv
+        kv[0, :, :, step] = k[:, :, 0]
+        kv[1, :, :, step] = v[:, :, 0]
+        keys, values = kv[0, :, :, : step + 1], kv[1, :, :, : step + 1]
+        scores = torch.matmul(q, keys.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+        if scores.dtype != torch.float32:
+            scores = scores.float()
+        probs = torch.softmax(scores, dim=-1)
+        out = torch.matmul(probs if probs.dtype == values.dtype else probs.to(values.dtype), values)
+        return self.out_proj(out.transpose(1, 2).reshape(b, 1, self.dim), step)
 
 
 class Gating(nn.Module):
@@ -282,7 +304,9 @@ class Transformer(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
-        plan = self.layers[0].self_attn.plan(x.shape[0], x.shape[1], x.device)  # one mask and RoPE per call
+        first = self.layers[0].self_attn
+        # one mask and RoPE per call (none for a frame-local step)
+        plan = None if first.frame_kv is not None else first.plan(x.shape[0], x.shape[1], x.device)
         for layer in self.layers:
             x = layer(x, step, plan)
         return x
