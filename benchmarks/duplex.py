@@ -11,7 +11,10 @@ whichever is later); each session's player starts one frame (80 ms jitter buffer
 arrives and plays one frame per 80 ms; a frame that arrives after its play time is an underrun. All sessions
 of a batch share the ticks, so the count is the same for each; reported per session. ``cpu p50 ms`` is the
 process CPU time of a tick (with 1 thread, the wall time the tick would take on an idle core: on a shared
-machine the wall times include waiting for a core).
+machine the wall times include waiting for a core); ``runq p50 ms`` is that wait, measured: the time this
+process's threads were runnable but queued for a core (Linux schedstat), so wall ≈ cpu + runq. With more
+than one thread on a busy machine, OpenMP's spin-waiting workers add CPU time that does no work (run
+``OMP_WAIT_POLICY=PASSIVE`` there or one thread: the small preset's matmuls are too small to split).
 
 Reference (printed beside, not measured here): vLLM-Omni runs PersonaPlex (Moshi architecture, 7B) at 30.2 ms
 per 80 ms frame for one session on an H100 with CUDA graphs, 77.5 ms without (vllm-omni PR #6604).
@@ -70,6 +73,20 @@ def underruns(tick_ms: list[float], jitter_frames: int = 1) -> int:
     return late
 
 
+def sched_ns() -> tuple[int, int]:
+    """``(on-CPU ns, run-queue wait ns)`` summed over this process's threads, from Linux
+    ``/proc/self/task/*/schedstat`` (fields 1 and 2, Documentation/scheduler/sched-stats.rst); ``(0, 0)``
+    where that file does not exist. The wait is the time a runnable thread waited for a core."""
+    run = wait = 0
+    for stat in Path("/proc/self/task").glob("*/schedstat"):
+        try:
+            fields = stat.read_text().split()
+        except OSError:  # a thread ended between the listing and the read
+            continue
+        run, wait = run + int(fields[0]), wait + int(fields[1])
+    return run, wait
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -85,17 +102,18 @@ def tick_curve(
         eng = _engine(models, n, full_context, graph_mode)
         for i in range(n):
             eng.join(f"s{i}")
-        times, cpu = [], []
+        times, cpu, waits = [], [], []
         for t in range(ticks + 3):
             for i in range(n):
                 eng.push(f"s{i}", (0.1 * rng.standard_normal(1920)).astype(np.float32))
             _sync(device)
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0, w0 = time.perf_counter(), time.process_time(), sched_ns()[1]
             eng.tick()
             _sync(device)
             if t >= 3:
                 times.append((time.perf_counter() - t0) * 1000)
                 cpu.append((time.process_time() - c0) * 1000)
+                waits.append((sched_ns()[1] - w0) / 1e6)
         q = statistics.quantiles(times, n=100, method="inclusive") if len(times) > 1 else times * 99
         rows.append(
             {
@@ -106,13 +124,14 @@ def tick_curve(
                 "real_time": q[98] <= FRAME_MS,
                 "underruns_per_session": underruns(times),
                 "tick_cpu_p50_ms": statistics.median(cpu),
+                "runq_wait_p50_ms": statistics.median(waits),
                 "ticks": len(times),
             }
         )
         print(
             f"{n:>8} {rows[-1]['tick_p50_ms']:>9.1f} {q[98]:>9.1f} {max(times):>9.1f} "
             f"{'yes' if q[98] <= FRAME_MS else 'no':>9} {rows[-1]['underruns_per_session']:>10} "
-            f"{rows[-1]['tick_cpu_p50_ms']:>12.1f}"
+            f"{rows[-1]['tick_cpu_p50_ms']:>12.1f} {rows[-1]['runq_wait_p50_ms']:>12.1f}"
             + (f"   vLLM-Omni 1 session H100+graphs: {VLLM_OMNI_1_SESSION_MS} ms" if n == 1 else ""),
             flush=True,
         )
@@ -164,7 +183,7 @@ def run(
     )
     print(
         f"{'sessions':>8} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} {'real time':>9} {'underruns':>10} "
-        f"{'cpu p50 ms':>12}"
+        f"{'cpu p50 ms':>12} {'runq p50 ms':>12}"
     )
     with torch.no_grad():
         curve = tick_curve(models, sessions, ticks, full_context, graph_mode, device)

@@ -314,7 +314,7 @@ def bench_duplex(
     preset: str = typer.Option("small", help="Random preset when no --model: tiny, small or 7b."),
     sessions: str = typer.Option("1,2,4,6,8", help="Session counts of the tick curve."),
     ticks: int = typer.Option(40, help="Timed ticks per session count."),
-    threads: int = typer.Option(2, help="torch intra-op threads."),
+    threads: int = typer.Option(1, help="torch intra-op threads (1: the small matmuls do not split well)."),
     full_context: bool = typer.Option(True, help="Attend over the whole context window (steady state)."),
     graphs: str = typer.Option("off", help="off, twin, cuda or auto (CUDA graphs per batch bucket)."),
     dialog_sessions: int = typer.Option(4, help="Sessions in the synthetic-dialog run (0: skip it)."),
