@@ -199,14 +199,20 @@ def run(
     }
     if per:
         print(
-            f"synthetic dialogs: {dialog_sessions} sessions x {dialog_seconds:.0f} s at once "
-            "(random weights: "
-            "the measures are mechanical, not conversational quality)"
+            f"synthetic dialogs: {dialog_sessions} sessions x {dialog_seconds:.0f} s at once. "
+            + (
+                "RANDOM WEIGHTS: these values are meaningless (the model never learnt to listen or to "
+                "take turns); the measures are for a trained checkpoint (--model), and what this run "
+                "checks is the code path"
+                if model is None
+                else f"checkpoint {model}"
+            )
         )
         for key in (
             "turn_over_rate",
             "response_latency_ms",
             "stop_when_interrupted_rate",
+            "stop_latency_ms",
             "backchannels_per_min",
         ):
             vals = [d[key] for d in per if d[key] is not None]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from omniduplex.benchmarks.duplex import underruns
@@ -39,6 +40,34 @@ def test_dialog_measures_on_hand_built_activity():
     user = _frames("..##############......")
     model = _frames("......##..............")  # a short burst inside the user's turn
     assert measures(user, np.where(model, 1.0, 0.0))["backchannels_per_min"] > 0
+
+
+def test_dialog_measures_edge_timelines():
+    # the model talks over the whole barge-in (one quiet frame is not a stop): not stopped
+    user = _frames("......########.........")
+    model = _frames("..##########.#########.")
+    m = measures(user, np.where(model, 1.0, 0.0))
+    assert m["barge_ins"] == 1 and m["stop_when_interrupted_rate"] == 0.0 and m["stop_latency_ms"] is None
+    # stops 2 frames into a barge-in and stays quiet: stopped, 160 ms
+    model = _frames("..######...............")
+    m = measures(user, np.where(model, 1.0, 0.0))
+    assert m["stop_when_interrupted_rate"] == 1.0 and m["stop_latency_ms"] == 160.0
+    # never answers: no turn taken, no latency to average, no barge-in
+    m = measures(_frames("..####......####......"), np.zeros(22))
+    assert m["turn_over_rate"] == 0.0 and m["response_latency_ms"] is None
+    assert m["barge_ins"] == 0 and m["stop_when_interrupted_rate"] is None
+    # answers only after the 1.5 s take-turn window (20 frames later): not a turn-over
+    user, model = _frames("####" + "." * 30), _frames("." * 24 + "#" * 10)
+    assert measures(user, np.where(model, 1.0, 0.0))["turn_over_rate"] == 0.0
+    # exactly one backchannel in 25 frames (2 s) of user speech: 30 per minute; a burst that began before
+    # the user's turn is a barge-in context, not a backchannel
+    user = _frames("..." + "#" * 25 + "....")
+    model = _frames("........##......................")
+    assert measures(user, np.where(model, 1.0, 0.0))["backchannels_per_min"] == pytest.approx(30.0)
+    model = _frames(".######.........................")
+    assert measures(user, np.where(model, 1.0, 0.0))["backchannels_per_min"] == 0.0
+    with pytest.raises(ValueError, match="1-D frame arrays"):
+        measures(_frames("###"), np.zeros(4))
 
 
 def test_synthetic_dialog_has_turns_and_pauses():
