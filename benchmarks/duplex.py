@@ -40,6 +40,24 @@ VLLM_OMNI_1_SESSION_MS = 30.2
 """vLLM-Omni, PersonaPlex 7B, 1 session, H100, CUDA graphs (vllm-omni PR #6604)."""
 
 
+def cpu_lm_dtype(cpuinfo: str | None = None) -> tuple[torch.dtype, str]:
+    """The LM dtype for ``--dtype auto`` on a CPU, from the ``/proc/cpuinfo`` flags, and why: bf16 with AMX
+    (``amx_bf16``: bf16 tile matmuls), else fp32. AVX512-BF16 alone is not enough: on such a CPU (no AMX) the
+    small preset's tick measured no faster in bf16 (its matmuls have at most a few rows per session and its
+    attention is memory-bound over the ring, where bf16 kernels are slower per byte), see MODELS.md."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    flags = set(cpuinfo.split())
+    if "amx_bf16" in flags:
+        return torch.bfloat16, "bf16 (the CPU has AMX-BF16)"
+    if "avx512_bf16" in flags:
+        return torch.float32, "fp32 (AVX512-BF16 without AMX: bf16 measured no faster)"
+    return torch.float32, "fp32 (no bf16 matrix instructions)"
+
+
 def _models(model: Path | None, preset: str, dtype: torch.dtype, device: str) -> MoshiModels:
     if model is not None:
         m = load_moshi(model, dtype)
@@ -174,12 +192,16 @@ def run(
 ) -> dict:
     """Print the tick curve and the dialog measures; returns (and optionally writes) them as JSON."""
     torch.set_num_threads(threads)
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    if dtype == "auto":
+        torch_dtype, why = (torch.bfloat16, "bf16 (GPU)") if device.startswith("cuda") else cpu_lm_dtype()
+    else:
+        torch_dtype, why = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype], dtype
     models = _models(model, preset, torch_dtype, device)
     label = str(model) if model else f"random {preset} preset"
     print(
         f"duplex engine: {label}, {device}, {threads} threads, graphs {graph_mode}, "
-        f"context {'full window' if full_context else 'as filled'}; budget {FRAME_MS:.0f} ms per tick"
+        f"context {'full window' if full_context else 'as filled'}, LM {why}; "
+        f"budget {FRAME_MS:.0f} ms per tick"
     )
     print(
         f"{'sessions':>8} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} {'real time':>9} {'underruns':>10} "
@@ -193,6 +215,7 @@ def run(
         "device": device,
         "threads": threads,
         "graph_mode": graph_mode,
+        "lm_dtype": str(torch_dtype).removeprefix("torch."),
         "curve": curve,
         "vllm_omni_1_session_ms": VLLM_OMNI_1_SESSION_MS,
         "dialogs": per,

@@ -7,9 +7,10 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
-from omniduplex.benchmarks.duplex import underruns
+from omniduplex.benchmarks.duplex import cpu_lm_dtype, underruns
 from omniduplex.benchmarks.duplex_dialogs import SPEAKING_RMS, make_dialog, measures
 from omniduplex.cli.bench import bench
 
@@ -70,6 +71,12 @@ def test_dialog_measures_edge_timelines():
         measures(_frames("###"), np.zeros(4))
 
 
+def test_cpu_lm_dtype_follows_the_cpu_flags():
+    assert cpu_lm_dtype("flags : fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16")[0] == torch.bfloat16
+    assert cpu_lm_dtype("flags : fpu avx2 avx512f avx512_bf16")[0] == torch.float32
+    assert cpu_lm_dtype("flags : fpu avx2")[0] == torch.float32
+
+
 def test_synthetic_dialog_has_turns_and_pauses():
     d = make_dialog(1, 20.0)
     assert d.audio.shape == (250, 1920) and 0.2 < d.user_active.mean() < 0.8
@@ -101,3 +108,4 @@ def test_bench_duplex_command_runs_on_tiny(tmp_path):
     data = json.loads(out.read_text())
     assert [r["sessions"] for r in data["curve"]] == [1, 2] and all(r["ticks"] == 3 for r in data["curve"])
     assert len(data["dialogs"]) == 2
+    assert data["lm_dtype"] == str(cpu_lm_dtype()[0]).removeprefix("torch.")  # --dtype auto by the CPU
