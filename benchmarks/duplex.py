@@ -11,7 +11,10 @@ whichever is later); each session's player starts one frame (80 ms jitter buffer
 arrives and plays one frame per 80 ms; a frame that arrives after its play time is an underrun. All sessions
 of a batch share the ticks, so the count is the same for each; reported per session. ``cpu p50 ms`` is the
 process CPU time of a tick (with 1 thread, the wall time the tick would take on an idle core: on a shared
-machine the wall times include waiting for a core).
+machine the wall times include waiting for a core); ``runq p50 ms`` is that wait, measured: the time this
+process's threads were runnable but queued for a core (Linux schedstat), so wall ≈ cpu + runq. With more
+than one thread on a busy machine, OpenMP's spin-waiting workers add CPU time that does no work (run
+``OMP_WAIT_POLICY=PASSIVE`` there or one thread: the small preset's matmuls are too small to split).
 
 Reference (printed beside, not measured here): vLLM-Omni runs PersonaPlex (Moshi architecture, 7B) at 30.2 ms
 per 80 ms frame for one session on an H100 with CUDA graphs, 77.5 ms without (vllm-omni PR #6604).
@@ -35,6 +38,24 @@ from omniduplex.pipeline.duplex.engine import FRAME_MS, DuplexEngine
 
 VLLM_OMNI_1_SESSION_MS = 30.2
 """vLLM-Omni, PersonaPlex 7B, 1 session, H100, CUDA graphs (vllm-omni PR #6604)."""
+
+
+def cpu_lm_dtype(cpuinfo: str | None = None) -> tuple[torch.dtype, str]:
+    """The LM dtype for ``--dtype auto`` on a CPU, from the ``/proc/cpuinfo`` flags, and why: bf16 with AMX
+    (``amx_bf16``: bf16 tile matmuls), else fp32. AVX512-BF16 alone is not enough: on such a CPU (no AMX) the
+    small preset's tick measured no faster in bf16 (its matmuls have at most a few rows per session and its
+    attention is memory-bound over the ring, where bf16 kernels are slower per byte), see MODELS.md."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    flags = set(cpuinfo.split())
+    if "amx_bf16" in flags:
+        return torch.bfloat16, "bf16 (the CPU has AMX-BF16)"
+    if "avx512_bf16" in flags:
+        return torch.float32, "fp32 (AVX512-BF16 without AMX: bf16 measured no faster)"
+    return torch.float32, "fp32 (no bf16 matrix instructions)"
 
 
 def _models(model: Path | None, preset: str, dtype: torch.dtype, device: str) -> MoshiModels:
@@ -70,6 +91,20 @@ def underruns(tick_ms: list[float], jitter_frames: int = 1) -> int:
     return late
 
 
+def sched_ns() -> tuple[int, int]:
+    """``(on-CPU ns, run-queue wait ns)`` summed over this process's threads, from Linux
+    ``/proc/self/task/*/schedstat`` (fields 1 and 2, Documentation/scheduler/sched-stats.rst); ``(0, 0)``
+    where that file does not exist. The wait is the time a runnable thread waited for a core."""
+    run = wait = 0
+    for stat in Path("/proc/self/task").glob("*/schedstat"):
+        try:
+            fields = stat.read_text().split()
+        except OSError:  # a thread ended between the listing and the read
+            continue
+        run, wait = run + int(fields[0]), wait + int(fields[1])
+    return run, wait
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -85,17 +120,18 @@ def tick_curve(
         eng = _engine(models, n, full_context, graph_mode)
         for i in range(n):
             eng.join(f"s{i}")
-        times, cpu = [], []
+        times, cpu, waits = [], [], []
         for t in range(ticks + 3):
             for i in range(n):
                 eng.push(f"s{i}", (0.1 * rng.standard_normal(1920)).astype(np.float32))
             _sync(device)
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0, w0 = time.perf_counter(), time.process_time(), sched_ns()[1]
             eng.tick()
             _sync(device)
             if t >= 3:
                 times.append((time.perf_counter() - t0) * 1000)
                 cpu.append((time.process_time() - c0) * 1000)
+                waits.append((sched_ns()[1] - w0) / 1e6)
         q = statistics.quantiles(times, n=100, method="inclusive") if len(times) > 1 else times * 99
         rows.append(
             {
@@ -106,13 +142,14 @@ def tick_curve(
                 "real_time": q[98] <= FRAME_MS,
                 "underruns_per_session": underruns(times),
                 "tick_cpu_p50_ms": statistics.median(cpu),
+                "runq_wait_p50_ms": statistics.median(waits),
                 "ticks": len(times),
             }
         )
         print(
             f"{n:>8} {rows[-1]['tick_p50_ms']:>9.1f} {q[98]:>9.1f} {max(times):>9.1f} "
             f"{'yes' if q[98] <= FRAME_MS else 'no':>9} {rows[-1]['underruns_per_session']:>10} "
-            f"{rows[-1]['tick_cpu_p50_ms']:>12.1f}"
+            f"{rows[-1]['tick_cpu_p50_ms']:>12.1f} {rows[-1]['runq_wait_p50_ms']:>12.1f}"
             + (f"   vLLM-Omni 1 session H100+graphs: {VLLM_OMNI_1_SESSION_MS} ms" if n == 1 else ""),
             flush=True,
         )
@@ -155,16 +192,20 @@ def run(
 ) -> dict:
     """Print the tick curve and the dialog measures; returns (and optionally writes) them as JSON."""
     torch.set_num_threads(threads)
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    if dtype == "auto":
+        torch_dtype, why = (torch.bfloat16, "bf16 (GPU)") if device.startswith("cuda") else cpu_lm_dtype()
+    else:
+        torch_dtype, why = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype], dtype
     models = _models(model, preset, torch_dtype, device)
     label = str(model) if model else f"random {preset} preset"
     print(
         f"duplex engine: {label}, {device}, {threads} threads, graphs {graph_mode}, "
-        f"context {'full window' if full_context else 'as filled'}; budget {FRAME_MS:.0f} ms per tick"
+        f"context {'full window' if full_context else 'as filled'}, LM {why}; "
+        f"budget {FRAME_MS:.0f} ms per tick"
     )
     print(
         f"{'sessions':>8} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} {'real time':>9} {'underruns':>10} "
-        f"{'cpu p50 ms':>12}"
+        f"{'cpu p50 ms':>12} {'runq p50 ms':>12}"
     )
     with torch.no_grad():
         curve = tick_curve(models, sessions, ticks, full_context, graph_mode, device)
@@ -174,20 +215,27 @@ def run(
         "device": device,
         "threads": threads,
         "graph_mode": graph_mode,
+        "lm_dtype": str(torch_dtype).removeprefix("torch."),
         "curve": curve,
         "vllm_omni_1_session_ms": VLLM_OMNI_1_SESSION_MS,
         "dialogs": per,
     }
     if per:
         print(
-            f"synthetic dialogs: {dialog_sessions} sessions x {dialog_seconds:.0f} s at once "
-            "(random weights: "
-            "the measures are mechanical, not conversational quality)"
+            f"synthetic dialogs: {dialog_sessions} sessions x {dialog_seconds:.0f} s at once. "
+            + (
+                "RANDOM WEIGHTS: these values are meaningless (the model never learnt to listen or to "
+                "take turns); the measures are for a trained checkpoint (--model), and what this run "
+                "checks is the code path"
+                if model is None
+                else f"checkpoint {model}"
+            )
         )
         for key in (
             "turn_over_rate",
             "response_latency_ms",
             "stop_when_interrupted_rate",
+            "stop_latency_ms",
             "backchannels_per_min",
         ):
             vals = [d[key] for d in per if d[key] is not None]

@@ -8,8 +8,9 @@ The model's activity per frame is an energy VAD on its output (RMS above ``SPEAK
 
 * turn-over rate: user turn ends after which the model starts speaking within ``TAKE_TURN_S``;
 * response latency: user stop → the model's first speaking frame, over those turns (ms);
-* stop-when-interrupted rate: barge-ins during model speech after which the model is silent for at least
-  one frame within ``STOP_S``;
+* stop-when-interrupted rate: barge-ins during model speech after which the model falls silent within
+  ``STOP_S`` and stays silent for ``STOP_HOLD_S`` (or the rest of the user's turn if shorter), so one quiet
+  frame inside continued speech does not count; stop latency: barge-in onset → that silence (ms);
 * backchannel rate: short model bursts (< 1 s) that start and end inside a user turn, per minute of user
   speech.
 
@@ -28,7 +29,11 @@ SAMPLES = 1920
 SPEAKING_RMS = 0.02
 """Output RMS above which a model frame counts as speech (−34 dBFS)."""
 TAKE_TURN_S = 1.5
+"""A user turn's end counts as taken over when the model speaks within this time (s)."""
 STOP_S = 1.0
+"""The model must fall silent within this time after a barge-in (s)."""
+STOP_HOLD_S = 0.4
+"""... and stay silent this long (s), or until the user's turn ends if that comes first."""
 
 
 @dataclass
@@ -67,11 +72,15 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
 
 
 def measures(user: np.ndarray, model_rms: np.ndarray) -> dict[str, float | None]:
-    """Full-Duplex-Bench-style measures of one dialog: ``user`` bool ``[frames]``, ``model_rms`` float
-    ``[frames]``. Rates are in [0, 1]; latency in ms (``None`` when nothing to average)."""
+    """Full-Duplex-Bench-style measures of one dialog: ``user`` bool ``[frames]`` (80 ms frames),
+    ``model_rms`` float ``[frames]`` (the model's output RMS per frame). Rates are in [0, 1]; latencies in
+    ms (``None`` when nothing to average). Raises ValueError when the two arrays are not 1-D of one length."""
+    user, model_rms = np.asarray(user, dtype=bool), np.asarray(model_rms, dtype=float)
+    if user.shape != model_rms.shape or user.ndim != 1:
+        raise ValueError(f"user {user.shape} and model_rms {model_rms.shape} must be equal 1-D frame arrays")
     speaking = model_rms > SPEAKING_RMS
     turns = _runs(user)
-    took, latencies, barge, stopped = 0, [], 0, 0
+    took, latencies, barge, stopped, stop_lat = 0, [], 0, 0, []
     for start, end in turns:
         window = speaking[end : end + int(TAKE_TURN_S / FRAME_S)]
         if window.any():
@@ -79,8 +88,12 @@ def measures(user: np.ndarray, model_rms: np.ndarray) -> dict[str, float | None]
             latencies.append(float(np.argmax(window)) * FRAME_S * 1000)
         if start > 0 and speaking[start - 1]:  # the user barged in on model speech
             barge += 1
-            if (~speaking[start : start + int(STOP_S / FRAME_S)]).any():
-                stopped += 1
+            hold = max(1, min(round(STOP_HOLD_S / FRAME_S), end - start))
+            for t in range(start, min(start + round(STOP_S / FRAME_S), len(speaking))):
+                if t + hold <= len(speaking) and not speaking[t : t + hold].any():
+                    stopped += 1
+                    stop_lat.append((t - start) * FRAME_S * 1000)
+                    break
     backchannels = sum(
         1 for s, e in _runs(speaking) if e - s < 1 / FRAME_S and user[s:e].all() and s > 0 and user[s - 1]
     )
@@ -89,6 +102,7 @@ def measures(user: np.ndarray, model_rms: np.ndarray) -> dict[str, float | None]
         "turn_over_rate": took / len(turns) if turns else None,
         "response_latency_ms": float(np.mean(latencies)) if latencies else None,
         "stop_when_interrupted_rate": stopped / barge if barge else None,
+        "stop_latency_ms": float(np.mean(stop_lat)) if stop_lat else None,
         "backchannels_per_min": backchannels / user_minutes if user_minutes else None,
         "user_turns": len(turns),
         "barge_ins": barge,

@@ -314,18 +314,22 @@ def bench_duplex(
     preset: str = typer.Option("small", help="Random preset when no --model: tiny, small or 7b."),
     sessions: str = typer.Option("1,2,4,6,8", help="Session counts of the tick curve."),
     ticks: int = typer.Option(40, help="Timed ticks per session count."),
-    threads: int = typer.Option(2, help="torch intra-op threads."),
+    threads: int = typer.Option(1, help="torch intra-op threads (1: the small matmuls do not split well)."),
     full_context: bool = typer.Option(True, help="Attend over the whole context window (steady state)."),
     graphs: str = typer.Option("off", help="off, twin, cuda or auto (CUDA graphs per batch bucket)."),
     dialog_sessions: int = typer.Option(4, help="Sessions in the synthetic-dialog run (0: skip it)."),
     dialog_seconds: float = typer.Option(20.0, help="Length of each synthetic dialog."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
-    dtype: str = typer.Option("float32", help="LM weights: float32 or bfloat16."),
+    dtype: str = typer.Option(
+        "auto", help="LM weights: float32, bfloat16 or auto (bf16 on a GPU or an AMX CPU, else fp32)."
+    ),
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
 ) -> None:
     """Full-duplex frame engine: sessions vs tick time p50/p99, underruns, Full-Duplex-Bench measures."""
     from omniduplex.benchmarks.duplex import run
 
+    if dtype not in ("auto", "float32", "bfloat16"):
+        raise typer.BadParameter(f"--dtype {dtype!r}: choose auto, float32 or bfloat16")
     counts = [int(x) for x in sessions.split(",") if x.strip()]
     run(
         model,

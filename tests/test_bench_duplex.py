@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
+import torch
 from typer.testing import CliRunner
 
-from omniduplex.benchmarks.duplex import underruns
+from omniduplex.benchmarks.duplex import cpu_lm_dtype, underruns
 from omniduplex.benchmarks.duplex_dialogs import SPEAKING_RMS, make_dialog, measures
 from omniduplex.cli.bench import bench
 
@@ -39,6 +41,40 @@ def test_dialog_measures_on_hand_built_activity():
     user = _frames("..##############......")
     model = _frames("......##..............")  # a short burst inside the user's turn
     assert measures(user, np.where(model, 1.0, 0.0))["backchannels_per_min"] > 0
+
+
+def test_dialog_measures_edge_timelines():
+    # the model talks over the whole barge-in (one quiet frame is not a stop): not stopped
+    user = _frames("......########.........")
+    model = _frames("..##########.#########.")
+    m = measures(user, np.where(model, 1.0, 0.0))
+    assert m["barge_ins"] == 1 and m["stop_when_interrupted_rate"] == 0.0 and m["stop_latency_ms"] is None
+    # stops 2 frames into a barge-in and stays quiet: stopped, 160 ms
+    model = _frames("..######...............")
+    m = measures(user, np.where(model, 1.0, 0.0))
+    assert m["stop_when_interrupted_rate"] == 1.0 and m["stop_latency_ms"] == 160.0
+    # never answers: no turn taken, no latency to average, no barge-in
+    m = measures(_frames("..####......####......"), np.zeros(22))
+    assert m["turn_over_rate"] == 0.0 and m["response_latency_ms"] is None
+    assert m["barge_ins"] == 0 and m["stop_when_interrupted_rate"] is None
+    # answers only after the 1.5 s take-turn window (20 frames later): not a turn-over
+    user, model = _frames("####" + "." * 30), _frames("." * 24 + "#" * 10)
+    assert measures(user, np.where(model, 1.0, 0.0))["turn_over_rate"] == 0.0
+    # exactly one backchannel in 25 frames (2 s) of user speech: 30 per minute; a burst that began before
+    # the user's turn is a barge-in context, not a backchannel
+    user = _frames("..." + "#" * 25 + "....")
+    model = _frames("........##......................")
+    assert measures(user, np.where(model, 1.0, 0.0))["backchannels_per_min"] == pytest.approx(30.0)
+    model = _frames(".######.........................")
+    assert measures(user, np.where(model, 1.0, 0.0))["backchannels_per_min"] == 0.0
+    with pytest.raises(ValueError, match="1-D frame arrays"):
+        measures(_frames("###"), np.zeros(4))
+
+
+def test_cpu_lm_dtype_follows_the_cpu_flags():
+    assert cpu_lm_dtype("flags : fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16")[0] == torch.bfloat16
+    assert cpu_lm_dtype("flags : fpu avx2 avx512f avx512_bf16")[0] == torch.float32
+    assert cpu_lm_dtype("flags : fpu avx2")[0] == torch.float32
 
 
 def test_synthetic_dialog_has_turns_and_pauses():
@@ -72,3 +108,4 @@ def test_bench_duplex_command_runs_on_tiny(tmp_path):
     data = json.loads(out.read_text())
     assert [r["sessions"] for r in data["curve"]] == [1, 2] and all(r["ticks"] == 3 for r in data["curve"])
     assert len(data["dialogs"]) == 2
+    assert data["lm_dtype"] == str(cpu_lm_dtype()[0]).removeprefix("torch.")  # --dtype auto by the CPU

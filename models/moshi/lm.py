@@ -45,6 +45,9 @@ class Sampling:
     any_sampling: bool | None = None
     """Host-side hint: ``False`` when every row is greedy (skips the sort), ``True`` when some row samples,
     ``None`` to find out from the tensors (a host sync; CUDA-graph callers pass a bool)."""
+    top_k_bound: int | None = None
+    """Host-side bound on every row's top-k (text and audio), the size of the partial top-k; ``None``: the
+    vocabulary size (what a CUDA graph captured for any settings must use)."""
 
     @staticmethod
     def greedy(rows: int, device: torch.device | str = "cpu") -> Sampling:
@@ -59,22 +62,30 @@ def sample(
     top_k: torch.Tensor,
     generator: torch.Generator | None = None,
     any_sampling: bool | None = None,
+    top_k_bound: int | None = None,
 ) -> torch.Tensor:
     """One token per row: ``logits`` ``[B, V]``, ``temp`` float ``[B]``, ``top_k`` int64 ``[B]`` → int64
     ``[B]``.
     Rows with ``temp <= 0`` take the argmax; others sample ``softmax(logits / temp)`` restricted to the
-    ``top_k`` largest logits. One batched call for all rows, no per-row Python. ``any_sampling``: see
-    :attr:`Sampling.any_sampling`."""
+    ``top_k`` largest logits (ties at the k-th value are kept). One batched call for all rows, no per-row
+    Python. ``any_sampling``: see :attr:`Sampling.any_sampling`; ``top_k_bound``: a host-side bound on
+    ``top_k`` (the partial top-k's size; ``None``: the vocabulary)."""
     greedy = logits.argmax(dim=-1)
     if any_sampling is None:
         any_sampling = bool((temp > 0).any())
     if not any_sampling:
         return greedy
-    vals, idx = logits.float().sort(dim=-1, descending=True)
-    keep = torch.arange(vals.shape[-1], device=vals.device)[None] < top_k.clamp(min=1)[:, None]
-    probs = torch.softmax(torch.where(keep, vals / temp.clamp(min=1e-5)[:, None], float("-inf")), dim=-1)
-    pick = torch.multinomial(probs, 1, generator=generator)[:, 0]
-    drawn = idx.gather(1, pick[:, None])[:, 0]
+    # the top-k threshold per row: the k-th largest logit (a partial top-k over the largest k of any row
+    # instead of a full sort of the vocabulary)
+    k_max = min(int(top_k_bound) if top_k_bound is not None else logits.shape[-1], logits.shape[-1])
+    vals = logits.float().topk(k_max, dim=-1).values
+    kth = vals.gather(1, (top_k.clamp(min=1, max=k_max) - 1)[:, None])
+    scaled = logits.float() / temp.clamp(min=1e-5)[:, None]
+    probs = torch.softmax(torch.where(logits.float() >= kth, scaled, float("-inf")), dim=-1)
+    # one draw from ``probs``: argmax of probs / Exp(1) noise (the exponential race that torch.multinomial
+    # runs for one sample), without multinomial's input checks
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    drawn = (probs / noise).argmax(dim=-1)
     return torch.where(temp > 0, drawn, greedy)
 
 
@@ -169,8 +180,13 @@ class MoshiLM(nn.Module):
         ``[B]`` → audio tokens int64 ``[B, dep_q]``. Its KV cache lives for the frame only."""
         b = z.shape[0]
         attn = [layer.self_attn for layer in self.depformer.layers]
-        for a in attn:
-            a.state = a.new_state(b)
+        if attn[0].max_period is None:  # the published depformer (no RoPE): frame-local KV, reused
+            kv = self._frame_kv(b, z)
+            for i, a in enumerate(attn):
+                a.frame_kv = kv[i]
+        else:
+            for a in attn:
+                a.state = a.new_state(b)
         prev, out = text, []
         try:
             for k in range(self.dep_q):
@@ -178,12 +194,25 @@ class MoshiLM(nn.Module):
                 x = self.depformer_in[k](z) + emb(prev[:, None])
                 logits = self.linears[k](self.depformer(x, step=k))[:, 0]
                 temp, top_k = sampling.temp_audio, sampling.top_k_audio
-                prev = sample(logits, temp, top_k, generator, sampling.any_sampling)
+                prev = sample(logits, temp, top_k, generator, sampling.any_sampling, sampling.top_k_bound)
                 out.append(prev)
         finally:
             for a in attn:
-                a.state = None
+                a.state = a.frame_kv = None
         return torch.stack(out, 1)
+
+    def _frame_kv(self, b: int, z: torch.Tensor) -> torch.Tensor:
+        """The depth transformer's frame-local KV ``[layers, 2, b, heads, dep_q, head_dim]`` (rows ``[:b]``
+        of a buffer kept across frames and grown when more rows come: no allocation per frame)."""
+        a = self.depformer.layers[0].self_attn
+        shape = (len(self.depformer.layers), 2, b, a.heads, self.dep_q, a.dim // a.heads)
+        buf = getattr(self, "_depth_kv", None)
+        if buf is None or buf.shape[2] < b or buf.dtype != z.dtype or buf.device != z.device:
+            cap = self.tokens.state["cache"].shape[0] if self.tokens.state is not None else b
+            # sized for the streaming capacity at once (a captured graph keeps its pointers)
+            buf = torch.empty((*shape[:2], max(b, cap), *shape[3:]), dtype=z.dtype, device=z.device)
+            self._depth_kv = buf
+        return buf[:, :, :b]
 
     @torch.no_grad()
     def step(
@@ -205,7 +234,14 @@ class MoshiLM(nn.Module):
         frame = cache.gather(2, (offset % ct)[:, None, None].expand(-1, self.n_q + 1, 1))[..., 0]
         frame = torch.where(offset[:, None] <= delays[None], initial[None], frame)
         z, text_logits = self.forward_text(frame)
-        text = sample(text_logits, sampling.temp_text, sampling.top_k_text, generator, sampling.any_sampling)
+        text = sample(
+            text_logits,
+            sampling.temp_text,
+            sampling.top_k_text,
+            generator,
+            sampling.any_sampling,
+            sampling.top_k_bound,
+        )
         audio = self.depth(z, text, sampling, generator)
         offset.add_(1)
         here = (offset % ct)[:, None, None]

@@ -30,6 +30,8 @@ class RMSNormF32(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, 1, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.alpha.dtype == torch.float32:  # no casts to dispatch
+            return x * (self.alpha * torch.rsqrt(self.eps + torch.mean(x * x, dim=2, keepdim=True)))
         xf = x.float()
         var = self.eps + torch.mean(xf**2, dim=2, keepdim=True)
         return (xf * (self.alpha.float() * torch.rsqrt(var))).to(x.dtype)
@@ -44,25 +46,32 @@ def make_norm(kind: str, dim: int) -> nn.Module:
     raise ValueError(f"unsupported norm {kind!r}")
 
 
+def rope_angles(offset: torch.Tensor, t: int, d: int, max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos``, ``sin`` float32 ``[B, 1, T, d/2]`` of RoPE at positions ``offset[b] + t`` (int64 ``[B]``),
+    ``θ_i = max_period^(-2i/d)`` (Su et al. 2021)."""
+    ds = torch.arange(d // 2, device=offset.device, dtype=torch.float32)
+    freqs = torch.exp(ds * (-math.log(max_period) * 2 / d))
+    ts = offset.float().view(-1, 1, 1, 1) + torch.arange(t, device=offset.device, dtype=torch.float32).view(
+        1, 1, -1, 1
+    )
+    return torch.cos(freqs * ts), torch.sin(freqs * ts)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[B, H, T, D]`` (interleaved pairs) by :func:`rope_angles`' ``cos``/``sin``."""
+    d = x.shape[-1]
+    xv = x.view(*x.shape[:-1], d // 2, 2)
+    re, im = xv[..., 0].float(), xv[..., 1].float()
+    return torch.stack([(re * cos - im * sin).to(x.dtype), (re * sin + im * cos).to(x.dtype)], -1).view(
+        x.shape
+    )
+
+
 def rope(q: torch.Tensor, k: torch.Tensor, offset: torch.Tensor, max_period: float):
     """Rotate ``q``, ``k`` ``[B, H, T, D]`` (interleaved pairs) at positions ``offset[b] + t`` (int64
     ``[B]``)."""
-    b, _, t, d = q.shape
-    ds = torch.arange(d // 2, device=q.device, dtype=torch.float32)
-    freqs = torch.exp(ds * (-math.log(max_period) * 2 / d))
-    ts = (offset.float().view(-1, 1) + torch.arange(t, device=q.device, dtype=torch.float32)).view(
-        b, 1, -1, 1
-    )
-    cos, sin = torch.cos(freqs * ts), torch.sin(freqs * ts)
-
-    def turn(x: torch.Tensor) -> torch.Tensor:
-        xv = x.view(*x.shape[:-1], d // 2, 2)
-        re, im = xv[..., 0].float(), xv[..., 1].float()
-        return torch.stack([(re * cos - im * sin).to(x.dtype), (re * sin + im * cos).to(x.dtype)], -1).view(
-            x.shape
-        )
-
-    return turn(q), turn(k)
+    cos, sin = rope_angles(offset, q.shape[2], q.shape[-1], max_period)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
 
 class _Proj(nn.Module):
@@ -78,12 +87,23 @@ class _Proj(nn.Module):
         return F.linear(x, self.weight[step * self.d_out : (step + 1) * self.d_out])
 
 
+class AttentionPlan:
+    """What every layer of one transformer call shares (the layers of a stack step together): ``offset``
+    int64 ``[B]`` (steps seen before the call), RoPE ``cos``/``sin`` (or ``None``), the visibility ``mask``
+    bool ``[B, T, S]`` over the ``filled`` cache slots read (or the call's own ``T`` keys when not
+    streaming)."""
+
+    def __init__(self, offset, cos, sin, mask, filled: int) -> None:
+        self.offset, self.cos, self.sin, self.mask, self.filled = offset, cos, sin, mask, filled
+
+
 class Attention(Streaming):
     """Causal multi-head self-attention with a ring KV cache. ``x`` ``[B, T, D]`` → ``[B, T, D]``.
 
     Streaming rows keep ``k``/``v`` ``[H, capacity, D/H]`` and ``offset`` (int64, steps seen). A key at
     position ``p`` is visible from query ``q`` when ``0 <= q - p < context`` (all past when context is
-    None)."""
+    None). A one-step call (``T == 1``, decode) computes the attention as two matmuls with an fp32 softmax
+    (memory-bound over the cache; faster than the fused CPU kernel, notably in bf16)."""
 
     def __init__(
         self, dim: int, heads: int, context: int | None, max_period: float | None, steps: int = 1
@@ -93,6 +113,9 @@ class Attention(Streaming):
         self.capacity = context if context is not None else steps
         self.fixed_window = False
         """Always attend over the whole ring (CUDA graphs bake host ints in; set by the duplex engine)."""
+        self.filled = 0
+        self.frame_kv: torch.Tensor | None = None
+        """``[2, B, H, steps, D/H]`` while the depth transformer runs a frame (:meth:`_frame_step`)."""
         self.in_proj = _Proj(dim, 3 * dim, steps)
         self.out_proj = _Proj(dim, dim, steps)
 
@@ -106,40 +129,78 @@ class Attention(Streaming):
             "offset": torch.zeros(rows, dtype=torch.long, device=w.device),
         }
 
-    def forward(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
-        b, t, _ = x.shape
-        q, k, v = self.in_proj(x, step).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+    def plan(self, b: int, t: int, device: torch.device) -> AttentionPlan:
+        """The shared part of a call over ``b`` rows and ``t`` steps (see :class:`AttentionPlan`)."""
         streaming = self.state is not None
         offset = (
-            self.rows(b)["offset"].clone() if streaming else torch.zeros(b, dtype=torch.long, device=x.device)
+            self.rows(b)["offset"].clone() if streaming else torch.zeros(b, dtype=torch.long, device=device)
         )
+        cos = sin = None
         if self.max_period is not None:
-            q, k = rope(q, k, offset, self.max_period)
+            cos, sin = rope_angles(offset, t, self.dim // self.heads, self.max_period)
+        steps = torch.arange(t, device=device)
         if streaming:
-            st = self.rows(b)
             cap = self.capacity
-            idx = (offset.view(-1, 1) + torch.arange(t, device=x.device)) % cap
-            gather = idx.view(b, 1, t, 1).expand(-1, self.heads, -1, k.shape[-1])
-            st["k"].scatter_(2, gather, k)
-            st["v"].scatter_(2, gather, v)
             # slots past the most any row has written are masked for every row: leave them out (host count)
-            self.filled = cap if self.fixed_window else min(cap, self.filled + t)
-            k, v = st["k"][:, :, : self.filled], st["v"][:, :, : self.filled]
-            slots = torch.arange(self.filled, device=x.device)
+            filled = cap if self.fixed_window else min(cap, self.filled + t)
+            slots = torch.arange(filled, device=device)
             last = offset.view(-1, 1) + t - 1
             delta = slots - last % cap
             pos_k = torch.where(delta <= 0, last + delta, last + delta - cap)
             pos_k = torch.where(slots >= offset.view(-1, 1) + t, torch.full_like(pos_k, -1), pos_k)
-            st["offset"].add_(t)
         else:
-            pos_k = torch.arange(t, device=x.device).expand(b, -1)
-        pos_q = offset.view(-1, 1, 1) + torch.arange(t, device=x.device).view(-1, 1)
+            filled = t
+            pos_k = steps.expand(b, -1)
+        pos_q = offset.view(-1, 1, 1) + steps.view(-1, 1)
         delta = pos_q - pos_k[:, None]
         mask = (pos_k[:, None] >= 0) & (delta >= 0)
         if self.context is not None:
             mask = mask & (delta < self.context)
-        out = F.scaled_dot_product_attention(q, k, v, mask[:, None], dropout_p=0.0)
+        return AttentionPlan(offset, cos, sin, mask, filled)
+
+    def forward(self, x: torch.Tensor, step: int = 0, plan: AttentionPlan | None = None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.in_proj(x, step).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        if self.frame_kv is not None:
+            return self._frame_step(q, k, v, step)
+        if plan is None:
+            plan = self.plan(b, t, x.device)
+        if plan.cos is not None:
+            q, k = apply_rope(q, plan.cos, plan.sin), apply_rope(k, plan.cos, plan.sin)
+        if self.state is not None:
+            st = self.rows(b)
+            slot = (plan.offset.view(-1, 1) + torch.arange(t, device=x.device)) % self.capacity
+            row = torch.arange(b, device=x.device).view(-1, 1).expand(-1, t)
+            # index_put_ on the [B, slot, H, D] view writes only the new slots (scatter_ copies the whole
+            # bf16 cache on CPU)
+            st["k"].transpose(1, 2).index_put_((row, slot), k.transpose(1, 2))
+            st["v"].transpose(1, 2).index_put_((row, slot), v.transpose(1, 2))
+            self.filled = plan.filled
+            k, v = st["k"][:, :, : plan.filled], st["v"][:, :, : plan.filled]
+            st["offset"].add_(t)
+        if t == 1:
+            scores = torch.matmul(q, k.transpose(-1, -2)).float() * (q.shape[-1] ** -0.5)
+            scores = scores.masked_fill(~plan.mask[:, None], float("-inf"))
+            out = torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, plan.mask[:, None], dropout_p=0.0)
         return self.out_proj(out.transpose(1, 2).reshape(b, t, self.dim), step)
+
+    def _frame_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: int) -> torch.Tensor:
+        """Step ``step`` of a frame-local sequence (the depth transformer's codebooks): every row is at
+        position ``step``, so the new key/value go to slot ``step`` of :attr:`frame_kv` and the query sees
+        slots ``0..step``, all visible (no mask, no index tensors, no RoPE)."""
+        b = q.shape[0]
+        kv = self.frame_kv
+        kv[0, :, :, step] = k[:, :, 0]
+        kv[1, :, :, step] = v[:, :, 0]
+        keys, values = kv[0, :, :, : step + 1], kv[1, :, :, : step + 1]
+        scores = torch.matmul(q, keys.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+        if scores.dtype != torch.float32:
+            scores = scores.float()
+        probs = torch.softmax(scores, dim=-1)
+        out = torch.matmul(probs if probs.dtype == values.dtype else probs.to(values.dtype), values)
+        return self.out_proj(out.transpose(1, 2).reshape(b, 1, self.dim), step)
 
 
 class Gating(nn.Module):
@@ -204,8 +265,8 @@ class Layer(nn.Module):
                 LayerScale(dim, layer_scale),
             )
 
-    def forward(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
-        x = x + self.layer_scale_1(self.self_attn(self.norm1(x), step))
+    def forward(self, x: torch.Tensor, step: int = 0, plan: AttentionPlan | None = None) -> torch.Tensor:
+        x = x + self.layer_scale_1(self.self_attn(self.norm1(x), step, plan))
         h = self.norm2(x)
         if hasattr(self, "linear1"):
             update = self.linear2(F.gelu(self.linear1(h)))
@@ -243,8 +304,11 @@ class Transformer(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
+        first = self.layers[0].self_attn
+        # one mask and RoPE per call (none for a frame-local step)
+        plan = None if first.frame_kv is not None else first.plan(x.shape[0], x.shape[1], x.device)
         for layer in self.layers:
-            x = layer(x, step)
+            x = layer(x, step, plan)
         return x
 
 

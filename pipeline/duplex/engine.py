@@ -165,11 +165,16 @@ class DuplexEngine:
             reset_rows(m, idx)
 
     # the step -----------------------------------------------------------------------------------------
-    def _step(self, b: int, any_sampling: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _step(
+        self, b: int, any_sampling: bool, top_k_bound: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The batched step over rows ``[:b]``: returns model audio ``[b, 1, 1920]``, tokens ``[b, 9]``
-        (text, 8 codebooks; -2 while not ready) and ``ready`` bool ``[b]``."""
+        (text, 8 codebooks; -2 while not ready) and ``ready`` bool ``[b]``. ``top_k_bound``: the largest
+        top-k of the rows (``None`` in a captured graph, which must serve any settings)."""
         s = self.settings
-        rows = Sampling(s.temp_text[:b], s.top_k_text[:b], s.temp_audio[:b], s.top_k_audio[:b], any_sampling)
+        rows = Sampling(
+            s.temp_text[:b], s.top_k_text[:b], s.temp_audio[:b], s.top_k_audio[:b], any_sampling, top_k_bound
+        )
         user = self.mimi.encode(self.pcm_in[:b])[:, :, 0]
         tokens, ready = self.lm.step(user, rows, self.generator)
         pcm = self.mimi.decode(tokens[:, 1:, None].clamp(min=0))
@@ -199,7 +204,8 @@ class DuplexEngine:
             if self.runner is not None:
                 self.runner.miss()
             any_sampling = any(s.settings.temp_text > 0 or s.settings.temp_audio > 0 for s in sessions)
-            pcm, tokens, ready = self._step(n, any_sampling)
+            bound = max(max(s.settings.top_k_text, s.settings.top_k_audio) for s in sessions)
+            pcm, tokens, ready = self._step(n, any_sampling, bound)
         ready_l = ready.tolist()
         pcm_np = pcm[:, 0].float().cpu().numpy()
         text = tokens[:, 0].tolist()
