@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from omniduplex.benchmarks.tts_levers import fixed_length, stream_figures, timed_steps
 from omniduplex.models.qwen3_tts import text as tts_text
 from omniduplex.models.qwen3_tts.codec_stream import StreamingDecoder
 from omniduplex.models.qwen3_tts.model import SAMPLE_RATE, Qwen3TTS, load_qwen3_tts
@@ -73,12 +74,8 @@ def measure(engine: Qwen3TTSEngine, batch: list[TalkerPrompt], frames: int, seed
     decoded_frames = 0
     empty = torch.zeros((1, codec.cfg.num_quantizers, 0), dtype=torch.long)
     t0 = time.perf_counter()
-    for i, p in enumerate(batch):
-        engine.add(f"u{i}", p, {"max_tokens": frames + 1, "ignore_eos": True, "seed": seed + i})
-    while engine.has_unfinished():
-        ts = time.perf_counter()
-        events = engine.step()
-        talker_s += time.perf_counter() - ts
+    for events, step_s in timed_steps(engine, batch, fixed_length(frames, seed)):
+        talker_s += step_s
         for ev in events:
             i = int(ev.request_id[1:])
             tc = time.perf_counter()
@@ -102,13 +99,9 @@ def measure(engine: Qwen3TTSEngine, batch: list[TalkerPrompt], frames: int, seed
     return {
         "c": n,
         "frames": frames,
-        "ttfp_ms_p50": 1000 * statistics.median(first),
-        "ttfp_ms_max": 1000 * max(first),
+        **stream_figures(first, last, audio, wall),
         "first_frame_ms_p50": 1000 * statistics.median(first_frame),
         "first_decode_ms_p50": 1000 * statistics.median(first_decode),
-        "rtf_p50": statistics.median(t / a for t, a in zip(last, audio)),
-        "audio_s_per_s": sum(audio) / wall,
-        "wall_s": wall,
         "talker_s": talker_s,
         "codec_s": codec_s,
         "talker_ms_per_frame": 1000 * talker_s / decoded_frames,

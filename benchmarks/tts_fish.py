@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from omniduplex.benchmarks.tts_levers import fixed_length, stream_figures, timed_steps
 from omniduplex.kernels import attention, cpu_ops
 from omniduplex.kernels.paged_attention_ref import paged_attention_torch
 from omniduplex.models.fish_speech.config import SAMPLE_RATE
@@ -75,12 +76,8 @@ def _level(engine: FishSpeechEngine, n: int, frames: int, chunk_frames: int, see
     try:
         with attention.time_decode_attention() as attn:
             t0 = time.perf_counter()
-            for i, p in enumerate(prompts):
-                engine.add(f"u{i}", p, {"max_tokens": frames + 1, "ignore_eos": True, "seed": seed + i})
-            while engine.has_unfinished():
-                ts = time.perf_counter()
-                events = engine.step()
-                engine_s += time.perf_counter() - ts
+            for events, step_s in timed_steps(engine, prompts, fixed_length(frames, seed)):
+                engine_s += step_s
                 steps += 1
                 for ev in events:
                     i = int(ev.request_id[1:])
@@ -113,11 +110,7 @@ def _level(engine: FishSpeechEngine, n: int, frames: int, chunk_frames: int, see
     return {
         "c": n,
         "frames": frames,
-        "ttfp_ms_p50": 1000 * statistics.median(first),
-        "ttfp_ms_max": 1000 * max(first),
-        "rtf_p50": statistics.median(t / a for t, a in zip(last, audio)),
-        "audio_s_per_s": sum(audio) / wall,
-        "wall_s": wall,
+        **stream_figures(first, last, audio, wall),
         "engine_s": engine_s,
         "codec_s": codec_s,
         "engine_ms_per_step": 1000 * engine_s / max(steps, 1),
@@ -280,11 +273,9 @@ def bench(
 ) -> list[dict]:
     """``bench tts`` on a Fish Speech checkpoint (its ``bench`` in the family's declaration): :func:`measure`
     with the levers on and off (:func:`~.tts_levers.lever_bench`)."""
-    from omniduplex.benchmarks.tts_levers import common_rows, lever_bench
+    from omniduplex.benchmarks.tts_levers import lever_bench, measured_rows
 
-    def rows(lever: bool) -> list[dict]:
-        got = measure(model_dir, tuple(levels), lever=lever, threads=threads or 2)["rows"]
-        return common_rows(got, "slow_attn_ms_per_step")
-
+    t = threads or 2
+    rows = measured_rows(measure, model_dir, levels, t, "slow_attn_ms_per_step")
     seed = {64: "23.72 audio-s/s, TTFP 900 ms"}
-    return lever_bench("fish-speech", model_dir, rows, "slow-AR attn ms/step", seed, threads or 2, json_out)
+    return lever_bench("fish-speech", model_dir, rows, "slow-AR attn ms/step", seed, t, json_out)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from omniduplex.benchmarks.tts_levers import fixed_length, timed_steps
 from omniduplex.models.higgs.codec_stream import StreamingDecoder
 from omniduplex.models.higgs.model import Higgs, load_higgs
 from omniduplex.pipeline.speech.higgs import HiggsEngine
@@ -47,13 +48,9 @@ def _level(model: Higgs, c: int, frames: int, lever: bool, chunk: int, seed: int
     first, last, samples = [None] * c, [0.0] * c, [0] * c
     steps, step_s, codec_s = 0, 0.0, 0.0
     t0 = time.perf_counter()
-    for i, p in enumerate(prompts):
-        sp = dict(SAMPLING, max_tokens=frames + n - 1, ignore_eos=True, seed=seed + i)
-        engine.add(f"u{i}", p, sp)
-    while engine.has_unfinished():
-        ts = time.perf_counter()
-        events = engine.step()
-        step_s += time.perf_counter() - ts
+    sampling = fixed_length(frames + n - 2, seed, **SAMPLING)
+    for events, s in timed_steps(engine, prompts, sampling):
+        step_s += s
         steps += 1
         tc = time.perf_counter()
         for ev in events:
@@ -123,23 +120,13 @@ def bench(
 ) -> list[dict]:
     """``bench tts`` on a Higgs checkpoint (its ``bench`` in the family's declaration): :func:`measure` with
     the lever on and off (:func:`~.tts_levers.lever_bench`)."""
-    from omniduplex.benchmarks.tts_levers import lever_bench
+    from omniduplex.benchmarks.tts_levers import common_rows, lever_bench
 
     torch.set_num_threads(threads or 2)
 
     def rows(lever: bool) -> list[dict]:
         got = measure(model_dir, tuple(levels), lever=lever)["levels"]
-        return [
-            dict(
-                c=r["concurrency"],
-                ttfp_ms_p50=r["ttfp_ms_p50"],
-                rtf=r["rtf_mean"],
-                audio_s_per_s=r["audio_s_per_s"],
-                counter=r["state_ms_per_step"],
-                detail=r,
-            )
-            for r in got
-        ]
+        return common_rows(got, "state_ms_per_step", c_key="concurrency", rtf_key="rtf_mean")
 
     return lever_bench(
         "higgs", model_dir, rows, "state ms/step", {16: "35.26 audio-s/s"}, threads or 2, json_out

@@ -9,24 +9,73 @@ step (ms), Fish slow-AR decode attention per step (ms).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import statistics
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 
-def common_rows(got: list[dict], counter_key: str) -> list[dict]:
-    """``measure`` rows in the common keys of :func:`lever_bench` (``c``, ``ttfp_ms_p50``, ``rtf`` from
-    ``rtf_p50``, ``audio_s_per_s``, ``counter`` from ``counter_key``), each keeping its row as ``detail``."""
+def fixed_length(frames: int, seed: int = 0, **sampling: Any) -> Callable[[int], dict]:
+    """Sampling params of utterance ``i`` in a throughput run: ``frames`` + 1 steps whatever the model
+    samples (``ignore_eos``: random-weight presets never stop on their own), seed ``seed + i``; ``sampling``
+    adds or overrides keys."""
+    return lambda i: {"max_tokens": frames + 1, "ignore_eos": True, "seed": seed + i, **sampling}
+
+
+def timed_steps(engine: Any, prompts: list, sampling: Callable[[int], dict]) -> Iterator[tuple[list, float]]:
+    """Admit every prompt at once (request ids ``u0``, ``u1``, ...; ``sampling(i)`` the params of the
+    ``i``-th), then step ``engine`` until nothing is unfinished, yielding each step's events with the
+    seconds (wall clock) that ``engine.step()`` took."""
+    for i, p in enumerate(prompts):
+        engine.add(f"u{i}", p, sampling(i))
+    while engine.has_unfinished():
+        ts = time.perf_counter()
+        events = engine.step()
+        yield events, time.perf_counter() - ts
+
+
+def stream_figures(first: list[float], last: list[float], audio: list[float], wall: float) -> dict:
+    """One level's latency and throughput from per-utterance seconds since the level started: ``first``
+    (first audio piece out) and ``last`` (last piece), ``audio`` (seconds of audio made) and the level's
+    ``wall`` seconds. Keys: ``ttfp_ms_p50`` / ``ttfp_ms_max`` (ms), ``rtf_p50`` (last piece time / audio
+    length, median), ``audio_s_per_s`` (all audio / wall), ``wall_s``."""
+    return {
+        "ttfp_ms_p50": 1000 * statistics.median(first),
+        "ttfp_ms_max": 1000 * max(first),
+        "rtf_p50": statistics.median(t / a for t, a in zip(last, audio)),
+        "audio_s_per_s": sum(audio) / wall,
+        "wall_s": wall,
+    }
+
+
+def common_rows(
+    got: list[dict], counter_key: str, c_key: str = "c", rtf_key: str = "rtf_p50"
+) -> list[dict]:
+    """``measure`` rows in the common keys of :func:`lever_bench` (``c`` from ``c_key``, ``ttfp_ms_p50``,
+    ``rtf`` from ``rtf_key``, ``audio_s_per_s``, ``counter`` from ``counter_key``), each keeping its row as
+    ``detail``."""
     return [
         dict(
-            c=r["c"],
+            c=r[c_key],
             ttfp_ms_p50=r["ttfp_ms_p50"],
-            rtf=r["rtf_p50"],
+            rtf=r[rtf_key],
             audio_s_per_s=r["audio_s_per_s"],
             counter=r[counter_key],
             detail=r,
         )
         for r in got
     ]
+
+
+def measured_rows(
+    measure: Callable[..., dict], model_dir: Path, levels: list[int], threads: int, counter_key: str
+) -> Callable[[bool], list[dict]]:
+    """The ``rows(lever)`` of :func:`lever_bench` for a family module whose ``measure(model_dir, levels,
+    lever=, threads=)`` returns ``{"rows": [...]}`` in the keys :func:`common_rows` reads by default."""
+    return lambda lever: common_rows(
+        measure(model_dir, tuple(levels), lever=lever, threads=threads)["rows"], counter_key
+    )
 
 
 def lever_bench(

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from omniduplex.benchmarks.tts_levers import stream_figures
 from omniduplex.models.voxcpm2.model import VoxCPM2, load_voxcpm2
 from omniduplex.models.voxcpm2.prompt import TextTokenizer, VoiceBank, build_prompt
 from omniduplex.models.voxcpm2.vae_stream import VAEStream, feed_together
@@ -96,11 +96,7 @@ def level(
         "c": c,
         "lever": lever,
         "patches": patches,
-        "ttfp_ms_p50": 1000 * statistics.median(first),
-        "ttfp_ms_max": 1000 * max(first),
-        "rtf_p50": statistics.median(t / a for t, a in zip(last, audio)),
-        "audio_s_per_s": sum(audio) / wall,
-        "wall_s": wall,
+        **stream_figures(first, last, audio, wall),
         "lm_s": lm_s,
         "vae_s": vae_s,
         "decode_steps": engine.decode_steps,
@@ -176,11 +172,9 @@ def bench(
 ) -> list[dict]:
     """``bench tts`` on a VoxCPM2 checkpoint (its ``bench`` in the family's declaration): :func:`measure`
     with the lever on and off (:func:`~.tts_levers.lever_bench`)."""
-    from omniduplex.benchmarks.tts_levers import common_rows, lever_bench
+    from omniduplex.benchmarks.tts_levers import lever_bench, measured_rows
 
-    def rows(lever: bool) -> list[dict]:
-        got = measure(model_dir, tuple(levels), lever=lever, threads=threads or 2)["rows"]
-        return common_rows(got, "solver_calls_per_step")
-
+    t = threads or 2
+    rows = measured_rows(measure, model_dir, levels, t, "solver_calls_per_step")
     seed = {c: f"{v} audio-s/s" for c, v in SEED_AUDIO_S_PER_S.items()}
-    return lever_bench("voxcpm2", model_dir, rows, "solver calls/step", seed, threads or 2, json_out)
+    return lever_bench("voxcpm2", model_dir, rows, "solver calls/step", seed, t, json_out)

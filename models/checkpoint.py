@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from safetensors import safe_open
@@ -55,6 +56,31 @@ def parameter_counts(loaded: object, parts: tuple[str, ...]) -> dict[str, int]:
         for name in parts
         if (m := getattr(loaded, name)) is not None
     }
+
+
+def config_architecture(model_dir: str | Path) -> str | None:
+    """The first entry of ``config.json``'s ``architectures`` list (the Hugging Face convention): ``None``
+    when the list is absent or empty, or the file is missing or unreadable (see :func:`config_value`)."""
+    return (config_value(model_dir, "architectures") or [None])[0]
+
+
+@dataclass
+class LoadedParts:
+    """Base of a family's loaded-checkpoint dataclass: ``class Higgs(LoadedParts, parts=PARTS)`` names the
+    attributes that hold its modules (a part not asked for is ``None``). Keyword-only fields: ``parts``,
+    the parts asked for; ``load_seconds``, the wall-clock seconds the load took (s)."""
+
+    part_names: ClassVar[tuple[str, ...]] = ()
+    load_seconds: float = field(default=0.0, kw_only=True)
+    parts: tuple[str, ...] = field(default_factory=tuple, kw_only=True)
+
+    def __init_subclass__(cls, parts: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.part_names = parts
+
+    def num_parameters(self) -> dict[str, int]:
+        """Parameter count per loaded part (:func:`parameter_counts`)."""
+        return parameter_counts(self, self.part_names)
 
 
 def weight_files(model_dir: str | Path) -> dict[str, Path]:

@@ -5,6 +5,7 @@ Used both in-process and by the stage processes, so the wiring is defined once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,29 +99,42 @@ class StageBuild:
         return model
 
 
-def _engine_args(b: StageBuild) -> tuple[tuple, dict]:
+def _engine_kwargs(b: StageBuild) -> dict:
+    """The engine settings of an engine stage's worker, from the stage's config."""
     cfg = b.cfg
-    return (cfg.num_kv_blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens), dict(
-        enable_prefix_caching=cfg.enable_prefix_caching, cuda_graphs=cfg.cuda_graphs
+    return dict(
+        num_blocks=cfg.num_kv_blocks,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        cuda_graphs=cfg.cuda_graphs,
     )
 
 
-@builds("encoder")
-def _encoder(b: StageBuild) -> StageWorker:
-    return EncoderWorker(b.load("encoder"), max_batch=b.cfg.max_num_seqs)
+def _register_one_part(stage: str, worker: Callable[..., StageWorker], engine: bool) -> None:
+    """The builder of a stage whose worker takes the stage's loaded parts alone: with the engine settings
+    (``engine``, :func:`_engine_kwargs`) or batching ``max_num_seqs`` requests per step."""
+
+    def build(b: StageBuild) -> StageWorker:
+        extra = _engine_kwargs(b) if engine else dict(max_batch=b.cfg.max_num_seqs)
+        return worker(b.load(stage), **extra)
+
+    builds(stage)(build)
 
 
-@builds("thinker")
-def _thinker(b: StageBuild) -> StageWorker:
-    args, kw = _engine_args(b)
-    return ThinkerWorker(b.load("thinker"), *args, **kw)
+for _stage, _worker, _engine in (
+    ("encoder", EncoderWorker, False),
+    ("codec_encoder", CodecEncoderWorker, False),
+    ("thinker", ThinkerWorker, True),
+    ("unified", UnifiedWorker, True),
+):
+    _register_one_part(_stage, _worker, _engine)
 
 
 @builds("talker")
 def _talker(b: StageBuild) -> StageWorker:
     model = b.load("talker")
-    args, kw = _engine_args(b)
-    return TalkerWorker(model, talker_specials(model, b.model_dir), *args, **kw)
+    return TalkerWorker(model, talker_specials(model, b.model_dir), **_engine_kwargs(b))
 
 
 @builds("code2wav")
@@ -128,17 +142,6 @@ def _code2wav(b: StageBuild) -> StageWorker:
     model = b.load("code2wav")
     graphs = code2wav_graphs(model.code2wav, b.cfg, b.chunking)
     return VocoderWorker(lambda: Code2WavStream(model.code2wav), b.chunking, graphs)
-
-
-@builds("codec_encoder")
-def _codec_encoder(b: StageBuild) -> StageWorker:
-    return CodecEncoderWorker(b.load("codec_encoder"), max_batch=b.cfg.max_num_seqs)
-
-
-@builds("unified")
-def _unified(b: StageBuild) -> StageWorker:
-    args, kw = _engine_args(b)
-    return UnifiedWorker(b.load("unified"), *args, **kw)
 
 
 @builds("codec")

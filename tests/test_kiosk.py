@@ -8,7 +8,7 @@ import json
 
 import httpx
 import pytest
-from test_session import ScriptedResponder
+from session_harness import ScriptedResponder
 from typer.testing import CliRunner
 
 from omniduplex.app.core.greeting import greeting_instructions

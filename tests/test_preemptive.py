@@ -11,7 +11,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from test_session import LOUD, QUIET, Harness, run, tone
+from session_harness import LOUD, QUIET, Harness, run, tone
 
 from omniduplex.app.core.events import (
     ReplyAudioStarted,

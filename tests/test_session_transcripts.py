@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_session import LOUD, QUIET, Harness, run, tone
+from session_harness import LOUD, QUIET, Harness, run, tone
 
 from omniduplex.app.core.events import ReplyEnded, UserTranscriptEvent, UserTurnCommitted
 from omniduplex.app.core.history import History, truncate_aligned, truncate_reply

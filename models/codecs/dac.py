@@ -239,24 +239,19 @@ def _is_encode_side(name: str) -> bool:
     return name.startswith(_ENCODE_SIDE) or (name.startswith("quantizer.") and ".in_proj." in name)
 
 
-def read_codec_tensors(
-    files: dict[str, Path], prefix: str, keep: Callable[[str], bool]
-) -> dict[str, torch.Tensor]:
-    """Checkpoint tensors ``prefix + name`` with ``keep(name)``, keyed by ``name``, weight-norm folded.
+def fold_weight_norm(tensors: dict[str, torch.Tensor], where: str = "") -> dict[str, torch.Tensor]:
+    """``tensors`` with each weight-norm pair folded into one float32 ``weight = g · v / ‖v‖`` (norm over
+    every dim but 0, ``torch.nn.utils.weight_norm``'s): ``weight_g``/``weight_v`` or
+    ``parametrizations.weight.original0``/``original1``; other tensors are returned as given.
 
-    Each ``weight_g``/``weight_v`` or ``parametrizations.weight.original0``/``original1`` pair becomes
-    one float32 ``weight = g · v / ‖v‖`` (module docstring); other tensors are returned as stored.
+    ``where`` prefixes error messages (a checkpoint prefix or ``"<file>: "``).
 
     Raises:
         CheckpointError: only one half of a weight-norm pair is present.
     """
-    names = [n[len(prefix) :] for n in files if n.startswith(prefix)]
-    names = [n for n in names if keep(n)]
-    loaded = dict(iter_tensors(files, [prefix + n for n in names]))
     plain: dict[str, torch.Tensor] = {}
     pairs: dict[str, dict[str, torch.Tensor]] = {}
-    for n in names:
-        t = loaded[prefix + n]
+    for n, t in tensors.items():
         suffix = next((s for s in _WEIGHT_NORM if n.endswith(s)), None)
         if suffix is None:
             plain[n] = t
@@ -265,15 +260,39 @@ def read_codec_tensors(
             pairs.setdefault(n[: -len(suffix)] + target, {})[part] = t
     for target, gv in pairs.items():
         if set(gv) != {"g", "v"}:
-            raise CheckpointError(f"weight-norm tensor '{prefix}{target}' has only its {sorted(gv)} half")
+            raise CheckpointError(f"weight-norm tensor '{where}{target}' has only its {sorted(gv)} half")
         plain[target] = torch._weight_norm(gv["v"].float(), gv["g"].float(), 0)
     return plain
 
 
-def copy_codec_tensors(module: nn.Module, plain: dict[str, torch.Tensor], prefix: str, part: str) -> None:
-    """Copy ``plain`` (from :func:`read_codec_tensors`) into ``module``'s parameters by name.
+def read_codec_tensors(
+    files: dict[str, Path], prefix: str, keep: Callable[[str], bool]
+) -> dict[str, torch.Tensor]:
+    """Checkpoint tensors ``prefix + name`` with ``keep(name)``, keyed by ``name``, weight-norm folded
+    (:func:`fold_weight_norm`).
 
-    ``part`` names the module in errors ("decoder", "encoder"). Every ``module`` tensor must be present.
+    Raises:
+        CheckpointError: only one half of a weight-norm pair is present.
+    """
+    names = [n[len(prefix) :] for n in files if n.startswith(prefix)]
+    names = [n for n in names if keep(n)]
+    loaded = dict(iter_tensors(files, [prefix + n for n in names]))
+    return fold_weight_norm({n: loaded[prefix + n] for n in names}, prefix)
+
+
+def copy_codec_tensors(
+    module: nn.Module,
+    plain: dict[str, torch.Tensor],
+    prefix: str,
+    part: str,
+    config_key: str = "codec_config",
+    where: str = "",
+) -> None:
+    """Copy ``plain`` (from :func:`read_codec_tensors`) into ``module``'s parameters by name, strictly.
+
+    ``part`` names the module in errors ("codec decoder", "AudioVAE"), ``config_key`` the ``config.json``
+    section that sized it, ``where`` (e.g. ``"audiovae.pth: "``) the file; ``prefix`` is put before tensor
+    names. Every ``module`` tensor must be present.
 
     Raises:
         CheckpointError: a tensor of ``plain`` is not in ``module`` (config and weights disagree), or
@@ -283,16 +302,19 @@ def copy_codec_tensors(module: nn.Module, plain: dict[str, torch.Tensor], prefix
     unexpected = sorted(set(plain) - set(ours))
     if unexpected:
         raise CheckpointError(
-            f"checkpoint tensor '{prefix}{unexpected[0]}' is not part of the codec {part} the config "
-            f"describes ({len(unexpected)} such tensors) — codec_config and weights disagree"
+            f"{where}checkpoint tensor '{prefix}{unexpected[0]}' is not part of the {part} {config_key} "
+            f"describes ({len(unexpected)} such tensors) — {config_key} and weights disagree"
         )
     for name, param in ours.items():
         if name not in plain:
-            raise CheckpointError(f"missing tensor '{prefix}{name}' (expected shape {list(param.shape)})")
+            raise CheckpointError(
+                f"{where}missing tensor '{prefix}{name}' (expected shape {list(param.shape)})"
+            )
         t = plain[name]
         if tuple(t.shape) != tuple(param.shape):
             raise CheckpointError(
-                f"tensor '{prefix}{name}' has shape {list(t.shape)}, codec_config implies {list(param.shape)}"
+                f"{where}tensor '{prefix}{name}' has shape {list(t.shape)}, {config_key} implies "
+                f"{list(param.shape)}"
             )
         with torch.no_grad():
             param.copy_(t.to(param.dtype))
@@ -309,4 +331,4 @@ def load_codec_into(codec: DacCodec, files: dict[str, Path], prefix: str = "code
             decoder the config describes.
     """
     plain = read_codec_tensors(files, prefix, lambda n: not _is_encode_side(n))
-    copy_codec_tensors(codec, plain, prefix, "decoder")
+    copy_codec_tensors(codec, plain, prefix, "codec decoder")

@@ -228,4 +228,4 @@ def load_codec_encoder_into(module: DacCodecEncoder, files: dict[str, Path], pre
             quantizer level beyond ``n_codebooks``).
     """
     plain = read_codec_tensors(files, prefix, _is_encoder_tensor)
-    copy_codec_tensors(module, plain, prefix, "encoder")
+    copy_codec_tensors(module, plain, prefix, "codec encoder")

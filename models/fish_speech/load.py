@@ -9,15 +9,15 @@ encoder).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from omniduplex.models.checkpoint import (
     CheckpointError,
+    LoadedParts,
     config_value,
-    parameter_counts,
     read_config,
     weight_files,
 )
@@ -31,7 +31,7 @@ PARTS = ("lm", "codec", "codec_encoder")
 
 
 @dataclass
-class FishSpeech:
+class FishSpeech(LoadedParts, parts=PARTS):
     """The loaded parts of one checkpoint (a part is ``None`` when not asked for)."""
 
     path: Path
@@ -40,12 +40,6 @@ class FishSpeech:
     lm: FishLM | None = None
     codec: DacCodec | None = None
     codec_encoder: DacCodecEncoder | None = None
-    load_seconds: float = 0.0
-    parts: tuple[str, ...] = field(default_factory=tuple)
-
-    def num_parameters(self) -> dict[str, int]:
-        """Parameter count per loaded part."""
-        return parameter_counts(self, PARTS)
 
 
 def is_fish_speech(model_dir: str | Path) -> bool:

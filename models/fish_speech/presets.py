@@ -33,6 +33,7 @@ from omniduplex.models.fish_speech.config import CODEC_DIR, MODEL_TYPE, SAMPLE_R
 from omniduplex.models.fish_speech.model import FishLM, published_shapes
 from omniduplex.models.qwen3_omni.presets import draw_tensor
 from omniduplex.models.tokenizer import build_byte_tokenizer, preset_token_ids
+from omniduplex.models.unified.presets import draw_codec_tensor
 
 PRESETS = ("tiny", "small", "deep")
 FISH_SPECIAL_TOKENS = ["<|voice|>", "<|speaker:0|>"]
@@ -138,17 +139,6 @@ def codec_config(preset: str) -> dict:
     )
 
 
-def _draw_codec(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    """Snake α 1, codebooks N(0, 1), biases 0, convs N(0, 0.36 / fan_in) (the unified preset's rule)."""
-    leaf = name.rsplit(".", 1)[-1]
-    if leaf == "alpha":
-        return torch.ones(shape)
-    if name.endswith("codebook.weight"):
-        return draw_tensor(name, shape, seed, 1.0)
-    fan_in = shape[1] * shape[2] if len(shape) == 3 else 1
-    return draw_tensor(name, shape, seed, 0.6 * fan_in**-0.5)
-
-
 def _draw(name: str, shape: tuple[int, ...], seed: int, std: float) -> torch.Tensor:
     if len(shape) == 1 and name.endswith("norm.weight"):
         return 1.0 + draw_tensor(name, (1, *shape), seed, 0.1)[0]
@@ -168,7 +158,7 @@ def write_fish_checkpoint(out: str | Path, preset: str = "tiny", seed: int = 0) 
     lm = {n: _draw(n, s, seed, std) for n, s in sorted(shapes.items())}
     codec = {}
     for m in (DacCodec(DacDecoderConfig.from_dict(ccfg)), DacCodecEncoder(DacEncoderConfig.from_dict(ccfg))):
-        codec.update({n: _draw_codec(n, tuple(t.shape), seed) for n, t in m.state_dict().items()})
+        codec.update({n: draw_codec_tensor(n, tuple(t.shape), seed) for n, t in m.state_dict().items()})
     save_file(lm, str(out / "model.safetensors"), metadata={"format": "pt"})
     save_file(
         dict(sorted(codec.items())), str(out / CODEC_DIR / "model.safetensors"), metadata={"format": "pt"}

@@ -143,6 +143,6 @@ def load_codec(codec: HiggsCodecDecoder, files: dict[str, Path]) -> None:
 
     plain = read_codec_tensors(files, "", keep)
     try:
-        copy_codec_tensors(codec, plain, "", "decoder")
+        copy_codec_tensors(codec, plain, "", "codec decoder")
     except CheckpointError as e:
         raise CheckpointError(f"audio tokenizer: {e}") from e

@@ -10,7 +10,7 @@ optional ``voices.json`` (:mod:`.prompt`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,9 +18,9 @@ from tokenizers import Tokenizer
 
 from omniduplex.models.checkpoint import (
     CheckpointError,
-    config_value,
+    LoadedParts,
+    config_architecture,
     load_state_dict_into,
-    parameter_counts,
     read_config,
     weight_files,
 )
@@ -44,7 +44,7 @@ UNUSED_PREFIXES = ("tied.head.text_head.", "tied.embedding.modality_embeddings.0
 
 
 @dataclass
-class Higgs:
+class Higgs(LoadedParts, parts=PARTS):
     """The loaded parts of one checkpoint (``None`` where not asked for)."""
 
     path: Path
@@ -54,17 +54,11 @@ class Higgs:
     voices: dict[str, Voice]
     talker: HiggsTalker | None = None
     codec: HiggsCodecDecoder | None = None
-    load_seconds: float = 0.0
-    parts: tuple[str, ...] = field(default_factory=tuple)
-
-    def num_parameters(self) -> dict[str, int]:
-        """Parameter count per loaded part."""
-        return parameter_counts(self, PARTS)
 
 
 def is_higgs(model_dir: str | Path) -> bool:
     """Whether ``model_dir/config.json`` names :data:`ARCHITECTURE` (False for an unreadable config)."""
-    return (config_value(model_dir, "architectures") or [None])[0] == ARCHITECTURE
+    return config_architecture(model_dir) == ARCHITECTURE
 
 
 def read_codec_config(model_dir: str | Path) -> HiggsCodecConfig:

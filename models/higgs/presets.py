@@ -32,7 +32,7 @@ from omniduplex.models.higgs.codec import HiggsCodecDecoder
 from omniduplex.models.higgs.config import ARCHITECTURE, CODEC_DIR, MODEL_TYPE, HiggsCodecConfig, HiggsConfig
 from omniduplex.models.higgs.prompt import SPECIAL_TOKENS, VOICES_FILE
 from omniduplex.models.higgs.talker import HiggsTalker
-from omniduplex.models.qwen3_omni.presets import draw_tensor
+from omniduplex.models.qwen3_omni.presets import decoder_config, draw_tensor
 from omniduplex.models.tokenizer import build_byte_tokenizer
 
 PRESETS = ("tiny", "small", "deep")
@@ -58,19 +58,16 @@ def higgs_config(preset: str) -> dict:
         "small": (256, 6, 8, 2, 32, 768, 2048),
         "deep": (128, 4, 8, 2, 32, 256, 288),
     }[preset]
-    text = dict(
+    text = decoder_config(
+        h,
+        layers,
+        heads,
+        kv,
+        hd,
+        inter,
+        vocab,
         model_type="qwen3",
-        hidden_size=h,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        head_dim=hd,
-        intermediate_size=inter,
-        vocab_size=vocab,
-        hidden_act="silu",
-        rms_norm_eps=1e-6,
         rope_theta=None,  # as published: Qwen3's 1e6 applies
-        attention_bias=False,
         max_position_embeddings=4096,
         tie_word_embeddings=False,
     )

@@ -21,6 +21,15 @@ from omniduplex.models.tokenizer import preset_token_ids, write_tokenizer
 
 _IDS = preset_token_ids()
 CODEBOOK = {"tiny": 256, "small": 1024}
+SPEECH_TEXT_IDS = dict(
+    im_start_token_id=_IDS["<|im_start|>"],
+    im_end_token_id=_IDS["<|im_end|>"],
+    tts_pad_token_id=_IDS["<tts_pad>"],
+    tts_bos_token_id=_IDS["<tts_text_bos>"],
+    tts_eos_token_id=_IDS["<tts_text_eod>"],
+)
+"""The chat-turn and TTS text-channel token ids of the preset tokenizer, under the top-level ``config.json``
+keys that Qwen3-Omni and Qwen3-TTS both publish."""
 
 
 def decoder_config(
@@ -190,11 +199,7 @@ def omni_config(preset: str) -> dict:
         talker_config=talker,
         code2wav_config=code2wav,
         enable_audio_output=True,
-        im_start_token_id=_IDS["<|im_start|>"],
-        im_end_token_id=_IDS["<|im_end|>"],
-        tts_pad_token_id=_IDS["<tts_pad>"],
-        tts_bos_token_id=_IDS["<tts_text_bos>"],
-        tts_eos_token_id=_IDS["<tts_text_eod>"],
+        **SPEECH_TEXT_IDS,
         system_token_id=_IDS["<|system|>"],
         user_token_id=_IDS["<|user|>"],
         assistant_token_id=_IDS["<|assistant|>"],

@@ -38,7 +38,29 @@ class ResizeMLP(nn.Module):
         return self.linear_fc2(F.silu(self.linear_fc1(x)))
 
 
-class Talker(nn.Module):
+class CodecLM(nn.Module):
+    """A codec LM's engine-facing half: ``model`` (a decoder stack returning ``(hidden, ...)``) and
+    ``codec_head`` (hidden → codebook-0 logits), set by the subclass (Qwen3-Omni's and Qwen3-TTS's
+    Talkers)."""
+
+    model: nn.Module
+    codec_head: nn.Linear
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        batch: ForwardBatch,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """``inputs_embeds`` ``[T, hidden]`` → final normed hidden ``[T, hidden]``."""
+        return self.model(inputs_embeds, batch, kv_caches)[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden`` ``[N, hidden]`` → codebook-0 logits ``[N, vocab]``."""
+        return self.codec_head(hidden)
+
+
+class Talker(CodecLM):
     """Codec LM. One step consumes an input embedding per token and predicts codebook 0 with ``codec_head``.
 
     The input embedding of a decode step is the sum of the embeddings of all ``num_code_groups`` codes
@@ -59,19 +81,6 @@ class Talker(nn.Module):
                 f"code predictor hidden_size {cfg.code_predictor.hidden_size} != talker hidden_size "
                 f"{t.hidden_size}"
             )
-
-    def forward(
-        self,
-        inputs_embeds: torch.Tensor,
-        batch: ForwardBatch,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-    ) -> torch.Tensor:
-        """``inputs_embeds`` ``[T, hidden]`` → final normed hidden ``[T, hidden]``."""
-        return self.model(inputs_embeds, batch, kv_caches)[0]
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden`` ``[N, hidden]`` → codebook-0 logits ``[N, vocab]``."""
-        return self.codec_head(hidden)
 
     def suppressed_token_mask(self) -> torch.Tensor:
         """Bool ``[vocab]``: the 1024 control ids at the top of the vocabulary except codec EOS.

@@ -10,16 +10,16 @@ for in-context cloning; loaded when the config has an ``encoder_config``).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from omniduplex.models.checkpoint import (
     CheckpointError,
-    config_value,
+    LoadedParts,
+    config_architecture,
     load_state_dict_into,
-    parameter_counts,
     read_config,
     weight_files,
 )
@@ -43,7 +43,7 @@ SAMPLE_RATE = 24000
 
 
 @dataclass
-class Qwen3TTS:
+class Qwen3TTS(LoadedParts, parts=PARTS):
     """The loaded parts of one checkpoint (a part is ``None`` when not asked for or, for the speaker encoder,
     when the variant has none)."""
 
@@ -55,17 +55,11 @@ class Qwen3TTS:
     speaker_encoder: SpeakerEncoder | None = None
     codec: CodecDecoder | None = None
     codec_encoder: CodecEncoder | None = None
-    load_seconds: float = 0.0
-    parts: tuple[str, ...] = field(default_factory=tuple)
-
-    def num_parameters(self) -> dict[str, int]:
-        """Parameter count per loaded part."""
-        return parameter_counts(self, PARTS)
 
 
 def is_qwen3_tts(model_dir: str | Path) -> bool:
     """Whether ``model_dir/config.json`` names :data:`ARCHITECTURE` (False for an unreadable config)."""
-    return (config_value(model_dir, "architectures") or [None])[0] == ARCHITECTURE
+    return config_architecture(model_dir) == ARCHITECTURE
 
 
 def build_modules(raw: dict, codec_raw: dict | None) -> dict[str, torch.nn.Module]:

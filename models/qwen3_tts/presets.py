@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 from omniduplex.models.checkpoint import published_shapes_of
-from omniduplex.models.qwen3_omni.presets import decoder_config, draw_tensor
+from omniduplex.models.qwen3_omni.presets import SPEECH_TEXT_IDS, decoder_config, draw_tensor
 from omniduplex.models.qwen3_tts.config import ARCHITECTURE, CODEC_ARCHITECTURE, VARIANTS
 from omniduplex.models.qwen3_tts.model import CODEC_DIR, build_modules
 from omniduplex.models.tokenizer import preset_token_ids, write_tokenizer
@@ -101,11 +101,7 @@ def tts_config(preset: str, variant: str = "custom_voice") -> dict:
         tokenizer_type="qwen3_tts_tokenizer_12hz",
         tts_model_size=preset,
         talker_config=talker,
-        im_start_token_id=_IDS["<|im_start|>"],
-        im_end_token_id=_IDS["<|im_end|>"],
-        tts_pad_token_id=_IDS["<tts_pad>"],
-        tts_bos_token_id=_IDS["<tts_text_bos>"],
-        tts_eos_token_id=_IDS["<tts_text_eod>"],
+        **SPEECH_TEXT_IDS,
         torch_dtype="float32",
     )
     if variant == "base":

@@ -17,10 +17,9 @@ import torch
 from torch import nn
 
 from omniduplex.models.config import DecoderConfig
-from omniduplex.models.forward_batch import ForwardBatch
 from omniduplex.models.layers import DecoderStack
 from omniduplex.models.qwen3_omni.code_predictor import CodePredictor
-from omniduplex.models.qwen3_omni.talker import ResizeMLP
+from omniduplex.models.qwen3_omni.talker import CodecLM, ResizeMLP
 from omniduplex.models.qwen3_tts.config import TTSConfig
 
 
@@ -34,7 +33,7 @@ class TalkerModel(DecoderStack):
         self.text_embedding = nn.Embedding(text_vocab, text_hidden)
 
 
-class Talker(nn.Module):
+class Talker(CodecLM):
     """Codec LM: input embeddings ``[T, H]`` → final hidden ``[T, H]``; ``codec_head`` → codebook-0 logits.
 
     A decode step's input is the sum of the embeddings of all ``G`` codes of the previous frame plus
@@ -49,18 +48,6 @@ class Talker(nn.Module):
         self.text_projection = ResizeMLP(cfg.text_hidden_size, cfg.text_hidden_size, t.hidden_size)
         self.codec_head = nn.Linear(t.hidden_size, t.vocab_size, bias=False)
         self.code_predictor = CodePredictor(cfg.predictor, cfg.num_code_groups, t.hidden_size)
-
-    def forward(
-        self,
-        inputs_embeds: torch.Tensor,
-        batch: ForwardBatch,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-    ) -> torch.Tensor:
-        return self.model(inputs_embeds, batch, kv_caches)[0]
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[N, H]`` → codebook-0 logits ``[N, vocab]``."""
-        return self.codec_head(hidden)
 
     def text_embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Text token ids int ``[...]`` (any device) → projected embeddings ``[..., H]`` on the model's.

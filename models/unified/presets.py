@@ -102,7 +102,10 @@ def unified_config(preset: str) -> dict:
     return cfg.to_dict()
 
 
-def _draw_codec(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+def draw_codec_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """The deterministic value of one DAC codec tensor: Snake α 1, codebooks N(0, 1), biases 0,
+    convolutions N(0, 0.36 / fan_in) with ``fan_in`` = in-channels × kernel size; drawn by
+    :func:`~omniduplex.models.qwen3_omni.presets.draw_tensor`."""
     leaf = name.rsplit(".", 1)[-1]
     if leaf == "alpha":
         return torch.ones(shape)
@@ -139,7 +142,7 @@ def write_unified_checkpoint(
     tensors = {}
     for name, shape in sorted(unified_shapes(config).items()):
         tensors[name] = (
-            _draw_codec(name, shape, seed)
+            draw_codec_tensor(name, shape, seed)
             if name.startswith("codec.")
             else draw_tensor(name, shape, seed, std)
         )

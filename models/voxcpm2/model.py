@@ -23,7 +23,7 @@ neither.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,12 +32,13 @@ from torch import nn
 
 from omniduplex.models.checkpoint import (
     CheckpointError,
+    LoadedParts,
     config_value,
     load_state_dict_into,
-    parameter_counts,
     read_config,
     weight_files,
 )
+from omniduplex.models.codecs.dac import copy_codec_tensors, fold_weight_norm
 from omniduplex.models.config import ConfigError
 from omniduplex.models.voxcpm2.audio_vae import AudioVAE
 from omniduplex.models.voxcpm2.config import ARCHITECTURE, VoxCPM2Config
@@ -112,7 +113,7 @@ class VoxCPM2Model(nn.Module):
 
 
 @dataclass
-class VoxCPM2:
+class VoxCPM2(LoadedParts, parts=PARTS):
     """The loaded parts of one checkpoint (``lm``: :class:`VoxCPM2Model`; ``vae``: :class:`AudioVAE`)."""
 
     path: Path
@@ -120,17 +121,11 @@ class VoxCPM2:
     raw_config: dict
     lm: VoxCPM2Model | None = None
     vae: AudioVAE | None = None
-    load_seconds: float = 0.0
-    parts: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def sample_rate(self) -> int:
         """Output rate (Hz) of the decoder (48 kHz published)."""
         return self.config.vae.out_sample_rate
-
-    def num_parameters(self) -> dict[str, int]:
-        """Parameter count per loaded part."""
-        return parameter_counts(self, PARTS)
 
 
 def is_voxcpm2(model_dir: str | Path) -> bool:
@@ -147,8 +142,8 @@ def vae_weight_file(model_dir: Path) -> Path:
 
 
 def _vae_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """AudioVAE tensors by name with weight-norm pairs (``weight_g``, ``weight_v``) folded into ``weight =
-    g · v / ‖v‖`` (norm over every dim but 0, ``torch.nn.utils.weight_norm``'s). Raises CheckpointError."""
+    """AudioVAE tensors by name with weight-norm pairs (``weight_g``, ``weight_v``) folded
+    (:func:`~omniduplex.models.codecs.dac.fold_weight_norm`). Raises CheckpointError."""
     try:
         if path.suffix == ".safetensors":
             state = load_file(str(path))
@@ -159,43 +154,7 @@ def _vae_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path.name}: unreadable ({e})") from e
     if not isinstance(state, dict):
         raise CheckpointError(f"{path.name}: not a state dict (got {type(state).__name__})")
-    out, pairs = {}, {}
-    for n, t in state.items():
-        for suffix, part in ((".weight_g", "g"), (".weight_v", "v")):
-            if n.endswith(suffix):
-                pairs.setdefault(n[: -len(suffix)] + ".weight", {})[part] = t
-                break
-        else:
-            out[n] = t
-    for target, gv in pairs.items():
-        if set(gv) != {"g", "v"}:
-            raise CheckpointError(
-                f"{path.name}: weight-norm tensor '{target}' has only its {sorted(gv)} half"
-            )
-        out[target] = torch._weight_norm(gv["v"].float(), gv["g"].float(), 0)
-    return out
-
-
-def _copy_vae(vae: AudioVAE, tensors: dict[str, torch.Tensor], fname: str) -> None:
-    """Strict copy by name. Raises CheckpointError naming a missing, mis-shaped or unexpected tensor."""
-    ours = vae.state_dict()
-    extra = sorted(set(tensors) - set(ours))
-    if extra:
-        raise CheckpointError(
-            f"{fname}: tensor '{extra[0]}' is not part of the AudioVAE audio_vae_config describes "
-            f"({len(extra)} such tensors)"
-        )
-    for name, param in ours.items():
-        if name not in tensors:
-            raise CheckpointError(f"{fname}: missing tensor '{name}' (expected shape {list(param.shape)})")
-        t = tensors[name]
-        if tuple(t.shape) != tuple(param.shape):
-            raise CheckpointError(
-                f"{fname}: tensor '{name}' has shape {list(t.shape)}, audio_vae_config implies "
-                f"{list(param.shape)}"
-            )
-        with torch.no_grad():
-            param.copy_(t.to(param.dtype))
+    return fold_weight_norm(state, f"{path.name}: ")
 
 
 def load_voxcpm2(
@@ -231,7 +190,7 @@ def load_voxcpm2(
     if "vae" in parts:
         out.vae = AudioVAE(cfg.vae)
         path = vae_weight_file(model_dir)
-        _copy_vae(out.vae, _vae_tensors(path), path.name)
+        copy_codec_tensors(out.vae, _vae_tensors(path), "", "AudioVAE", "audio_vae_config", f"{path.name}: ")
         out.vae.to(device=device, dtype=torch.float32).eval().requires_grad_(False)
     out.load_seconds = time.perf_counter() - t0
     return out

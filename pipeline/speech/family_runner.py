@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import soxr
 import torch
 
 
@@ -109,9 +110,11 @@ class FamilyRunner(ABC):
     def decoder(self, prompt: Any) -> Any:
         """A fresh streaming decoder for one request."""
 
-    @abstractmethod
     def _decode(self, decoder: Any, event: Any) -> torch.Tensor:
-        """The samples one engine event completes (maybe none)."""
+        """The samples one engine event completes (maybe none). This default serves decoders fed one
+        codebook frame at a time: ``decoder.feed(codes [1, num_codebooks])``; a family whose events or
+        decoder differ overrides it."""
+        return decoder.feed(event.codes[None]) if event.codes is not None else torch.zeros(0)
 
     def add(self, request_id: str, prompt: Any, max_frames: int, sampling: dict | None = None) -> None:
         """Queue ``prompt`` on the engine: ``sampling`` (the family's keys) over the frame budget.
@@ -131,6 +134,24 @@ class FamilyRunner(ABC):
     def flush(self, decoder: Any) -> np.ndarray:
         """float32 ``[n]``: the decoder's last samples (the decoder is spent afterwards)."""
         return decoder.flush().reshape(-1).float().cpu().numpy()
+
+    def rate_decoder(self, prompt: Any, rate: int) -> tuple[Any, soxr.ResampleStream | None]:
+        """A fresh streaming decoder for ``prompt`` (:meth:`decoder`) with a stream resampler from
+        :attr:`sample_rate` to ``rate`` Hz (``None`` when the two match): the state :meth:`rate_pcm`
+        reads."""
+        r = self.sample_rate
+        return self.decoder(prompt), None if r == rate else soxr.ResampleStream(r, rate, 1, "float32")
+
+    def rate_pcm(self, state: tuple[Any, soxr.ResampleStream | None], event: Any) -> np.ndarray:
+        """float32 ``[n]`` at the rate of ``state`` (from :meth:`rate_decoder`): the samples ``event``
+        completes and, when it finishes, the decoder's last ones (the resampler drained too)."""
+        decoder, resampler = state
+        pcm = self.decode(decoder, event)
+        if event.finished:
+            pcm = np.concatenate([pcm, self.flush(decoder)])
+        if resampler is not None:
+            pcm = resampler.resample_chunk(pcm, last=event.finished)
+        return pcm
 
     def stream(
         self, prompt: Any, max_frames: int, sampling: dict | None = None, request_id: str = "speak"

@@ -309,9 +309,6 @@ class FishRunner(FamilyRunner):
     def decoder(self, prompt):
         return FishStreamDecoder(self.model.codec)
 
-    def _decode(self, decoder, event):
-        return decoder.feed(event.codes[None]) if event.codes is not None else torch.zeros(0)
-
 
 def _init(out: Path, preset: str, seed: int, variant: str | None) -> dict:
     from omniduplex.models.fish_speech.load import load_fish_speech

@@ -197,9 +197,6 @@ class HiggsRunner(FamilyRunner):
 
         return StreamingDecoder(self.model.codec)
 
-    def _decode(self, decoder, event):
-        return decoder.feed(event.codes[None]) if event.codes is not None else torch.zeros(0)
-
 
 def _init(out: Path, preset: str, seed: int, variant: str | None) -> dict:
     from omniduplex.models.higgs.model import load_higgs

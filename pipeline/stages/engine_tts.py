@@ -23,29 +23,22 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from omniduplex.pipeline.messages import AudioOutput, StageMessage
+from omniduplex.pipeline.messages import AudioOutput, DecoderOutput, StageMessage
 from omniduplex.pipeline.stages.contract import EngineGauges
-from omniduplex.pipeline.stages.tts_intake import AbortedTurns, text_delta
+from omniduplex.pipeline.stages.tts_intake import AbortedTurns, TextTurn, add_text_delta
 from omniduplex.pipeline.text.clauses import ClauseSplitter
 
 log = logging.getLogger(__name__)
 
 
-
-@dataclass
-class _Turn:
-    splitter: ClauseSplitter
-    skipped: str | None  # the LLM's ``skipped`` (first message), copied onto every message of the turn
+@dataclass(kw_only=True)
+class _Turn(TextTurn):
     voice: Any
-    clauses: deque[str] = field(default_factory=deque)
-    finished: bool = False  # the reply's text is complete
-    chunk: int = 0  # messages emitted
     active: str | None = None  # engine request id of the clause being spoken
     stream: Any = None  # the active clause's decoder
     text: str = ""  # the active clause's text, until its first piece carries it
@@ -90,20 +83,11 @@ class EngineTTSStageWorker(EngineGauges, ABC):
 
         Raises ValueError: not a ``DecoderOutput`` (this turn only).
         """
-        rid = msg.request_id
-        meta = text_delta(msg, self._aborted)
-        if meta is None:
-            return
-        delta = meta.text or ""
-        t = self.turns.get(rid)
-        if t is None:
-            splitter = ClauseSplitter(self.first_max_words, self.min_words)
-            voice = self.voice_for(meta.options.voice)
-            t = self.turns[rid] = _Turn(splitter, meta.skipped, voice)
-        t.clauses.extend(t.splitter.push(delta))
-        if msg.last and not t.finished:
-            t.clauses.extend(t.splitter.flush())
-            t.finished = True
+        add_text_delta(msg, self._aborted, self.turns, self._new_turn)
+
+    def _new_turn(self, meta: DecoderOutput) -> _Turn:
+        splitter = ClauseSplitter(self.first_max_words, self.min_words)
+        return _Turn(splitter, meta.skipped, voice=self.voice_for(meta.options.voice))
 
     def abort(self, request_id: str) -> None:
         """Drop the turn at once (its clause leaves the engine); later text for it is ignored."""

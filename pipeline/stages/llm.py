@@ -32,7 +32,10 @@ not yet run; the turn's own message drops a hint still queued. Hints produce no 
 
 from __future__ import annotations
 
+import contextlib
+import queue
 from dataclasses import replace
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer
@@ -104,6 +107,18 @@ class TurnStream:
         """The one message of sampled id ``tok`` for a turn without tools (see :meth:`messages`)."""
         (msg,) = self.messages(rid, tok, finish_reason)
         return msg
+
+
+def drain(out: queue.Queue, wait_s: float) -> list[Any]:
+    """Every item in ``out`` now, oldest first, without blocking; when ``wait_s`` > 0 and ``out`` is empty,
+    first wait up to ``wait_s`` seconds for one (how the API-backed LLM stages' ``step`` reads what their
+    client thread streamed, without spinning a core while the server computes)."""
+    items = []
+    with contextlib.suppress(queue.Empty):
+        items.append(out.get(timeout=wait_s) if wait_s else out.get_nowait())
+        while True:
+            items.append(out.get_nowait())
+    return items
 
 
 def compact_metas(metas: list[dict]) -> list[dict]:

@@ -54,7 +54,7 @@ from omniduplex.pipeline.messages import (
 from omniduplex.pipeline.runtime.stage_engines import require_openai
 from omniduplex.pipeline.stages.chat_prompt import CALL_TOKENS, handed_on, has_words
 from omniduplex.pipeline.stages.contract import WorkerBase
-from omniduplex.pipeline.stages.llm import compact_metas
+from omniduplex.pipeline.stages.llm import compact_metas, drain
 from omniduplex.pipeline.stages.tool_calls import ARGUMENTS_DELTA, DONE, FAILED, STARTED, new_call_id
 from omniduplex.pipeline.text.reply_text import ReplyStream
 from omniduplex.pipeline.text.spoken import sentence_budget
@@ -288,12 +288,7 @@ class OpenAILLMWorker(WorkerBase):
         """The messages of every chunk streamed since the last call, in order per turn (plus skipped turns'
         single message); waits up to :data:`STEP_WAIT_S` when nothing is ready."""
         outs, self._ready = self._ready, []
-        items = []
-        wait = STEP_WAIT_S if self.turns and not outs else 0.0
-        with contextlib.suppress(queue.Empty):
-            items.append(self._out.get(timeout=wait) if wait else self._out.get_nowait())
-            while True:
-                items.append(self._out.get_nowait())
+        items = drain(self._out, STEP_WAIT_S if self.turns and not outs else 0.0)
         for rid, kind, payload in items:
             t = self.turns.get(rid)
             if t is None:  # aborted or ended meanwhile

@@ -15,7 +15,6 @@ any other name keeps the manifest's voice, so a client's default voice (``alloy`
 from __future__ import annotations
 
 import numpy as np
-import soxr
 import torch
 
 from omniduplex.pipeline.speech.family_runner import FamilyRunner
@@ -76,17 +75,8 @@ class RunnerTTSStageWorker(EngineTTSStageWorker):
     def _admit(self, request_id: str, text: str, voice: str | None):
         prompt = self.runner.prompt(text, voice)  # TTSInputError is a ValueError
         self.runner.add(request_id, prompt, self.max_frames, self.sampling)
-        rate = self.runner.sample_rate
-        resampler = (
-            None if rate == self.output_rate else soxr.ResampleStream(rate, self.output_rate, 1, "float32")
-        )
-        return self.runner.decoder(prompt), resampler
+        return self.runner.rate_decoder(prompt, self.output_rate)
 
     def _pieces(self, state, ev) -> list[torch.Tensor]:
-        decoder, resampler = state
-        pcm = self.runner.decode(decoder, ev)
-        if ev.finished:
-            pcm = np.concatenate([pcm, self.runner.flush(decoder)])
-        if resampler is not None:
-            pcm = resampler.resample_chunk(pcm, last=ev.finished)
+        pcm = self.runner.rate_pcm(state, ev)
         return [torch.from_numpy(np.ascontiguousarray(pcm, dtype=np.float32))] if pcm.size else []

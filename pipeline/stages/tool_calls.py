@@ -40,6 +40,7 @@ import secrets
 
 from omniduplex.models.cascade.tool_prompt import BARE_PREFIX, CALL_CLOSE, CALL_OPEN, FENCE
 from omniduplex.pipeline.events import CallArgumentsDelta, CallDone, CallFailed, CallStarted
+from omniduplex.pipeline.text.json_scan import JsonValueEnd
 
 STARTED = "call_started"
 ARGUMENTS_DELTA = "call_delta"
@@ -84,10 +85,12 @@ def _held_prefix(text: str, marker: str) -> int:
 
 
 class _Arguments:
-    """Finds the end of a JSON value streamed character by character (objects, arrays, strings, literals)."""
+    """Finds the end of a JSON value streamed character by character (objects, arrays, strings; see
+    :class:`~omniduplex.pipeline.text.json_scan.JsonValueEnd`), keeping its text from its first
+    non-space character."""
 
     def __init__(self) -> None:
-        self.text, self.depth, self.in_string, self.escape, self.started = "", 0, False, False, False
+        self.text, self.started, self.scan = "", False, JsonValueEnd()
 
     def feed(self, s: str) -> int | None:
         """Add ``s``; the number of its characters up to the value's end, or ``None`` if it has not ended."""
@@ -97,23 +100,8 @@ class _Arguments:
                     continue
                 self.started = True
             self.text += c
-            if self.in_string:
-                if self.escape:
-                    self.escape = False
-                elif c == "\\":
-                    self.escape = True
-                elif c == '"':
-                    self.in_string = False
-                    if self.depth == 0:
-                        return i + 1
-            elif c == '"':
-                self.in_string = True
-            elif c in "{[":
-                self.depth += 1
-            elif c in "}]":
-                self.depth -= 1
-                if self.depth <= 0:
-                    return i + 1
+            if self.scan.step(c):
+                return i + 1
         return None
 
 

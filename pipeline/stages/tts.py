@@ -28,9 +28,8 @@ reply never holds back a new one.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import soxr
@@ -40,21 +39,15 @@ from omniduplex.models.cascade.piper_stream import FIRST_PIECE_FRAMES, PIECE_FRA
 from omniduplex.models.cascade.tts import PiperTTS
 from omniduplex.pipeline.messages import AudioOutput, DecoderOutput, StageMessage
 from omniduplex.pipeline.stages.contract import WorkerBase
-from omniduplex.pipeline.stages.tts_intake import AbortedTurns, text_delta
+from omniduplex.pipeline.stages.tts_intake import AbortedTurns, TextTurn, add_text_delta
 from omniduplex.pipeline.text.clauses import ClauseSplitter
 
 
-@dataclass
-class _Turn:
-    splitter: ClauseSplitter
+@dataclass(kw_only=True)
+class _Turn(TextTurn):
     resampler: soxr.ResampleStream | None  # None when the voice already speaks at the output rate
-    skipped: str | None  # the LLM's ``skipped`` (first message), copied onto every message of the turn
-    clauses: deque[str] = field(default_factory=deque)
     speaking: tuple[str, Iterator[Piece]] | None = None  # the clause being spoken, and its pieces to come
-    finished: bool = False  # the reply's text is complete
     started: bool = False  # some audio has gone out
-    chunk: int = 0  # clauses spoken
-    silent: bool = False  # a text-only turn (meta ``spoken: false``): no audio, only the closing message
 
 
 class TTSWorker(WorkerBase):
@@ -81,20 +74,7 @@ class TTSWorker(WorkerBase):
         Raises:
             ValueError: not a ``DecoderOutput`` (this turn only).
         """
-        rid = msg.request_id
-        meta = text_delta(msg, self._aborted)
-        if meta is None:
-            return
-        delta = meta.text or ""
-        t = self.turns.get(rid)
-        if t is None:
-            t = self.turns[rid] = self._new_turn(meta)
-        if not t.silent:
-            t.clauses.extend(t.splitter.push(delta))
-        if msg.last and not t.finished:
-            if not t.silent:
-                t.clauses.extend(t.splitter.flush())
-            t.finished = True
+        add_text_delta(msg, self._aborted, self.turns, self._new_turn)
 
     def stats(self) -> dict[str, int]:
         """``batch_size``: the turns open (each step speaks a clause of those ready, round robin)."""
@@ -150,8 +130,8 @@ class TTSWorker(WorkerBase):
             resampler = soxr.ResampleStream(rate, self.output_rate, 1, dtype="float32", quality="HQ")
         return _Turn(
             ClauseSplitter(self.first_max_words, self.min_words),
-            resampler,
             meta.skipped,
+            resampler=resampler,
             silent=meta.options.spoken is False,
         )
 

@@ -58,7 +58,7 @@ from omniduplex.pipeline.messages import PartialTranscript, StageMessage
 from omniduplex.pipeline.runtime.stage_engines import require_vllm
 from omniduplex.pipeline.stages.chat_prompt import ChatPrompter, ChatTurn
 from omniduplex.pipeline.stages.contract import WorkerBase
-from omniduplex.pipeline.stages.llm import TurnStream
+from omniduplex.pipeline.stages.llm import TurnStream, drain
 
 STEP_WAIT_S = 0.002
 """Longest :meth:`VLLMLLMWorker.step` waits for vLLM's next output when none is ready (s)."""
@@ -283,12 +283,7 @@ class VLLMLLMWorker(WorkerBase):
             RuntimeError: vLLM's engine died (every turn in flight is lost; the stage restarts).
         """
         outs, self._ready = self._ready, []
-        items = []
-        wait = STEP_WAIT_S if self.turns and not outs else 0.0
-        with contextlib.suppress(queue.Empty):
-            items.append(self._out.get(timeout=wait) if wait else self._out.get_nowait())
-            while True:
-                items.append(self._out.get_nowait())
+        items = drain(self._out, STEP_WAIT_S if self.turns and not outs else 0.0)
         for rid, ids, finish_reason, error in items:
             stream = self.turns.get(rid)
             if stream is None:  # aborted meanwhile

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 
+from omniduplex.pipeline.text.json_scan import JsonValueEnd
 from omniduplex.pipeline.text.verbalize import MONTHS, SPEECH_PUNCTUATION, verbalize
 
 MAX_JSON_CHARS = 2000
@@ -106,7 +107,7 @@ class BlockFilter:
         self.line_start = True
         self.block: list[str] = []  # the JSON object so far (``None`` once over MAX_JSON_CHARS)
         self.block_len = 0
-        self.depth, self.in_string, self.escaped = 0, False, False
+        self.json = JsonValueEnd()
 
     def push(self, delta: str, final: bool = False) -> str:
         self.buf += delta
@@ -154,7 +155,7 @@ class BlockFilter:
                 break  # a fence may be starting
             if c == "{":
                 self.mode, self.block, self.block_len = "json", [], 0
-                self.depth, self.in_string, self.escaped = 0, False, False
+                self.json = JsonValueEnd()
                 continue
             out.append(c)
             self.line_start = c == "\n"
@@ -167,31 +168,16 @@ class BlockFilter:
     def _scan_json(self, buf: str, i: int, out: list[str]) -> int:
         """Scan the JSON object from ``buf[i]``; at its end, its words join ``out``. Returns where it
         stopped (the end of ``buf`` while the object is open)."""
-        start = i
-        while i < len(buf):
-            c = buf[i]
+        start, ended = i, False
+        while i < len(buf) and not ended:
+            ended = self.json.step(buf[i])
             i += 1
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif c == "\\":
-                    self.escaped = True
-                elif c == '"':
-                    self.in_string = False
-            elif c == '"':
-                self.in_string = True
-            elif c in "{[":
-                self.depth += 1
-            elif c in "}]":
-                self.depth -= 1
-                if self.depth == 0:
-                    break
         self.block_len += i - start
         if self.block is not None:
             self.block.append(buf[start:i])
             if self.block_len > MAX_JSON_CHARS:
                 self.block = None  # too long to hold: dropped
-        if self.depth == 0:
+        if ended:
             said = json_words("".join(self.block)) if self.block is not None else ""
             out.append(f" {said} " if said else " ")
             self.mode = "text"

@@ -20,7 +20,6 @@ import io
 
 import numpy as np
 import soundfile as sf
-import soxr
 
 from omniduplex.app.host.speech.contract import SPEECH_RATE, SpeechError, SpeechParams
 from omniduplex.app.host.speech.engine_speech import EngineSpeech
@@ -104,15 +103,8 @@ class RunnerSpeech(EngineSpeech):
             raise SpeechError(str(e), e.param, e.code) from e
 
     def _decoder(self, prompt):
-        rate = self.runner.sample_rate
-        resampler = None if rate == SPEECH_RATE else soxr.ResampleStream(rate, SPEECH_RATE, 1, "float32")
-        return self.runner.decoder(prompt), resampler
+        return self.runner.rate_decoder(prompt, SPEECH_RATE)
 
     def _pieces(self, state, ev) -> list[np.ndarray]:
-        decoder, resampler = state
-        pcm = self.runner.decode(decoder, ev)
-        if ev.finished:
-            pcm = np.concatenate([pcm, self.runner.flush(decoder)])
-        if resampler is not None:
-            pcm = resampler.resample_chunk(pcm, last=ev.finished)
+        pcm = self.runner.rate_pcm(state, ev)
         return [pcm] if pcm.size else []
