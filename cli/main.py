@@ -192,6 +192,9 @@ def serve(
         None, "--mcp-allow-url", help="URL prefix a Realtime client may give as MCP server_url (repeatable)."
     ),
     max_tool_calls: int = typer.Option(4, "--max-tool-calls", min=1, help="Tool calls per user turn."),
+    tool_choice: str = typer.Option(
+        "auto", "--tool-choice", help="Voice sessions' use of the --mcp tools: auto, required, none or NAME."
+    ),
     tool_filler_ms: int = typer.Option(
         800, "--tool-filler-ms", min=0, help="A tool slower than this gets a spoken filler (ms, 0 = never)."
     ),
@@ -206,7 +209,7 @@ def serve(
     from omniduplex.app.core.session import SessionConfig
     from omniduplex.app.core.vad import TurnConfig
     from omniduplex.app.host.auth import AuthConfig, AuthConfigError, check_bind, load_keys
-    from omniduplex.app.host.config import tools_config
+    from omniduplex.app.host.config import tools_config, voice_tool_choice
     from omniduplex.app.server import ServerConfig
     from omniduplex.app.server import serve as run
     from omniduplex.app.surfaces.phone.config import SipConfig
@@ -257,6 +260,7 @@ def serve(
     )
     try:
         cfg.tools = tools_config(mcp or [], mcp_allow_url or [], max_tool_calls, tool_filler_ms)
+        cfg.session.tool_choice = voice_tool_choice(tool_choice, mcp or [])
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     if sip:

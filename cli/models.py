@@ -42,10 +42,8 @@ def init_model(
 ) -> None:
     """Write a deterministic random-weight checkpoint (Qwen3-Omni layout, the unified delay-pattern LM, or a
     TTS family's preset) and print one JSON line describing it."""
-    from omniduplex.models.qwen3_omni.presets import write_checkpoint
     from omniduplex.models.real_shapes import REAL
-    from omniduplex.models.registry import load_model
-    from omniduplex.models.unified.presets import write_unified_checkpoint
+    from omniduplex.models.registry import load_model, model_family_named
 
     load_plugins(plugin)
     if arch in REAL:
@@ -54,7 +52,8 @@ def init_model(
     if arch == "moshi" or arch.startswith("moshi-"):
         _init_moshi(out, arch.removeprefix("moshi").removeprefix("-") or preset, seed)
         return
-    if arch not in ("qwen3-omni", "unified"):
+    family = model_family_named(arch)  # a registered model family (models/registry.py) with presets
+    if family is None or family.init is None:
         _init_tts(out, arch, preset, seed, variant)
         return
     if arch != "qwen3-omni" and text_only:
@@ -62,10 +61,7 @@ def init_model(
     if variant is not None:
         raise typer.BadParameter(f"--variant applies to a TTS family, not --arch {arch}")
     t0 = time.perf_counter()
-    if arch == "unified":
-        write_unified_checkpoint(out, preset, seed)
-    else:
-        write_checkpoint(out, preset, seed, text_only)
+    family.write_preset(out, preset, seed, **({"text_only": True} if text_only else {}))
     written = time.perf_counter() - t0
     loaded = load_model(out)
     counts = loaded.num_parameters()
@@ -131,7 +127,9 @@ def _init_tts(out: Path, arch: str, preset: str, seed: int, variant: str | None)
     by_length = sorted(families(), key=lambda f: -len(f.name))  # "qwen3-tts-tiny": the longest name first
     family = next((f for f in by_length if arch == f.name or arch.startswith(f.name + "-")), None)
     if family is None or family.init is None:
-        names = ["qwen3-omni", "unified", *(f.name for f in families() if f.init is not None)]
+        from omniduplex.models.registry import model_families
+
+        names = [*(m.name for m in model_families() if m.init), *(f.name for f in families() if f.init)]
         raise typer.BadParameter(f"unknown --arch {arch!r}; choose from {names}")
     name = arch.removeprefix(family.name).removeprefix("-") or preset
     if name not in family.presets:

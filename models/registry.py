@@ -1,15 +1,20 @@
 """Model registry: ``config.json`` ``architectures`` → our modules, loaded from the published tensor names.
 
-Supported: ``Qwen3OmniMoeForConditionalGeneration`` (Thinker + audio tower, Talker + code predictor,
-Code2Wav), the text LMs ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM`` / ``LlamaForCausalLM`` /
-``Qwen2ForCausalLM`` (a Thinker without audio; Llama and Qwen2 have no per-head q/k norm, Qwen2 has
-q/k/v biases), and
-``OmniduplexUnifiedLM`` (:mod:`.unified`: one delay-pattern speech LM + a DAC codec decoder under ``codec.``).
+Model families by registration: one :class:`ModelFamily` per family, declared once with
+:func:`register_model_family`; :func:`load_model`, :func:`build_modules`, ``init-model --arch`` and the
+graph shape / output rate of ``pipeline/topology.py`` (``serve --model``, ``respond``) read it. Built in
+(registered at the end of this module): ``qwen3-omni`` (``Qwen3OmniMoeForConditionalGeneration``: Thinker +
+audio tower, Talker + code predictor, Code2Wav), ``text-lm`` (``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM``
+/ ``LlamaForCausalLM`` / ``Qwen2ForCausalLM``: a Thinker without audio; Llama and Qwen2 have no per-head
+q/k norm, Qwen2 has q/k/v biases) and ``unified`` (``OmniduplexUnifiedLM``, :mod:`.unified`: one
+delay-pattern speech LM + a DAC codec decoder under ``codec.``). A ``--plugin`` module registers more.
 """
 
 from __future__ import annotations
 
+import importlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,20 +80,96 @@ class LoadedModel:
         return UnifiedConfig.from_dict(self.raw_config)
 
 
+@dataclass(frozen=True)
+class ModelFamily:
+    """One model family's declaration, made once with :func:`register_model_family`: every reader of a
+    checkpoint (:func:`load_model`, :func:`build_modules`, ``init-model --arch NAME``, the graph shape and
+    output rate that ``serve --model`` / ``respond`` pick in ``pipeline/topology.py``) looks it up here.
+
+    Attributes:
+        name: the family's name (``init-model --arch NAME``).
+        architectures: the ``config.json`` ``architectures[0]`` values it reads.
+        build: ``(raw_config, architecture) -> {prefix: module}``: freshly initialised modules keyed by their
+            checkpoint tensor-name prefix (``""``: the whole checkpoint).
+        load: ``(raw_config, architecture, files, parts, model_dir) -> LoadedModel``: the requested
+            ``parts`` filled from the safetensors ``files`` (raises ``CheckpointError`` / ``ConfigError``).
+        build_random: the same for a weightless directory (``random_weights.json``), modules left unfilled
+            (:func:`load_model` seeds them); ``None``: not supported.
+        shape: the name of the graph shape it is served on (a ``pipeline.topology.Topology.name``).
+        output_rate: ``raw_config -> Hz`` of the PCM its graph emits (``None``: 24 kHz, Code2Wav's).
+        init: ``(out, preset, seed, **options) -> None`` writing a deterministic random-weight preset
+            (``init-model``; ``options``: ``text_only``), or its ``"module:function"`` path (imported when
+            used: a presets module that builds through this registry); ``None``: the family has no presets.
+    """
+
+    name: str
+    architectures: tuple[str, ...]
+    build: Callable[[dict, str], dict[str, nn.Module]]
+    load: Callable[[dict, str, list, tuple[str, ...], Path], LoadedModel]
+    build_random: Callable[[dict, str, tuple[str, ...], Path], LoadedModel] | None = None
+    shape: str = "qwen3-omni"
+    output_rate: Callable[[dict], int] | None = None
+    init: Callable[..., None] | str | None = None
+
+    def write_preset(self, out: Path, preset: str, seed: int, **options) -> None:
+        """Run :attr:`init` (``init-model --arch NAME``).
+
+        Raises:
+            ValueError: the family has no presets, or (from ``init``) an unknown preset."""
+        fn = self.init
+        if fn is None:
+            raise ValueError(f"model family {self.name} has no presets")
+        if isinstance(fn, str):
+            module, _, name = fn.partition(":")
+            fn = getattr(importlib.import_module(module), name)
+        fn(out, preset, seed, **options)
+
+
+_BY_NAME: dict[str, ModelFamily] = {}
+_BY_ARCHITECTURE: dict[str, ModelFamily] = {}
+
+
+def register_model_family(family: ModelFamily) -> ModelFamily:
+    """Make ``family`` known to every reader of checkpoints (registering a name again replaces it, so
+    re-importing a plugin module is harmless); returns it. A family outside the package registers from a
+    ``--plugin`` module (stage processes import it too)."""
+    old = _BY_NAME.pop(family.name, None)
+    for arch in old.architectures if old else ():
+        _BY_ARCHITECTURE.pop(arch, None)
+    _BY_NAME[family.name] = family
+    _BY_ARCHITECTURE.update(dict.fromkeys(family.architectures, family))
+    return family
+
+
+def model_families() -> list[ModelFamily]:
+    """Every registered model family, in registration order."""
+    return list(_BY_NAME.values())
+
+
+def model_family_named(name: str) -> ModelFamily | None:
+    """The family registered as ``name`` (``init-model --arch``), else ``None``."""
+    return _BY_NAME.get(name)
+
+
+def model_family_of(architecture: str) -> ModelFamily | None:
+    """The family that reads ``config.json`` ``architectures[0] == architecture``, else ``None``."""
+    return _BY_ARCHITECTURE.get(architecture)
+
+
 def architecture_of(raw: dict, model_dir: Path | str) -> str:
     """The checkpoint's architecture name.
 
     Raises:
-        CheckpointError: missing or unsupported ``architectures``.
+        CheckpointError: missing or unsupported ``architectures`` (the supported ones listed).
     """
     archs = raw.get("architectures") or []
     if not archs:
         raise CheckpointError(f"{model_dir}/config.json has no 'architectures' entry")
     arch = archs[0]
-    if arch not in (OMNI, UNIFIED) and arch not in TEXT_ARCHITECTURES:
+    if arch not in _BY_ARCHITECTURE:
         raise CheckpointError(
-            f"unknown architecture '{arch}' in {model_dir}/config.json; supported: "
-            f"{', '.join((OMNI, *TEXT_ARCHITECTURES, UNIFIED))}"
+            f"unknown architecture '{arch}' in {model_dir}/config.json; "
+            f"supported: {', '.join(_BY_ARCHITECTURE)}"
         )
     return arch
 
@@ -106,18 +187,7 @@ def text_config(raw: dict, arch: str) -> DecoderConfig:
 def build_modules(raw: dict) -> dict[str, nn.Module]:
     """Freshly initialised modules for a config dict, keyed by their checkpoint name prefix."""
     arch = architecture_of(raw, "<config>")
-    if arch == UNIFIED:
-        cfg = UnifiedConfig.from_dict(raw)
-        return {"": UnifiedLM(cfg), "codec.": DacCodec(DacDecoderConfig.from_dict(cfg.codec_config))}
-    if arch != OMNI:
-        return {"": DecoderLM(text_config(raw, arch))}
-    cfg = OmniConfig.from_dict(raw)
-    tower = AudioEncoder(AudioEncoderConfig.from_dict(cfg.thinker.audio))
-    mods: dict[str, nn.Module] = {"thinker.": DecoderLM(cfg.thinker.text, tower, cfg.thinker.audio_token_id)}
-    if cfg.talker is not None and cfg.code2wav is not None:
-        mods["talker."] = Talker(cfg.talker)
-        mods["code2wav."] = Code2Wav(Code2WavConfig.from_dict(cfg.code2wav))
-    return mods
+    return _BY_ARCHITECTURE[arch].build(raw, arch)
 
 
 def load_model(
@@ -126,7 +196,7 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ) -> LoadedModel:
-    """Build and load the requested parts of a checkpoint.
+    """Build and load the requested parts of a checkpoint of any registered family.
 
     Args:
         model_dir: directory with ``config.json`` and safetensors weights.
@@ -144,25 +214,24 @@ def load_model(
     model_dir = Path(model_dir)
     raw = read_config(model_dir)
     arch = architecture_of(raw, model_dir)
+    family = _BY_ARCHITECTURE[arch]
     seed = random_seed(model_dir)
-    if seed is not None:  # weightless directory (``real`` presets): built on the device, filled in place
-        try:
-            with building_on(device, dtype):
-                out = _build_random(raw, arch, parts, model_dir, seed)
-        except ConfigError as e:
-            raise CheckpointError(f"{model_dir}/config.json: {e}") from e
-        out.load_seconds = time.perf_counter() - t0
-        return out
-    files = weight_files(model_dir)
     try:
-        if arch == OMNI:
-            out = _load_omni(raw, files, parts, model_dir)
-        elif arch == UNIFIED:
-            out = _load_unified(raw, files, parts, model_dir)
-        else:
-            thinker = DecoderLM(text_config(raw, arch))
-            load_state_dict_into(thinker, files, prefix="")
-            out = LoadedModel(arch, model_dir, raw, None, thinker=thinker, parts=("thinker",))
+        if seed is not None:  # weightless directory (``real`` presets): built on the device, filled in place
+            if family.build_random is None:
+                raise CheckpointError(
+                    f"{model_dir}: a weightless (random_weights.json) {family.name} model is not supported"
+                )
+            with building_on(device, dtype):
+                out = family.build_random(raw, arch, parts, model_dir)
+            for i, name in enumerate(("thinker", "talker", "code2wav")):
+                m = getattr(out, name)
+                if m is not None:
+                    random_init_(m, seed + i)
+                    m.eval().requires_grad_(False)
+            out.load_seconds = time.perf_counter() - t0
+            return out
+        out = family.load(raw, arch, weight_files(model_dir), parts, model_dir)
     except ConfigError as e:
         raise CheckpointError(f"{model_dir}/config.json: {e}") from e
     for name in ("thinker", "talker", "code2wav", "unified", "codec", "codec_encoder"):
@@ -173,41 +242,54 @@ def load_model(
     return out
 
 
-def _build_random(raw: dict, arch: str, parts: tuple[str, ...], model_dir: Path, seed: int) -> LoadedModel:
-    """The requested parts of a weightless directory, random weights (see :mod:`.random_init`)."""
-    if arch == UNIFIED:
-        raise CheckpointError(
-            f"{model_dir}: a weightless (random_weights.json) unified model is not supported"
-        )
-    if arch != OMNI:
-        out = LoadedModel(
-            arch, model_dir, raw, None, thinker=DecoderLM(text_config(raw, arch)), parts=("thinker",)
-        )
-    else:
-        cfg = OmniConfig.from_dict(raw)
-        out = LoadedModel(OMNI, model_dir, raw, cfg, parts=parts)
-        if "thinker" in parts or "audio_tower" in parts:
-            tower = (
-                AudioEncoder(AudioEncoderConfig.from_dict(cfg.thinker.audio))
-                if "audio_tower" in parts
-                else None
-            )
-            out.thinker = DecoderLM(cfg.thinker.text, tower, cfg.thinker.audio_token_id)
-            if "thinker" not in parts:
-                out.thinker.model = out.thinker.lm_head = None
-        if "talker" in parts:
-            out.talker = Talker(cfg.talker)
-        if "code2wav" in parts:
-            out.code2wav = Code2Wav(Code2WavConfig.from_dict(cfg.code2wav))
-    for i, name in enumerate(("thinker", "talker", "code2wav")):
-        m = getattr(out, name)
-        if m is not None:
-            random_init_(m, seed + i)
-            m.eval().requires_grad_(False)
+# -- the built-in families ---------------------------------------------------------------------------------
+def _build_text(raw: dict, arch: str) -> dict[str, nn.Module]:
+    return {"": DecoderLM(text_config(raw, arch))}
+
+
+def _load_text(raw: dict, arch: str, files, parts: tuple[str, ...], model_dir: Path) -> LoadedModel:
+    thinker = DecoderLM(text_config(raw, arch))
+    load_state_dict_into(thinker, files, prefix="")
+    return LoadedModel(arch, model_dir, raw, None, thinker=thinker, parts=("thinker",))
+
+
+def _random_text(raw: dict, arch: str, parts: tuple[str, ...], model_dir: Path) -> LoadedModel:
+    thinker = DecoderLM(text_config(raw, arch))
+    return LoadedModel(arch, model_dir, raw, None, thinker=thinker, parts=("thinker",))
+
+
+def _build_omni(raw: dict, arch: str) -> dict[str, nn.Module]:
+    cfg = OmniConfig.from_dict(raw)
+    tower = AudioEncoder(AudioEncoderConfig.from_dict(cfg.thinker.audio))
+    mods: dict[str, nn.Module] = {"thinker.": DecoderLM(cfg.thinker.text, tower, cfg.thinker.audio_token_id)}
+    if cfg.talker is not None and cfg.code2wav is not None:
+        mods["talker."] = Talker(cfg.talker)
+        mods["code2wav."] = Code2Wav(Code2WavConfig.from_dict(cfg.code2wav))
+    return mods
+
+
+def _random_omni(raw: dict, arch: str, parts: tuple[str, ...], model_dir: Path) -> LoadedModel:
+    cfg = OmniConfig.from_dict(raw)
+    out = LoadedModel(OMNI, model_dir, raw, cfg, parts=parts)
+    if "thinker" in parts or "audio_tower" in parts:
+        audio = cfg.thinker.audio
+        tower = AudioEncoder(AudioEncoderConfig.from_dict(audio)) if "audio_tower" in parts else None
+        out.thinker = DecoderLM(cfg.thinker.text, tower, cfg.thinker.audio_token_id)
+        if "thinker" not in parts:
+            out.thinker.model = out.thinker.lm_head = None
+    if "talker" in parts:
+        out.talker = Talker(cfg.talker)
+    if "code2wav" in parts:
+        out.code2wav = Code2Wav(Code2WavConfig.from_dict(cfg.code2wav))
     return out
 
 
-def _load_omni(raw: dict, files, parts: tuple[str, ...], model_dir: Path) -> LoadedModel:
+def _build_unified(raw: dict, arch: str) -> dict[str, nn.Module]:
+    cfg = UnifiedConfig.from_dict(raw)
+    return {"": UnifiedLM(cfg), "codec.": DacCodec(DacDecoderConfig.from_dict(cfg.codec_config))}
+
+
+def _load_omni(raw: dict, arch: str, files, parts: tuple[str, ...], model_dir: Path) -> LoadedModel:
     cfg = OmniConfig.from_dict(raw)
     out = LoadedModel(OMNI, model_dir, raw, cfg, parts=parts)
     if "thinker" in parts or "audio_tower" in parts:
@@ -237,7 +319,7 @@ def _load_omni(raw: dict, files, parts: tuple[str, ...], model_dir: Path) -> Loa
     return out
 
 
-def _load_unified(raw: dict, files, parts: tuple[str, ...], model_dir: Path) -> LoadedModel:
+def _load_unified(raw: dict, arch: str, files, parts: tuple[str, ...], model_dir: Path) -> LoadedModel:
     cfg = UnifiedConfig.from_dict(raw)
     out = LoadedModel(UNIFIED, model_dir, raw, None, parts=parts)
     if "thinker" in parts or "unified" in parts:
@@ -254,3 +336,17 @@ def _load_unified(raw: dict, files, parts: tuple[str, ...], model_dir: Path) -> 
         out.codec_encoder = DacCodecEncoder(DacEncoderConfig.from_dict(cfg.codec_config))
         load_codec_encoder_into(out.codec_encoder, files, prefix="codec.")
     return out
+
+
+def _unified_rate(raw: dict) -> int:
+    """The DAC codec's ``codec_config.sampling_rate`` (Hz)."""
+    return int((raw.get("codec_config") or {}).get("sampling_rate", 16000))
+
+
+register_model_family(ModelFamily("qwen3-omni", (OMNI,), _build_omni, _load_omni, _random_omni,
+                                  init="omniduplex.models.qwen3_omni.presets:write_checkpoint"))
+register_model_family(ModelFamily("text-lm", TEXT_ARCHITECTURES, _build_text, _load_text, _random_text))
+register_model_family(ModelFamily(
+    "unified", (UNIFIED,), _build_unified, _load_unified, shape="unified", output_rate=_unified_rate,
+    init="omniduplex.models.unified.presets:write_unified_checkpoint",
+))

@@ -167,27 +167,46 @@ def with_side_asr(topo: Topology) -> Topology:
     )
 
 
+def _family(raw: dict):
+    """The registered model family (``models.registry.ModelFamily``) of a ``config.json``, else ``None``."""
+    from omniduplex.models.registry import model_family_of  # local: the model modules load on first use
+
+    archs = raw.get("architectures") or []
+    return model_family_of(archs[0]) if archs else None
+
+
 def topology_for(model: str | Path) -> Topology:
-    """:data:`CASCADE` for a cascade manifest, :data:`UNIFIED` for an ``OmniduplexUnifiedLM`` checkpoint,
-    :data:`QWEN3_TTS` for a Qwen3-TTS checkpoint, else :data:`QWEN3_OMNI`.
+    """:data:`CASCADE` for a cascade manifest, :data:`QWEN3_TTS` for a Qwen3-TTS checkpoint, else the shape
+    its registered model family declares (``ModelFamily.shape``: :data:`UNIFIED` for ``OmniduplexUnifiedLM``),
+    :data:`QWEN3_OMNI` for an architecture no family reads (loading it then names the supported ones).
 
     Raises:
         CheckpointError: ``config.json`` missing or unreadable.
+        ValueError: a family declares a shape that is not in :data:`SHAPES`.
     """
     if is_cascade(model):
         return CASCADE
-    archs = read_config(model).get("architectures") or []
-    if QWEN3_TTS_ARCHITECTURE in archs:
+    raw = read_config(model)
+    if QWEN3_TTS_ARCHITECTURE in (raw.get("architectures") or []):
         return QWEN3_TTS
-    return UNIFIED if "OmniduplexUnifiedLM" in archs else QWEN3_OMNI
+    family = _family(raw)
+    if family is None:
+        return QWEN3_OMNI
+    shape = next((t for t in SHAPES if t.name == family.shape), None)
+    if shape is None:
+        raise ValueError(f"model family {family.name}: unknown shape {family.shape!r}; "
+                         f"choose from {[t.name for t in SHAPES]}")
+    return shape
 
 
 def output_rate(model: str | Path) -> int:
-    """Sample rate (Hz) of the PCM the graph of ``model`` emits: 24 kHz for Code2Wav, Qwen3-TTS and the
-    cascade's TTS, the DAC ``codec_config.sampling_rate`` for unified checkpoints."""
+    """Sample rate (Hz) of the PCM the graph of ``model`` emits: 24 kHz for the cascade's TTS, Qwen3-TTS and
+    Code2Wav, else what the model family declares (``ModelFamily.output_rate``: the DAC
+    ``codec_config.sampling_rate`` for unified checkpoints)."""
     if is_cascade(model):
         return CASCADE_OUTPUT_RATE
-    cfg = read_config(model)
-    if "OmniduplexUnifiedLM" in (cfg.get("architectures") or []):
-        return int((cfg.get("codec_config") or {}).get("sampling_rate", 16000))
+    raw = read_config(model)
+    family = _family(raw)
+    if family is not None and family.output_rate is not None:
+        return family.output_rate(raw)
     return QWEN3_OMNI_OUTPUT_RATE

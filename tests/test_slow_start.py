@@ -11,6 +11,7 @@ torch before it can report ready, so it is never ready within the 50 ms limit us
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import httpx
@@ -75,3 +76,28 @@ def test_a_backend_that_may_not_wait_gives_up_at_the_limit_and_leaves_nothing(ck
         backend.start(lambda kind, msg: None)
     assert all(not p.is_alive() for p in backend.procs.values())
     assert not left_behind(before)
+
+
+def test_an_abandoned_start_gives_up_at_once_and_leaves_nothing(ckpt):
+    """``abandon_start`` (SIGTERM to ``serve`` while loading, :meth:`ServerState.stop`) from another thread,
+    once the stage processes exist: a backend that would wait as long as they live raises at once."""
+    before = set(list_segments())
+    backend = ProcessBackend(PipelineConfig(model=str(ckpt)), start_timeout_s=600, wait_when_late=True)
+
+    def abandon():
+        while len(backend.procs) < len(backend.topo.all_stages):
+            time.sleep(0.005)
+        backend.abandon_start()
+
+    thread = threading.Thread(target=abandon)
+    thread.start()
+    with pytest.raises(StageStartError, match=r"start abandoned \(the server is stopping\)"):
+        backend.start(lambda kind, msg: None)
+    thread.join()
+    assert all(not p.is_alive() for p in backend.procs.values()) and not backend.up
+    assert not left_behind(before)
+    again = ProcessBackend(PipelineConfig(model=str(ckpt)))
+    again.abandon_start()  # before the start: no stage process is spawned at all
+    with pytest.raises(StageStartError, match="start abandoned"):
+        again.start(lambda kind, msg: None)
+    assert not again.procs

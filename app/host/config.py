@@ -39,6 +39,26 @@ def tools_config(
     return ToolsConfig(mcp_cfg, max_calls=max_calls, filler_after_s=filler_ms / 1000)
 
 
+def voice_tool_choice(choice: str, mcp: list[str]) -> str | dict:
+    """``serve --tool-choice``: how the replies of the server-run voice sessions (browser, kiosk, phone) may
+    use the ``--mcp`` tools: ``auto`` (the model decides), ``required`` (each user turn calls a tool first),
+    ``none``, or a tool's name (that tool is called first: ``{"type": "function", "name": NAME}``, the
+    Realtime API's form). After a forced call the reply goes on in words
+    (:mod:`omniduplex.app.core.tool_turns`).
+
+    Raises:
+        ValueError: an empty choice, or ``required`` / a name without any ``--mcp`` server.
+    """
+    choice = choice.strip()
+    if not choice:
+        raise ValueError("--tool-choice: give auto, required, none or a tool's name")
+    if choice in ("auto", "none"):
+        return choice
+    if not mcp:
+        raise ValueError(f"--tool-choice {choice}: the voice sessions have no tools without --mcp")
+    return choice if choice == "required" else {"type": "function", "name": choice}
+
+
 @dataclass
 class HostConfig:
     """The pipeline, the sessions and the services every surface shares.

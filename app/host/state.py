@@ -73,6 +73,7 @@ class ServerState:
         self.started = False  # the pipeline (or the given responder) is up
         self.draining = False  # SIGTERM received: no new sessions on any surface (:mod:`.drain`)
         self.start_error: Exception | None = None  # why a background start failed
+        self.stopping = False  # stop() was called (a start still running is abandoned)
         self.on_start_failed = None  # called after a background start failed (serve: stop the server)
         self._starting: asyncio.Task | None = None
         self._speech_lock = threading.Lock()
@@ -111,7 +112,16 @@ class ServerState:
     async def _start_metered(self) -> None:
         if self.tool_runner is not None:
             await self.tool_runner.refresh()  # a server that is down is logged and offers no tools
+            named = self.cfg.session.tool_choice
+            offered = {t["function"]["name"] for t in self.tool_runner.tools}
+            if isinstance(named, dict) and named.get("name") not in offered:
+                log.error(
+                    "--tool-choice %s: no MCP server offers that tool (offered: %s); voice replies fail",
+                    named.get("name"), ", ".join(sorted(offered)) or "none",
+                )
         await self._start()
+        if self.stopping:  # abandoned (:meth:`stop`) before the stages were up
+            raise RuntimeError("stopped while starting")
         if self.cfg.duplex_model:
             from omniduplex.app.host.duplex import DuplexService
 
@@ -126,6 +136,9 @@ class ServerState:
         try:
             await self._start_metered()
         except Exception as e:
+            if self.stopping:  # the start was abandoned (stop() during it): not a failure
+                log.info("pipeline start abandoned: %s", e)
+                return
             self.start_error = e
             log.error("the pipeline failed to start: %s: %s", type(e).__name__, e)
             if self.on_start_failed is not None:
@@ -136,7 +149,7 @@ class ServerState:
         from omniduplex.app.core.turn_detection import load_turn_model
 
         self.turn_model = await asyncio.to_thread(load_turn_model, self.cfg.session.turn)
-        if self.responder is not None:
+        if self.responder is not None or self.stopping:
             return
         from omniduplex.app.host.pipeline import new_orchestrator, resolve_model, serving_meta
         from omniduplex.pipeline.config import load_graph
@@ -156,6 +169,8 @@ class ServerState:
             start_timeout_s=cfg.start_timeout_s,
             wait_when_late=cfg.start_in_background,
         )
+        if self.stopping:
+            self._abandon_start()
         await self.orchestrator.start()
         meta = serving_meta(
             cfg.max_tokens,
@@ -168,18 +183,31 @@ class ServerState:
         self.responder = OrchestratorResponder(self.orchestrator, meta)
 
     async def stop(self) -> None:
-        """Close every session, then stop the pipeline (after a background start has finished) and the
-        speech service it loaded."""
+        """Close every session, then stop the pipeline and the speech service it loaded. A background start
+        still running is abandoned: stage processes still loading are killed (in-process stages finish the
+        load step they are in first)."""
         if self._starting is not None:
+            if not self._starting.done():
+                self.stopping = True
+                log.warning("stopping while the pipeline is still starting: the start is abandoned")
+                self._abandon_start()
             await self._starting
         await asyncio.gather(*(c.close("server shutdown") for c in list(self.sessions.values())))
         if self.duplex is not None:
             await asyncio.to_thread(self.duplex.stop)
-        if self.orchestrator is not None:
+        if self.orchestrator is not None and getattr(self.orchestrator.backend, "running", True):
+            # (stage processes whose start failed or was abandoned were stopped by the start itself)
             await self.orchestrator.stop()
         if self.speech_models is not None:
             await asyncio.to_thread(self.speech_models.close)
         await self.mcp.aclose()
+
+    def _abandon_start(self) -> None:
+        """Make a stage-process start still waiting for its stages give up (``ProcessBackend.abandon_start``;
+        an in-process backend has none: its load step runs to its end)."""
+        abandon = getattr(getattr(self.orchestrator, "backend", None), "abandon_start", None)
+        if abandon is not None:
+            abandon()
 
     # -- shared models and services ---------------------------------------------------------------------
     def smart_turn_model(self) -> TurnModel:

@@ -90,6 +90,7 @@ class ProcessBackend:
         self.entry_stats: dict[str, dict] = {}  # credits of the orchestrator's own edges (backend thread)
         self.up: set[str] = set()  # stages that reported ready and have not died since
         self.late: set[str] = set()  # stages past start_timeout_s at the first start, still awaited
+        self.abandoned = threading.Event()  # :meth:`abandon_start` was called
         self.thread: threading.Thread | None = None
         self.running = False
         self._poller: zmq.Poller | None = None
@@ -101,6 +102,8 @@ class ProcessBackend:
     def start(self, on_output: OutputCallback) -> None:
         self.on_output = on_output
         try:
+            if self.abandoned.is_set():
+                raise StageStartError("start abandoned (the server is stopping)")
             prepare(self.pcfg)  # e.g. a GGUF import, or no vLLM for a `backend: vllm` stage
         except BaseException:
             shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -140,6 +143,11 @@ class ProcessBackend:
         self.running = True
         self.thread = threading.Thread(target=self._loop, name="omniduplex-process-backend", daemon=True)
         self.thread.start()
+
+    def abandon_start(self) -> None:
+        """The server is stopping before its stages are up (any thread): a :meth:`start` still waiting for
+        them raises ``StageStartError`` within 0.1 s, having killed the stage processes it spawned."""
+        self.abandoned.set()
 
     def send(self, msg: StageMessage) -> None:
         self.commands.put(("send", msg))
@@ -231,10 +239,13 @@ class ProcessBackend:
         long as they live, marked :attr:`late`).
 
         Raises:
-            StageStartError: a stage reported a fatal error, died, or (``give_up``) did not report in time.
+            StageStartError: a stage reported a fatal error, died, or (``give_up``) did not report in time;
+                :meth:`abandon_start` was called.
         """
         deadline = time.monotonic() + self.start_timeout_s
         while stages:
+            if self.abandoned.is_set():
+                raise StageStartError(f"start abandoned (the server is stopping): {sorted(stages)} not up")
             while self.status.poll(100 if stages else 0):
                 self._on_status(self.status.recv_json())
                 stages -= self.up

@@ -4,11 +4,14 @@ child process, scrubbed environment), started once per test session and only whe
 * ``default_server``: ``serve`` with the default model (stage processes, the packaged weights), Realtime
   clients allowed to name the order MCP server (``order_mcp_url``) as a ``type: "mcp"`` tool;
 * ``mcp_server``: ``serve`` with the default model (Qwen2.5-Coder-0.5B, which chooses a tool by itself on
-  ``tool_choice: "auto"``) and the order MCP server declared for the voice surfaces (``--mcp``).
+  ``tool_choice: "auto"`` for a typed request) and the order MCP server declared for the voice surfaces
+  (``--mcp``, with ``--tool-choice required``: each spoken turn calls it first); ``order_calls_log``: the
+  file the order server appends every call it receives to.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -25,10 +28,19 @@ ORDER_SERVER = Path(__file__).resolve().parents[1] / "mcp_order_server.py"
 
 
 @pytest.fixture(scope="session")
-def order_mcp_url():
+def order_calls_log(tmp_path_factory) -> Path:
+    """The file the order MCP server appends each call it receives to (JSON lines: tool, arguments)."""
+    return tmp_path_factory.mktemp("order-mcp") / "calls.jsonl"
+
+
+@pytest.fixture(scope="session")
+def order_mcp_url(order_calls_log):
     """The order MCP server over streamable HTTP on a free loopback port: its URL."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(ORDER_SERVER), "http", str(port)], stderr=subprocess.DEVNULL)
+    env = {**os.environ, "ORDER_MCP_CALL_LOG": str(order_calls_log)}
+    proc = subprocess.Popen(
+        [sys.executable, str(ORDER_SERVER), "http", str(port)], stderr=subprocess.DEVNULL, env=env
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -82,4 +94,8 @@ def default_server(_one_server, order_mcp_url) -> Served:
 def mcp_server(_one_server, order_mcp_url) -> Served:
     # over HTTP, already up: a stdio server started by serve may miss its 10 s listing on a loaded machine
     orders = f"orders[order_status]={order_mcp_url}"
-    return _one_server.get("mcp", "--max-tokens", "40", "--mcp", orders, "--log-level", "warning")
+    # --tool-choice required: the voice sessions' turns call a tool first (spoken on "auto", the 0.5B model
+    # answers in words: tests/e2e/test_phone_mcp_served.py); chat completions still choose per request
+    return _one_server.get(
+        "mcp", "--max-tokens", "40", "--mcp", orders, "--tool-choice", "required", "--log-level", "warning"
+    )

@@ -5,8 +5,9 @@ tests/served.py; Qwen2.5-Coder-0.5B: the 135M default model is not relied on to 
 * ``POST /v1/chat/completions`` with the ``openai`` SDK: the weather question comes back as ``tool_calls``.
 
 (A spoken question on ``auto`` — Realtime or a Twilio call — was tried here too: the 0.5B model answered in
-words instead of calling, so those run with a forced choice: tests/e2e/test_realtime_tools_e2e.py,
-tests/e2e/test_phone_tools.py.)
+words instead of calling, so those run with a forced choice: tests/e2e/test_realtime_tools_e2e.py, and on
+this same server, started with ``--tool-choice required`` for its voice sessions,
+tests/e2e/test_phone_mcp_served.py; the requests here name their own ``tool_choice``.)
 
 No request leaves a traceback in the server's log.
 """

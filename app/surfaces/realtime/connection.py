@@ -134,7 +134,9 @@ class RealtimeConnection(ItemEvents):
         self.outbox: asyncio.Queue[dict | None] = asyncio.Queue()
         self.cfg = RealtimeConfig(id=session_id)
         self.base_turn = base.turn
-        scfg = replace(base, output_rate=OUTPUT_RATE, turn=turn_config(self.cfg, base.turn))
+        # the client's own tool choice (serve --tool-choice is the voice surfaces')
+        turn = turn_config(self.cfg, base.turn)
+        scfg = replace(base, output_rate=OUTPUT_RATE, turn=turn, tool_choice=self.cfg.tool_choice)
         self.items = ConversationItems()
         self.mcp = RealtimeMcp(mcp, self._send, self.items)  # runs the session's MCP tools' calls
         self.session = Session(session_id, responder, self._on_event, scfg, tool_runner=self.mcp)
