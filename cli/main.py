@@ -123,6 +123,12 @@ def serve(
         "ws /v1/realtime?duplex=1 beside the cascade.",
     ),
     duplex_sessions: int = typer.Option(4, "--duplex-sessions", min=1, help="Duplex engine rows."),
+    duplex_resume_s: float = typer.Option(
+        30.0,
+        "--duplex-resume-s",
+        min=0.0,
+        help="Grace period (s) a dropped /v1/realtime?duplex=1 session waits for session.resume.",
+    ),
     duplex_surfaces: str | None = typer.Option(
         None,
         "--duplex-surfaces",
@@ -257,6 +263,7 @@ def serve(
         graph=str(graph) if graph else None,
         duplex_model=str(duplex_model) if duplex_model else None,
         duplex_sessions=duplex_sessions,
+        duplex_resume_s=duplex_resume_s,
         duplex_surfaces=surfaces,
         processes=processes,
         max_tokens=max_tokens,

@@ -62,6 +62,9 @@ class HostConfig:
     """A Moshi checkpoint folder served on ``/v1/realtime?duplex=1`` beside the cascade (:mod:`.duplex`)."""
     duplex_sessions: int = 4
     """Rows of the duplex frame engine (concurrent duplex sessions, within ``max_sessions``)."""
+    duplex_resume_s: float = 30.0
+    """Grace period of a dropped ``/v1/realtime?duplex=1`` session: a reconnect within it may
+    ``session.resume`` it (:meth:`.duplex.DuplexService.park`)."""
     duplex_surfaces: tuple[str, ...] = ()
     """Surfaces whose calls run the duplex model instead of the cascade by default (of
     :data:`DUPLEX_SURFACES`; :func:`parse_duplex_surfaces`); a call may still choose per call."""

@@ -3,6 +3,11 @@
 .DuplexClock` thread, beside the cascade. A session (``ws /v1/realtime?duplex=1``) joins the engine, pushes
 its 80 ms input frames and reads its output frames from an asyncio queue that the clock thread fills
 (:meth:`DuplexService.join`); leaving frees its engine row before the next tick, the others keep ticking.
+
+Resume: a connection that drops may :meth:`~DuplexService.park` its session instead of leaving: the engine row
+(the model's state) stays and keeps ticking (the model hears silence), its output frames are dropped, and the
+connection's own record (what was played) is kept with it, for ``resume_s`` seconds; :meth:`~DuplexService.
+resume` hands both to a new connection (``session.resume``); past the grace period the row is freed.
 """
 
 from __future__ import annotations
@@ -40,8 +45,16 @@ def is_moshi_folder(folder: str | Path) -> bool:
     return isinstance(raw, dict) and (raw.get("model_type") == "moshi" or "depformer_dim" in raw)
 
 
+RESUME_S = 30.0
+"""Default grace period of a dropped duplex session (s): a reconnect within it resumes the session."""
+
+
 class DuplexFull(RuntimeError):
     """Every row of the frame engine is taken."""
+
+
+class SessionNotFound(KeyError):
+    """No parked session of that id: never known, resumed already, or its grace period expired."""
 
 
 class DuplexService:
@@ -53,13 +66,21 @@ class DuplexService:
         capacity: engine rows (concurrent duplex sessions).
         graph_mode: the engine's ``graph_mode`` (``off``: eager; ``auto``: CUDA graphs on a GPU).
         budget_ms: a tick's budget (80 ms, one frame); a longer tick is told to its sessions.
+        resume_s: how long a parked session waits for its client (s; :meth:`park`).
     """
 
     def __init__(
-        self, folder: str | Path, capacity: int = 4, graph_mode: str = "off", budget_ms: float = 80.0
+        self,
+        folder: str | Path,
+        capacity: int = 4,
+        graph_mode: str = "off",
+        budget_ms: float = 80.0,
+        resume_s: float = RESUME_S,
     ) -> None:
         self.folder, self.capacity, self.graph_mode = Path(folder), capacity, graph_mode
-        self.budget_ms = budget_ms
+        self.budget_ms, self.resume_s = budget_ms, resume_s
+        self._parked: dict[str, tuple[object, asyncio.TimerHandle]] = {}
+        self.resumed = self.expired = 0
         self.engine: DuplexEngine | None = None
         self.clock = None
         self.pad_ids: set[int] = set()
@@ -118,20 +139,62 @@ class DuplexService:
             await asyncio.sleep(0.02)
 
     def leave(self, session_id: str) -> None:
-        """Free the session's row before the next tick (idempotent)."""
+        """Free the session's row before the next tick (idempotent; a parked session is forgotten)."""
+        parked = self._parked.pop(session_id, None)
+        if parked is not None:
+            parked[1].cancel()
         with self._lock:
             if self._outboxes.pop(session_id, None) is not None:
                 self.engine.leave(session_id)
+
+    def park(self, session_id: str, record: object) -> None:
+        """Keep a dropped connection's session for :attr:`resume_s` seconds: its engine row keeps ticking,
+        ``record`` (the connection's own state, e.g. what was played) waits for :meth:`resume`; then the row
+        is freed. Call it on the event loop."""
+        if session_id not in self._outboxes:
+            return
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self.resume_s, self._expire, session_id)
+        self._parked[session_id] = (record, timer)
+        log.info("duplex session %s parked for %.0f s", session_id, self.resume_s)
+
+    def resume(self, session_id: str) -> tuple[asyncio.Queue, object]:
+        """Take a parked session back: returns its output queue (emptied: the frames of the gap were never
+        heard) and the ``record`` given to :meth:`park`.
+
+        Raises:
+            SessionNotFound: no session of that id is parked (unknown, resumed already, or expired).
+        """
+        parked = self._parked.pop(session_id, None)
+        if parked is None:
+            raise SessionNotFound(session_id)
+        record, timer = parked
+        timer.cancel()
+        q = self._outboxes[session_id]
+        while not q.empty():
+            q.get_nowait()
+        self.resumed += 1
+        return q, record
+
+    def _expire(self, session_id: str) -> None:
+        if session_id in self._parked:
+            self.expired += 1
+            log.info("duplex session %s: grace period over, row freed", session_id)
+            self.leave(session_id)
 
     def push(self, session_id: str, pcm: np.ndarray) -> None:
         """Queue one input frame: float32 ``[1920]`` at 24 kHz. Raises ValueError (see ``Slots.push``)."""
         self.engine.push(session_id, pcm)
 
     def stats(self) -> dict:
-        """``sessions``, ``capacity``, ``ticks``, ``overrun_ticks``, ``late_ticks``, ``dropped_frames``."""
+        """``sessions`` (engine rows taken, parked ones included), ``parked``, ``resumed``, ``expired``,
+        ``capacity``, ``ticks``, ``overrun_ticks``, ``late_ticks``, ``dropped_frames``."""
         e = self.engine
         return {
             "sessions": len(self._outboxes),
+            "parked": len(self._parked),
+            "resumed": self.resumed,
+            "expired": self.expired,
             "capacity": self.capacity,
             "ticks": e.ticks if e else 0,
             "overrun_ticks": e.overrun_ticks if e else 0,
@@ -154,6 +217,8 @@ class DuplexService:
 
     def _deliver(self, batch) -> None:
         for q, f, events in batch:
+            if f.session_id in self._parked:  # nobody listens: the model's audio of the gap is not kept
+                continue
             if q.full():  # a client that does not read: keep the newest audio
                 q.get_nowait()
                 self.dropped_frames += 1

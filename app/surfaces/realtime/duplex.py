@@ -9,6 +9,14 @@ Client events:
         the stream); the session history keeps only the text of the frames played. Answered by
         ``playback.acked {played_ms, transcript}`` (the history's text).
     ``session.update``  answered by ``session.updated`` (nothing in it changes the duplex session).
+    ``session.resume {session_id}``  take over a session whose connection dropped (no close handshake, or a
+        close code other than 1000) less than ``serve --duplex-resume-s`` (30 s) ago: its engine row, with
+        the model's state, kept ticking meanwhile (the model heard silence, its audio of the gap is dropped).
+        This connection's own new session is ended, and ``session.resumed {session, played_ms,
+        transcript}`` answers: the stream goes on from ``played_ms`` (the last ``playback.ack``; the frames
+        sent but not acknowledged were not heard and are gone from the history), ``transcript`` is the
+        history. An unknown, already resumed or expired id is an ``error`` with ``code:
+        session_not_found`` (this connection's session goes on). A clean close (1000) ends a session for good.
 Server events:
     ``session.created``, ``session.updated``, ``error`` (GA shapes); one ``response.created`` when the stream
     starts; then per 80 ms frame one ``response.output_audio.delta`` (1920 samples PCM16 base64) and, when the
@@ -31,7 +39,7 @@ import numpy as np
 from fastapi import WebSocket, WebSocketDisconnect
 
 from omniduplex.app.core.session_config import SessionStats
-from omniduplex.app.host.duplex import DuplexService
+from omniduplex.app.host.duplex import DuplexService, SessionNotFound
 from omniduplex.app.surfaces.wire.openai_rest import MODEL_ID
 from omniduplex.app.surfaces.wire.realtime import server_events as ev
 from omniduplex.models.moshi.config import FRAME_SAMPLES
@@ -58,8 +66,11 @@ class DuplexSession:
 
     def __init__(self, session_id: str, ws: WebSocket) -> None:
         self.id, self.ws, self.stats = session_id, ws, SessionStats()
+        self.closing = False
+        """The server ends it (shutdown, drain): its engine row is freed, not parked for a resume."""
 
     async def close(self, reason: str) -> None:
+        self.closing = True
         with contextlib.suppress(Exception):  # already closed
             await self.ws.close(code=1001, reason=reason[:120])
 
@@ -80,6 +91,9 @@ class DuplexConnection:
         self.transcript = ""
         self._pending = bytearray()
         self._send_lock = asyncio.Lock()
+        self._sender: asyncio.Task | None = None
+        self.dropped = False
+        """The client went away without a clean close (1000): the session is parked for a resume."""
 
     def session_object(self) -> dict:
         fmt = {"type": "audio/pcm", "rate": 24000}
@@ -119,22 +133,38 @@ class DuplexConnection:
                     },
                 }
             )
-            sender = asyncio.create_task(self._send_frames(outbox))
+            self._sender = asyncio.create_task(self._send_frames(outbox))
             try:
                 await self._read()
             finally:
-                sender.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await sender
+                await self._stop_sender()
         finally:
-            self.service.leave(self.session.id)
+            if self.dropped and not self.session.closing:
+                self.service.park(self.session.id, self.record())
+            else:
+                self.service.leave(self.session.id)
+
+    async def _stop_sender(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._sender
+            self._sender = None
+
+    def record(self) -> dict:
+        """What a resume needs of this connection: the history and the played position (ms)."""
+        return {"history": list(self.history), "played_ms": self.played_ms}
 
     # client -> server --------------------------------------------------------------------------------
     async def _read(self) -> None:
         while True:
             try:
                 raw = await self.ws.receive_text()
-            except (WebSocketDisconnect, RuntimeError):
+            except WebSocketDisconnect as e:
+                self.dropped = e.code != 1000
+                return
+            except RuntimeError:
+                self.dropped = True
                 return
             try:
                 event = json.loads(raw)
@@ -149,6 +179,8 @@ class DuplexConnection:
                 await self._ack(event, eid)
             elif kind == "session.update":
                 await self.send({"type": "session.updated", "session": self.session_object()})
+            elif kind == "session.resume":
+                await self._resume(event, eid)
             else:
                 await self.error(
                     f"{kind!r} is not supported in duplex mode (the model speaks and listens at every frame)",
@@ -185,6 +217,39 @@ class DuplexConnection:
         await self.send(
             {"type": "playback.acked", "played_ms": self.played_ms, "transcript": self.transcript}
         )
+
+    async def _resume(self, event: dict, eid: str | None) -> None:
+        sid = event.get("session_id")
+        if not isinstance(sid, str) or not sid or sid == self.session.id:
+            await self.error("session.resume needs session_id, another session's id", "invalid_value", eid)
+            return
+        try:
+            outbox, record = self.service.resume(sid)
+        except SessionNotFound:
+            await self.error(
+                f"no resumable duplex session {sid!r}: unknown, resumed already, or its "
+                f"{self.service.resume_s:.0f} s grace period is over",
+                "session_not_found",
+                eid,
+            )
+            return
+        await self._stop_sender()
+        self.service.leave(self.session.id)  # this connection's own new session
+        self.session.id = sid
+        self.response_id, self.item_id = f"resp_{sid}", f"item_{sid}"
+        self.played_ms = self.sent_ms = record["played_ms"]
+        self.history = [(end, t) for end, t in record["history"] if end <= self.played_ms]
+        self.transcript = "".join(t for _, t in self.history)
+        self._pending.clear()
+        await self.send(
+            {
+                "type": "session.resumed",
+                "session": self.session_object(),
+                "played_ms": self.played_ms,
+                "transcript": self.transcript,
+            }
+        )
+        self._sender = asyncio.create_task(self._send_frames(outbox))
 
     # server -> client --------------------------------------------------------------------------------
     async def _send_frames(self, outbox: asyncio.Queue) -> None:
