@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from omniduplex.pipeline.duplex.engine import DuplexEngine, DuplexFrame
+from omniduplex.pipeline.duplex.prompts import DuplexPrompt, check_prompt, encode_voice_prompt
 
 log = logging.getLogger("omniduplex.duplex")
 
@@ -89,15 +91,20 @@ class DuplexService:
         self._outboxes: dict[str, asyncio.Queue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
+        self._prompt_lock = threading.Lock()
+        self.prompt_mimi = None
 
     def load(self) -> None:
         """Load the folder and build the engine (blocking; call it in a worker thread).
 
         Raises ValueError: not a Moshi folder (``load_moshi``)."""
+        import copy
+
         from omniduplex.models.moshi.checkpoint import load_moshi
 
         models = load_moshi(self.folder)
         self.pad_ids = {0, int(models.config.get("existing_text_padding_id", 3))}
+        self.prompt_mimi = copy.deepcopy(models.mimi)  # one-shot encodes of voice prompts, off the engine
         self.engine = DuplexEngine(
             models, capacity=self.capacity, budget_ms=self.budget_ms, graph_mode=self.graph_mode
         )
@@ -117,26 +124,40 @@ class DuplexService:
             self.clock.stop()
 
     # sessions ---------------------------------------------------------------------------------------
-    async def join(self, session_id: str) -> asyncio.Queue:
-        """Join the engine from the next tick on; returns the queue of the session's ``(DuplexFrame,
-        events)`` (``events``: the engine's ``tick_overrun`` events of that tick). A row whose session left is
-        free only after the next tick applies the leave: a join that finds the engine full while a leave is
-        pending waits for it (at most :data:`LEAVE_WAIT_S`).
+    async def join(self, session_id: str, prompt: DuplexPrompt | None = None) -> asyncio.Queue:
+        """Join the engine from the next tick on (prefilled with ``prompt`` first, when given); returns the
+        queue of the session's ``(DuplexFrame, events)`` (``events``: the engine's ``tick_overrun`` events of
+        that tick). A row whose session left is free only after the next tick applies the leave: a join that
+        finds the engine full (or its own id still leaving) while a leave is pending waits for it (at most
+        :data:`LEAVE_WAIT_S`).
 
-        Raises DuplexFull when every row is taken."""
+        Raises:
+            DuplexFull: every row is taken.
+            ValueError: a prompt the model cannot take (:func:`.prompts.check_prompt` of the duplex pipeline).
+        """
         assert self.engine is not None
+        if prompt is not None:
+            lm = self.engine.lm
+            check_prompt(prompt, lm.dep_q, lm.card, lm.text_card)
         q: asyncio.Queue = asyncio.Queue(OUTBOX_FRAMES)
         deadline = time.monotonic() + LEAVE_WAIT_S
         while True:
             with self._lock:
                 try:
-                    self.engine.join(session_id)
+                    self.engine.join(session_id, prompt=prompt)
                     self._outboxes[session_id] = q
                     return q
                 except ValueError as e:
                     if not self.engine.slots.leaving or time.monotonic() > deadline:
                         raise DuplexFull(str(e)) from None
             await asyncio.sleep(0.02)
+
+    def encode_voice(self, pcm: np.ndarray) -> torch.Tensor:
+        """A voice prompt's reference clip (float32 ``[samples]`` at 24 kHz) → its Mimi codes int64
+        ``[frames, dep_q]`` (blocking: call it in a worker thread). Raises ValueError for a bad clip
+        (:func:`~omniduplex.pipeline.duplex.prompts.encode_voice_prompt`)."""
+        with self._prompt_lock:
+            return encode_voice_prompt(self.prompt_mimi, torch.from_numpy(pcm), self.engine.lm.dep_q)
 
     def leave(self, session_id: str) -> None:
         """Free the session's row before the next tick (idempotent; a parked session is forgotten)."""

@@ -3,9 +3,10 @@ folder written by ``init-model``) started as a subprocess with a scrubbed enviro
 two duplex sessions at once both get continuous audio and transcript deltas, ``playback.ack`` trims the
 history to what was played, a client that vanishes frees its engine row (after the 3 s resume grace period)
 while the other keeps streaming, a dropped session resumes by id on a new socket (``session.resume``), a
-full engine is refused with "try again later", and the cascade Realtime endpoint (official ``openai`` SDK)
-answers beside it. The duplex events are driven with plain ``websockets`` (the SDK knows no
-``playback.ack``)."""
+``session.update`` with voice / role prompts restarts the session behind a silent prefill (bad prompts get
+one clear error), a full engine is refused with "try again later", and the cascade Realtime endpoint
+(official ``openai`` SDK) answers beside it. The duplex events are driven with plain ``websockets`` (the SDK
+knows no ``playback.ack``)."""
 
 from __future__ import annotations
 
@@ -290,5 +291,34 @@ def test_a_dropped_session_resumes_by_id_with_what_was_played_and_only_within_it
                 err = await until_event(ws, "error")
                 assert err["error"]["code"] == "session_not_found", err
         assert stats(served)["duplex"]["expired"] >= 1
+
+    asyncio.run(main())
+
+
+def test_session_update_with_voice_and_role_prompts_restarts_behind_a_silent_prefill(served):
+    async def main():
+        async with connect(served) as ws:
+            sid = await created(ws)
+            bad = {"type": "session.update", "session": {"role_prompt_tokens": ["hello"]}, "event_id": "b1"}
+            await ws.send(json.dumps(bad))
+            err = await until_event(ws, "error")
+            assert (err["error"]["code"], err["error"]["event_id"]) == ("invalid_value", "b1")
+            assert "role_prompt_tokens" in err["error"]["message"]
+            t = np.arange(5 * 1920) / 24000  # a 0.4 s reference clip: 5 Mimi frames
+            clip = (0.3 * np.sin(2 * np.pi * 180 * t) * 32767).astype("<i2").tobytes()
+            fields = {"voice_prompt": base64.b64encode(clip).decode(), "role_prompt_tokens": [5, 17]}
+            await ws.send(json.dumps({"type": "session.update", "session": fields}))
+            updated = await until_event(ws, "session.updated")
+            assert updated["session"]["id"] == sid
+            assert updated["session"]["prompt"] == {"voice_frames": 5, "role_tokens": 2, "prefill_ms": 640}
+            speaker = asyncio.create_task(speak(ws, 16))
+            events, texts = await collect(ws, 16)
+            await speaker
+            kind = "response.output_audio.delta"
+            audio = [base64.b64decode(e["delta"]) for e in events if e["type"] == kind]
+            prefill = 640 // 80  # 7 prompt frames + the acoustic delay (1 frame)
+            assert all(not any(a) for a in audio[:prefill])  # the prompt itself is not sent: silence
+            assert any(any(a) for a in audio[prefill:])  # then the model speaks
+            assert texts and min(end for end, _ in texts) > prefill  # no text from the prefill either
 
     asyncio.run(main())

@@ -8,7 +8,14 @@ Client events:
     ``playback.ack {played_ms}``  how much of the model's audio the client has played (ms from the start of
         the stream); the session history keeps only the text of the frames played. Answered by
         ``playback.acked {played_ms, transcript}`` (the history's text).
-    ``session.update``  answered by ``session.updated`` (nothing in it changes the duplex session).
+    ``session.update``  answered by ``session.updated``. Its PersonaPlex prompt fields restart the session
+        with them (the model's state, the history and the stream position start over; the engine prefills the
+        prompt, :mod:`omniduplex.pipeline.duplex.prompts`, ~80 ms a frame, sending silence meanwhile):
+        ``session.voice_prompt`` (base64 PCM16 mono 24 kHz: a reference clip of the voice, Mimi-encoded onto
+        the model's own audio stream) and ``session.role_prompt_tokens`` (text-stream token ids of the role
+        prompt: the ``init-model`` presets have no tokenizer). ``session.updated`` then carries
+        ``prompt: {voice_frames, role_tokens, prefill_ms}``; a bad prompt is an ``error`` (``invalid_value``)
+        and changes nothing. Other fields change nothing.
     ``session.resume {session_id}``  take over a session whose connection dropped (no close handshake, or a
         close code other than 1000) less than ``serve --duplex-resume-s`` (30 s) ago: its engine row, with
         the model's state, kept ticking meanwhile (the model heard silence, its audio of the gap is dropped).
@@ -39,10 +46,11 @@ import numpy as np
 from fastapi import WebSocket, WebSocketDisconnect
 
 from omniduplex.app.core.session_config import SessionStats
-from omniduplex.app.host.duplex import DuplexService, SessionNotFound
+from omniduplex.app.host.duplex import DuplexFull, DuplexService, SessionNotFound
 from omniduplex.app.surfaces.wire.openai_rest import MODEL_ID
 from omniduplex.app.surfaces.wire.realtime import server_events as ev
 from omniduplex.models.moshi.config import FRAME_SAMPLES
+from omniduplex.pipeline.duplex.prompts import DuplexPrompt, check_prompt
 
 log = logging.getLogger("omniduplex.realtime.duplex")
 
@@ -178,7 +186,7 @@ class DuplexConnection:
             elif kind == "playback.ack":
                 await self._ack(event, eid)
             elif kind == "session.update":
-                await self.send({"type": "session.updated", "session": self.session_object()})
+                await self._update(event, eid)
             elif kind == "session.resume":
                 await self._resume(event, eid)
             else:
@@ -217,6 +225,58 @@ class DuplexConnection:
         await self.send(
             {"type": "playback.acked", "played_ms": self.played_ms, "transcript": self.transcript}
         )
+
+    async def _update(self, event: dict, eid: str | None) -> None:
+        fields = event.get("session") if isinstance(event.get("session"), dict) else {}
+        if "voice_prompt" not in fields and "role_prompt_tokens" not in fields:
+            await self.send({"type": "session.updated", "session": self.session_object()})
+            return
+        try:
+            prompt = await self._prompt(fields)
+        except ValueError as e:
+            await self.error(f"bad duplex prompt: {e}", "invalid_value", eid)
+            return
+        await self._stop_sender()
+        self.service.leave(self.session.id)  # the same id joins again once the leave is applied
+        try:
+            outbox = await self.service.join(self.session.id, prompt)
+        except DuplexFull as e:  # the row went to another session meanwhile
+            await self.error(f"try again later: {e}", "session_limit_reached", eid)
+            await self.session.close("duplex engine full")
+            return
+        self.sent_ms = self.played_ms = 0
+        self.history, self.transcript = [], ""
+        self._pending.clear()
+        lag = self.service.engine.lag
+        info = {
+            "voice_frames": 0 if prompt.voice_codes is None else int(prompt.voice_codes.shape[0]),
+            "role_tokens": len(prompt.role_tokens),
+            "prefill_ms": (prompt.frames + lag) * FRAME_MS,
+        }
+        await self.send({"type": "session.updated", "session": {**self.session_object(), "prompt": info}})
+        self._sender = asyncio.create_task(self._send_frames(outbox))
+
+    async def _prompt(self, fields: dict) -> DuplexPrompt:
+        """The prompt of a ``session.update``'s fields. Raises ValueError (with the field) when bad."""
+        voice, tokens = fields.get("voice_prompt"), fields.get("role_prompt_tokens", [])
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise ValueError("role_prompt_tokens must be a list of token ids (ints)")
+        codes = None
+        if voice is not None:
+            try:
+                data = base64.b64decode(voice, validate=True)
+            except (binascii.Error, TypeError, ValueError):
+                raise ValueError("voice_prompt must be base64 PCM16 mono 24 kHz") from None
+            if not data or len(data) % 2:
+                raise ValueError("voice_prompt is PCM16: a positive, even number of bytes")
+            pcm = np.frombuffer(data, "<i2").astype(np.float32) / 32768
+            codes = await asyncio.to_thread(self.service.encode_voice, pcm)
+        prompt = DuplexPrompt(codes, tokens)
+        if not prompt.frames:
+            raise ValueError("an empty prompt (no voice_prompt audio, no role_prompt_tokens)")
+        lm = self.service.engine.lm
+        check_prompt(prompt, lm.dep_q, lm.card, lm.text_card)  # before the session is given up
+        return prompt
 
     async def _resume(self, event: dict, eid: str | None) -> None:
         sid = event.get("session_id")
