@@ -119,3 +119,11 @@ def test_bad_prompts_are_refused_with_a_clear_error():
         encode_voice_prompt(copy.deepcopy(eng.mimi), torch.tensor([float("nan")] * 10), 8)
     eng.join("x", GREEDY)  # nothing was joined by the refused calls
     assert len(eng.tick()) == 1
+
+
+def test_bench_duplex_prompts_times_both_kinds_of_extra_row():
+    from omniduplex.benchmarks.duplex_prompts import measure
+
+    times = measure("tiny", sessions=1, ticks=4, prompt_frames=2, block=2, full_context=False)
+    assert {k: len(v) for k, v in times.items()} == {"plain": 4, "prefill": 4}
+    assert all(t > 0 for v in times.values() for t in v)
