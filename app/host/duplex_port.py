@@ -1,5 +1,5 @@
 """The one adapter from a surface's audio port to a duplex session (:class:`DuplexPort`): the browser
-(WebRTC, 48 kHz), the kiosk (the same) and the phone (Twilio, 8 kHz μ-law decoded to PCM) run the duplex
+(WebRTC, 48 kHz), the kiosk (the same) and the phone (Twilio, SIP: 8 kHz G.711 decoded to PCM) run the duplex
 model (:mod:`.duplex`) through it instead of the cascade's :class:`~omniduplex.app.core.session.Session`.
 
 It has the surface-facing half of :class:`~omniduplex.app.core.audio.AudioPort`: :meth:`DuplexPort.push`
@@ -182,6 +182,10 @@ class DuplexPort:
         if deliver is not None:
             deliver(out, filled)
         return out, filled
+
+    async def run(self, tick) -> None:
+        """The surface's frame loop: ``tick(due)`` every 20 ms on :attr:`pacer` (cancel to stop)."""
+        await self.pacer.run(tick)
 
     def transcript(self, played: int) -> str:
         """The text of the frames whose audio ends at or before output sample ``played`` (at ``out_rate``)."""
