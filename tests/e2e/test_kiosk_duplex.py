@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import soundfile
 from _kiosk_server import ScriptedReplies
-from test_browser_voice_chat import free_port  # noqa: I001 (a sibling test module, as test_kiosk_browser does)
+from test_browser_voice_chat import free_port
 from test_kiosk_browser import chromium, live, open_kiosk, run_in_thread, wait_until
 
 from omniduplex.app.server import ServerConfig, create_app
