@@ -2,7 +2,8 @@
 service on a moshi-tiny folder (its clock ticking every 80 ms on its thread): wire audio at 8 kHz becomes
 80 ms 24 kHz engine frames, the model's frames come back as 20 ms 8 kHz frames after a prebuffer, running dry
 restarts the prebuffer (counted), a wire far ahead of real time has frames dropped (counted, nothing raised),
-and closing frees the engine row."""
+and closing frees the engine row. Also which calls run the duplex model: ``serve --duplex-surfaces`` (bad
+names refused at the command line) and an offer's own choice."""
 
 from __future__ import annotations
 
@@ -63,3 +64,41 @@ def test_port_resamples_both_ways_prebuffers_counts_and_frees_its_row(folder):
         assert port.push(np.zeros(160, np.int16)) == 0  # closed: input is ignored
 
     asyncio.run(main())
+
+
+def test_duplex_surfaces_are_parsed_and_bad_ones_refused_by_serve(tmp_path):
+    import subprocess
+    import sys
+
+    from omniduplex.app.host.config import parse_duplex_surfaces
+
+    assert parse_duplex_surfaces("browser, phone,browser", "m") == ("browser", "phone")
+    assert parse_duplex_surfaces(None, None) == ()
+    with pytest.raises(ValueError, match="unknown duplex surface.*fax"):
+        parse_duplex_surfaces("browser,fax", "m")
+    with pytest.raises(ValueError, match="need a duplex model"):
+        parse_duplex_surfaces("kiosk", None)
+    r = subprocess.run(
+        [sys.executable, "-m", "omniduplex.cli.main", "serve", "--duplex-surfaces", "kiosk"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "need a duplex model" in r.stderr
+
+
+def test_an_offer_chooses_the_duplex_model_by_field_then_query_then_serve_default():
+    from types import SimpleNamespace
+
+    from omniduplex.app.surfaces.browser.routes import wants_duplex
+    from omniduplex.app.surfaces.browser.webrtc import OfferError
+
+    host = SimpleNamespace(cfg=SimpleNamespace(duplex_surfaces=("browser",)))
+    cascade = SimpleNamespace(cfg=SimpleNamespace(duplex_surfaces=()))
+    assert wants_duplex(False, "1", host) is False  # the body's field wins
+    assert wants_duplex(None, "0", host) is False and wants_duplex(None, "true", cascade) is True
+    assert wants_duplex(None, None, host) is True and wants_duplex(None, None, cascade) is False
+    with pytest.raises(OfferError, match="true or false"):
+        wants_duplex("yes", None, host)
+    with pytest.raises(OfferError, match=r"\?duplex="):
+        wants_duplex(None, "maybe", host)
