@@ -195,15 +195,21 @@ class DuplexEngine:
             reset_rows(m, idx)
 
     # the step -----------------------------------------------------------------------------------------
-    def _step(self, b: int, any_sampling: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _step(
+        self, b: int, any_sampling: bool, prompts: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The batched step over rows ``[:b]``: returns model audio ``[b, 1, 1920]``, tokens ``[b, 9]``
-        (text, 8 codebooks; -2 while not ready) and ``ready`` bool ``[b]``."""
+        (text, 8 codebooks; -2 while not ready) and ``ready`` bool ``[b]``. ``prompts``: force the rows'
+        prompt tokens of this step (False only when no row is prefilling: the eager path skips the work)."""
         s = self.settings
         rows = Sampling(s.temp_text[:b], s.top_k_text[:b], s.temp_audio[:b], s.top_k_audio[:b], any_sampling)
         user = self.mimi.encode(self.pcm_in[:b])[:, :, 0]
-        step = self.prompt_step[:b]
-        force = self.prompt_tokens[:b].gather(1, step[:, None, None].expand(-1, 1, 1 + self.lm.dep_q))[:, 0]
-        step.add_(1).clamp_(max=self.prompt_tokens.shape[1] - 1)
+        force = None
+        if prompts:  # some row may be prefilling a prompt (always, in a captured graph)
+            step = self.prompt_step[:b]
+            force = self.prompt_tokens[:b].gather(1, step[:, None, None].expand(-1, 1, 1 + self.lm.dep_q))
+            force = force[:, 0]
+            step.add_(1).clamp_(max=self.prompt_tokens.shape[1] - 1)
         tokens, ready = self.lm.step(user, rows, self.generator, force)
         pcm = self.mimi.decode(tokens[:, 1:, None].clamp(min=0))
         return pcm, tokens, ready
@@ -236,7 +242,8 @@ class DuplexEngine:
             if self.runner is not None:
                 self.runner.miss()
             any_sampling = any(s.settings.temp_text > 0 or s.settings.temp_audio > 0 for s in sessions)
-            pcm, tokens, ready = self._step(n, any_sampling)
+            prefill = any(s.prompt_left > 0 for s in sessions)  # eager: no prompt work without a prompt
+            pcm, tokens, ready = self._step(n, any_sampling, prefill)
         ready_l = ready.tolist()
         pcm_np = pcm[:, 0].float().cpu().numpy().copy()  # a replayed graph's output buffer is reused
         text = tokens[:, 0].tolist()
