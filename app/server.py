@@ -131,6 +131,8 @@ def create_app(cfg: ServerConfig | None = None, responder: Responder | None = No
     async def stats():
         return state.metrics()
 
+    if "kiosk" in cfg.duplex_surfaces:  # the page asks for the duplex model in its offers
+        cfg.kiosk = replace(cfg.kiosk, duplex=True)
     peers = browser.PeerOptions(cfg.kiosk.greeting, cfg.media_timeout_s, cfg.connect_timeout_s)
     surfaces = (  # each surface's routes and what the edge asks of them (API key, public, signed)
         (browser.router(state, peers), browser.ACCESS),

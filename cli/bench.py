@@ -347,6 +347,21 @@ def bench_duplex(
     )
 
 
+@bench.command("duplex-prompts")
+def bench_duplex_prompts(
+    preset: str = typer.Option("small", help="Random preset: tiny, small or 7b."),
+    sessions: int = typer.Option(4, help="Steady sessions beside the row that joins with prompts."),
+    ticks: int = typer.Option(60, help="Timed ticks of each kind."),
+    prompt_frames: int = typer.Option(25, help="Prompt length in 80 ms frames."),
+    threads: int = typer.Option(1, help="torch intra-op threads."),
+    full_context: bool = typer.Option(True, help="Attend over the whole context window (steady state)."),
+) -> None:
+    """Voice / role prompt prefill vs the other sessions' tick p50/p99 (prefilling row vs a plain one)."""
+    from omniduplex.benchmarks.duplex_prompts import run
+
+    run(preset, sessions, ticks, prompt_frames, threads, full_context)
+
+
 @bench.command("relay", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench_relay(ctx: typer.Context) -> None:
     """Relay throughput/latency (shm slots vs pickle-over-ZMQ vs multiprocessing.Queue), signal latency,

@@ -123,6 +123,19 @@ def serve(
         "ws /v1/realtime?duplex=1 beside the cascade.",
     ),
     duplex_sessions: int = typer.Option(4, "--duplex-sessions", min=1, help="Duplex engine rows."),
+    duplex_resume_s: float = typer.Option(
+        30.0,
+        "--duplex-resume-s",
+        min=0.0,
+        help="Grace period (s) a dropped /v1/realtime?duplex=1 session waits for session.resume.",
+    ),
+    duplex_surfaces: str | None = typer.Option(
+        None,
+        "--duplex-surfaces",
+        help="Comma-separated surfaces (browser, kiosk, phone) whose calls run the --duplex-model "
+        "instead of the cascade by default (a call may still choose: POST /offer {duplex}, "
+        "/phone/twilio/stream?duplex=0|1).",
+    ),
     system_prompt: str | None = typer.Option(
         None, "--system-prompt", help="Cascade: the LLM's system prompt."
     ),
@@ -233,6 +246,12 @@ def serve(
         raise typer.BadParameter(
             f"--duplex-model {duplex_model}: not a Moshi checkpoint folder (config.json)"
         )
+    from omniduplex.app.host.config import parse_duplex_surfaces
+
+    try:
+        surfaces = parse_duplex_surfaces(duplex_surfaces, str(duplex_model) if duplex_model else None)
+    except ValueError as e:
+        raise typer.BadParameter(f"--duplex-surfaces: {e}") from None
     turn = TurnConfig(
         endpoint_ms=endpoint_ms,
         preemptive_ms=preemptive_ms,
@@ -247,6 +266,8 @@ def serve(
         graph=str(graph) if graph else None,
         duplex_model=str(duplex_model) if duplex_model else None,
         duplex_sessions=duplex_sessions,
+        duplex_resume_s=duplex_resume_s,
+        duplex_surfaces=surfaces,
         processes=processes,
         max_tokens=max_tokens,
         talker_max_tokens=talker_max_tokens,

@@ -99,6 +99,12 @@ function onEvent(ev) {
     case "user_transcript":  // the user's words replace the placeholder once the ASR has them
       if (ev.text) bubble(ev.turn_id, "user").el.querySelector(".body").textContent = ev.text;
       break;
+    case "duplex_text": {  // the duplex model's text stream: one running assistant line
+      const b = bubble("duplex", "assistant");
+      b.text += ev.text;
+      b.el.querySelector(".body").textContent = b.text;
+      break;
+    }
     case "reply_text": {
       const b = bubble(ev.turn_id, "assistant");
       b.text += ev.text;
@@ -197,7 +203,8 @@ async function connect() {
     const resp = await fetch(withToken("/offer"), {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({ sdp: pc.localDescription.sdp, type: "offer" }),
+      // ?duplex=1 on the page: the duplex model (serve --duplex-model) instead of the cascade
+      body: JSON.stringify({ sdp: pc.localDescription.sdp, type: "offer", ...duplexChoice() }),
     });
     const body = await resp.json();
     if (!resp.ok) throw new Error(`server refused (${resp.status}): ${body.error}`);
@@ -230,6 +237,11 @@ window.addEventListener("pagehide", () => { if (omni.sessionId) navigator.sendBe
 
 // A server with API keys serves this page to holders of a short-lived token (POST /session-token):
 // open /?token=ek_… and every API call carries it.
+function duplexChoice() {
+  const q = new URLSearchParams(location.search).get("duplex");
+  return q === null ? {} : { duplex: q === "1" || q === "true" };
+}
+
 function withToken(path) {
   const token = new URLSearchParams(location.search).get("token");
   return token ? `${path}${path.includes("?") ? "&" : "?"}token=${encodeURIComponent(token)}` : path;

@@ -47,13 +47,15 @@ class KioskLink {
    * hooks: onEvent(ev) for each session event; onStatus({phase, problem, message, retryAt, attempt})
    * on every change (phase: "starting" | "connecting" | "live" | "waiting"); onMic(stream) when a
    * microphone is acquired; onReplyStream(stream) when the reply audio track arrives.
-   * opts: {raw: no browser voice processing, reconnectMaxMs, micEnabled}.
+   * opts: {raw: no browser voice processing, reconnectMaxMs, micEnabled, duplex: run the server's duplex
+   * model (kiosk.duplex in config.json) instead of the cascade}.
    */
   constructor(hooks, opts = {}) {
     this.hooks = hooks;
     this.raw = !!opts.raw;
     this.maxDelayMs = opts.reconnectMaxMs || 15000;
     this.micEnabled = opts.micEnabled !== false;
+    this.duplex = !!opts.duplex;
     this.mic = null; this.pc = null; this.dc = null; this.sessionId = null;
     this.attempt = 0; this.liveSince = 0; this.generation = 0;
     this.timers = new Set();
@@ -175,7 +177,7 @@ class KioskLink {
     try {
       resp = await fetch(withToken("offer"), {
         method: "POST", headers: { "content-type": "application/json" },
-        body: JSON.stringify({ sdp, type: "offer" }), signal: ctl.signal, cache: "no-store",
+        body: JSON.stringify({ sdp, type: "offer", duplex: this.duplex }), signal: ctl.signal, cache: "no-store",
       });
     } catch (err) {
       throw new LinkProblem("offline", "server unreachable");

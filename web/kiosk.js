@@ -156,6 +156,7 @@ async function main() {
     raw: new URLSearchParams(location.search).get("raw") === "1",
     reconnectMaxMs: 1000 * cfg.reconnect_max_s,
     micEnabled: !cfg.push_to_talk,
+    duplex: !!cfg.duplex,
   });
 
   // -- levels: the visual swells with the mic while listening, with the reply while speaking ----------

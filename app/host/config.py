@@ -82,6 +82,12 @@ class HostConfig:
     """A Moshi checkpoint folder served on ``/v1/realtime?duplex=1`` beside the cascade (:mod:`.duplex`)."""
     duplex_sessions: int = 4
     """Rows of the duplex frame engine (concurrent duplex sessions, within ``max_sessions``)."""
+    duplex_resume_s: float = 30.0
+    """Grace period of a dropped ``/v1/realtime?duplex=1`` session: a reconnect within it may
+    ``session.resume`` it (:meth:`.duplex.DuplexService.park`)."""
+    duplex_surfaces: tuple[str, ...] = ()
+    """Surfaces whose calls run the duplex model instead of the cascade by default (of
+    :data:`DUPLEX_SURFACES`; :func:`parse_duplex_surfaces`); a call may still choose per call."""
     session: SessionConfig = field(default_factory=SessionConfig)
     model: str | None = None
     graph: str | None = None
@@ -98,3 +104,24 @@ class HostConfig:
     drain_timeout_s: float = 30.0
     start_timeout_s: float = 180.0
     tools: ToolsConfig = field(default_factory=ToolsConfig)
+
+
+DUPLEX_SURFACES = ("browser", "kiosk", "phone")
+"""Surfaces that can run the duplex model (``serve --duplex-surfaces``): the voice page's ``POST /offer``,
+the kiosk page, the Twilio media streams and SIP calls."""
+
+
+def parse_duplex_surfaces(text: str | None, duplex_model: str | None) -> tuple[str, ...]:
+    """``"browser,kiosk,phone"`` → ``("browser", "kiosk", "phone")`` (empty or ``None`` → ``()``).
+
+    Raises:
+        ValueError: an unknown surface name, or surfaces named without a duplex model to run.
+    """
+    names = tuple(dict.fromkeys(n.strip() for n in (text or "").split(",") if n.strip()))
+    unknown = [n for n in names if n not in DUPLEX_SURFACES]
+    if unknown:
+        known = ", ".join(DUPLEX_SURFACES)
+        raise ValueError(f"unknown duplex surface(s) {', '.join(unknown)}; known: {known}")
+    if names and not duplex_model:
+        raise ValueError("duplex surfaces need a duplex model (--duplex-model DIR)")
+    return names

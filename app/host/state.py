@@ -125,7 +125,9 @@ class ServerState:
         if self.cfg.duplex_model:
             from omniduplex.app.host.duplex import DuplexService
 
-            duplex = DuplexService(self.cfg.duplex_model, self.cfg.duplex_sessions)
+            duplex = DuplexService(
+                self.cfg.duplex_model, self.cfg.duplex_sessions, resume_s=self.cfg.duplex_resume_s
+            )
             await asyncio.to_thread(duplex.load)
             duplex.start(asyncio.get_running_loop())
             self.duplex = duplex

@@ -175,9 +175,12 @@ class MoshiLM(nn.Module):
         text: torch.Tensor,
         sampling: Sampling,
         generator: torch.Generator | None = None,
+        force: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The depth transformer over one frame for all rows at once: ``z`` ``[B, 1, dim]``, ``text`` int64
-        ``[B]`` → audio tokens int64 ``[B, dep_q]``. Its KV cache lives for the frame only."""
+        ``[B]`` → audio tokens int64 ``[B, dep_q]``. Its KV cache lives for the frame only. ``force`` int64
+        ``[B, dep_q]``: where ``>= 0``, that codebook's token replaces the sampled one (and conditions the
+        next codebooks), as :meth:`step` describes."""
         b = z.shape[0]
         attn = [layer.self_attn for layer in self.depformer.layers]
         if attn[0].max_period is None:  # the published depformer (no RoPE): frame-local KV, reused
@@ -195,6 +198,8 @@ class MoshiLM(nn.Module):
                 logits = self.linears[k](self.depformer(x, step=k))[:, 0]
                 temp, top_k = sampling.temp_audio, sampling.top_k_audio
                 prev = sample(logits, temp, top_k, generator, sampling.any_sampling, sampling.top_k_bound)
+                if force is not None:
+                    prev = torch.where(force[:, k] >= 0, force[:, k], prev)
                 out.append(prev)
         finally:
             for a in attn:
@@ -216,9 +221,17 @@ class MoshiLM(nn.Module):
 
     @torch.no_grad()
     def step(
-        self, user: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None
+        self,
+        user: torch.Tensor,
+        sampling: Sampling,
+        generator: torch.Generator | None = None,
+        force: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Advance every row one frame. ``user`` int64 ``[B, 8]``: the user's Mimi codes for this frame.
+        ``force`` int64 ``[B, 1 + dep_q]`` (optional): the model's own tokens of this step where ``>= 0``
+        (text, then codebooks as the step generates them, i.e. codebook ``k`` of frame ``t - delays[k]``),
+        sampled where ``-1``: the prompt prefill of PersonaPlex's voice and role prompts
+        (:mod:`omniduplex.pipeline.duplex.prompts`) rides on the batched step this way.
         Returns ``(tokens, ready)``: int64 ``[B, 1 + dep_q]`` (text, model audio codebooks) for the frame
         ``max(delays)`` steps back, and bool ``[B]`` (False while a row is still within its first
         ``max(delays)`` steps; those rows hold -2). Requires streaming
@@ -242,7 +255,9 @@ class MoshiLM(nn.Module):
             sampling.any_sampling,
             sampling.top_k_bound,
         )
-        audio = self.depth(z, text, sampling, generator)
+        if force is not None:
+            text = torch.where(force[:, 0] >= 0, force[:, 0], text)
+        audio = self.depth(z, text, sampling, generator, None if force is None else force[:, 1:])
         offset.add_(1)
         here = (offset % ct)[:, None, None]
         gen = torch.cat([text[:, None], audio], 1)

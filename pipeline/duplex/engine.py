@@ -13,7 +13,13 @@ A tick (:meth:`DuplexEngine.tick`):
    token. A session's first tick yields silence (the acoustic delay: its first frame is not ready yet).
 
 Per-session sampling settings live in batched tensors (rows like the states), so sampling is one call per
-codebook for all sessions. A tick longer than the budget (80 ms) is counted in every session it served and
+codebook for all sessions. So do the voice / role prompts (:mod:`.prompts`): every row's prompt schedule
+sits in ``prompt_tokens`` ``[capacity, steps, 1 + dep_q]`` with a step counter per row, and the step forces
+each row's tokens of the tick (a gather, inside the captured step): a joining session's prefill advances one
+prompt frame per tick within the same batched step, stalling nobody; meanwhile it hears silence and is sent
+silence.
+
+A tick longer than the budget (80 ms) is counted in every session it served and
 each gets a ``tick_overrun`` event; nobody is dropped. With ``graph_mode`` ``cuda`` (or ``twin``, its CPU
 stand-in, :mod:`omniduplex.pipeline.engine.graph_runner`) the step is captured once per batch bucket at start.
 """
@@ -32,6 +38,7 @@ from omniduplex.models.moshi.config import FRAME_SAMPLES
 from omniduplex.models.moshi.lm import Sampling
 from omniduplex.models.moshi.streaming import move_row, reset_rows, start_streaming
 from omniduplex.models.moshi.transformer import Attention
+from omniduplex.pipeline.duplex.prompts import MAX_PROMPT_FRAMES, DuplexPrompt, check_prompt, prompt_schedule
 from omniduplex.pipeline.duplex.slots import DuplexSettings, Slots
 from omniduplex.pipeline.engine.graph_runner import GraphRunner, bucket_sizes, make_backend
 
@@ -85,6 +92,13 @@ class DuplexEngine:
             torch.zeros(capacity, device=dev),
             torch.ones(capacity, dtype=torch.long, device=dev),
         )
+        self.delays = list(self.lm.delays)
+        self.lag = max(self.delays[: self.lm.dep_q + 1])
+        self.pad_id = int(models.config.get("existing_text_padding_id", 3))
+        steps = MAX_PROMPT_FRAMES + self.lag + 1  # the last step is always free (-1): where rows rest
+        shape = (capacity, steps, 1 + self.lm.dep_q)
+        self.prompt_tokens = torch.full(shape, -1, dtype=torch.long, device=dev)
+        self.prompt_step = torch.full((capacity,), steps - 1, dtype=torch.long, device=dev)
         self.generator: torch.Generator | None = torch.Generator(device=dev).manual_seed(seed)
         self.ticks = self.overrun_ticks = 0
         self.tick_ms: list[float] = []
@@ -104,10 +118,18 @@ class DuplexEngine:
             self._reset(list(range(capacity)))  # the captures stepped every row
 
     # sessions -----------------------------------------------------------------------------------------
-    def join(self, session_id: str, settings: DuplexSettings | None = None) -> None:
-        """Add a session from the next tick on. Raises ValueError when full or already joined."""
+    def join(
+        self, session_id: str, settings: DuplexSettings | None = None, prompt: DuplexPrompt | None = None
+    ) -> None:
+        """Add a session from the next tick on, prefilled with ``prompt`` (voice / role, :mod:`.prompts`)
+        first when given. Raises ValueError when full, already joined, or for a prompt the model cannot take
+        (:func:`~.prompts.check_prompt`)."""
+        schedule = None
+        if prompt is not None and prompt.frames:
+            check_prompt(prompt, self.lm.dep_q, self.lm.card, self.lm.text_card)
+            schedule = prompt_schedule(prompt, self.delays, self.lm.dep_q, self.pad_id)
         with self.lock:
-            self.slots.join(session_id, settings)
+            self.slots.join(session_id, settings, schedule)
 
     def leave(self, session_id: str) -> None:
         """Remove a session before the next tick. Raises ValueError for an unknown id."""
@@ -147,6 +169,8 @@ class DuplexEngine:
             self.settings.top_k_audio,
         ):
             t[dst] = t[src]
+        self.prompt_tokens[dst] = self.prompt_tokens[src]
+        self.prompt_step[dst] = self.prompt_step[src]
 
     def _reset(self, rows: list[int]) -> None:
         idx = torch.tensor(rows, dtype=torch.long, device=self.device)
@@ -157,6 +181,12 @@ class DuplexEngine:
             s = self.slots.sessions[sid].settings if sid is not None else DuplexSettings()
             self.settings.temp_text[r], self.settings.top_k_text[r] = s.temp_text, s.top_k_text
             self.settings.temp_audio[r], self.settings.top_k_audio[r] = s.temp_audio, s.top_k_audio
+            self.prompt_tokens[r].fill_(-1)
+            self.prompt_step[r] = self.prompt_tokens.shape[1] - 1  # rests on the free step
+            schedule = self.slots.sessions[sid].schedule if sid is not None else None
+            if schedule is not None:
+                self.prompt_tokens[r, : schedule.shape[0]] = schedule.to(self.device)
+                self.prompt_step[r] = 0
 
     def _reset_decoder(self, rows: list[int]) -> None:
         """Forget a not-ready frame's decode in the Mimi decoder state (as if it had not been decoded)."""
@@ -166,17 +196,25 @@ class DuplexEngine:
 
     # the step -----------------------------------------------------------------------------------------
     def _step(
-        self, b: int, any_sampling: bool, top_k_bound: int | None = None
+        self, b: int, any_sampling: bool, top_k_bound: int | None = None, prompts: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The batched step over rows ``[:b]``: returns model audio ``[b, 1, 1920]``, tokens ``[b, 9]``
         (text, 8 codebooks; -2 while not ready) and ``ready`` bool ``[b]``. ``top_k_bound``: the largest
-        top-k of the rows (``None`` in a captured graph, which must serve any settings)."""
+        top-k of the rows (``None`` in a captured graph, which must serve any settings). ``prompts``: force
+        the rows' prompt tokens of this step (False only when no row is prefilling: the eager path skips
+        the work)."""
         s = self.settings
         rows = Sampling(
             s.temp_text[:b], s.top_k_text[:b], s.temp_audio[:b], s.top_k_audio[:b], any_sampling, top_k_bound
         )
         user = self.mimi.encode(self.pcm_in[:b])[:, :, 0]
-        tokens, ready = self.lm.step(user, rows, self.generator)
+        force = None
+        if prompts:  # some row may be prefilling a prompt (always, in a captured graph)
+            step = self.prompt_step[:b]
+            force = self.prompt_tokens[:b].gather(1, step[:, None, None].expand(-1, 1, 1 + self.lm.dep_q))
+            force = force[:, 0]
+            step.add_(1).clamp_(max=self.prompt_tokens.shape[1] - 1)
+        tokens, ready = self.lm.step(user, rows, self.generator, force)
         pcm = self.mimi.decode(tokens[:, 1:, None].clamp(min=0))
         return pcm, tokens, ready
 
@@ -192,6 +230,10 @@ class DuplexEngine:
             sessions = [self.slots.sessions[sid] for sid in self.slots.order]
             frames = np.zeros((n, FRAME_SAMPLES), dtype=np.float32)
             for i, s in enumerate(sessions):
+                if s.prompt_left > self.lag:  # reading its prompt: it hears silence, the client's audio is
+                    if s.inbox:  # dropped (no latency builds up behind the prompt)
+                        s.inbox.popleft()
+                    continue
                 if s.inbox:
                     frames[i] = s.inbox.popleft()
                 else:
@@ -205,9 +247,10 @@ class DuplexEngine:
                 self.runner.miss()
             any_sampling = any(s.settings.temp_text > 0 or s.settings.temp_audio > 0 for s in sessions)
             bound = max(max(s.settings.top_k_text, s.settings.top_k_audio) for s in sessions)
-            pcm, tokens, ready = self._step(n, any_sampling, bound)
+            prefill = any(s.prompt_left > 0 for s in sessions)  # eager: no prompt work without a prompt
+            pcm, tokens, ready = self._step(n, any_sampling, bound, prefill)
         ready_l = ready.tolist()
-        pcm_np = pcm[:, 0].float().cpu().numpy()
+        pcm_np = pcm[:, 0].float().cpu().numpy().copy()  # a replayed graph's output buffer is reused
         text = tokens[:, 0].tolist()
         not_ready = [i for i, r in enumerate(ready_l) if not r]
         if not_ready:
@@ -231,8 +274,8 @@ class DuplexEngine:
                             "budget_ms": self.budget_ms,
                         }
                     )
-                audio = pcm_np[i] if ready_l[i] else np.zeros(FRAME_SAMPLES, dtype=np.float32)
-                out.append(
-                    DuplexFrame(s.session_id, audio, text[i] if ready_l[i] else None, self.ticks, over)
-                )
+                live = ready_l[i] and s.prompt_left == 0  # the prompt's own frames are not sent
+                s.prompt_left = max(0, s.prompt_left - 1)
+                audio = pcm_np[i] if live else np.zeros(FRAME_SAMPLES, dtype=np.float32)
+                out.append(DuplexFrame(s.session_id, audio, text[i] if live else None, self.ticks, over))
         return out

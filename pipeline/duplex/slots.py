@@ -39,6 +39,10 @@ class SessionState:
     overruns: int = 0
     """Ticks of this session that took longer than the frame budget."""
     events: list = field(default_factory=list)
+    schedule: object = None
+    """The prompt's forced tokens, int64 ``[steps, 1 + dep_q]`` (:func:`.prompts.prompt_schedule`)."""
+    prompt_left: int = 0
+    """Ticks of the prompt prefill still to run (the session hears silence and is sent silence meanwhile)."""
 
 
 class Slots:
@@ -54,12 +58,16 @@ class Slots:
         self.joining: list[str] = []
         self.leaving: list[str] = []
 
-    def join(self, session_id: str, settings: DuplexSettings | None) -> None:
+    def join(self, session_id: str, settings: DuplexSettings | None, schedule=None) -> None:
+        """Queue a join; ``schedule``: the prompt's forced tokens (or ``None``)."""
         if session_id in self.sessions:
             raise ValueError(f"session {session_id!r} already joined")
         if len(self.sessions) >= self.capacity:
             raise ValueError(f"duplex engine full ({self.capacity} sessions)")
-        self.sessions[session_id] = SessionState(session_id, settings or DuplexSettings())
+        s = SessionState(session_id, settings or DuplexSettings())
+        if schedule is not None:
+            s.schedule, s.prompt_left = schedule, int(schedule.shape[0])
+        self.sessions[session_id] = s
         self.joining.append(session_id)
 
     def leave(self, session_id: str) -> None:

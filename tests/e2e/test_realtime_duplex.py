@@ -1,10 +1,12 @@
 """``ws /v1/realtime?duplex=1`` against ``omniduplex serve --model tiny --duplex-model DIR`` (a moshi-tiny
 folder written by ``init-model``) started as a subprocess with a scrubbed environment (no ``OMNIDUPLEX_*``):
 two duplex sessions at once both get continuous audio and transcript deltas, ``playback.ack`` trims the
-history to what was played, a client that vanishes frees its engine row while the other keeps streaming, a
-full engine is refused with "try again later", and the cascade Realtime endpoint (official ``openai`` SDK)
-answers beside it. The duplex events are driven with plain ``websockets`` (the SDK knows no
-``playback.ack``)."""
+history to what was played, a client that vanishes frees its engine row (after the 3 s resume grace period)
+while the other keeps streaming, a dropped session resumes by id on a new socket (``session.resume``), a
+``session.update`` with voice / role prompts restarts the session behind a silent prefill (bad prompts get
+one clear error), a full engine is refused with "try again later", and the cascade Realtime endpoint
+(official ``openai`` SDK) answers beside it. The duplex events are driven with plain ``websockets`` (the SDK
+knows no ``playback.ack``)."""
 
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def served(tmp_path_factory):
     port = free_port()
     args = ["serve", "--port", str(port), "--model", "tiny", "--in-process", "--api-key", KEY]
     args += ["--duplex-model", str(folder), "--duplex-sessions", "2", "--max-tokens", "4"]
-    args += ["--talker-max-tokens", "4"]
+    args += ["--talker-max-tokens", "4", "--duplex-resume-s", "3"]
     proc = subprocess.Popen([*cli, *args], env=env)
     base = f"127.0.0.1:{port}"
     try:
@@ -225,3 +227,98 @@ def test_a_server_without_duplex_model_refuses_duplex_mode(tmp_path):
         e = ws.receive_json()
         assert e["type"] == "error" and e["error"]["code"] == "duplex_unavailable"
         assert ws.receive()["code"] == 1013
+
+
+async def created(ws) -> str:
+    e = json.loads(await ws.recv())
+    assert e["type"] == "session.created"
+    return e["session"]["id"]
+
+
+async def until_event(ws, kind: str) -> dict:
+    while (e := json.loads(await asyncio.wait_for(ws.recv(), 30)))["type"] != kind:
+        assert e["type"] != "error" or kind == "error", e
+    return e
+
+
+def test_a_dropped_session_resumes_by_id_with_what_was_played_and_only_within_its_grace(served):
+    async def main():
+        gone = await connect(served).__aenter__()
+        sid = await created(gone)
+        speaker = asyncio.create_task(speak(gone, 12))
+        _, texts = await collect(gone, 12)
+        await speaker
+        await gone.send(json.dumps({"type": "playback.ack", "played_ms": 6 * 80}))
+        acked = await until_event(gone, "playback.acked")
+        assert acked["transcript"] == "".join(t for end, t in texts if end <= 6)
+        gone.transport.abort()  # the network drops: no close handshake
+        for _ in range(50):
+            if stats(served)["duplex"]["parked"] == 1:
+                break
+            await asyncio.sleep(0.1)
+        assert stats(served)["duplex"]["parked"] == 1
+        async with connect(served) as back:
+            fresh = await created(back)
+            assert fresh != sid
+            await back.send(json.dumps({"type": "session.resume", "session_id": sid}))
+            resumed = await until_event(back, "session.resumed")
+            assert resumed["session"]["id"] == sid
+            assert resumed["played_ms"] == 6 * 80
+            assert resumed["transcript"] == acked["transcript"]  # the history: what was played
+            speaker = asyncio.create_task(speak(back, 5))
+            await collect(back, 5)  # the resumed session streams on
+            await speaker
+            await back.send(json.dumps({"type": "playback.ack", "played_ms": 6 * 80 + 160}))
+            again = await until_event(back, "playback.acked")
+            assert again["transcript"].startswith(acked["transcript"])
+            s = stats(served)["duplex"]
+            assert (s["parked"], s["resumed"]) == (0, 1)
+            await back.send(json.dumps({"type": "session.resume", "session_id": "dx0-nosuch"}))
+            err = await until_event(back, "error")
+            assert err["error"]["code"] == "session_not_found" and "dx0-nosuch" in err["error"]["message"]
+            await collect(back, 3)  # the stream goes on after the error
+        # a clean close (1000) ends a session for good; a drop is resumable only within the grace (3 s)
+        async with connect(served) as closed_ws:
+            closed_id = await created(closed_ws)
+        late = await connect(served).__aenter__()
+        late_id = await created(late)
+        late.transport.abort()
+        await asyncio.sleep(4.5)
+        async with connect(served) as ws:
+            await created(ws)
+            for gone_id in (closed_id, late_id):
+                await ws.send(json.dumps({"type": "session.resume", "session_id": gone_id}))
+                err = await until_event(ws, "error")
+                assert err["error"]["code"] == "session_not_found", err
+        assert stats(served)["duplex"]["expired"] >= 1
+
+    asyncio.run(main())
+
+
+def test_session_update_with_voice_and_role_prompts_restarts_behind_a_silent_prefill(served):
+    async def main():
+        async with connect(served) as ws:
+            sid = await created(ws)
+            bad = {"type": "session.update", "session": {"role_prompt_tokens": ["hello"]}, "event_id": "b1"}
+            await ws.send(json.dumps(bad))
+            err = await until_event(ws, "error")
+            assert (err["error"]["code"], err["error"]["event_id"]) == ("invalid_value", "b1")
+            assert "role_prompt_tokens" in err["error"]["message"]
+            t = np.arange(5 * 1920) / 24000  # a 0.4 s reference clip: 5 Mimi frames
+            clip = (0.3 * np.sin(2 * np.pi * 180 * t) * 32767).astype("<i2").tobytes()
+            fields = {"voice_prompt": base64.b64encode(clip).decode(), "role_prompt_tokens": [5, 17]}
+            await ws.send(json.dumps({"type": "session.update", "session": fields}))
+            updated = await until_event(ws, "session.updated")
+            assert updated["session"]["id"] == sid
+            assert updated["session"]["prompt"] == {"voice_frames": 5, "role_tokens": 2, "prefill_ms": 640}
+            speaker = asyncio.create_task(speak(ws, 16))
+            events, texts = await collect(ws, 16)
+            await speaker
+            kind = "response.output_audio.delta"
+            audio = [base64.b64decode(e["delta"]) for e in events if e["type"] == kind]
+            prefill = 640 // 80  # 7 prompt frames + the acoustic delay (1 frame)
+            assert all(not any(a) for a in audio[:prefill])  # the prompt itself is not sent: silence
+            assert any(any(a) for a in audio[prefill:])  # then the model speaks
+            assert texts and min(end for end, _ in texts) > prefill  # no text from the prefill either
+
+    asyncio.run(main())

@@ -1,7 +1,10 @@
 """HTTP routes of the browser voice chat (and of the kiosk page's media): WebRTC signalling.
 
 Routes:
-    ``POST /offer``      ``{"sdp", "type": "offer"}`` → ``{"sdp", "type": "answer", "session_id"}``;
+    ``POST /offer``      ``{"sdp", "type": "offer", "duplex"?}`` → ``{"sdp", "type": "answer", "session_id",
+                         "duplex"}``; ``duplex`` true runs the duplex model (``serve --duplex-model``) instead
+                         of the cascade (absent: ``?duplex=1`` on the URL, else whether ``--duplex-surfaces``
+                         names ``browser``); 400 when the server has none, 503 when its engine is full;
                          400 with ``{"error"}`` for a bad offer, 503 when ``max_sessions`` are open, and 503
                          with ``{"error": reason, "status"}`` and ``Retry-After`` while the stages start or
                          restart (:mod:`omniduplex.app.host.readiness`).
@@ -37,14 +40,22 @@ class PeerOptions:
     connect_timeout_s: float = 20.0
 
 
-async def open_peer(host: ServerState, sdp: str, opts: PeerOptions) -> tuple[str, str]:
-    """Answer an offer with a new session; returns ``(session_id, answer_sdp)``.
+async def open_peer(
+    host: ServerState, sdp: str, opts: PeerOptions, duplex: bool = False
+) -> tuple[str, str]:
+    """Answer an offer with a new session (on the duplex model when ``duplex``); returns ``(session_id,
+    answer_sdp)``.
 
     Raises:
-        NotReady / SessionFull: no session can be admitted now (:mod:`omniduplex.app.host.admission`).
-        OfferError: the offer cannot be answered.
+        NotReady / SessionFull: no session can be admitted now (:mod:`omniduplex.app.host.admission`); a full
+            duplex engine is a SessionFull too.
+        OfferError: the offer cannot be answered, or ``duplex`` on a server without a duplex model.
     """
+    from omniduplex.app.host.duplex import DuplexFull
+
     check(host)  # before a peer connection and its session exist
+    if duplex and (host.duplex is None or host.duplex.engine is None):
+        raise OfferError("this server has no duplex model (serve --duplex-model DIR)")
     sid = new_call_id("s")
     peer = PeerSession(
         sid,
@@ -56,6 +67,7 @@ async def open_peer(host: ServerState, sdp: str, opts: PeerOptions) -> tuple[str
         host.turn_model,
         opts.greeting,
         host.tool_runner,
+        host.duplex if duplex else None,
     )
     try:
         host.admit(peer)  # take the slot before awaiting, so concurrent offers count it
@@ -64,11 +76,31 @@ async def open_peer(host: ServerState, sdp: str, opts: PeerOptions) -> tuple[str
         raise
     try:
         answer = await peer.answer(sdp)
+    except DuplexFull as e:
+        host.release(peer)
+        raise SessionFull(f"try again later: {e}") from None
     except Exception:
         host.release(peer)
         raise
     log.info("session %s opened (%d/%d)", sid, len(host.sessions), host.cfg.max_sessions)
     return sid, answer
+
+
+def wants_duplex(field: object, query: str | None, host: ServerState) -> bool:
+    """Whether an offer runs the duplex model: its ``duplex`` field (a bool), else ``?duplex=`` (``1`` /
+    ``true`` / ``0`` / ``false``), else whether ``serve --duplex-surfaces`` names ``browser``.
+
+    Raises:
+        OfferError: a ``duplex`` field that is not a bool, or a query value not in those four."""
+    if field is not None:
+        if not isinstance(field, bool):
+            raise OfferError(f"'duplex' must be true or false, got {field!r}")
+        return field
+    if query is not None:
+        if query not in ("1", "true", "0", "false"):
+            raise OfferError(f"?duplex= must be 1, true, 0 or false, got {query!r}")
+        return query in ("1", "true")
+    return "browser" in host.cfg.duplex_surfaces
 
 
 def _closed(host: ServerState):
@@ -96,7 +128,8 @@ def router(host: ServerState, opts: PeerOptions) -> APIRouter:
             return JSONResponse({"error": "body must be a JSON object with 'sdp' and 'type'"}, 400)
         try:
             sdp = check_offer(body.get("sdp"), body.get("type"))
-            sid, answer = await open_peer(host, sdp, opts)
+            duplex = wants_duplex(body.get("duplex"), request.query_params.get("duplex"), host)
+            sid, answer = await open_peer(host, sdp, opts, duplex)
         except NotReady as e:
             retry = {"Retry-After": str(RETRY_AFTER_S)}
             return JSONResponse({"error": str(e), "status": readiness(host)["status"]}, 503, headers=retry)
@@ -104,7 +137,7 @@ def router(host: ServerState, opts: PeerOptions) -> APIRouter:
             return JSONResponse({"error": str(e), "max_sessions": host.cfg.max_sessions}, 503)
         except OfferError as e:
             return JSONResponse({"error": f"bad offer: {e}"}, 400)
-        return {"sdp": answer, "type": "answer", "session_id": sid}
+        return {"sdp": answer, "type": "answer", "session_id": sid, "duplex": duplex}
 
     @r.delete("/sessions/{session_id}")
     @r.post("/sessions/{session_id}/bye")  # navigator.sendBeacon on page unload

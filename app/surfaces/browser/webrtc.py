@@ -10,6 +10,11 @@
   assistant welcome a visitor, :func:`~omniduplex.app.core.greeting.speak_greeting`).
 * The session is closed when the connection fails or closes, when the client says ``bye``, or when
   no inbound audio arrives for ``media_timeout_s`` (a client that vanished without a goodbye).
+* Duplex (``duplex`` given): the peer runs the duplex model instead of the cascade, through
+  :class:`~omniduplex.app.host.duplex_port.DuplexPort` in place of the session and its port (48 kHz both ways,
+  no VAD, no turns); the data channel carries ``{"type": "session_started", "duplex": true}``, the model's
+  text as ``{"type": "duplex_text", "text"}`` and ``{"type": "duplex_tick_overrun", ...}``; ``greet`` is
+  ignored (the model decides when to speak).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from omniduplex.app.core.greeting import speak_greeting
 from omniduplex.app.core.replies import Responder
 from omniduplex.app.core.session import Session, SessionConfig
 from omniduplex.app.core.tasks import Tasks
+from omniduplex.app.host.duplex import DuplexService
+from omniduplex.app.host.duplex_port import DuplexPort
 
 log = logging.getLogger("omniduplex.webrtc")
 
@@ -67,7 +74,7 @@ class SessionAudioTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, port: AudioPort) -> None:
+    def __init__(self, port: AudioPort | DuplexPort) -> None:
         super().__init__()
         self.port = port
         self.pts = 0
@@ -98,6 +105,8 @@ class PeerSession:
         turn_model: the shared end-of-turn model for ``turn_detection="smart"`` (see :class:`Session`).
         greeting: what a ``{"type": "greet"}`` message has the assistant say.
         tool_runner: runs the replies' calls on the server (MCP tools, :mod:`omniduplex.app.host.tools`).
+        duplex: run this duplex model instead of the cascade (see the module docstring); :meth:`answer`
+            then raises ``DuplexFull`` when every engine row is taken.
     """
 
     def __init__(
@@ -111,6 +120,7 @@ class PeerSession:
         turn_model=None,
         greeting: str = "Hello! How can I help?",
         tool_runner=None,
+        duplex: DuplexService | None = None,
     ) -> None:
         self.id, self.on_closed = session_id, on_closed
         self.media_timeout_s, self.connect_timeout_s = media_timeout_s, connect_timeout_s
@@ -118,10 +128,16 @@ class PeerSession:
         self.pc = RTCPeerConnection()
         self.channel = None
         self.pending: list[str] = []  # events emitted before the data channel opened
-        self.session = Session(
-            session_id, responder, self._send_event, cfg, turn_model=turn_model, tool_runner=tool_runner
-        )
-        self.port = AudioPort(self.session, WIRE_RATE)
+        self.duplex: DuplexPort | None = None
+        if duplex is not None:
+            self.session = self.port = self.duplex = DuplexPort(
+                duplex, session_id, WIRE_RATE, WIRE_RATE, self._send_text, self._send_overrun
+            )
+        else:
+            self.session = Session(
+                session_id, responder, self._send_event, cfg, turn_model=turn_model, tool_runner=tool_runner
+            )
+            self.port = AudioPort(self.session, WIRE_RATE)
         self.out_track = SessionAudioTrack(self.port)
         self.tasks = Tasks(session_id)
         self.last_media = time.monotonic()
@@ -136,7 +152,15 @@ class PeerSession:
 
         Raises:
             OfferError: aiortc rejected the SDP (the peer is closed again).
+            DuplexFull: a duplex peer found every engine row taken (the peer is closed again).
         """
+        if self.duplex is not None:
+            try:
+                await self.duplex.open()  # before any negotiation
+            except Exception:
+                await self.close("duplex engine full")
+                raise
+            self._send_json({"type": "session_started", "session_id": self.id, "duplex": True})
         pc = self.pc
         pc.on("track", self._on_track)
         pc.on("datachannel", self._on_datachannel)
@@ -197,7 +221,7 @@ class PeerSession:
             return
         if isinstance(msg, dict) and msg.get("type") == "bye":
             self._spawn(self.close("client said bye"), "close")
-        elif isinstance(msg, dict) and msg.get("type") == "greet" and not self.closing:
+        elif isinstance(msg, dict) and msg.get("type") == "greet" and not self.closing and not self.duplex:
             speak_greeting(self.session, self.greeting)  # the kiosk: a visitor walked up and tapped
 
     async def _on_state(self) -> None:
@@ -233,7 +257,16 @@ class PeerSession:
 
     # -- helpers -----------------------------------------------------------------------------------
     def _send_event(self, ev: SessionEvent) -> None:
-        text = ev.to_json()
+        self._send_json(ev.to_json())
+
+    def _send_text(self, text: str) -> None:
+        self._send_json({"type": "duplex_text", "text": text})
+
+    def _send_overrun(self, event: dict) -> None:
+        self._send_json({**event, "type": "duplex_tick_overrun"})
+
+    def _send_json(self, ev: str | dict) -> None:
+        text = ev if isinstance(ev, str) else json.dumps(ev)
         ch = self.channel
         if ch is not None and ch.readyState == "open":
             ch.send(text)

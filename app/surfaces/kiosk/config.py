@@ -16,6 +16,7 @@ sessions (:func:`omniduplex.app.server.kiosk_server_config`); the greeting itsel
       attract_after_s: 20          # show the attract screen after this long idle
       push_to_talk: false          # true: hold the space bar or touch and hold to talk
       reconnect_max_s: 15          # longest wait between reconnection attempts
+      duplex: false                # true: the duplex model (serve --duplex-model) instead of the cascade
       colors: {background: "#0b1020", surface: "#161d36", text: "#f5f7ff", accent: "#5eead4"}
 
 Colours are checked for legibility (WCAG 2.1): caption and label text ≥ 4.5:1 against the background
@@ -66,6 +67,8 @@ class KioskConfig:
         push_to_talk: the page sends silence unless the space bar or the screen is held.
         reconnect_max_s: the page's reconnection backoff (0.5 s, doubling) stops growing here.
         colors: :class:`KioskColors`.
+        duplex: the page's sessions run the duplex model (``serve --duplex-model DIR``; also set by
+            ``--duplex-surfaces kiosk``) instead of the cascade: the page asks for it in its offer.
 
     Raises:
         ValueError: a value out of range, a malformed colour, or colours too close to read.
@@ -81,6 +84,7 @@ class KioskConfig:
     push_to_talk: bool = False
     reconnect_max_s: float = 15.0
     colors: KioskColors = field(default_factory=KioskColors)
+    duplex: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.colors, dict):

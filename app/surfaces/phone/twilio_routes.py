@@ -4,7 +4,10 @@ Routes:
     ``POST /phone/twilio/voice``   the incoming-call webhook: TwiML that connects the call to the stream
                                    (``<Connect><Stream>`` = bidirectional). 403 on a bad signature; 503 with
                                    ``Retry-After`` and the reason while the stages start or restart.
-    ``WS   /phone/twilio/stream``  the Media Streams WebSocket, one call each (:mod:`.twilio`). A bad
+    ``WS   /phone/twilio/stream``  the Media Streams WebSocket, one call each (:mod:`.twilio`; on the duplex
+                                   model, :mod:`.twilio_duplex`, with ``?duplex=1``, or by default when
+                                   ``serve --duplex-surfaces`` names ``phone``; ``?duplex=0``: the cascade;
+                                   a ``?duplex=`` on the voice webhook's URL is passed on to it). A bad
                                    signature refuses the handshake (403); a full server, or one whose stages
                                    are starting or restarting, closes with 1013 "try again later" and the
                                    reason (:mod:`omniduplex.app.host.readiness`), before any session exists.
@@ -37,6 +40,7 @@ from omniduplex.app.host.readiness import CLOSE_TRY_AGAIN_LATER, RETRY_AFTER_S, 
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.phone.config import TwilioConfig
 from omniduplex.app.surfaces.phone.twilio import TwilioBridge
+from omniduplex.app.surfaces.phone.twilio_duplex import TwilioDuplexBridge
 
 log = logging.getLogger("omniduplex.phone.twilio")
 STREAM_PATH = "/phone/twilio/stream"
@@ -92,7 +96,7 @@ def connect_stream_twiml(stream_url: str, parameters: dict[str, str] | None = No
 class TwilioCall:
     """A media-stream WebSocket and its :class:`TwilioBridge`; closing it hangs up the stream."""
 
-    def __init__(self, ws: WebSocket, bridge: TwilioBridge) -> None:
+    def __init__(self, ws: WebSocket, bridge: TwilioBridge | TwilioDuplexBridge) -> None:
         self.ws, self.bridge = ws, bridge
         self.id, self.session = bridge.id, bridge.session
 
@@ -122,6 +126,9 @@ async def twilio_voice(host: ServerState, cfg: TwilioConfig, request: Request) -
     stream_url = _ws_scheme(bases[0]) + STREAM_PATH
     if not cfg.public_url and not stream_url.startswith("wss://"):
         stream_url = "wss://" + stream_url.split("://", 1)[1]  # Twilio connects over TLS only
+    choice = request.query_params.get("duplex")
+    if choice in ("0", "1", "true", "false"):
+        stream_url += f"?duplex={choice}"
     extra = {k: form[k] for k in ("From", "To", "CallSid") if k in form}
     log.info("twilio call %s from %s: streaming to %s", form.get("CallSid"), form.get("From"), stream_url)
     return Response(connect_stream_twiml(stream_url, extra), media_type="application/xml")
@@ -145,6 +152,11 @@ async def twilio_stream(host: ServerState, cfg: TwilioConfig, ws: WebSocket) -> 
         with contextlib.suppress(Exception):
             await ws.close(code=CLOSE_TRY_AGAIN_LATER, reason=close_reason(reason))
         return
+    choice = ws.query_params.get("duplex")
+    duplex = choice in ("1", "true") if choice is not None else "phone" in host.cfg.duplex_surfaces
+    if duplex:
+        await _duplex_stream(host, cfg, ws)
+        return
     bridge = TwilioBridge(
         new_call_id("tw"),
         host.responder,
@@ -163,6 +175,42 @@ async def twilio_stream(host: ServerState, cfg: TwilioConfig, ws: WebSocket) -> 
         await bridge.close("server full")
         await ws.close(code=CLOSE_TRY_AGAIN_LATER, reason=close_reason(str(e)))
         return
+    await _receive(host, cfg, ws, call)
+
+
+async def _duplex_stream(host: ServerState, cfg: TwilioConfig, ws: WebSocket) -> None:
+    """A media stream on the duplex model (:mod:`.twilio_duplex`): without one, or with every engine row
+    taken, the socket closes with 1013 "try again later" and the reason."""
+    from omniduplex.app.host.duplex import DuplexFull
+
+    service = host.duplex
+    if service is None or service.engine is None:
+        log.warning("twilio duplex stream refused: no duplex model")
+        with contextlib.suppress(Exception):
+            await ws.close(code=CLOSE_TRY_AGAIN_LATER, reason="no duplex model (serve --duplex-model)")
+        return
+    bridge = TwilioDuplexBridge(new_call_id("twd"), service, ws.send_text, cfg.mark_ms)
+    call = TwilioCall(ws, bridge)
+    try:
+        host.admit(call)
+    except Refused as e:
+        log.warning("twilio duplex stream refused: %s", e)
+        await ws.close(code=CLOSE_TRY_AGAIN_LATER, reason=close_reason(str(e)))
+        return
+    try:
+        await bridge.open()
+    except DuplexFull as e:
+        host.release(call)
+        log.warning("twilio duplex stream refused: %s", e)
+        with contextlib.suppress(Exception):
+            await ws.close(code=CLOSE_TRY_AGAIN_LATER, reason=close_reason(f"try again later: {e}"))
+        return
+    await _receive(host, cfg, ws, call)
+
+
+async def _receive(host: ServerState, cfg: TwilioConfig, ws: WebSocket, call: TwilioCall) -> None:
+    """Feed the stream's messages to the call's bridge until it ends; then close it and free its slot."""
+    bridge = call.bridge
     reason = "stream stopped"
     try:
         while True:

@@ -8,7 +8,22 @@ Client events:
     ``playback.ack {played_ms}``  how much of the model's audio the client has played (ms from the start of
         the stream); the session history keeps only the text of the frames played. Answered by
         ``playback.acked {played_ms, transcript}`` (the history's text).
-    ``session.update``  answered by ``session.updated`` (nothing in it changes the duplex session).
+    ``session.update``  answered by ``session.updated``. Its PersonaPlex prompt fields restart the session
+        with them (the model's state, the history and the stream position start over; the engine prefills the
+        prompt, :mod:`omniduplex.pipeline.duplex.prompts`, ~80 ms a frame, sending silence meanwhile):
+        ``session.voice_prompt`` (base64 PCM16 mono 24 kHz: a reference clip of the voice, Mimi-encoded onto
+        the model's own audio stream) and ``session.role_prompt_tokens`` (text-stream token ids of the role
+        prompt: the ``init-model`` presets have no tokenizer). ``session.updated`` then carries
+        ``prompt: {voice_frames, role_tokens, prefill_ms}``; a bad prompt is an ``error`` (``invalid_value``)
+        and changes nothing. Other fields change nothing.
+    ``session.resume {session_id}``  take over a session whose connection dropped (no close handshake, or a
+        close code other than 1000) less than ``serve --duplex-resume-s`` (30 s) ago: its engine row, with
+        the model's state, kept ticking meanwhile (the model heard silence, its audio of the gap is dropped).
+        This connection's own new session is ended, and ``session.resumed {session, played_ms,
+        transcript}`` answers: the stream goes on from ``played_ms`` (the last ``playback.ack``; the frames
+        sent but not acknowledged were not heard and are gone from the history), ``transcript`` is the
+        history. An unknown, already resumed or expired id is an ``error`` with ``code:
+        session_not_found`` (this connection's session goes on). A clean close (1000) ends a session for good.
 Server events:
     ``session.created``, ``session.updated``, ``error`` (GA shapes); one ``response.created`` when the stream
     starts; then per 80 ms frame one ``response.output_audio.delta`` (1920 samples PCM16 base64) and, when the
@@ -31,10 +46,11 @@ import numpy as np
 from fastapi import WebSocket, WebSocketDisconnect
 
 from omniduplex.app.core.session_config import SessionStats
-from omniduplex.app.host.duplex import DuplexService
+from omniduplex.app.host.duplex import DuplexFull, DuplexService, SessionNotFound
 from omniduplex.app.surfaces.wire.openai_rest import MODEL_ID
 from omniduplex.app.surfaces.wire.realtime import server_events as ev
 from omniduplex.models.moshi.config import FRAME_SAMPLES
+from omniduplex.pipeline.duplex.prompts import DuplexPrompt, check_prompt
 
 log = logging.getLogger("omniduplex.realtime.duplex")
 
@@ -58,8 +74,11 @@ class DuplexSession:
 
     def __init__(self, session_id: str, ws: WebSocket) -> None:
         self.id, self.ws, self.stats = session_id, ws, SessionStats()
+        self.closing = False
+        """The server ends it (shutdown, drain): its engine row is freed, not parked for a resume."""
 
     async def close(self, reason: str) -> None:
+        self.closing = True
         with contextlib.suppress(Exception):  # already closed
             await self.ws.close(code=1001, reason=reason[:120])
 
@@ -80,6 +99,9 @@ class DuplexConnection:
         self.transcript = ""
         self._pending = bytearray()
         self._send_lock = asyncio.Lock()
+        self._sender: asyncio.Task | None = None
+        self.dropped = False
+        """The client went away without a clean close (1000): the session is parked for a resume."""
 
     def session_object(self) -> dict:
         fmt = {"type": "audio/pcm", "rate": 24000}
@@ -119,22 +141,38 @@ class DuplexConnection:
                     },
                 }
             )
-            sender = asyncio.create_task(self._send_frames(outbox))
+            self._sender = asyncio.create_task(self._send_frames(outbox))
             try:
                 await self._read()
             finally:
-                sender.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await sender
+                await self._stop_sender()
         finally:
-            self.service.leave(self.session.id)
+            if self.dropped and not self.session.closing:
+                self.service.park(self.session.id, self.record())
+            else:
+                self.service.leave(self.session.id)
+
+    async def _stop_sender(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._sender
+            self._sender = None
+
+    def record(self) -> dict:
+        """What a resume needs of this connection: the history and the played position (ms)."""
+        return {"history": list(self.history), "played_ms": self.played_ms}
 
     # client -> server --------------------------------------------------------------------------------
     async def _read(self) -> None:
         while True:
             try:
                 raw = await self.ws.receive_text()
-            except (WebSocketDisconnect, RuntimeError):
+            except WebSocketDisconnect as e:
+                self.dropped = e.code != 1000
+                return
+            except RuntimeError:
+                self.dropped = True
                 return
             try:
                 event = json.loads(raw)
@@ -148,7 +186,9 @@ class DuplexConnection:
             elif kind == "playback.ack":
                 await self._ack(event, eid)
             elif kind == "session.update":
-                await self.send({"type": "session.updated", "session": self.session_object()})
+                await self._update(event, eid)
+            elif kind == "session.resume":
+                await self._resume(event, eid)
             else:
                 await self.error(
                     f"{kind!r} is not supported in duplex mode (the model speaks and listens at every frame)",
@@ -185,6 +225,91 @@ class DuplexConnection:
         await self.send(
             {"type": "playback.acked", "played_ms": self.played_ms, "transcript": self.transcript}
         )
+
+    async def _update(self, event: dict, eid: str | None) -> None:
+        fields = event.get("session") if isinstance(event.get("session"), dict) else {}
+        if "voice_prompt" not in fields and "role_prompt_tokens" not in fields:
+            await self.send({"type": "session.updated", "session": self.session_object()})
+            return
+        try:
+            prompt = await self._prompt(fields)
+        except ValueError as e:
+            await self.error(f"bad duplex prompt: {e}", "invalid_value", eid)
+            return
+        await self._stop_sender()
+        self.service.leave(self.session.id)  # the same id joins again once the leave is applied
+        try:
+            outbox = await self.service.join(self.session.id, prompt)
+        except DuplexFull as e:  # the row went to another session meanwhile
+            await self.error(f"try again later: {e}", "session_limit_reached", eid)
+            await self.session.close("duplex engine full")
+            return
+        self.sent_ms = self.played_ms = 0
+        self.history, self.transcript = [], ""
+        self._pending.clear()
+        lag = self.service.engine.lag
+        info = {
+            "voice_frames": 0 if prompt.voice_codes is None else int(prompt.voice_codes.shape[0]),
+            "role_tokens": len(prompt.role_tokens),
+            "prefill_ms": (prompt.frames + lag) * FRAME_MS,
+        }
+        await self.send({"type": "session.updated", "session": {**self.session_object(), "prompt": info}})
+        self._sender = asyncio.create_task(self._send_frames(outbox))
+
+    async def _prompt(self, fields: dict) -> DuplexPrompt:
+        """The prompt of a ``session.update``'s fields. Raises ValueError (with the field) when bad."""
+        voice, tokens = fields.get("voice_prompt"), fields.get("role_prompt_tokens", [])
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise ValueError("role_prompt_tokens must be a list of token ids (ints)")
+        codes = None
+        if voice is not None:
+            try:
+                data = base64.b64decode(voice, validate=True)
+            except (binascii.Error, TypeError, ValueError):
+                raise ValueError("voice_prompt must be base64 PCM16 mono 24 kHz") from None
+            if not data or len(data) % 2:
+                raise ValueError("voice_prompt is PCM16: a positive, even number of bytes")
+            pcm = np.frombuffer(data, "<i2").astype(np.float32) / 32768
+            codes = await asyncio.to_thread(self.service.encode_voice, pcm)
+        prompt = DuplexPrompt(codes, tokens)
+        if not prompt.frames:
+            raise ValueError("an empty prompt (no voice_prompt audio, no role_prompt_tokens)")
+        lm = self.service.engine.lm
+        check_prompt(prompt, lm.dep_q, lm.card, lm.text_card)  # before the session is given up
+        return prompt
+
+    async def _resume(self, event: dict, eid: str | None) -> None:
+        sid = event.get("session_id")
+        if not isinstance(sid, str) or not sid or sid == self.session.id:
+            await self.error("session.resume needs session_id, another session's id", "invalid_value", eid)
+            return
+        try:
+            outbox, record = self.service.resume(sid)
+        except SessionNotFound:
+            await self.error(
+                f"no resumable duplex session {sid!r}: unknown, resumed already, or its "
+                f"{self.service.resume_s:.0f} s grace period is over",
+                "session_not_found",
+                eid,
+            )
+            return
+        await self._stop_sender()
+        self.service.leave(self.session.id)  # this connection's own new session
+        self.session.id = sid
+        self.response_id, self.item_id = f"resp_{sid}", f"item_{sid}"
+        self.played_ms = self.sent_ms = record["played_ms"]
+        self.history = [(end, t) for end, t in record["history"] if end <= self.played_ms]
+        self.transcript = "".join(t for _, t in self.history)
+        self._pending.clear()
+        await self.send(
+            {
+                "type": "session.resumed",
+                "session": self.session_object(),
+                "played_ms": self.played_ms,
+                "transcript": self.transcript,
+            }
+        )
+        self._sender = asyncio.create_task(self._send_frames(outbox))
 
     # server -> client --------------------------------------------------------------------------------
     async def _send_frames(self, outbox: asyncio.Queue) -> None:

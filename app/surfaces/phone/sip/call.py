@@ -8,7 +8,9 @@ so endpointing works when a caller stops sending), decodes G.711 into the port (
 then pulls one 20 ms frame at 8 kHz from the port (the reply, or silence while not speaking: a phone expects a
 steady stream) and sends it as one RTP packet. On a barge-in the session's playout is flushed, so the very
 next packet is silence. On hold (our direction ``recvonly``/``inactive``) nothing is sent, but the session's
-clock runs.
+clock runs. On the duplex model (``serve --duplex-surfaces phone``) the same clock runs over a
+:class:`~omniduplex.app.host.duplex_port.DuplexPort` instead: the caller's audio goes to the model every
+frame, and every packet carries the model's audio (no VAD, no turns; barge-in is the model's own).
 
 The call ends (BYE sent unless the caller sent one) on: the caller's BYE or CANCEL, no RTP for
 ``rtp_timeout_s`` while ``sendrecv``, ``call_timeout_s``, no ACK for our 200 (64·T1 = 32 s), or shutdown.
@@ -28,6 +30,8 @@ from omniduplex.app.core.audio import AudioPort
 from omniduplex.app.core.events import SessionEvent
 from omniduplex.app.core.session import Session, SessionConfig
 from omniduplex.app.core.tasks import Tasks
+from omniduplex.app.host.duplex import DuplexService
+from omniduplex.app.host.duplex_port import DuplexPort
 from omniduplex.app.surfaces.phone.sip import message as sipmsg
 from omniduplex.app.surfaces.phone.sip.rtp import JitterBuffer, RtpEndpoint, RtpPacket, parse_dtmf
 from omniduplex.app.surfaces.phone.sip.sdp import Negotiated
@@ -74,6 +78,9 @@ class SipCall:
         server: the UAS (:class:`CallServer`: frees our slot, owns the RTP port pool).
         call_id: the dialog's Call-ID; ``invite``: the initial INVITE; ``peer``: where it came from.
         neg: the negotiated audio stream; ``session_cfg``: copied, ``output_rate`` set to 8000 Hz.
+        duplex: run this duplex model instead of the cascade: a
+            :class:`~omniduplex.app.host.duplex_port.DuplexPort` takes the session's and the port's place
+            (8 kHz both ways, no VAD, no turns); :meth:`open_duplex` joins its engine.
     """
 
     def __init__(
@@ -85,6 +92,7 @@ class SipCall:
         neg: Negotiated,
         session_cfg: SessionConfig,
         clock=time.monotonic,
+        duplex: DuplexService | None = None,
     ) -> None:
         self.server, self.id, self.peer, self.neg, self.clock = server, sid, peer, neg, clock
         self.call_id = invite.call_id
@@ -98,17 +106,21 @@ class SipCall:
         self.acked = asyncio.Event()
         self.bye_answered = asyncio.Event()
         cfg = replace(session_cfg, output_rate=TELEPHONE_RATE)
-        self.session = Session(
-            sid,
-            server.responder,
-            self._on_event,
-            cfg,
-            clock=clock,
-            turn_model=server.turn_model,
-            tool_runner=getattr(server, "tool_runner", None),
-        )
+        self.duplex = None
+        if duplex is not None:
+            self.session = self.audio = self.duplex = DuplexPort(duplex, sid, TELEPHONE_RATE, TELEPHONE_RATE)
+        else:
+            self.session = Session(
+                sid,
+                server.responder,
+                self._on_event,
+                cfg,
+                clock=clock,
+                turn_model=server.turn_model,
+                tool_runner=getattr(server, "tool_runner", None),
+            )
+            self.audio = AudioPort(self.session, TELEPHONE_RATE, clock=clock)
         self.jitter = JitterBuffer()
-        self.audio = AudioPort(self.session, TELEPHONE_RATE, clock=clock)
         self.silence_in = np.zeros(self.audio.out_frame, np.int16)  # a frame the jitter buffer lacks
         self.port = server.ports.take()
         self.rtp = RtpEndpoint(self._on_rtp)

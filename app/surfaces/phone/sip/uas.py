@@ -33,6 +33,7 @@ from dataclasses import replace
 from omniduplex.app.core.session_config import FAILURE_APOLOGY
 from omniduplex.app.core.tasks import Tasks
 from omniduplex.app.host.admission import Refused, new_call_id
+from omniduplex.app.host.duplex import DuplexFull
 from omniduplex.app.host.readiness import RETRY_AFTER_S, unready_reason
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.phone.config import SipConfig
@@ -285,7 +286,8 @@ class SipServer:
             return
         try:
             session = replace(self.host.cfg.session, failure_apology=FAILURE_APOLOGY)  # said if a reply fails
-            call = SipCall(self, new_call_id("sip"), req, peer, neg, session)
+            duplex = self.host.duplex if "phone" in self.host.cfg.duplex_surfaces else None
+            call = SipCall(self, new_call_id("sip"), req, peer, neg, session, duplex=duplex)
         except RuntimeError as e:  # no RTP port
             self._respond(peer, req, 503, headers=[("Retry-After", "5"), ("Warning", _warning(399, str(e)))])
             return
@@ -293,7 +295,9 @@ class SipServer:
         try:
             self.host.admit(call)
             await call.open_rtp(self.cfg.host)
-        except (Refused, OSError) as e:
+            if call.duplex is not None:
+                await call.duplex.open()  # DuplexFull: every engine row taken
+        except (Refused, OSError, DuplexFull) as e:
             self._respond(peer, req, 503, headers=[("Retry-After", "5"), ("Warning", _warning(399, str(e)))])
             await call.close(str(e), send_bye=False)
             return
