@@ -167,6 +167,8 @@ def check_graph(cfg: ServerConfig) -> None:
     from omniduplex.pipeline.runtime.stage_engines import check_backends
     from omniduplex.pipeline.topology import CASCADE
 
+    if cfg.duplex_only:  # no cascade graph to check: the duplex model alone
+        return
     pcfg = load_graph(cfg.graph, model=cfg.model)
     try:
         stages = CASCADE.all_stages if pcfg.model is None else pcfg.topology().all_stages

@@ -113,7 +113,7 @@ def serve(
     model: Path | None = typer.Option(
         None,
         help="Checkpoint directory or cascade manifest (default: the cascade on the packaged real weights; "
-        "'tiny' = the tiny random Qwen3-Omni checkpoint).",
+        "'tiny' = the tiny random Qwen3-Omni checkpoint; a Moshi folder: only that duplex model).",
     ),
     graph: Path | None = typer.Option(None, help="Stage-graph YAML (default: the shipped one)."),
     duplex_model: Path | None = typer.Option(
@@ -237,11 +237,7 @@ def serve(
             raise typer.BadParameter(f"--tts {d}: not a checkpoint of a registered TTS family ({known()})")
     from omniduplex.app.host.duplex import is_moshi_folder
 
-    if model is not None and is_moshi_folder(model):
-        raise typer.BadParameter(
-            f"--model {model} is a Moshi (full-duplex) checkpoint: serve it with --duplex-model {model} "
-            "(on /v1/realtime?duplex=1, beside the cascade)"
-        )
+    duplex_only = model is not None and is_moshi_folder(model)  # the duplex model only, no cascade
     if duplex_model is not None and not is_moshi_folder(duplex_model):
         raise typer.BadParameter(
             f"--duplex-model {duplex_model}: not a Moshi checkpoint folder (config.json)"
@@ -249,7 +245,8 @@ def serve(
     from omniduplex.app.host.config import parse_duplex_surfaces
 
     try:
-        surfaces = parse_duplex_surfaces(duplex_surfaces, str(duplex_model) if duplex_model else None)
+        served = duplex_model or (model if duplex_only else None)
+        surfaces = parse_duplex_surfaces(duplex_surfaces, str(served) if served else None)
     except ValueError as e:
         raise typer.BadParameter(f"--duplex-surfaces: {e}") from None
     turn = TurnConfig(
@@ -279,6 +276,13 @@ def serve(
         drain_timeout_s=drain_timeout,
         start_timeout_s=start_timeout,
     )
+    if duplex_only:
+        from omniduplex.app.host.config import duplex_only_config
+
+        try:
+            duplex_only_config(cfg, str(model))
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
     try:
         cfg.tools = tools_config(mcp or [], mcp_allow_url or [], max_tool_calls, tool_filler_ms)
         cfg.session.tool_choice = voice_tool_choice(tool_choice, mcp or [])

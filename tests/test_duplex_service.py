@@ -57,7 +57,7 @@ def test_drain_does_not_wait_for_a_duplex_stream():
     assert busy_sessions(SimpleNamespace(sessions={"dx1": call})) == []
 
 
-def test_serve_points_a_moshi_model_to_duplex_model_and_refuses_a_bad_one(folder, tmp_path):
+def test_serve_refuses_two_duplex_models_and_a_bad_one(folder, tmp_path):
     from typer.testing import CliRunner
 
     from omniduplex.cli.main import cli
@@ -66,7 +66,20 @@ def test_serve_points_a_moshi_model_to_duplex_model_and_refuses_a_bad_one(folder
         r = CliRunner().invoke(cli, ["serve", *args], terminal_width=400)
         return r.exit_code, " ".join(r.output.replace("│", " ").split())  # the error box, unwrapped
 
-    code, out = run("--model", str(folder))
-    assert code == 2 and f"serve it with --duplex-model {folder}" in out
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text('{"model_type": "moshi"}')
+    code, out = run("--model", str(folder), "--duplex-model", str(other))
+    assert code == 2 and "cannot serve beside --duplex-model" in out
     code, out = run("--duplex-model", str(tmp_path))
     assert code == 2 and "not a Moshi checkpoint folder" in out
+
+
+def test_duplex_only_config_serves_the_moshi_folder_on_every_surface_without_a_cascade():
+    from omniduplex.app.host.config import DUPLEX_SURFACES, HostConfig, duplex_only_config
+
+    cfg = duplex_only_config(HostConfig(model="/m/moshi"), "/m/moshi")
+    assert (cfg.duplex_model, cfg.model, cfg.duplex_only) == ("/m/moshi", None, True)
+    assert cfg.duplex_surfaces == DUPLEX_SURFACES
+    with pytest.raises(ValueError, match="cannot serve beside"):
+        duplex_only_config(HostConfig(duplex_model="/m/other"), "/m/moshi")

@@ -88,6 +88,10 @@ class HostConfig:
     duplex_surfaces: tuple[str, ...] = ()
     """Surfaces whose calls run the duplex model instead of the cascade by default (of
     :data:`DUPLEX_SURFACES`; :func:`parse_duplex_surfaces`); a call may still choose per call."""
+    duplex_only: bool = False
+    """``serve --model MOSHI_DIR``: the duplex model is the server's only model: no cascade is built, every
+    voice surface runs the duplex model, readiness is the duplex engine's, and the cascade-only routes answer
+    :data:`DUPLEX_ONLY` (:func:`duplex_only_config`)."""
     session: SessionConfig = field(default_factory=SessionConfig)
     model: str | None = None
     graph: str | None = None
@@ -109,6 +113,32 @@ class HostConfig:
 DUPLEX_SURFACES = ("browser", "kiosk", "phone")
 """Surfaces that can run the duplex model (``serve --duplex-surfaces``): the voice page's ``POST /offer``,
 the kiosk page, the Twilio media streams and SIP calls."""
+
+
+DUPLEX_ONLY = (
+    "this server serves a full-duplex speech-to-speech model (serve --model MOSHI_DIR): it has no text LLM "
+    "and no cascade; talk to it on /v1/realtime, the browser or kiosk page, or a phone call"
+)
+"""Why a cascade-only request (``/v1/chat/completions``, a call asking for ``duplex=0``) is refused on a
+duplex-only server."""
+
+
+def duplex_only_config(cfg: HostConfig, folder: str) -> HostConfig:
+    """``cfg`` made duplex-only over the Moshi checkpoint ``folder`` (``serve --model MOSHI_DIR``): it is the
+    duplex model, there is no cascade model, and every surface of :data:`DUPLEX_SURFACES` runs it (in place;
+    returns ``cfg``).
+
+    Raises:
+        ValueError: ``cfg`` names another duplex model as well.
+    """
+    if cfg.duplex_model and cfg.duplex_model != folder:
+        raise ValueError(
+            f"--model {folder} is a duplex model already: it cannot serve beside --duplex-model "
+            f"{cfg.duplex_model} (give a cascade --model to serve both side by side)"
+        )
+    cfg.duplex_model, cfg.model, cfg.duplex_only = folder, None, True
+    cfg.duplex_surfaces = DUPLEX_SURFACES
+    return cfg
 
 
 def parse_duplex_surfaces(text: str | None, duplex_model: str | None) -> tuple[str, ...]:

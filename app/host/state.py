@@ -82,7 +82,8 @@ class ServerState:
     # -- readiness and admission ---------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        """Started, and every stage is up (not restarting after a crash)."""
+        """Started, and every stage is up (not restarting after a crash); on a duplex-only server (no
+        orchestrator): the duplex model is loaded and its clock runs."""
         backend = getattr(self.orchestrator, "backend", None)
         return self.started and bool(getattr(backend, "ready", True))
 
@@ -131,7 +132,8 @@ class ServerState:
             await asyncio.to_thread(duplex.load)
             duplex.start(asyncio.get_running_loop())
             self.duplex = duplex
-        self.responder = MeteredResponder(self.responder, self.prom)
+        if self.responder is not None:  # (none on a duplex-only server: cfg.duplex_only)
+            self.responder = MeteredResponder(self.responder, self.prom)
         self.started = True
 
     async def _start_in_background(self) -> None:
@@ -147,9 +149,13 @@ class ServerState:
                 self.on_start_failed()
 
     async def _start(self) -> None:
-        """Load the end-of-turn model; build and start the pipeline unless a responder was given."""
+        """Load the end-of-turn model; build and start the pipeline unless a responder was given. A
+        duplex-only server (``cfg.duplex_only``) has neither: the duplex model is loaded after this."""
         from omniduplex.app.core.turn_detection import load_turn_model
 
+        if self.cfg.duplex_only:
+            log.info("duplex-only server: no cascade pipeline (the duplex model %s)", self.cfg.duplex_model)
+            return
         self.turn_model = await asyncio.to_thread(load_turn_model, self.cfg.session.turn)
         if self.responder is not None or self.stopping:
             return

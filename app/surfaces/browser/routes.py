@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from omniduplex.app.core.session_config import FAILURE_APOLOGY
 from omniduplex.app.host.admission import NotReady, SessionFull, check, new_call_id
 from omniduplex.app.host.auth import Access
+from omniduplex.app.host.config import DUPLEX_ONLY
 from omniduplex.app.host.readiness import RETRY_AFTER_S, readiness
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.browser.webrtc import OfferError, PeerSession, check_offer
@@ -56,6 +57,8 @@ async def open_peer(
     check(host)  # before a peer connection and its session exist
     if duplex and (host.duplex is None or host.duplex.engine is None):
         raise OfferError("this server has no duplex model (serve --duplex-model DIR)")
+    if not duplex and host.cfg.duplex_only:
+        raise OfferError(DUPLEX_ONLY)
     sid = new_call_id("s")
     peer = PeerSession(
         sid,
@@ -88,7 +91,8 @@ async def open_peer(
 
 def wants_duplex(field: object, query: str | None, host: ServerState) -> bool:
     """Whether an offer runs the duplex model: its ``duplex`` field (a bool), else ``?duplex=`` (``1`` /
-    ``true`` / ``0`` / ``false``), else whether ``serve --duplex-surfaces`` names ``browser``.
+    ``true`` / ``0`` / ``false``), else whether ``serve --duplex-surfaces`` names ``browser`` (always on a
+    duplex-only server: ``serve --model MOSHI_DIR``, where an offer asking for the cascade is refused).
 
     Raises:
         OfferError: a ``duplex`` field that is not a bool, or a query value not in those four."""

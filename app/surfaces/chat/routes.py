@@ -8,7 +8,9 @@ grammar-constrained tool calls, no audio). It is authenticated like every ``/v1/
 pipeline is not ready and 429 while ``max_sessions`` sessions and completions are in flight. A malformed
 body → 400 with an OpenAI error object naming the field. A turn that fails in the pipeline is never answered
 as a success: 500 (``code: pipeline_error``, the message naming the failing stage and the cause), or, once the
-stream has started, an SSE ``error`` chunk in place of the finish chunk and ``[DONE]``.
+stream has started, an SSE ``error`` chunk in place of the finish chunk and ``[DONE]``. A duplex-only server
+(``serve --model MOSHI_DIR``) has no text LLM: 404 ``not_a_chat_model`` (OpenAI's answer for a model that is
+not a chat model) with :data:`~omniduplex.app.host.config.DUPLEX_ONLY`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from omniduplex.app.core.replies import ReplyDone, ReplyFailed, ReplyTextDelta
 from omniduplex.app.core.tools import CallArgumentsDelta, CallDone, CallFailed, CallStarted
 from omniduplex.app.host.admission import NotReady, SessionFull, check, new_call_id
 from omniduplex.app.host.auth import Access
+from omniduplex.app.host.config import DUPLEX_ONLY
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.chat.completions import (
     BadRequest,
@@ -127,6 +130,8 @@ def router(host: ServerState) -> APIRouter:
     @r.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         """A chat completion (see the module docstring)."""
+        if host.cfg.duplex_only:  # no text LLM: OpenAI's answer to a model that is not a chat model
+            return error_response(404, DUPLEX_ONLY, "not_a_chat_model", "model")
         try:
             body = json.loads(await request.body())
         except ValueError as e:

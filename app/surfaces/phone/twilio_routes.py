@@ -36,6 +36,7 @@ from starlette.websockets import WebSocketDisconnect
 from omniduplex.app.core.session_config import FAILURE_APOLOGY
 from omniduplex.app.host.admission import Refused, new_call_id
 from omniduplex.app.host.auth import Access
+from omniduplex.app.host.config import DUPLEX_ONLY
 from omniduplex.app.host.readiness import CLOSE_TRY_AGAIN_LATER, RETRY_AFTER_S, close_reason, unready_reason
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.phone.config import TwilioConfig
@@ -154,6 +155,11 @@ async def twilio_stream(host: ServerState, cfg: TwilioConfig, ws: WebSocket) -> 
         return
     choice = ws.query_params.get("duplex")
     duplex = choice in ("1", "true") if choice is not None else "phone" in host.cfg.duplex_surfaces
+    if not duplex and host.cfg.duplex_only:  # ?duplex=0 on a server without a cascade
+        log.warning("twilio stream refused: ?duplex=%s on a duplex-only server", choice)
+        with contextlib.suppress(Exception):
+            await ws.close(code=1008, reason=close_reason(DUPLEX_ONLY))  # 1008: policy (RFC 6455 §7.4.1)
+        return
     if duplex:
         await _duplex_stream(host, cfg, ws)
         return

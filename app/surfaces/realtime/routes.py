@@ -11,7 +11,8 @@ the same way with ``code: session_limit_reached``. See :mod:`omniduplex.app.host
 ``ws /v1/realtime?duplex=1`` (a server started with ``--duplex-model``): the full-duplex mode over the frame
 engine (:mod:`.duplex`), with the same auth, limits and refusals; a full engine (every row taken) is refused
 like a full server (``session_limit_reached``, close 1013). Without a duplex model it is refused with
-``code: duplex_unavailable``.
+``code: duplex_unavailable``. On a duplex-only server (``serve --model MOSHI_DIR``) plain ``/v1/realtime`` is
+the duplex mode too, and ``?duplex=0`` is refused with ``code: cascade_unavailable``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pydantic import BaseModel
 
 from omniduplex.app.host.admission import NotReady, Refused, new_call_id
 from omniduplex.app.host.auth import Access
+from omniduplex.app.host.config import DUPLEX_ONLY
 from omniduplex.app.host.readiness import CLOSE_TRY_AGAIN_LATER, NOT_READY_CODE, close_reason, unready_reason
 from omniduplex.app.host.state import ServerState
 from omniduplex.app.surfaces.realtime.connection import RealtimeConnection
@@ -84,8 +86,12 @@ def router(host: ServerState) -> APIRouter:
             log.info("realtime connection refused: %s", reason)
             await _refuse(ws, reason, NOT_READY_CODE)
             return
-        if ws.query_params.get("duplex") in ("1", "true"):
+        choice = ws.query_params.get("duplex")
+        if choice in ("1", "true") or (host.cfg.duplex_only and choice is None):
             await _duplex(ws)
+            return
+        if host.cfg.duplex_only:  # ?duplex=0 on a server without a cascade
+            await _refuse(ws, DUPLEX_ONLY, "cascade_unavailable")
             return
         conn = RealtimeConnection(
             ws, new_call_id("rt"), host.responder, host.cfg.session, host.smart_turn_model, mcp=host.mcp
