@@ -359,6 +359,12 @@ def kiosk(
     cfg = kiosk_server_config(
         kcfg, max_sessions=max_sessions, model=str(model) if model else None, processes=processes
     )
+    from omniduplex.app.host.duplex import is_moshi_folder
+
+    if model is not None and is_moshi_folder(model):  # the kiosk on the duplex model alone, as for serve
+        from omniduplex.app.host.config import duplex_only_config
+
+        duplex_only_config(cfg, str(model))
     try:
         cfg.auth = AuthConfig(api_keys=load_keys(api_key, api_keys_file))
         check_bind(host, cfg.auth, insecure)

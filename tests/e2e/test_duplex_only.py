@@ -90,6 +90,9 @@ def test_serve_model_moshi_dir_runs_every_surface_on_the_duplex_model_without_a_
                 e = json.loads(await asyncio.wait_for(ws.recv(), 10))
                 assert e["type"] == "error" and e["error"]["code"] == "cascade_unavailable", e
                 assert "full-duplex" in e["error"]["message"]
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await asyncio.wait_for(ws.recv(), 10)
+                assert closed.value.rcvd.code == 1008  # not "try again later": it never will be
             async with websockets.connect(srv.url("/phone/twilio/stream?duplex=0", "ws")) as ws:
                 with pytest.raises(websockets.ConnectionClosed) as closed:
                     await asyncio.wait_for(ws.recv(), 10)

@@ -12,7 +12,7 @@ the same way with ``code: session_limit_reached``. See :mod:`omniduplex.app.host
 engine (:mod:`.duplex`), with the same auth, limits and refusals; a full engine (every row taken) is refused
 like a full server (``session_limit_reached``, close 1013). Without a duplex model it is refused with
 ``code: duplex_unavailable``. On a duplex-only server (``serve --model MOSHI_DIR``) plain ``/v1/realtime`` is
-the duplex mode too, and ``?duplex=0`` is refused with ``code: cascade_unavailable``.
+the duplex mode too, and ``?duplex=0`` is refused with ``code: cascade_unavailable`` (close 1008).
 """
 
 from __future__ import annotations
@@ -53,11 +53,11 @@ class _RealtimeCall:
             await self.ws.close(code=1001, reason=reason[:120])
 
 
-async def _refuse(ws: WebSocket, message: str, code: str) -> None:
-    """One ``error`` event (``server_error``/``code``), then close 1013 "try again later"."""
+async def _refuse(ws: WebSocket, message: str, code: str, close: int = CLOSE_TRY_AGAIN_LATER) -> None:
+    """One ``error`` event (``server_error``/``code``), then close ``close`` (1013 "try again later")."""
     with contextlib.suppress(Exception):  # the client may already be gone
         await ws.send_text(ev.error(message, code=code, type="server_error").model_dump_json())
-        await ws.close(code=CLOSE_TRY_AGAIN_LATER, reason=close_reason(message))
+        await ws.close(code=close, reason=close_reason(message))
 
 
 class ClientSecretRequest(BaseModel):
@@ -91,7 +91,7 @@ def router(host: ServerState) -> APIRouter:
             await _duplex(ws)
             return
         if host.cfg.duplex_only:  # ?duplex=0 on a server without a cascade
-            await _refuse(ws, DUPLEX_ONLY, "cascade_unavailable")
+            await _refuse(ws, DUPLEX_ONLY, "cascade_unavailable", 1008)  # 1008: policy, not "try again"
             return
         conn = RealtimeConnection(
             ws, new_call_id("rt"), host.responder, host.cfg.session, host.smart_turn_model, mcp=host.mcp
