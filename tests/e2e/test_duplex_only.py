@@ -1,10 +1,10 @@
 """A duplex-only server: ``omniduplex serve --model DIR`` where DIR is a Moshi checkpoint (a moshi-tiny folder
 written by ``init-model``), started as a subprocess with a scrubbed environment (no ``OMNIDUPLEX_*``;
 :class:`served.Served`). No cascade is built: ``/readyz`` turns ready once the duplex engine is loaded, a
-Twilio media stream (no ``?duplex=``) and a plain ``/v1/realtime`` (no ``?duplex=1``) run the duplex model and
-get its audio back every frame, a call asking for the cascade (``?duplex=0``) and ``/v1/chat/completions`` are
-refused with the reason (a full-duplex speech-to-speech model, no text LLM), and the log has no traceback.
-One server start for every assertion."""
+Twilio media stream (no ``?duplex=``), a WebRTC offer (no ``duplex`` field; the kiosk page asks for it too)
+and a plain ``/v1/realtime`` (no ``?duplex=1``) run the duplex model and get its audio back, a call asking for
+the cascade (``?duplex=0``, ``"duplex": false``) and ``/v1/chat/completions`` are refused with the reason (a
+full-duplex speech-to-speech model, no text LLM), and the log has no traceback. One server start for all."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import websockets
 from served import Served, scrubbed_env
 
 from omniduplex.benchmarks.phone import TwilioCaller
+from omniduplex.benchmarks.webrtc_client import VoiceClient
 
 pytestmark = pytest.mark.slow
 FRAME_BYTES = 3840  # 80 ms of PCM16 at 24 kHz
@@ -100,7 +101,23 @@ def test_serve_model_moshi_dir_runs_the_surfaces_on_the_duplex_model_without_a_c
                     await asyncio.wait_for(ws.recv(), 10)
                 assert closed.value.rcvd.code == 1008 and "full-duplex" in closed.value.rcvd.reason
 
+        async def browser_offer():
+            t = np.arange(48000 * 2) / 48000
+            client = VoiceClient((0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32))
+            async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+                offer = await client.offer()
+                r = await http.post("/offer", json={**offer, "duplex": False})  # the cascade: none here
+                assert r.status_code == 400 and "full-duplex" in r.json()["error"], r.text
+                r = await http.post("/offer", json=offer)  # no choice: the duplex model
+                assert r.status_code == 200 and r.json()["duplex"] is True, r.text
+                await client.accept(r.json())
+                await client.wait_for("duplex_text", 20)  # the model's text stream on the data channel
+                await until(lambda: client.nonzero_frames > 0, 20, "the model's audio over WebRTC")
+                await client.close()
+                assert (await http.get("/kiosk/config.json")).json()["duplex"] is True  # the kiosk page too
+
         asyncio.run(twilio_call())
+        asyncio.run(browser_offer())
         asyncio.run(realtime_plain())
         asyncio.run(cascade_asked())
         assert "Traceback" not in srv.log(), srv.log()[-4000:]
