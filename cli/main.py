@@ -129,6 +129,9 @@ def serve(
         min=0.0,
         help="Grace period (s) a dropped /v1/realtime?duplex=1 session waits for session.resume.",
     ),
+    duplex_threads: int = typer.Option(
+        1, "--duplex-threads", min=1, help="torch threads of the duplex engine's ticking thread."
+    ),
     duplex_surfaces: str | None = typer.Option(
         None,
         "--duplex-surfaces",
@@ -264,6 +267,7 @@ def serve(
         duplex_model=str(duplex_model) if duplex_model else None,
         duplex_sessions=duplex_sessions,
         duplex_resume_s=duplex_resume_s,
+        duplex_threads=duplex_threads,
         duplex_surfaces=surfaces,
         processes=processes,
         max_tokens=max_tokens,

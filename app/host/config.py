@@ -85,6 +85,9 @@ class HostConfig:
     duplex_resume_s: float = 30.0
     """Grace period of a dropped ``/v1/realtime?duplex=1`` session: a reconnect within it may
     ``session.resume`` it (:meth:`.duplex.DuplexService.park`)."""
+    duplex_threads: int = 1
+    """torch threads of the duplex engine's ticking thread (``serve --duplex-threads``; 1 suits the CPU
+    presets, whose matmuls are too small to split)."""
     duplex_surfaces: tuple[str, ...] = ()
     """Surfaces whose calls run the duplex model instead of the cascade by default (of
     :data:`DUPLEX_SURFACES`; :func:`parse_duplex_surfaces`); a call may still choose per call."""

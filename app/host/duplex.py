@@ -69,6 +69,7 @@ class DuplexService:
         graph_mode: the engine's ``graph_mode`` (``off``: eager; ``auto``: CUDA graphs on a GPU).
         budget_ms: a tick's budget (80 ms, one frame); a longer tick is told to its sessions.
         resume_s: how long a parked session waits for its client (s; :meth:`park`).
+        threads: torch threads of the ticking thread (:class:`~omniduplex.pipeline.duplex.clock.DuplexClock`).
     """
 
     def __init__(
@@ -78,8 +79,10 @@ class DuplexService:
         graph_mode: str = "off",
         budget_ms: float = 80.0,
         resume_s: float = RESUME_S,
+        threads: int | None = 1,
     ) -> None:
         self.folder, self.capacity, self.graph_mode = Path(folder), capacity, graph_mode
+        self.threads = threads
         self.budget_ms, self.resume_s = budget_ms, resume_s
         self._parked: dict[str, tuple[object, asyncio.TimerHandle]] = {}
         self.resumed = self.expired = 0
@@ -116,7 +119,7 @@ class DuplexService:
 
         assert self.engine is not None, "load() first"
         self._loop = loop
-        self.clock = DuplexClock(self.engine, self._on_frames)
+        self.clock = DuplexClock(self.engine, self._on_frames, threads=self.threads)
         self.clock.start()
 
     def stop(self) -> None:

@@ -127,7 +127,10 @@ class ServerState:
             from omniduplex.app.host.duplex import DuplexService
 
             duplex = DuplexService(
-                self.cfg.duplex_model, self.cfg.duplex_sessions, resume_s=self.cfg.duplex_resume_s
+                self.cfg.duplex_model,
+                self.cfg.duplex_sessions,
+                resume_s=self.cfg.duplex_resume_s,
+                threads=self.cfg.duplex_threads,
             )
             await asyncio.to_thread(duplex.load)
             duplex.start(asyncio.get_running_loop())

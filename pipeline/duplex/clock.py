@@ -17,6 +17,10 @@ log = logging.getLogger(__name__)
 
 class DuplexClock:
     """Tick ``engine`` every ``period_ms`` on a daemon thread; ``on_frames(frames)`` gets each tick's frames.
+    ``threads``: torch intra-op threads of the ticking thread (set on that thread only, so the rest of the
+    process keeps its own; ``None`` leaves torch's default). One thread suits the CPU presets: their
+    matmuls are too small to split, and a second OpenMP thread spins while it waits for a core
+    (``omniduplex bench duplex --threads``).
 
     An exception in a tick or the callback is logged and the clock goes on (one bad tick drops nobody)."""
 
@@ -25,8 +29,10 @@ class DuplexClock:
         engine: DuplexEngine,
         on_frames: Callable[[list[DuplexFrame]], None],
         period_ms: float = FRAME_MS,
+        threads: int | None = None,
     ) -> None:
         self.engine, self.on_frames, self.period_s = engine, on_frames, period_ms / 1000
+        self.threads = threads
         self.late_ticks = self.errors = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -46,6 +52,10 @@ class DuplexClock:
             self._thread = None
 
     def _run(self) -> None:
+        if self.threads is not None:
+            import torch
+
+            torch.set_num_threads(self.threads)
         due = time.monotonic()
         while not self._stop.is_set():
             try:

@@ -40,8 +40,7 @@ async def until(cond, timeout: float, what: str) -> None:
         await asyncio.sleep(0.1)
 
 
-def test_serve_model_moshi_dir_runs_the_surfaces_on_the_duplex_model_without_a_cascade(tmp_path, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the server's too: one torch thread on a shared machine
+def test_serve_model_moshi_dir_runs_the_surfaces_on_the_duplex_model_without_a_cascade(tmp_path):
     folder = tmp_path / "moshi-tiny"
     env = scrubbed_env()
     cli = [sys.executable, "-m", "omniduplex.cli.main"]

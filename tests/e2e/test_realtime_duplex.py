@@ -41,7 +41,6 @@ def served(tmp_path_factory):
     """The server's base URL, once ``/readyz`` answers 200."""
     folder = tmp_path_factory.mktemp("moshi") / "tiny"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMNIDUPLEX_")}
-    env["OMP_NUM_THREADS"] = "1"
     cli = [sys.executable, "-m", "omniduplex.cli.main"]
     subprocess.run([*cli, "init-model", "--arch", "moshi-tiny", "--out", str(folder)], env=env, check=True)
     port = free_port()
