@@ -41,9 +41,9 @@ def _kernel(name: str, w: torch.Tensor):
     if name == "fp32":
         return w, lambda x, p: F.linear(x, p)
     if name == "bf16-onednn":
-        return torch.ops.mkldnn._reorder_linear_weight(w.bfloat16()), lambda x, p: (
-            torch.ops.mkldnn._linear_pointwise(x.bfloat16(), p, None, "none", [], "")
-        )
+        return torch.ops.mkldnn._reorder_linear_weight(
+            w.bfloat16()
+        ), lambda x, p: torch.ops.mkldnn._linear_pointwise(x.bfloat16(), p, None, "none", [], "")
     if name == "int8-wo":
         q, s = quantize_per_channel(w)
         return (q, s.bfloat16()), lambda x, p: torch._weight_int8pack_mm(x.bfloat16(), p[0], p[1])

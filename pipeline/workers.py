@@ -282,7 +282,7 @@ def _llm_worker(manifest, cfg: StageConfig) -> StageWorker:
         if spec.draft is not None:
             draft = load_draft(spec.draft, _dtype(cfg), cfg.device, cache_dir())
             _prepack(draft.thinker, cfg)
-    weights = choose_weights() if manifest.llm_weights == "auto" else manifest.llm_weights
+    weights = choose_weights() if manifest.llm_weights == "auto" else manifest.llm_weights  # or "float"
     dtype = torch.bfloat16 if weights == "bf16" else _dtype(cfg)
     model = load_model(llm_dir, parts=("thinker",), dtype=dtype, device=cfg.device)
     if weights == "int8":  # per-channel int8 on aten's weight-only kernel (kernels/int8_linear.py)

@@ -59,11 +59,12 @@ def test_choose_weights_by_cpu_report():
     amx = cpu_flags("processor: 0\nflags\t\t: fpu sse avx2 avx512f amx_bf16 amx_tile amx_int8\n")
     assert "amx_bf16" in amx
     assert choose_weights("AVX512", amx) == "bf16"  # AMX tiles: oneDNN's bf16 GEMMs
-    assert choose_weights("AVX512", frozenset({"avx2", "avx512f", "avx512_bf16"})) == "int8"
+    assert choose_weights("AVX512", frozenset({"avx2", "avx512f", "avx512_bf16"})) == "bf16"
+    assert choose_weights("AVX512", frozenset({"avx2", "avx512f"})) == "int8"  # bf16 would be emulated
     assert choose_weights("AVX2", frozenset({"avx2", "fma"})) == "int8"
-    assert choose_weights("DEFAULT", frozenset()) == "bf16"
+    assert choose_weights("DEFAULT", frozenset()) == "float"
     assert cpu_flags("no flags line here") == frozenset()
-    assert choose_weights() in ("int8", "bf16")  # this machine's own report
+    assert choose_weights() in ("int8", "bf16", "float")  # this machine's own report
 
 
 def _prompts(d) -> list[list[int]]:

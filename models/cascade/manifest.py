@@ -18,7 +18,8 @@ A manifest is a small YAML file (``omniduplex init-cascade`` writes one)::
     tts_max_frames: 1024                   # Qwen3-TTS only: codec frames per clause at most (12.5 / s)
     llm_quantized: true                    # optional, GGUF only: serve its quantized blocks (default false)
     llm_weights: int8                      # optional, not with llm_quantized: the LLM's linears as int8
-                                           # per channel, bf16, or auto (by the CPU; kernels/int8_linear.py)
+                                           # per channel, bf16, or auto (bf16 where the CPU multiplies
+                                           # bf16 natively, else int8; kernels/int8_linear.py)
     llm_speculative: {method: ngram, k: 4} # optional: speculative decoding (prompt lookup), or
                                            # {method: draft, draft: /path/to/draft.gguf, k: 4} (a draft
                                            # LM of the same tokenizer); pipeline/engine/speculative.py
