@@ -89,6 +89,8 @@ def _fp8_experts_forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torc
     """:class:`~omniduplex.models.moe_experts.Experts` forward on e4m3 experts: each expert hit runs its
     rows (gate_up, SiLU·up, down) through :func:`fp8_matmul`; ``[T, H]`` weighted sum of the top-k outputs.
     Reads the expert ids on the host (eager only, no graph capture)."""
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("e4m3 MoE experts read their expert ids on the host: run them eager (graphs off)")
     out = torch.zeros_like(x, dtype=torch.float32)
     flat = ids.reshape(-1)
     for e in flat.unique().tolist():
