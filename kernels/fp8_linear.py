@@ -102,12 +102,20 @@ def _fp8_experts_forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torc
     return out.to(x.dtype)
 
 
+def _is_experts(mod: nn.Module) -> bool:
+    """Whether ``mod`` holds fused MoE experts (:class:`omniduplex.models.moe_experts.Experts`: 3-D
+    ``gate_up_proj`` ``[E, 2I, H]`` and ``down_proj`` ``[E, H, I]`` parameters); duck-typed, as kernels do
+    not import models."""
+    gu, dn = getattr(mod, "gate_up_proj", None), getattr(mod, "down_proj", None)
+    if not (isinstance(gu, nn.Parameter) and isinstance(dn, nn.Parameter)):
+        return False
+    return gu.dim() == 3 == dn.dim() and gu.numel() > 0  # empty: already converted
+
+
 def quantize_fp8_(model: nn.Module, skip: tuple[str, ...] = ("lm_head", "embed_tokens")) -> int:
     """Put ``model``'s linear layers and MoE experts on e4m3 weights, in place (the float weights freed one
     by one, so the peak is the float model plus one weight); names ending in ``skip`` stay float. Returns
     the number of weights converted."""
-    from omniduplex.models.moe_experts import Experts
-
     n = 0
     for name, mod in list(model.named_modules()):
         if name.endswith(skip):
@@ -116,7 +124,7 @@ def quantize_fp8_(model: nn.Module, skip: tuple[str, ...] = ("lm_head", "embed_t
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, child, Fp8Linear(mod))
             n += 1
-        elif isinstance(mod, Experts):
+        elif _is_experts(mod):
             for part in ("gate_up", "down"):
                 q, s = quantize_fp8(getattr(mod, f"{part}_proj"))
                 setattr(mod, f"{part}_proj", nn.Parameter(q.new_empty(0, 0, 0), requires_grad=False))
@@ -131,8 +139,6 @@ def quantize_fp8_(model: nn.Module, skip: tuple[str, ...] = ("lm_head", "embed_t
 def fp8_weight_bytes(model: nn.Module, skip: tuple[str, ...] = ("lm_head", "embed_tokens")) -> dict[str, int]:
     """Bytes of ``model``'s weights with :func:`quantize_fp8_`'s conversion (works on the meta device):
     ``{"fp8": e4m3 bytes + fp32 scales, "float": the rest at 2 bytes (bf16), "bf16_all": all at bf16}``."""
-    from omniduplex.models.moe_experts import Experts
-
     fp8 = rows = 0
     seen: set[int] = set()
     for name, mod in model.named_modules():
@@ -140,7 +146,7 @@ def fp8_weight_bytes(model: nn.Module, skip: tuple[str, ...] = ("lm_head", "embe
             continue
         if isinstance(mod, nn.Linear):
             ws = [mod.weight]
-        elif isinstance(mod, Experts):
+        elif _is_experts(mod):
             ws = [mod.gate_up_proj, mod.down_proj]
         else:
             continue
