@@ -10,7 +10,7 @@ Kernels (each on the same random weight, N(0, 0.02²)):
   weight-only int8 kernel, the one torchao's int8 weight-only mode calls);
 - ``int8-dyn``: int8 weight per output channel, activations quantized per call and per tensor
   (``quantized::linear_dynamic`` on the ``x86`` engine: fbgemm's AVX2/AVX512 int8 GEMM; measured, not
-  served: Qwen2.5's activation outliers break per-tensor activation scales, :mod:`omniduplex.kernels.int8_linear`);
+  served: Qwen2.5's activation outliers break per-tensor scales, :mod:`omniduplex.kernels.int8_linear`);
 - ``q8_0-ours``: GGML Q8_0 blocks on our C++ kernels (:mod:`omniduplex.kernels.quant`), for reference.
 
 Each product is timed on ``copies`` weights used in turn, their int8 bytes together ≥ 96 MB, so that the
