@@ -1,5 +1,7 @@
-"""``omniduplex bench llm --gguf FILE``: one GGUF on our engine (quantized-block kernels, and dequantised
-fp32) and on llama.cpp (``llama-cpp-python``, when installed), at concurrency ``c``.
+"""``omniduplex bench llm --gguf FILE``: one GGUF on our engine (``quantized``: its GGML blocks on our
+kernels; ``int8``: dequantised, then int8 per channel on aten's weight-only kernel,
+:mod:`omniduplex.kernels.int8_linear`; ``bf16`` / ``dequantized`` (fp32): dequantised) and on llama.cpp
+(``llama-cpp-python``, when installed), at concurrency ``c``.
 
 Workload per level ``c``: ``c`` chat turns (distinct questions, the cascade's system prompt) at once,
 greedy, exactly ``new_tokens`` reply tokens each (EOS ignored), ``rounds`` times, after one warm-up turn.
@@ -25,6 +27,9 @@ import torch
 
 from omniduplex.benchmarks.llm_backends import QUESTIONS, _turn
 from omniduplex.benchmarks.report import print_table, write_json
+
+ENGINES = ("quantized", "int8", "bf16", "dequantized", "llama.cpp")
+"""The engines ``run`` measures (module doc)."""
 
 
 def _measure_worker(worker, c: int, new_tokens: int, rounds: int, system: str) -> dict[str, float]:
@@ -62,17 +67,21 @@ def _summary(tokens, wall, decode_tokens, decode_wall, ttft) -> dict[str, float]
     }
 
 
-def _our_worker(gguf: Path, quantized: bool, max_seqs: int):
+def _our_worker(gguf: Path, engine: str, max_seqs: int):
     from omniduplex.kernels.cpu_linear import prepack_linears
+    from omniduplex.kernels.int8_linear import quantize_linears
     from omniduplex.models.cascade.gguf_import import cached_import
     from omniduplex.models.cascade.gguf_quantized import quantize_from_gguf
     from omniduplex.models.registry import load_model
     from omniduplex.models.weights import cache_dir
     from omniduplex.pipeline.stages.llm import LLMWorker
 
-    model = load_model(cached_import(gguf, cache_dir() / "gguf"), parts=("thinker",), dtype=torch.float32)
-    if quantized:
+    dtype = torch.bfloat16 if engine in ("bf16", "int8") else torch.float32
+    model = load_model(cached_import(gguf, cache_dir() / "gguf"), parts=("thinker",), dtype=dtype)
+    if engine == "quantized":
         quantize_from_gguf(model.thinker, gguf)
+    elif engine == "int8":
+        quantize_linears(model.thinker)
     prepack_linears(model.thinker)
     return LLMWorker(model, 1024, max_seqs, 1024)
 
@@ -127,13 +136,16 @@ def run(
     new_tokens: int = 64,
     rounds: int = 2,
     threads: int = 2,
-    engines: tuple[str, ...] = ("quantized", "dequantized", "llama.cpp"),
+    engines: tuple[str, ...] = ("quantized", "int8", "bf16", "dequantized", "llama.cpp"),
 ) -> dict:
     """Measure each engine at each ``c``, print a markdown table; returns ``{engine: {c: figures}}``
     (``llama.cpp`` absent when ``llama-cpp-python`` is not installed)."""
     from omniduplex.app.host.pipeline import CASCADE_SYSTEM_PROMPT
     from omniduplex.kernels import quant
 
+    unknown = set(engines) - set(ENGINES)
+    if unknown:
+        raise ValueError(f"unknown engine(s) {sorted(unknown)}: choose from {ENGINES}")
     torch.set_num_threads(threads)
     system = CASCADE_SYSTEM_PROMPT
     res: dict[str, dict[int, dict[str, float]]] = {}
@@ -145,7 +157,7 @@ def run(
             else:
                 res[engine] = got
             continue
-        worker = _our_worker(gguf, engine == "quantized", max(concurrency))
+        worker = _our_worker(gguf, engine, max(concurrency))
         _measure_worker(worker, 1, 8, 1, system)  # warm-up
         res[f"ours-{engine}"] = {
             c: _measure_worker(worker, c, new_tokens, rounds, system) for c in concurrency

@@ -95,6 +95,25 @@ def bench_engine(
     )
 
 
+@bench.command("quant-linear")
+def bench_quant_linear(
+    rows: str = typer.Option("1,8,32", help="Comma-separated activation row counts (decode batch sizes)."),
+    kernels: str = typer.Option(
+        "fp32,bf16-onednn,int8-wo,int8-dyn,q8_0-ours", help="Kernels to time (benchmarks/quant_linear.py)."
+    ),
+    threads: int = typer.Option(2, help="torch intra-op threads."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+) -> None:
+    """CPU matmul kernels (fp32, bf16 oneDNN, int8 weight-only, int8 dynamic) on decode-shaped linears."""
+    from omniduplex.benchmarks.quant_linear import KERNELS, run
+
+    names = tuple(k for k in kernels.split(",") if k)
+    for k in names:
+        if k not in KERNELS:
+            raise typer.BadParameter(f"--kernels {k!r}: choose from {', '.join(KERNELS)}")
+    run(tuple(_levels(rows)), names, threads=threads, json_out=json_out)
+
+
 @bench.command("messages")
 def bench_messages(
     concurrency: int = typer.Option(8, help="Requests per decode step (one message each)."),
@@ -160,6 +179,9 @@ def bench_llm(
         help="A GGUF file: our engine on its quantized blocks and dequantised (fp32), and llama.cpp when "
         "llama-cpp-python is installed, instead of --backend.",
     ),
+    gguf_engines: str = typer.Option(
+        "quantized,int8,bf16,dequantized,llama.cpp", help="With --gguf: the engines to measure, in order."
+    ),
 ) -> None:
     """The cascade's LLM stage worker on each backend: tokens/s and TTFT over chat turns."""
     from omniduplex.benchmarks.llm_backends import run
@@ -172,7 +194,7 @@ def bench_llm(
         if not gguf.is_file():
             raise typer.BadParameter(f"--gguf {gguf}: no such file")
         levels = _levels(concurrency)
-        gguf_llm.run(gguf, levels, json_out, new_tokens, rounds, threads)
+        gguf_llm.run(gguf, levels, json_out, new_tokens, rounds, threads, tuple(gguf_engines.split(",")))
         return
     if model is None:
         from omniduplex.app.host.pipeline import default_model

@@ -85,6 +85,9 @@ def _init_real(out: Path, name: str, depth: int | None, seed: int) -> None:
 
     write_real_dir(out, name, depth, seed)
     budget = memory_budget_gib(name)
+    fp8 = {}
+    if name.startswith("qwen3-omni"):  # the Thinker's LM in e4m3 (kernels/fp8_linear.py)
+        fp8 = {"fp8_thinker_weights_gib": round(memory_budget_gib(name, fp8_thinker=True)["weights"], 2)}
     typer.echo(
         json.dumps(
             {
@@ -94,6 +97,7 @@ def _init_real(out: Path, name: str, depth: int | None, seed: int) -> None:
                 "parameters": parameter_counts(name, depth),
                 "full_depth_parameters": parameter_counts(name)["total"],
                 "bf16_weights_gib": round(budget["weights"], 2),
+                **fp8,
                 "kv_bytes_per_token": budget["kv_bytes_per_token"],
             }
         )

@@ -228,12 +228,27 @@ def parameter_counts(name: str, depth: int | None = None) -> dict[str, int]:
     return out
 
 
-def memory_budget_gib(name: str, dtype: torch.dtype = torch.bfloat16, kv_tokens: int = 32 * 2048) -> dict:
+def memory_budget_gib(
+    name: str, dtype: torch.dtype = torch.bfloat16, kv_tokens: int = 32 * 2048, fp8_thinker: bool = False
+) -> dict:
     """Weights at ``dtype`` and the KV cache of the largest LM for ``kv_tokens`` cached tokens (bf16), GiB.
     Qwen3-Omni in bf16: ~64.7 GiB of weights + 6 GiB KV at 32 × 2048 tokens: fits one 80 GB H100 (78 GiB
-    usable) without FP8; an FP8 Thinker is needed only past ~190k cached tokens."""
+    usable) without FP8; an FP8 Thinker is needed only past ~190k cached tokens. ``fp8_thinker``: the
+    Thinker's LM linears and experts in e4m3 with per-channel scales (:mod:`omniduplex.kernels.fp8_linear`;
+    its audio tower, embedding and LM head stay at ``dtype``); adds ``"fp8_thinker_gib"``, what they take."""
     counts = parameter_counts(name)
-    weights = counts["total"] * torch.empty((), dtype=dtype).element_size() / 2**30
+    size = torch.empty((), dtype=dtype).element_size()
+    weights = counts["total"] * size / 2**30
+    out: dict = {}
+    if fp8_thinker:
+        from omniduplex.kernels.fp8_linear import fp8_weight_bytes
+        from omniduplex.models.registry import build_modules
+
+        with torch.device("meta"):
+            lm = build_modules(real_config(name))["thinker."].model
+        b = fp8_weight_bytes(lm)
+        weights -= (b["bf16_all"] - b["float"]) / 2 * size / 2**30 - b["fp8"] / 2**30
+        out["fp8_thinker_gib"] = b["fp8"] / 2**30
     cfg = real_config(name)
     cfg = (
         cfg[0]["talker_config"]
@@ -241,4 +256,4 @@ def memory_budget_gib(name: str, dtype: torch.dtype = torch.bfloat16, kv_tokens:
         else cfg.get("thinker_config", {}).get("text_config", cfg)
     )
     per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
-    return {"weights": weights, "kv": per_token * kv_tokens / 2**30, "kv_bytes_per_token": per_token}
+    return {"weights": weights, "kv": per_token * kv_tokens / 2**30, "kv_bytes_per_token": per_token, **out}

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from omniduplex.kernels.cpu_linear import prepack_linears, warm_up
+from omniduplex.kernels.int8_linear import choose_weights, quantize_linears
 from omniduplex.models.cascade.manifest import is_cascade, load_manifest, resolve_llm
 from omniduplex.models.checkpoint import iter_tensors, weight_files
 from omniduplex.models.codecs.dac_stream import DacDecodeStream
@@ -284,7 +285,11 @@ def _llm_worker(manifest, cfg: StageConfig) -> StageWorker:
         if spec.draft is not None:
             draft = load_draft(spec.draft, _dtype(cfg), cfg.device, cache_dir())
             _prepack(draft.thinker, cfg)
-    model = load_model(llm_dir, parts=("thinker",), dtype=_dtype(cfg), device=cfg.device)
+    weights = choose_weights() if manifest.llm_weights == "auto" else manifest.llm_weights  # or "float"
+    dtype = torch.bfloat16 if weights == "bf16" else _dtype(cfg)
+    model = load_model(llm_dir, parts=("thinker",), dtype=dtype, device=cfg.device)
+    if weights == "int8":  # per-channel int8 on aten's weight-only kernel (kernels/int8_linear.py)
+        quantize_linears(model.thinker)
     if manifest.llm_quantized:  # GGUF blocks on our quantized kernels (models/cascade/gguf_quantized.py)
         from omniduplex.models.cascade.gguf_quantized import quantize_from_gguf
 

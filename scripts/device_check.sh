@@ -157,7 +157,7 @@ sys.exit(u.find_spec("omniduplex.benchmarks.bench_attention") is None)' 2>/dev/n
       if [ "$HAS_CUDA" != 1 ]; then
         note_only real_shapes "CUDA required: the real-size presets are built on the GPU (dry run: python3 scripts/device_real.py --json x --device cpu --depth 1)"
       else
-        run_part real_shapes python3 scripts/device_real.py --json "$OUTDIR/real.json"
+        run_part real_shapes python3 scripts/device_real.py --fp8 --json "$OUTDIR/real.json"
       fi ;;
     sweep)
       if [ "$HAS_CUDA" != 1 ]; then

@@ -17,6 +17,9 @@ A manifest is a small YAML file (``omniduplex init-cascade`` writes one)::
     tts_ref_text: Transcript of the clip.  # Qwen3-TTS Base only: in-context cloning with the clip's codes
     tts_max_frames: 1024                   # Qwen3-TTS only: codec frames per clause at most (12.5 / s)
     llm_quantized: true                    # optional, GGUF only: serve its quantized blocks (default false)
+    llm_weights: int8                      # optional, not with llm_quantized: the LLM's linears as int8
+                                           # per channel, bf16, or auto (bf16 where the CPU multiplies
+                                           # bf16 natively, else int8; kernels/int8_linear.py)
     llm_speculative: {method: ngram, k: 4} # optional: speculative decoding (prompt lookup), or
                                            # {method: draft, draft: /path/to/draft.gguf, k: 4} (a draft
                                            # LM of the same tokenizer); pipeline/engine/speculative.py
@@ -38,6 +41,7 @@ from pathlib import Path
 
 import yaml
 
+from omniduplex.kernels.int8_linear import WEIGHTS
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.qwen3_tts.model import is_qwen3_tts
 from omniduplex.models.weights import (
@@ -94,6 +98,8 @@ class CascadeManifest:
             ``tts_ref_text``, checked when the stage loads the model).
         llm_quantized: serve a GGUF LLM on its quantized blocks (Q4_1/Q5_0/Q8_0/Q4_K/Q6_K kernels)
             instead of the dequantised fp32/bf16 weights.
+        llm_weights: ``int8``, ``bf16`` or ``auto`` (:data:`~omniduplex.kernels.int8_linear.WEIGHTS`): the
+            LLM's linear layers quantized to int8 at load, or in bf16; ``None``: the stage's dtype.
         llm_speculative: the LLM stage's speculative decoding, as written (its ``draft`` made absolute and
             checked to exist); the stage parses and checks the rest
             (:meth:`~omniduplex.pipeline.engine.speculative.SpeculativeConfig.parse`).
@@ -111,6 +117,7 @@ class CascadeManifest:
     tts_ref_text: str | None = None
     tts_max_frames: int = 1024
     llm_speculative: dict | None = None
+    llm_weights: str | None = None
 
     @property
     def tts_is_qwen3(self) -> bool:
@@ -195,6 +202,11 @@ def load_manifest(model: str | Path) -> CascadeManifest:
         raise CheckpointError(f"{path}: llm_quantized must be true or false, not {quantized!r}")
     if quantized and llm.suffix != ".gguf":
         raise CheckpointError(f"{path}: llm_quantized needs a .gguf llm, not {llm}")
+    weights = raw.get("llm_weights")
+    if weights is not None and weights not in WEIGHTS:
+        raise CheckpointError(f"{path}: llm_weights must be one of {', '.join(WEIGHTS)}, not {weights!r}")
+    if weights is not None and quantized:
+        raise CheckpointError(f"{path}: llm_weights and llm_quantized exclude each other; keep one")
     spec = raw.get("llm_speculative")
     if spec is not None:
         if not isinstance(spec, dict):
@@ -212,6 +224,7 @@ def load_manifest(model: str | Path) -> CascadeManifest:
         tts_ref_audio=ref_audio,
         tts_max_frames=max_frames,
         llm_speculative=spec,
+        llm_weights=weights,
     )
 
 
