@@ -9,7 +9,9 @@ Input: ``codes`` int64 ``[G]`` per frame, ``last`` when the turn's frames are co
 Output: ``pcm`` float32 ``[n]``, every sample no later frame can change; ``last`` on the turn's final
 message (possibly empty). Frames are pushed in groups of ``initial_codec_chunk_frames`` until the first
 samples come out (at once for causal Code2Wav; after ~9 frames of look-ahead for DAC's centred convs),
-then of ``codec_chunk_frames``; on ``last`` whatever is pending.
+then of ``codec_chunk_frames``; on ``last`` whatever is pending. A push takes whole chunks (a multiple of
+the chunk size, the rest waits): turns at different frames then push equal lengths and share one batched
+forward (Code2Wav, ``push_batch``), whose CUDA graphs are captured at those sizes.
 """
 
 from __future__ import annotations
@@ -47,8 +49,16 @@ class VocoderWorker(StreamGauges):
     Args:
         new_stream: makes one turn's decoder stream (e.g. ``lambda: Code2WavStream(model)``).
         chunking: push cadence (``initial_codec_chunk_frames``, ``codec_chunk_frames``).
-        graphs: replays pushes as CUDA graphs where it can (``push(stream, codes) -> samples | None``,
-            :class:`~.code2wav_graphs.Code2WavGraphs`); ``None`` pushes eagerly.
+        graphs: replays pushes as CUDA graphs where it can (``push_rows(streams, codes [B, G, n]) ->
+            samples [B, 1, m] | None``, :class:`~.code2wav_graphs.Code2WavGraphs`); ``None`` pushes eagerly.
+        push_batch: decodes several turns' chunks of the same length in one forward
+            (``push_batch(streams, codes [B, G, n]) -> [B, 1, m]``, each row equal to its stream pushed
+            alone: :func:`~omniduplex.models.qwen3_omni.code2wav_batch.push_together`); ``None``: one
+            forward per turn.
+        batch_key: streams with equal keys may share a forward (``stack_key``); default: all.
+        max_batch: most turns in one forward (the stage's ``max_num_seqs``; 1 = one forward per turn).
+
+    Raises ValueError: ``max_batch < 1``.
     """
 
     def __init__(
@@ -56,9 +66,19 @@ class VocoderWorker(StreamGauges):
         new_stream: Callable[[], VocoderStream],
         chunking: ChunkingConfig | None = None,
         graphs=None,
+        push_batch: Callable | None = None,
+        batch_key: Callable | None = None,
+        max_batch: int = 1,
     ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.new_stream, self.cfg, self.graphs = new_stream, chunking or ChunkingConfig(), graphs
+        self.push_batch, self.batch_key = push_batch, batch_key or (lambda stream: ())
+        self.max_batch = max_batch if push_batch is not None else 1
         self.streams: dict[str, _Turn] = {}
+        self.steps = self.forwards = self.rows = 0  # steps that pushed, decoder forwards, turn-rows pushed
+        self.last_step_forwards = 0
+        self.errors: list[tuple[str, str]] = []
 
     def submit(self, msg: StageMessage) -> None:
         """Raises ValueError on a frame of the wrong shape (this turn only)."""
@@ -75,14 +95,31 @@ class VocoderWorker(StreamGauges):
     def abort(self, request_id: str) -> None:
         self.streams.pop(request_id, None)
 
+    def pop_errors(self) -> list[tuple[str, str]]:
+        """Turns whose frames the decoder refused (``ValueError``: ids outside the codebook); each was
+        dropped, the others of its forward decoded alone."""
+        errors, self.errors = self.errors, []
+        return errors
+
     def stats(self) -> dict[str, int]:
-        """Open streams (``batch_size``), and ``cuda_graph_hits`` / ``cuda_graph_misses`` of the pushes when
-        it has CUDA graphs."""
-        return {**super().stats(), **({} if self.graphs is None else self.graphs.stats())}
+        """Open streams (``batch_size``); so far: ``codec_steps`` (steps that pushed frames),
+        ``codec_forwards`` (decoder forwards: batched pushes count once), ``codec_rows`` (turn chunks they
+        decoded); ``codec_forwards_last_step``; ``cuda_graph_hits`` / ``cuda_graph_misses`` of the
+        forwards when it has CUDA graphs."""
+        return {
+            **super().stats(),
+            "codec_steps": self.steps,
+            "codec_forwards": self.forwards,
+            "codec_rows": self.rows,
+            "codec_forwards_last_step": self.last_step_forwards,
+            **({} if self.graphs is None else self.graphs.stats()),
+        }
+
+    def _need(self, t: _Turn) -> int:
+        return self.cfg.codec_chunk_frames if t.started else self.cfg.initial_codec_chunk_frames
 
     def _ready(self, t: _Turn) -> bool:
-        need = self.cfg.codec_chunk_frames if t.started else self.cfg.initial_codec_chunk_frames
-        return t.finished or len(t.pending) >= need
+        return t.finished or len(t.pending) >= self._need(t)
 
     def has_work(self) -> bool:
         return any(self._ready(t) for t in self.streams.values())
@@ -91,26 +128,67 @@ class VocoderWorker(StreamGauges):
     def step(self) -> list[StageMessage]:
         """Push ready turns' pending frames; one message per turn that has new samples or ended.
 
-        Turns with no audio out yet go first, alone in their step: their first packet (TTFP) does not
-        wait behind the steady chunks of the other turns, which have audio buffered at the client.
+        Turns with the same number of frames due (and equal ``batch_key``) share forwards of at most
+        ``max_batch`` rows. Turns with no audio out yet go first, alone in their step (batched among
+        themselves): their first packet (TTFP) does not wait behind the steady chunks of the other turns,
+        which have audio buffered at the client.
         """
-        outs, done = [], []
         ready = [(rid, t) for rid, t in self.streams.items() if self._ready(t)]
         first = [(rid, t) for rid, t in ready if not t.started]
-        for rid, t in first or ready:
-            parts = []
-            if t.pending:
-                codes = torch.stack(t.pending, dim=1)[None]
-                out = None if self.graphs is None else self.graphs.push(t.decoder, codes)
-                parts.append((t.decoder.push(codes) if out is None else out)[0, 0])
-                t.pending.clear()
+        turns = first or ready
+        groups: dict[tuple, list[tuple[str, _Turn, torch.Tensor]]] = {}
+        for rid, t in turns:
+            need = self._need(t)
+            take = len(t.pending) if t.finished else len(t.pending) // need * need  # whole chunks: rows align
+            if take:
+                codes = torch.stack(t.pending[:take], dim=1)[None]  # [1, G, n]
+                del t.pending[:take]
+                key = (codes.shape[-1], self.batch_key(t.decoder))
+                groups.setdefault(key, []).append((rid, t, codes))
+        pcm: dict[str, torch.Tensor] = {}
+        forwards = 0
+        for members in groups.values():
+            for i in range(0, len(members), self.max_batch):
+                part = members[i : i + self.max_batch]
+                pcm.update(self._push(part))
+                forwards += 1
+        if turns:
+            self.steps += 1
+            self.last_step_forwards = forwards
+        return self._emit(turns, pcm)
+
+    def _push(self, part: list[tuple[str, _Turn, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """One forward over ``part``'s chunks (a CUDA graph replay where one fits); ``{rid: samples [m]}``.
+        A refused batch is pushed row by row so one bad turn fails alone."""
+        streams, codes = [t.decoder for _, t, _ in part], torch.cat([c for _, _, c in part])
+        self.forwards += 1
+        self.rows += len(part)
+        try:
+            out = None if self.graphs is None else self.graphs.push_rows(streams, codes)
+            if out is None:
+                out = self.push_batch(streams, codes) if len(part) > 1 else streams[0].push(codes)
+            return {rid: out[b, 0] for b, (rid, _, _) in enumerate(part)}
+        except ValueError as e:
+            if len(part) == 1:
+                self.streams.pop(part[0][0], None)
+                self.errors.append((part[0][0], f"code2wav: {e}"))
+                return {}
+        got: dict[str, torch.Tensor] = {}
+        for row in part:
+            got.update(self._push([row]))
+        return got
+
+    def _emit(self, turns: list[tuple[str, _Turn]], pcm: dict[str, torch.Tensor]) -> list[StageMessage]:
+        outs = []
+        for rid, t in turns:
+            if rid not in self.streams:  # failed in its forward
+                continue
+            parts = [pcm[rid]] if rid in pcm else []
             if t.finished:
                 parts.append(t.decoder.flush()[0, 0])
-                done.append(rid)
-            pcm = torch.cat(parts).float() if parts else torch.zeros(0)
-            t.started = t.started or pcm.numel() > 0
-            if pcm.numel() or t.finished:
-                outs.append(StageMessage(rid, {"pcm": pcm}, AudioOutput(), last=t.finished))
-        for rid in done:
-            self.streams.pop(rid)
+                self.streams.pop(rid)
+            samples = torch.cat(parts).float() if parts else torch.zeros(0)
+            t.started = t.started or samples.numel() > 0
+            if samples.numel() or t.finished:
+                outs.append(StageMessage(rid, {"pcm": samples}, AudioOutput(), last=t.finished))
         return outs
