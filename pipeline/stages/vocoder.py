@@ -7,7 +7,9 @@ one-shot decode of the turn's frames.
 
 Input: ``codes`` int64 ``[G]`` per frame, ``last`` when the turn's frames are complete.
 Output: ``pcm`` float32 ``[n]``, every sample no later frame can change; ``last`` on the turn's final
-message (possibly empty). Frames are pushed in groups of ``initial_codec_chunk_frames`` until the first
+message (possibly empty); the first audio's meta carries the TTFP split: ``talker_ms`` (from the first
+frame's meta), ``codec_ms`` (its forward) and ``codec_wait_ms`` (first frame in → first audio out, ms).
+Frames are pushed in groups of ``initial_codec_chunk_frames`` until the first
 samples come out (at once for causal Code2Wav; after ~9 frames of look-ahead for DAC's centred convs),
 then of ``codec_chunk_frames``; on ``last`` whatever is pending. A push takes whole chunks (a multiple of
 the chunk size, the rest waits): turns at different frames then push equal lengths and share one batched
@@ -16,6 +18,7 @@ forward (Code2Wav, ``push_batch``), whose CUDA graphs are captured at those size
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -41,6 +44,8 @@ class _Turn:
     pending: list[torch.Tensor] = field(default_factory=list)  # frames not pushed yet, each int64 [G]
     finished: bool = False
     started: bool = False  # some audio has gone out
+    first_frame_at: float | None = None  # perf_counter when its first frame arrived
+    talker_ms: float | None = None  # the talker's first-frame time, passed on with the first audio
 
 
 class VocoderWorker(StreamGauges):
@@ -90,6 +95,9 @@ class VocoderWorker(StreamGauges):
             t = self.streams[msg.request_id] = _Turn(self.new_stream())
         if codes is not None:
             t.pending.append(codes.to(torch.int64))
+            if t.first_frame_at is None:
+                t.first_frame_at = time.perf_counter()
+                t.talker_ms = getattr(msg.meta, "talker_ms", None)
         t.finished = t.finished or msg.last
 
     def abort(self, request_id: str) -> None:
@@ -146,16 +154,19 @@ class VocoderWorker(StreamGauges):
                 key = (codes.shape[-1], self.batch_key(t.decoder))
                 groups.setdefault(key, []).append((rid, t, codes))
         pcm: dict[str, torch.Tensor] = {}
+        ms: dict[str, float] = {}  # each turn's forward (ms)
         forwards = 0
         for members in groups.values():
             for i in range(0, len(members), self.max_batch):
                 part = members[i : i + self.max_batch]
+                t0 = time.perf_counter()
                 pcm.update(self._push(part))
+                ms.update({rid: 1000 * (time.perf_counter() - t0) for rid, _, _ in part})
                 forwards += 1
         if turns:
             self.steps += 1
             self.last_step_forwards = forwards
-        return self._emit(turns, pcm)
+        return self._emit(turns, pcm, ms)
 
     def _push(self, part: list[tuple[str, _Turn, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """One forward over ``part``'s chunks (a CUDA graph replay where one fits); ``{rid: samples [m]}``.
@@ -178,8 +189,10 @@ class VocoderWorker(StreamGauges):
             got.update(self._push([row]))
         return got
 
-    def _emit(self, turns: list[tuple[str, _Turn]], pcm: dict[str, torch.Tensor]) -> list[StageMessage]:
-        outs = []
+    def _emit(
+        self, turns: list[tuple[str, _Turn]], pcm: dict[str, torch.Tensor], ms: dict[str, float]
+    ) -> list[StageMessage]:
+        outs, now = [], time.perf_counter()
         for rid, t in turns:
             if rid not in self.streams:  # failed in its forward
                 continue
@@ -188,7 +201,11 @@ class VocoderWorker(StreamGauges):
                 parts.append(t.decoder.flush()[0, 0])
                 self.streams.pop(rid)
             samples = torch.cat(parts).float() if parts else torch.zeros(0)
+            meta = AudioOutput()
+            if not t.started and samples.numel():  # its first audio: the TTFP split of this stage
+                meta.talker_ms, meta.codec_ms = t.talker_ms, ms.get(rid)
+                meta.codec_wait_ms = 1000 * (now - t.first_frame_at) if t.first_frame_at else None
             t.started = t.started or samples.numel() > 0
             if samples.numel() or t.finished:
-                outs.append(StageMessage(rid, {"pcm": samples}, AudioOutput(), last=t.finished))
+                outs.append(StageMessage(rid, {"pcm": samples}, meta, last=t.finished))
         return outs
