@@ -193,3 +193,17 @@ def test_a_bad_turn_in_a_batched_forward_fails_alone(model):
     assert list(w.streams) == ["ok"] and w.pop_errors() == []
     with pytest.raises(ValueError, match="max_batch"):
         VocoderWorker(lambda: Code2WavStream(model), max_batch=0)
+
+
+def test_code2wav_bench_measures_both_ways_per_level(model, capsys):
+    from omniduplex.benchmarks.code2wav_batch import measure
+
+    rows = measure(model, [1, 3], chunk=2, steps=1)
+    assert [r["c"] for r in rows] == [1, 3]
+    for r in rows:  # audio-s/s is the decoded audio (c · 2 frames at 12.5 Hz) over each way's time
+        assert r["batched_audio_s_per_s"] * r["batched_ms"] / 1000 == pytest.approx(r["c"] * 2 / 12.5)
+        assert r["single_audio_s_per_s"] * r["single_ms"] / 1000 == pytest.approx(r["c"] * 2 / 12.5)
+        assert r["speedup"] == pytest.approx(r["single_ms"] / r["batched_ms"])
+    assert "| 3 |" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=">= 1"):
+        measure(model, [0])
