@@ -37,11 +37,14 @@ def _turns(model, c: int, warm: int, seed: int) -> list[Code2WavStream]:
 
 
 @torch.no_grad()
-def measure(model, levels: list[int], chunk: int = 8, steps: int = 5, warm: int = 4) -> list[dict]:
+def measure(
+    model, levels: list[int], chunk: int = 8, steps: int = 5, warm: int = 4, max_batch: int = 64
+) -> list[dict]:
     """Rows ``{c, batched_ms, single_ms, batched_audio_s_per_s, single_audio_s_per_s, speedup}`` (ms per
-    step, p50). Raises ValueError: a level or ``chunk``/``steps`` < 1."""
-    if min(levels) < 1 or chunk < 1 or steps < 1:
-        raise ValueError("levels, chunk and steps must be >= 1")
+    step, p50); the batched way runs forwards of at most ``max_batch`` turns (the stage's ``max_num_seqs``).
+    Raises ValueError: a level, ``chunk``, ``steps`` or ``max_batch`` < 1."""
+    if min(levels) < 1 or chunk < 1 or steps < 1 or max_batch < 1:
+        raise ValueError("levels, chunk, steps and max_batch must be >= 1")
     rows = []
     for c in levels:
         batched, single = _turns(model, c, warm, c), _turns(model, c, warm, c)
@@ -52,7 +55,8 @@ def measure(model, levels: list[int], chunk: int = 8, steps: int = 5, warm: int 
                 0, model.cfg.codebook_size, (c, model.cfg.num_quantizers, chunk), generator=g
             )
             t0 = time.perf_counter()
-            push_together(batched, codes)
+            for i in range(0, c, max_batch):
+                push_together(batched[i : i + max_batch], codes[i : i + max_batch])
             t_b.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             for b, s in enumerate(single):
@@ -85,15 +89,27 @@ HEADER = (
 )
 
 
-def run(model_dir: Path, levels: list[int], chunk: int, steps: int, threads: int, json_out: Path | None):
+def run(
+    model_dir: Path,
+    levels: list[int],
+    chunk: int,
+    steps: int,
+    threads: int,
+    json_out: Path | None,
+    max_batch: int = 64,
+):
     """Load ``model_dir``'s Code2Wav (fp32, CPU), print the table, write ``json_out``."""
     from omniduplex.models.registry import load_model
 
     torch.set_num_threads(threads)
     model = load_model(model_dir, parts=("code2wav",)).code2wav
-    print(f"\nCode2Wav of {model_dir}: {chunk}-frame chunks, {steps} steps, {threads} thread(s)")
+    print(
+        f"\nCode2Wav of {model_dir}: {chunk}-frame chunks, {steps} steps, {threads} thread(s), "
+        f"at most {max_batch} turns per batched forward"
+    )
     print(HEADER)
-    rows = measure(model, levels, chunk, steps)
+    rows = measure(model, levels, chunk, steps, max_batch=max_batch)
     if json_out:
-        json_out.write_text(json.dumps({"model": str(model_dir), "chunk": chunk, "rows": rows}, indent=2))
+        out = {"model": str(model_dir), "chunk": chunk, "max_batch": max_batch, "rows": rows}
+        json_out.write_text(json.dumps(out, indent=2))
     return rows

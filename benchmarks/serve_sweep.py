@@ -185,10 +185,11 @@ def sweep(
     topo = pcfg.topology()
     if topo.name != graph:
         raise ValueError(f"{model_dir} serves the {topo.name!r} graph, not {graph!r}")
-    for stage in topo.all_stages:
-        pcfg.stages[stage] = pcfg.stage(stage).model_copy(
-            update={"torch_threads": threads, "max_num_seqs": max(64, max(levels))}
-        )
+    for stage in topo.all_stages:  # Code2Wav keeps the YAML's turns per forward (or --code2wav-batch)
+        update = {"torch_threads": threads}
+        if stage != "code2wav":
+            update["max_num_seqs"] = max(64, max(levels))
+        pcfg.stages[stage] = pcfg.stage(stage).model_copy(update=update)
     label = graph
     if code2wav_batch is not None and graph == "qwen3-omni":
         if code2wav_batch < 1:

@@ -30,6 +30,7 @@ def bench_code2wav(
     chunk: int = typer.Option(8, min=1, help="Frames per turn per step (the steady codec_chunk_frames)."),
     steps: int = typer.Option(5, min=1, help="Steps measured per level."),
     threads: int = typer.Option(1, min=1, help="torch intra-op threads."),
+    max_batch: int = typer.Option(64, min=1, help="Most turns per batched forward (max_num_seqs)."),
     model: Path | None = typer.Option(None, help="Qwen3-Omni checkpoint (default: the small preset)."),
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
 ) -> None:
@@ -38,7 +39,7 @@ def bench_code2wav(
     from omniduplex.models.preset_cache import cached_checkpoint
 
     model = model or cached_checkpoint("qwen3-omni", "small")
-    run(model, _levels(concurrency), chunk, steps, threads, json_out)
+    run(model, _levels(concurrency), chunk, steps, threads, json_out, max_batch)
 
 
 @bench.command("engine")
