@@ -1,6 +1,7 @@
 """CUDA graphs on a GPU (skipped without one): the capture lines the CPU twin cannot run. Decode steps of a
 dense Qwen3 and of the MoE preset, the Talker's code predictor and Code2Wav pushes (one turn, and batched
-across turns) captured with ``torch.cuda.CUDAGraph`` give the eager results; static buffers keep their addresses; padding writes no KV."""
+across turns) captured with ``torch.cuda.CUDAGraph`` give the eager results;
+static buffers keep their addresses; padding writes no KV."""
 
 from __future__ import annotations
 
