@@ -156,11 +156,10 @@ def test_worker_batches_turns_joining_and_leaving_and_each_equals_its_one_shot_d
         torch.testing.assert_close(pcm, one_shot, rtol=0, atol=1e-5)  # streamed == one-shot, batched or not
         torch.testing.assert_close(pcm, single[rid][0], rtol=0, atol=ATOL)
     s, s1 = w.stats(), w1.stats()
-    assert s["codec_rows"] == s1["codec_rows"]  # the same chunks were decoded…
-    assert s1["codec_forwards"] == s1["codec_rows"]  # …one forward each with the lever off
-    assert s["codec_forwards"] < s["codec_rows"]  # …fewer forwards with it on
+    assert s1["codec_forwards"] == s1["codec_rows"]  # one forward per turn chunk with the lever off…
+    assert s["codec_forwards"] < s["codec_rows"]  # …several turns' chunks in a forward with it on
     assert any(len(set(p)) > 1 for p in w.batched_positions)  # rows at different frames shared a forward
-    assert max(per_step1) > 1 and max(per_step) < max(per_step1)  # the forwards-per-step gauge
+    assert max(per_step) == max(per_step1) == 1  # one forward a step: the stage reads input between them
     assert w.streams == {}
 
 

@@ -13,7 +13,9 @@ Frames are pushed in groups of ``initial_codec_chunk_frames`` until the first
 samples come out (at once for causal Code2Wav; after ~9 frames of look-ahead for DAC's centred convs),
 then of ``codec_chunk_frames``; on ``last`` whatever is pending. A push takes whole chunks (a multiple of
 the chunk size, the rest waits): turns at different frames then push equal lengths and share one batched
-forward (Code2Wav, ``push_batch``), whose CUDA graphs are captured at those sizes.
+forward (Code2Wav, ``push_batch``), whose CUDA graphs are captured at those sizes. A step is one forward:
+the stage reads its input edge between forwards, so a turn's first frames wait for one forward at most
+before theirs (first chunks go first), not for every turn's.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class _Turn:
     finished: bool = False
     started: bool = False  # some audio has gone out
     first_frame_at: float | None = None  # perf_counter when its first frame arrived
+    waiting_since: float = float("inf")  # perf_counter when its oldest pending frame arrived
     talker_ms: float | None = None  # the talker's first-frame time, passed on with the first audio
 
 
@@ -94,6 +97,8 @@ class VocoderWorker(StreamGauges):
         if t is None:
             t = self.streams[msg.request_id] = _Turn(self.new_stream())
         if codes is not None:
+            if not t.pending:
+                t.waiting_since = time.perf_counter()
             t.pending.append(codes.to(torch.int64))
             if t.first_frame_at is None:
                 t.first_frame_at = time.perf_counter()
@@ -134,39 +139,45 @@ class VocoderWorker(StreamGauges):
 
     @torch.no_grad()
     def step(self) -> list[StageMessage]:
-        """Push ready turns' pending frames; one message per turn that has new samples or ended.
+        """One decoder forward, so the stage reads its input edge between forwards (a frame that arrives
+        during a step waits for one forward, not for every turn's); one message per turn it pushed or that
+        ended.
 
-        Turns with the same number of frames due (and equal ``batch_key``) share forwards of at most
-        ``max_batch`` rows. Turns with no audio out yet go first, alone in their step (batched among
-        themselves): their first packet (TTFP) does not wait behind the steady chunks of the other turns,
-        which have audio buffered at the client.
+        The forward serves the turn whose oldest pending frame came first, with the other ready turns that
+        have the same number of frames due (and equal ``batch_key``), oldest first, ``max_batch`` rows at
+        most. Turns with no audio out yet go first (batched among themselves): their first packet (TTFP)
+        does not wait behind the steady chunks of the other turns, which have audio buffered at the client.
         """
         ready = [(rid, t) for rid, t in self.streams.items() if self._ready(t)]
         first = [(rid, t) for rid, t in ready if not t.started]
-        turns = first or ready
-        groups: dict[tuple, list[tuple[str, _Turn, torch.Tensor]]] = {}
+        turns = sorted(first or ready, key=lambda rt: rt[1].waiting_since)
+        groups: dict[tuple, list[tuple[str, _Turn, int]]] = {}
+        closing = []  # finished turns with nothing left to push: only their end goes out
         for rid, t in turns:
             need = self._need(t)
             take = len(t.pending) if t.finished else len(t.pending) // need * need  # whole chunks: rows align
             if take:
-                codes = torch.stack(t.pending[:take], dim=1)[None]  # [1, G, n]
-                del t.pending[:take]
-                key = (codes.shape[-1], self.batch_key(t.decoder))
-                groups.setdefault(key, []).append((rid, t, codes))
+                groups.setdefault((take, self.batch_key(t.decoder)), []).append((rid, t, take))
+            else:
+                closing.append((rid, t))
         pcm: dict[str, torch.Tensor] = {}
         ms: dict[str, float] = {}  # each turn's forward (ms)
-        forwards = 0
-        for members in groups.values():
-            for i in range(0, len(members), self.max_batch):
-                part = members[i : i + self.max_batch]
-                t0 = time.perf_counter()
-                pcm.update(self._push(part))
-                ms.update({rid: 1000 * (time.perf_counter() - t0) for rid, _, _ in part})
-                forwards += 1
+        pushed = []
+        if groups:
+            members = next(iter(groups.values()))[: self.max_batch]  # the oldest turn's group
+            part = []
+            for rid, t, take in members:
+                part.append((rid, t, torch.stack(t.pending[:take], dim=1)[None]))  # [1, G, n]
+                del t.pending[:take]
+                t.waiting_since = time.perf_counter() if t.pending else float("inf")
+                pushed.append((rid, t))
+            t0 = time.perf_counter()
+            pcm.update(self._push(part))
+            ms.update({rid: 1000 * (time.perf_counter() - t0) for rid, _, _ in part})
         if turns:
             self.steps += 1
-            self.last_step_forwards = forwards
-        return self._emit(turns, pcm, ms)
+            self.last_step_forwards = 1 if groups else 0
+        return self._emit(pushed + closing, pcm, ms)
 
     def _push(self, part: list[tuple[str, _Turn, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """One forward over ``part``'s chunks (a CUDA graph replay where one fits); ``{rid: samples [m]}``.
