@@ -95,8 +95,30 @@ async def _one(orch, rid: str) -> dict:
     raise RuntimeError(f"request {rid} ended without done")
 
 
+START_TIMEOUT_S = 600.0
+"""Time the stage processes have to start (s): loading, packing and warming a graph on a busy shared host can
+take minutes, and a sweep is not a readiness check."""
+CODEC_COUNTS = ("codec_steps", "codec_forwards", "codec_rows")
+"""Cumulative counters of the Code2Wav stage (:class:`~omniduplex.pipeline.stages.vocoder.VocoderWorker`)."""
+
+
+def _codec_counts(stats: dict) -> dict[str, float]:
+    g = stats["stages"].get("code2wav", {})
+    return {k: float(g.get(k, 0)) for k in CODEC_COUNTS}
+
+
+def _codec_ratios(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Over a level: Code2Wav turn-chunks per decoder forward and forwards per step (``nan`` if none)."""
+    d, nan = {k: after[k] - before[k] for k in CODEC_COUNTS}, float("nan")
+    return {
+        "code2wav_rows_per_forward": d["codec_rows"] / d["codec_forwards"] if d["codec_forwards"] else nan,
+        "code2wav_forwards_per_step": d["codec_forwards"] / d["codec_steps"] if d["codec_steps"] else nan,
+    }
+
+
 async def _level(orch, backend, submit, c: int, rounds: int, settle_s: float) -> dict:
     before = _busy(backend.stats())
+    counts0 = _codec_counts(backend.stats())
     metrics, wall = [], 0.0
     for r in range(rounds):
         t0 = time.perf_counter()
@@ -104,6 +126,7 @@ async def _level(orch, backend, submit, c: int, rounds: int, settle_s: float) ->
         wall += time.perf_counter() - t0
     await asyncio.sleep(settle_s)  # the stages report their gauges about once a second
     after = _busy(backend.stats())
+    codec = _codec_ratios(counts0, _codec_counts(backend.stats()))
     audio = sum(m["audio_s"] for m in metrics)
     split = sorted({k for m in metrics for k in m if k.endswith("_ms") and k not in ("ttfp_ms", "e2el_ms")})
     return {
@@ -117,6 +140,7 @@ async def _level(orch, backend, submit, c: int, rounds: int, settle_s: float) ->
         "wall_s": wall,
         "stage_busy_s": {k: round(after[k] - before.get(k, 0.0), 4) for k in after},
         "ttfp_split_p50_ms": {k: _pct([m[k] for m in metrics if k in m], 50) for k in split},
+        **codec,
     }
 
 
@@ -132,11 +156,14 @@ def sweep(
     results: dict | None = None,
     settle_s: float = 1.5,
     graph_yaml: Path | None = None,
+    code2wav_batch: int | None = None,
 ) -> list[dict]:
     """Measure ``graph`` (``"qwen3-omni"`` or ``"qwen3-tts"``) on ``model_dir`` at each level; returns rows.
     ``results`` (``{graph: {...}}``) collects every graph's rows, written to ``json_out`` after each row.
     ``graph_yaml``: the stage-graph YAML (devices, dtypes; e.g. ``deploy/graph-gpu.yaml``; default: the CPU
-    one).
+    one). ``code2wav_batch``: the Code2Wav stage's most turns per batched forward (its ``max_num_seqs``;
+    1 = one forward per turn, the batching lever off; default: the YAML's); rows carry it as
+    ``code2wav_batch`` and the label says it.
 
     Raises:
         ValueError: unknown graph, or ``model_dir`` is not a checkpoint of that graph.
@@ -158,10 +185,17 @@ def sweep(
     topo = pcfg.topology()
     if topo.name != graph:
         raise ValueError(f"{model_dir} serves the {topo.name!r} graph, not {graph!r}")
-    for stage in topo.all_stages:
-        pcfg.stages[stage] = pcfg.stage(stage).model_copy(
-            update={"torch_threads": threads, "max_num_seqs": max(64, max(levels))}
-        )
+    for stage in topo.all_stages:  # Code2Wav keeps the YAML's turns per forward (or --code2wav-batch)
+        update = {"torch_threads": threads}
+        if stage != "code2wav":
+            update["max_num_seqs"] = max(64, max(levels))
+        pcfg.stages[stage] = pcfg.stage(stage).model_copy(update=update)
+    label = graph
+    if code2wav_batch is not None and graph == "qwen3-omni":
+        if code2wav_batch < 1:
+            raise ValueError(f"code2wav_batch must be >= 1, got {code2wav_batch}")
+        pcfg.stages["code2wav"] = pcfg.stage("code2wav").model_copy(update={"max_num_seqs": code2wav_batch})
+        label = f"{graph} c2w-batch {code2wav_batch}"
     results = {} if results is None else results
     entry = results.setdefault(graph, {"model": str(model_dir), "anchors": ANCHORS[graph], "rows": []})
     if graph == "qwen3-tts":
@@ -188,7 +222,7 @@ def sweep(
 
     async def main() -> None:
         nonlocal orch
-        backend = ProcessBackend(pcfg)
+        backend = ProcessBackend(pcfg, start_timeout_s=START_TIMEOUT_S)
         orch = Orchestrator(backend, tokenizer, output_rate=24000)
         await orch.start()
         try:
@@ -196,8 +230,10 @@ def sweep(
             for c in levels:
                 row = await _level(orch, backend, submit, c, rounds, settle_s)
                 row["targets_met"] = targets_met(graph, row)
+                if graph == "qwen3-omni":
+                    row["code2wav_batch"] = pcfg.stage("code2wav").max_num_seqs
                 entry["rows"].append(row)
-                print(_row_line(graph, row), flush=True)
+                print(_row_line(label, row), flush=True)
                 if json_out:
                     json_out.write_text(json.dumps(results, indent=2))
         finally:
@@ -212,8 +248,8 @@ def sweep(
 
 
 HEADER = (
-    "| graph | c | TTFP p50 ms | TTFP p90 ms | RTF p50 | audio-s/s | tok/s | stage busy s | targets |\n"
-    "|---|---|---|---|---|---|---|---|---|"
+    "| graph | c | TTFP p50 ms | TTFP p90 ms | RTF p50 | audio-s/s | tok/s | stage busy s | c2w rows/fwd "
+    "| targets |\n|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -222,7 +258,8 @@ def _row_line(graph: str, r: dict) -> str:
     met = ", ".join(f"{k} {'met' if ok else 'missed'}" for k, ok in r["targets_met"].items()) or "-"
     return (
         f"| {graph} | {r['c']} | {r['ttfp_p50_ms']:.0f} | {r['ttfp_p90_ms']:.0f} | {r['rtf_p50']:.2f} "
-        f"| {r['audio_s_per_s']:.2f} | {r['tok_s']:.1f} | {busy} | {met} |"
+        f"| {r['audio_s_per_s']:.2f} | {r['tok_s']:.1f} | {busy} "
+        f"| {r['code2wav_rows_per_forward']:.2f} | {met} |"
     )
 
 
@@ -230,4 +267,4 @@ def print_anchors(graph: str) -> None:
     """The anchors' rows of ``graph`` in the table's columns."""
     for a in ANCHORS[graph]:
         cols = [f"{a[k]:g}" if k in a else "-" for k in ("ttfp_p50_ms", "rtf_p50", "audio_s_per_s", "tok_s")]
-        print(f"| {a['who']} | {a['c']} | {cols[0]} | - | {cols[1]} | {cols[2]} | {cols[3]} | - | anchor |")
+        print(f"| {a['who']} | {a['c']} | {cols[0]} | - | {' | '.join(cols[1:])} | - | - | anchor |")

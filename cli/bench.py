@@ -24,6 +24,24 @@ bench.command("tts-stream")(bench_tts_stream)
 bench.command("serve-sweep")(bench_serve_sweep)
 
 
+@bench.command("code2wav")
+def bench_code2wav(
+    concurrency: str = typer.Option("1,8,16", help="Comma-separated turns decoded per step."),
+    chunk: int = typer.Option(8, min=1, help="Frames per turn per step (the steady codec_chunk_frames)."),
+    steps: int = typer.Option(5, min=1, help="Steps measured per level."),
+    threads: int = typer.Option(1, min=1, help="torch intra-op threads."),
+    max_batch: int = typer.Option(64, min=1, help="Most turns per batched forward (max_num_seqs)."),
+    model: Path | None = typer.Option(None, help="Qwen3-Omni checkpoint (default: the small preset)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
+) -> None:
+    """Qwen3-Omni Code2Wav: c turns' chunks in one batched forward vs one forward per turn (ms/step)."""
+    from omniduplex.benchmarks.code2wav_batch import run
+    from omniduplex.models.preset_cache import cached_checkpoint
+
+    model = model or cached_checkpoint("qwen3-omni", "small")
+    run(model, _levels(concurrency), chunk, steps, threads, json_out, max_batch)
+
+
 @bench.command("engine")
 def bench_engine(
     model: Path | None = typer.Option(

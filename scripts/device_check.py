@@ -235,6 +235,11 @@ def summary(args) -> int:
     return 0
 
 
+def _lever(row: dict) -> str:
+    """`` c2w=N`` for a Qwen3-Omni sweep row (Code2Wav turns per forward: 1 = the batching lever off)."""
+    return f" c2w={row['code2wav_batch']}" if "code2wav_batch" in row else ""
+
+
 def _targets(part: str, r) -> dict[str, bool]:
     """``{target: met}`` a part's JSON records: the engine's (issue 33), the decode kernel's and the sweep's
     rows (issue 41)."""
@@ -247,7 +252,7 @@ def _targets(part: str, r) -> dict[str, bool]:
         return {t["name"]: t["status"] == "met" for t in rows if t["status"] != "not measured"}
     if part == "sweep":
         return {
-            f"{g} c={row['c']} {k}": ok
+            f"{g} c={row['c']}{_lever(row)} {k}": ok
             for g, e in r.items()
             if isinstance(e, dict)
             for row in e.get("rows", [])
@@ -275,7 +280,7 @@ def _figures(p: dict) -> str:
         return "; ".join(cells)
     if p["part"] == "sweep" and isinstance(r, dict):
         return "; ".join(
-            f"{g} c={row['c']} TTFP p50 {row['ttfp_p50_ms']:.0f} ms RTF {row['rtf_p50']:.2f} "
+            f"{g} c={row['c']}{_lever(row)} TTFP p50 {row['ttfp_p50_ms']:.0f} ms RTF {row['rtf_p50']:.2f} "
             f"{row['audio_s_per_s']:.1f} audio-s/s"
             for g, e in r.items()
             if isinstance(e, dict)

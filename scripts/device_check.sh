@@ -10,7 +10,8 @@
 #   attention     python3 -m omniduplex.benchmarks.bench_attention --json OUTDIR/attention.json --time-budget 16
 #   shapes        every shape through deploy/graph-gpu.yaml with TTFP (scripts/device_check.py shapes)
 #   real_shapes   the real-size presets built on the GPU, one short decode (scripts/device_real.py)
-#   sweep         omniduplex bench serve-sweep --preset real on graph-gpu.yaml (Qwen3-TTS, then Qwen3-Omni)
+#   sweep         omniduplex bench serve-sweep --preset real on graph-gpu.yaml (Qwen3-TTS, then Qwen3-Omni
+#                 with Code2Wav batched across turns, then at one forward per turn: --code2wav-batch 64,1)
 #   engine        omniduplex bench engine --device cuda --concurrency 1,8,128 --json OUTDIR/engine.json
 #   duplex        omniduplex bench duplex --device cuda --preset 7b --graphs cuda --json OUTDIR/duplex.json
 # A part whose module or option is not there yet is recorded "missing". OUTDIR gets at most 11 files:
@@ -165,7 +166,7 @@ sys.exit(u.find_spec("omniduplex.benchmarks.bench_attention") is None)' 2>/dev/n
       else
         run_part sweep omniduplex bench serve-sweep --preset real --graph deploy/graph-gpu.yaml \
           --graphs qwen3-tts,qwen3-omni --concurrency 1,8,32,64 --frames 25 --max-tokens 16 \
-          --json "$OUTDIR/sweep.json"
+          --code2wav-batch 64,1 --json "$OUTDIR/sweep.json"
       fi ;;
     engine)
       # grep without -q reads all the help: -q exits at the first match, and under pipefail the SIGPIPE it

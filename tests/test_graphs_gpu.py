@@ -1,6 +1,7 @@
 """CUDA graphs on a GPU (skipped without one): the capture lines the CPU twin cannot run. Decode steps of a
-dense Qwen3 and of the MoE preset, the Talker's code predictor and Code2Wav pushes captured with
-``torch.cuda.CUDAGraph`` give the eager results; static buffers keep their addresses; padding writes no KV."""
+dense Qwen3 and of the MoE preset, the Talker's code predictor and Code2Wav pushes (one turn, and batched
+across turns) captured with ``torch.cuda.CUDAGraph`` give the eager results;
+static buffers keep their addresses; padding writes no KV."""
 
 from __future__ import annotations
 
@@ -99,6 +100,25 @@ def test_captured_code_predictor_and_code2wav_equal_eager(omni):
         want = eager.push(codes[..., at : at + n])
         got = c2w.push(replayed, codes[..., at : at + n])
         got = replayed.push(codes[..., at : at + n]) if got is None else got
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        at += n
+    assert c2w.stats() == {"cuda_graph_hits": 3, "cuda_graph_misses": 1}
+
+
+@torch.no_grad()
+def test_code2wav_batched_replays_equal_eager_batched_pushes(omni):
+    from omniduplex.models.qwen3_omni.code2wav_batch import push_together
+
+    model, g = omni.code2wav, torch.Generator(device=CUDA).manual_seed(3)
+    c2w = Code2WavGraphs(model, CudaGraphBackend(CUDA), [2, 4], max_batch=4)
+    shape = (3, model.cfg.num_quantizers, 12)
+    codes = torch.randint(0, model.cfg.codebook_size, shape, generator=g, device=CUDA)
+    eager, replayed = [Code2WavStream(model) for _ in range(3)], [Code2WavStream(model) for _ in range(3)]
+    at = 0
+    for n in (2, 4, 4, 2):  # 3 turns: bucket 4, one padding row
+        want = push_together(eager, codes[..., at : at + n])
+        got = c2w.push_rows(replayed, codes[..., at : at + n])
+        got = push_together(replayed, codes[..., at : at + n]) if got is None else got
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         at += n
     assert c2w.stats() == {"cuda_graph_hits": 3, "cuda_graph_misses": 1}

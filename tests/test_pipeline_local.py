@@ -78,6 +78,10 @@ def test_streamed_turn_equals_sequential_reference(ckpt, chunking):
     done = events[-1].metrics
     assert done["audio_s"] == pytest.approx(streamed.size / 24000)
     assert 0 < done["ttfp_ms"] <= done["e2el_ms"]
+    # the TTFP split: Talker admission → first frame, then that frame at Code2Wav → first audio (whose
+    # forward is codec_first_chunk_ms): successive spans inside submit → first audio
+    assert done["talker_first_frame_ms"] > 0 and 0 < done["codec_first_chunk_ms"] <= done["codec_wait_ms"]
+    assert done["talker_first_frame_ms"] + done["codec_wait_ms"] <= done["ttfp_ms"]
 
 
 def test_cancel_frees_every_stage_and_other_turns_continue(ckpt):

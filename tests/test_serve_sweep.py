@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from omniduplex.benchmarks.serve_sweep import ANCHORS, audio_frames, sweep, targets_met
+from omniduplex.benchmarks.serve_sweep import ANCHORS, _codec_ratios, audio_frames, sweep, targets_met
 from omniduplex.models.preset_cache import cached_checkpoint
 
 
@@ -20,6 +20,14 @@ def test_targets_are_read_at_their_concurrency():
     assert both == {"ttfp_p50_ms": True, "rtf_p50": False}
     assert audio_frames(2.0) == 25
     assert {a["c"] for a in ANCHORS["qwen3-tts"]} == {1, 8, 16, 32, 64}
+
+
+def test_code2wav_ratios_are_read_over_the_level():
+    before = {"codec_steps": 10.0, "codec_forwards": 12.0, "codec_rows": 20.0}
+    after = {"codec_steps": 14.0, "codec_forwards": 16.0, "codec_rows": 52.0}
+    r = _codec_ratios(before, after)
+    assert r == {"code2wav_rows_per_forward": 8.0, "code2wav_forwards_per_step": 1.0}
+    assert all(math.isnan(v) for v in _codec_ratios(before, before).values())  # no forward in the level
 
 
 @pytest.mark.slow
@@ -60,6 +68,8 @@ def test_sweep_both_graphs_writes_every_row(tmp_path, capsys):
     (o,) = omni
     assert o["requests"] == 2 and math.isfinite(o["rtf_p50"]) and o["tok_s"] * o["wall_s"] == pytest.approx(6)
     assert {"thinker.busy_s", "talker.busy_s", "code2wav.busy_s"} <= set(o["stage_busy_s"])
+    assert o["code2wav_batch"] == 8 and o["code2wav_rows_per_forward"] >= 1  # the CPU YAML: 8 a forward
+    assert {"talker_first_frame_ms", "codec_first_chunk_ms", "codec_wait_ms"} <= set(o["ttfp_split_p50_ms"])
     table = capsys.readouterr().out
     assert "| qwen3-tts | 2 |" in table and "| vLLM-Omni, H20 | 32 | 3772 |" in table
 

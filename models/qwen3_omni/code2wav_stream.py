@@ -41,7 +41,6 @@ from omniduplex.models.qwen3_omni.code2wav import (
     ResidualUnit,
     SnakeBeta,
     TransformerLayer,
-    apply_rope,
     rope,
 )
 
@@ -88,6 +87,14 @@ def _repeat_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x[:, :, None].expand(b, h, groups, n, d).reshape(b, h * groups, n, d)
 
 
+def _rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """:func:`~.code2wav.apply_rope` of ``x`` ``[B, T, heads, D]`` by ``cos``/``sin`` ``[T, D]`` (every row at
+    the same positions) or ``[B, T, D]`` (each row at its own)."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.unsqueeze(-2).to(x.dtype) + rot * sin.unsqueeze(-2).to(x.dtype)
+
+
 class PreTransformerStream:
     """One stream's state of a :class:`~.code2wav.PreTransformer`: the sliding-window KV cache of every
     layer (the last ``sliding_window − 1`` frames, keys after RoPE at their absolute positions).
@@ -112,8 +119,8 @@ class PreTransformerStream:
 
     def _attend(self, i: int, layer: TransformerLayer, x, cos, sin, mask) -> torch.Tensor:
         a, (b, t, _) = layer.self_attn, x.shape
-        q = apply_rope(a.q_proj(x).view(b, t, a.heads, a.head_dim), cos, sin).transpose(1, 2)
-        k = apply_rope(a.k_proj(x).view(b, t, a.kv_heads, a.head_dim), cos, sin).transpose(1, 2)
+        q = _rope_rows(a.q_proj(x).view(b, t, a.heads, a.head_dim), cos, sin).transpose(1, 2)
+        k = _rope_rows(a.k_proj(x).view(b, t, a.kv_heads, a.head_dim), cos, sin).transpose(1, 2)
         v = a.v_proj(x).view(b, t, a.kv_heads, a.head_dim).transpose(1, 2)
         if self.kv[i] is not None:
             k, v = torch.cat([self.kv[i][0], k], dim=2), torch.cat([self.kv[i][1], v], dim=2)
@@ -126,17 +133,22 @@ class PreTransformerStream:
 
     def push(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """``positions``: int64 ``[t]`` on ``x``'s device, ``pos .. pos + t − 1`` (given by a caller that
-        replays the push as a CUDA graph, where the host's ``pos`` cannot be read); default from ``pos``."""
+        replays the push as a CUDA graph, where the host's ``pos`` cannot be read); default from ``pos``.
+        Or int64 ``[batch, t]``: each row at its own positions (rows of streams at different frames stacked
+        into one batch, :mod:`.code2wav_batch`); the caller then keeps each row's ``pos`` itself."""
         pre, t = self.pre, x.shape[1]
         if positions is None:
             positions = torch.arange(self.pos, self.pos + t, device=x.device)
-        cos, sin = rope(positions, pre.head_dim, pre.theta)
+        cos, sin = rope(positions.reshape(-1), pre.head_dim, pre.theta)
+        cos, sin = cos.view(*positions.shape, -1), sin.view(*positions.shape, -1)  # [(batch,) t, head_dim]
         # key m holds frame positions[0] − cached + m; query j attends iff 0 <= distance < window and the
-        # key is a real frame (a fixed cache starts with zeros before frame 0)
+        # key is a real frame (a fixed cache starts with zeros before frame 0); per row when 2-D
         cached = 0 if self.kv[0] is None else self.kv[0][0].shape[2]
-        keys = positions[:1] - cached + torch.arange(cached + t, device=x.device)
-        dist = positions[:, None] - keys[None, :]
-        mask = (dist >= 0) & (dist < self.window) & (keys >= 0)[None, :]
+        keys = positions[..., :1] - cached + torch.arange(cached + t, device=x.device)
+        dist = positions[..., :, None] - keys[..., None, :]
+        mask = (dist >= 0) & (dist < self.window) & (keys >= 0)[..., None, :]
+        if mask.dim() == 3:  # [batch, t, keys] → one mask per row, broadcast over heads
+            mask = mask[:, None]
         for i, layer in enumerate(pre.layers):
             h = self._attend(i, layer, layer.input_layernorm(x), cos, sin, mask)
             x = x + layer.self_attn_layer_scale(h)

@@ -1,11 +1,14 @@
 """Stage 2: the Talker engine, started by the Thinker's first token and fed its text as it streams.
 
 Input: the Thinker's token stream (see :mod:`.thinker`). Output per codec frame: ``codes`` int64
-``[num_code_groups]``; ``last`` closes the request (the EOS step carries no codes). Meta
-``talker_sampling`` (dict of :class:`SamplingParams` fields) and ``speaker`` come with the first message.
+``[num_code_groups]``; ``last`` closes the request (the EOS step carries no codes); the first frame's meta
+``talker_ms``: admission (the Thinker's first token) → that frame, ms.
+Meta ``talker_sampling`` (dict of :class:`SamplingParams` fields) and ``speaker`` come with the first message.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -43,6 +46,7 @@ class TalkerWorker(EngineGauges):
             num_blocks, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, cuda_graphs,
         )
         self.live: dict[str, Request] = {}
+        self.admitted: dict[str, float] = {}  # perf_counter at admission, until the request's first frame
         self.text_queue: list[tuple[str, torch.Tensor]] = []
         self.finished_early: list[StageMessage] = []
 
@@ -92,10 +96,12 @@ class TalkerWorker(EngineGauges):
         )
         self.engine.add_request(req)
         self.live[msg.request_id] = req
+        self.admitted[msg.request_id] = time.perf_counter()
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
         self.live.pop(request_id, None)
+        self.admitted.pop(request_id, None)
         self.text_queue = [(r, e) for r, e in self.text_queue if r != request_id]
 
     def has_work(self) -> bool:
@@ -110,6 +116,10 @@ class TalkerWorker(EngineGauges):
             if o.finished:
                 self.live.pop(o.request_id, None)
             meta = DecoderOutput(finish_reason=o.finish_reason if o.finished else None)
+            if t and (t0 := self.admitted.pop(o.request_id, None)) is not None:  # its first frame
+                meta.talker_ms = 1000 * (time.perf_counter() - t0)
+            if o.finished:
+                self.admitted.pop(o.request_id, None)
             outs.append(StageMessage(o.request_id, t, meta, last=o.finished))
         return outs
 
