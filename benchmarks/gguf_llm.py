@@ -68,13 +68,14 @@ def _our_worker(gguf: Path, quantized: bool, max_seqs: int):
     from omniduplex.models.cascade.gguf_quantized import quantize_from_gguf
     from omniduplex.models.registry import load_model
     from omniduplex.models.weights import cache_dir
+    from omniduplex.pipeline.stages.engine_build import EngineSettings
     from omniduplex.pipeline.stages.llm import LLMWorker
 
     model = load_model(cached_import(gguf, cache_dir() / "gguf"), parts=("thinker",), dtype=torch.float32)
     if quantized:
         quantize_from_gguf(model.thinker, gguf)
     prepack_linears(model.thinker)
-    return LLMWorker(model, 1024, max_seqs, 1024)
+    return LLMWorker(model, EngineSettings(1024, max_seqs, 1024))
 
 
 def _llama_cpp(gguf: Path, levels: list[int], new_tokens: int, rounds: int, threads: int, system: str):
