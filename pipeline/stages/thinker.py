@@ -77,9 +77,6 @@ class ThinkerWorker(EngineGauges):
         self.engine.abort(request_id)
         self.prompts.pop(request_id, None)
 
-    def has_work(self) -> bool:
-        return self.engine.has_unfinished()
-
     @torch.no_grad()
     def step(self) -> list[StageMessage]:
         outs = []

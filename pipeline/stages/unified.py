@@ -60,9 +60,6 @@ class UnifiedWorker(EngineGauges):
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
 
-    def has_work(self) -> bool:
-        return self.engine.has_unfinished()
-
     @torch.no_grad()
     def step(self) -> list[StageMessage]:
         outs = []
