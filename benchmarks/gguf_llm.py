@@ -74,6 +74,7 @@ def _our_worker(gguf: Path, engine: str, max_seqs: int):
     from omniduplex.models.cascade.gguf_quantized import quantize_from_gguf
     from omniduplex.models.registry import load_model
     from omniduplex.models.weights import cache_dir
+    from omniduplex.pipeline.stages.engine_build import EngineSettings
     from omniduplex.pipeline.stages.llm import LLMWorker
 
     dtype = torch.bfloat16 if engine in ("bf16", "int8") else torch.float32
@@ -83,7 +84,7 @@ def _our_worker(gguf: Path, engine: str, max_seqs: int):
     elif engine == "int8":
         quantize_linears(model.thinker)
     prepack_linears(model.thinker)
-    return LLMWorker(model, 1024, max_seqs, 1024)
+    return LLMWorker(model, EngineSettings(1024, max_seqs, 1024))
 
 
 def _llama_cpp(gguf: Path, levels: list[int], new_tokens: int, rounds: int, threads: int, system: str):

@@ -74,6 +74,7 @@ def run(
     ``{backend: {c: {"tok_s", "ttft_p50_ms", "ttft_max_ms"}}}``."""
     from omniduplex.app.host.pipeline import CASCADE_SYSTEM_PROMPT
     from omniduplex.models.registry import load_model
+    from omniduplex.pipeline.stages.engine_build import EngineSettings
     from omniduplex.pipeline.stages.llm import LLMWorker
     from omniduplex.pipeline.workers import _dtype
 
@@ -88,7 +89,7 @@ def run(
             worker = VLLMLLMWorker(model_dir, cfg, td)
         else:
             model = load_model(model_dir, parts=("thinker",), dtype=td)
-            worker = LLMWorker(model, 1024, max(concurrency), 1024)
+            worker = LLMWorker(model, EngineSettings(1024, max(concurrency), 1024))
         try:
             system = CASCADE_SYSTEM_PROMPT
             measure(worker, 1, 8, 1, system)  # warm-up

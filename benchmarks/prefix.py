@@ -59,11 +59,11 @@ def conversation(model, caching: bool, max_tokens: int, replies: list[str] | Non
     (computed), ``cached_tokens``, ``ttft_ms`` and ``reply``. ``replies``: use these as the assistant's
     history instead of the stage's own replies (same prompts across runs)."""
     from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
+    from omniduplex.pipeline.stages.engine_build import EngineSettings
     from omniduplex.pipeline.stages.llm import LLMWorker
 
-    worker = LLMWorker(
-        model, num_blocks=1024, max_num_seqs=4, max_num_batched_tokens=1024, enable_prefix_caching=caching
-    )
+    sizes = EngineSettings(1024, 4, 1024, enable_prefix_caching=caching)
+    worker = LLMWorker(model, sizes)
     history: list[list[str]] = []
     rows = []
     for i, user in enumerate(USER_TURNS):

@@ -126,6 +126,7 @@ def run(
     json_out: Path | None, k: int, turns: int, max_tokens: int, threads: int, only: str | None
 ) -> list[dict]:
     """Measure every pair (``only``: the pairs whose target or proposer names contain it); print a table."""
+    from omniduplex.pipeline.stages.engine_build import EngineSettings
     from omniduplex.pipeline.stages.llm import LLMWorker
 
     torch.set_num_threads(threads)
@@ -152,8 +153,8 @@ def run(
             spec, draft = SpeculativeConfig("ngram", k), None
         else:
             spec, draft = SpeculativeConfig("draft", k, str(paths[proposer])), loaded[proposer]
-        plain = LLMWorker(model, 512, 1, 512)
-        fast = LLMWorker(model, 512, 1, 512, speculative=spec, draft=draft)
+        plain = LLMWorker(model, EngineSettings(512, 1, 512))
+        fast = LLMWorker(model, EngineSettings(512, 1, 512), speculative=spec, draft=draft)
         for workload in ("qa", "tool"):
             metas = _turns(workload, turns, max_tokens)
             _compare(plain, fast, metas[:1], f"warm-{workload}")  # kernels built, system prompt cached

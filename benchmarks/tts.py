@@ -37,6 +37,7 @@ from omniduplex.models.qwen3_tts.model import SAMPLE_RATE, Qwen3TTS, load_qwen3_
 from omniduplex.models.qwen3_tts.prompt import TalkerPrompt, build_prompt
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.speech.qwen3_tts import Qwen3TTSEngine
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 
 SENTENCES = (
     "Hello! Thanks for calling, how can I help you today?",
@@ -120,7 +121,7 @@ def run(
     torch.set_num_threads(threads)
     model = load_qwen3_tts(model_dir, parts=("talker", "codec"))
     tok = load_tokenizer(model_dir)
-    engine = Qwen3TTSEngine(model, max_num_seqs=max(levels))
+    engine = Qwen3TTSEngine(model, EngineSettings(max_num_seqs=max(levels)))
     measure(engine, prompts(model, tok, 1), 3)
     rows = []
     print(

@@ -37,6 +37,7 @@ from omniduplex.models.fish_speech.config import SAMPLE_RATE
 from omniduplex.models.fish_speech.load import load_fish_speech
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.speech.fish_speech import FishSpeechEngine, FishStreamDecoder
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 
 SENTENCES = (
     "Hello! Thanks for calling, how can I help you today?",
@@ -141,7 +142,7 @@ def measure(
     engine = FishSpeechEngine(
         model,
         load_tokenizer(model_dir),
-        max_num_seqs=max(concurrency),
+        EngineSettings(max_num_seqs=max(concurrency)),
         decode_fast_path=lever,
         static_buffers=lever,
     )
@@ -204,7 +205,7 @@ def run(
     probe at c = 16; return ``[levers-off result, levers-on result]`` as :func:`measure` returns them."""
     torch.set_num_threads(threads)
     model = load_fish_speech(model_dir, parts=("lm", "codec"))
-    engine = FishSpeechEngine(model, load_tokenizer(model_dir), max_num_seqs=max(levels))
+    engine = FishSpeechEngine(model, load_tokenizer(model_dir), EngineSettings(max_num_seqs=max(levels)))
     results = [
         {"model": str(model_dir), "lever": lever, "threads": threads, "rows": []} for lever in (False, True)
     ]

@@ -28,6 +28,7 @@ from omniduplex.benchmarks.tts_levers import fixed_length, timed_steps
 from omniduplex.models.higgs.codec_stream import StreamingDecoder
 from omniduplex.models.higgs.model import Higgs, load_higgs
 from omniduplex.pipeline.speech.higgs import HiggsEngine
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 
 SENTENCES = (
     "Hello! Thanks for calling, how can I help you today?",
@@ -40,7 +41,8 @@ SAMPLING = dict(temperature=1.0, top_k=0, top_p=1.0)
 
 def _level(model: Higgs, c: int, frames: int, lever: bool, chunk: int, seed: int) -> dict:
     n = model.config.num_codebooks
-    engine = HiggsEngine(model, lever=lever, num_blocks=max(256, c * 24), max_num_seqs=max(c, 1))
+    sizes = EngineSettings(num_blocks=max(256, c * 24), max_num_seqs=max(c, 1))
+    engine = HiggsEngine(model, lever=lever, engine=sizes)
     voices = sorted(model.voices) or [None]
     prompts = [engine.prompt(SENTENCES[i % len(SENTENCES)], voices[i % len(voices)]) for i in range(c)]
     streams = [StreamingDecoder(model.codec) for _ in range(c)]

@@ -34,6 +34,7 @@ from omniduplex.models.voxcpm2.model import VoxCPM2, load_voxcpm2
 from omniduplex.models.voxcpm2.prompt import TextTokenizer, VoiceBank, build_prompt
 from omniduplex.models.voxcpm2.vae_stream import VAEStream, feed_together
 from omniduplex.pipeline.speech.voxcpm2 import VoxCPM2Engine
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 
 SENTENCES = (
     "Hello! Thanks for calling, how can I help you today?",
@@ -59,7 +60,8 @@ def level(
     model: VoxCPM2, tok: TextTokenizer, bank: VoiceBank, voice: str, c: int, patches: int, lever: bool
 ) -> dict:
     """One concurrency level on a fresh engine; returns its figures."""
-    engine = VoxCPM2Engine(model, num_blocks=max(256, 16 * c), max_num_seqs=max(c, 1), batch_solver=lever)
+    sizes = EngineSettings(num_blocks=max(256, 16 * c), max_num_seqs=max(c, 1))
+    engine = VoxCPM2Engine(model, sizes, batch_solver=lever)
     v = bank.get(voice)
     prompts = [
         build_prompt(model.lm, tok, SENTENCES[i % len(SENTENCES)], v, model.config.context) for i in range(c)

@@ -27,6 +27,8 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from omniduplex.kernels.paged_shapes import check_attention_heads, check_kv_write
+
 __all__ = ["paged_attention_torch", "write_kv_cache"]
 
 
@@ -57,12 +59,7 @@ def write_kv_cache(
         ValueError: on mismatched shapes.
         RuntimeError: (from ``view``) if the cache is not contiguous over its first two dimensions.
     """
-    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
-    expected = (slot_mapping.shape[0], num_kv_heads, head_dim)
-    if tuple(k.shape) != expected or tuple(v.shape) != expected:
-        raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} must be {expected}")
+    num_blocks, block_size, num_kv_heads, head_dim = check_kv_write(k_cache, v_cache, k, v, slot_mapping)
     slots = slot_mapping if slot_mapping.dtype == torch.int64 else slot_mapping.long()
     flat = (num_blocks * block_size, num_kv_heads, head_dim)
     k_flat, v_flat = k_cache.view(flat), v_cache.view(flat)
@@ -241,14 +238,9 @@ def paged_attention_torch(
     Raises:
         ValueError: on inconsistent shapes or ``num_q_heads`` not a multiple of ``num_kv_heads``.
     """
+    check_attention_heads(q, k_cache, v_cache)
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
     num_seqs = seq_lens.shape[0]
-    if num_q_heads % num_kv_heads or k_cache.shape[3] != head_dim or v_cache.shape != k_cache.shape:
-        raise ValueError(
-            f"incompatible shapes: q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, "
-            f"v_cache {tuple(v_cache.shape)}"
-        )
     if query_start_loc.shape[0] != num_seqs + 1 or block_tables.shape[0] != num_seqs:
         raise ValueError(
             f"query_start_loc {tuple(query_start_loc.shape)} / block_tables {tuple(block_tables.shape)} "

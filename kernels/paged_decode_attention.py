@@ -34,6 +34,7 @@ from omniduplex.kernels.paged_decode_kernels import (
     kernels,
     out_of_resources,
 )
+from omniduplex.kernels.paged_shapes import check_attention_heads
 
 __all__ = [
     "HAS_TRITON",
@@ -151,13 +152,9 @@ def paged_decode_attention_triton(
         ValueError: on inconsistent shapes, dtypes, block size, ``out`` or a too small ``workspace``.
     """
     decode_kernel, combine_kernel = kernels()
+    check_attention_heads(q, k_cache, v_cache)
     num_seqs, num_q_heads, head_dim = q.shape
-    num_blocks, block_size, num_kv_heads, kv_dim = k_cache.shape
-    if kv_dim != head_dim or num_q_heads % num_kv_heads or v_cache.shape != k_cache.shape:
-        raise ValueError(
-            f"incompatible shapes: q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, "
-            f"v_cache {tuple(v_cache.shape)}"
-        )
+    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
     if q.dtype not in DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise ValueError(
             f"q, k_cache, v_cache must share one dtype of fp32/bf16/fp16: "

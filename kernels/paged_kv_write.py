@@ -16,6 +16,7 @@ import os
 import torch
 
 from omniduplex.kernels.paged_decode_attention import HAS_TRITON
+from omniduplex.kernels.paged_shapes import check_kv_write
 
 __all__ = ["write_kv_cache_triton"]
 
@@ -79,12 +80,7 @@ def write_kv_cache_triton(
         ValueError: mismatched shapes or a non-contiguous cache.
         RuntimeError: triton is not installed.
     """
-    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
-    expected = (slot_mapping.shape[0], num_kv_heads, head_dim)
-    if tuple(k.shape) != expected or tuple(v.shape) != expected:
-        raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} must be {expected}")
+    _, _, num_kv_heads, head_dim = check_kv_write(k_cache, v_cache, k, v, slot_mapping)
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("k_cache and v_cache must be contiguous")
     t = slot_mapping.shape[0]

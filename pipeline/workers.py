@@ -6,7 +6,7 @@ Used both in-process and by the stage processes, so the wiring is defined once.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -27,6 +27,7 @@ from omniduplex.pipeline.runtime.stage_engines import check_backends
 from omniduplex.pipeline.stages.codec_encoder import CodecEncoderWorker
 from omniduplex.pipeline.stages.contract import StageWorker
 from omniduplex.pipeline.stages.encoder import EncoderWorker
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 from omniduplex.pipeline.stages.kinds import STAGE_KINDS, builds
 from omniduplex.pipeline.stages.talker import TalkerWorker
 from omniduplex.pipeline.stages.thinker import ThinkerWorker
@@ -103,10 +104,9 @@ class StageBuild:
         return model
 
 
-def _engine_kwargs(b: StageBuild) -> dict:
+def _engine_settings(cfg: StageConfig) -> EngineSettings:
     """The engine settings of an engine stage's worker, from the stage's config."""
-    cfg = b.cfg
-    return dict(
+    return EngineSettings(
         num_blocks=cfg.num_kv_blocks,
         max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
@@ -117,10 +117,10 @@ def _engine_kwargs(b: StageBuild) -> dict:
 
 def _register_one_part(stage: str, worker: Callable[..., StageWorker], engine: bool) -> None:
     """The builder of a stage whose worker takes the stage's loaded parts alone: with the engine settings
-    (``engine``, :func:`_engine_kwargs`) or batching ``max_num_seqs`` requests per step."""
+    (``engine``, :func:`_engine_settings`) or batching ``max_num_seqs`` requests per step."""
 
     def build(b: StageBuild) -> StageWorker:
-        extra = _engine_kwargs(b) if engine else dict(max_batch=b.cfg.max_num_seqs)
+        extra = dict(engine=_engine_settings(b.cfg)) if engine else dict(max_batch=b.cfg.max_num_seqs)
         return worker(b.load(stage), **extra)
 
     builds(stage)(build)
@@ -138,7 +138,7 @@ for _stage, _worker, _engine in (
 @builds("talker")
 def _talker(b: StageBuild) -> StageWorker:
     model = b.load("talker")
-    return TalkerWorker(model, talker_specials(model, b.model_dir), **_engine_kwargs(b))
+    return TalkerWorker(model, talker_specials(model, b.model_dir), **asdict(_engine_settings(b.cfg)))
 
 
 @builds("code2wav")
@@ -199,14 +199,7 @@ def _qwen3_tts_engine(model, model_dir, cfg: StageConfig):
     from omniduplex.models.tokenizer import load_tokenizer
     from omniduplex.pipeline.speech.qwen3_tts import Qwen3TTSEngine
 
-    tts = Qwen3TTSEngine(
-        model,
-        num_blocks=cfg.num_kv_blocks,
-        max_num_seqs=cfg.max_num_seqs,
-        max_num_batched_tokens=cfg.max_num_batched_tokens,
-        enable_prefix_caching=cfg.enable_prefix_caching,
-        cuda_graphs=cfg.cuda_graphs,
-    )
+    tts = Qwen3TTSEngine(model, _engine_settings(cfg))
     context = min(model.config.talker.max_position_embeddings, cfg.num_kv_blocks * BLOCK_SIZE)
     return tts, VoicePrompter(model, load_tokenizer(model_dir), context)
 
@@ -303,11 +296,7 @@ def _llm_worker(manifest, cfg: StageConfig) -> StageWorker:
     _prepack(model.thinker, cfg)
     return LLMWorker(
         model,
-        cfg.num_kv_blocks,
-        cfg.max_num_seqs,
-        cfg.max_num_batched_tokens,
-        enable_prefix_caching=cfg.enable_prefix_caching,
-        cuda_graphs=cfg.cuda_graphs,
+        _engine_settings(cfg),
         max_tool_calls=cfg.max_tool_calls,
         speculative=spec,
         draft=draft,

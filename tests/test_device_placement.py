@@ -34,6 +34,7 @@ from omniduplex.pipeline.messages import (
 )
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.runtime.local_backend import LocalBackend
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 from omniduplex.pipeline.stages.llm import LLMWorker
 from omniduplex.pipeline.topology import QWEN3_TTS, output_rate
 from omniduplex.pipeline.workers import build_all
@@ -194,7 +195,7 @@ def test_cascade_llm_stage_keeps_its_tensors_on_its_device(tmp_path):
                 "ignore_eos": True}
     with acc:
         model = load_model(d, parts=("thinker",), device="privateuseone")
-        w = LLMWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
+        w = LLMWorker(model, EngineSettings(num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256))
         context = Prefill(system_prompt="Be brief.", history=[])
         hint = PartialTranscript(partial_transcript="hello", prefill=context)
         w.submit(StageMessage("t1", {}, hint, last=False))

@@ -124,6 +124,7 @@ def test_cascade_llm_stage_on_cuda(tmp_path):
     """The cascade's LLM stage (our engine) on CUDA, on a tiny random text checkpoint with a ChatML template
     (the packaged SmolLM2 weights are too large to carry to a GPU host)."""
     from omniduplex.models.registry import load_model
+    from omniduplex.pipeline.stages.engine_build import EngineSettings
     from omniduplex.pipeline.stages.llm import LLMWorker
 
     d = write_checkpoint(tmp_path / "text", "tiny", seed=1, text_only=True)
@@ -132,7 +133,7 @@ def test_cascade_llm_stage_on_cuda(tmp_path):
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     model = load_model(d, parts=("thinker",), dtype=torch.bfloat16, device="cuda")
-    w = LLMWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
+    w = LLMWorker(model, EngineSettings(num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256))
     sampling = {"max_tokens": 6, "top_k": 5, "ignore_eos": True}
     hello = Transcript(transcript="hello there", turn=TurnOptions(sampling=sampling))
     w.submit(StageMessage("t1", {}, hello, last=True))
@@ -152,6 +153,7 @@ def test_cascade_llm_stage_on_cuda_with_real_weights(tmp_path):
     from omniduplex.models.cascade.gguf_import import cached_import
     from omniduplex.models.registry import load_model
     from omniduplex.models.weights import SMOLLM2_135M, WeightsError, locate
+    from omniduplex.pipeline.stages.engine_build import EngineSettings
     from omniduplex.pipeline.stages.llm import LLMWorker
 
     try:
@@ -160,7 +162,7 @@ def test_cascade_llm_stage_on_cuda_with_real_weights(tmp_path):
         pytest.skip(f"cascade LLM weights not on this host: {e}")
     model = load_model(cached_import(src, tmp_path / "gguf"), parts=("thinker",), dtype=torch.bfloat16,
                        device="cuda")
-    w = LLMWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
+    w = LLMWorker(model, EngineSettings(num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256))
     opts = TurnOptions(sampling={"max_tokens": 24, "temperature": 0.0})
     ask = Transcript(transcript="What is the capital of France?", turn=opts)
     w.submit(StageMessage("t1", {}, ask, last=True))

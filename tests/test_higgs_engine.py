@@ -23,6 +23,7 @@ from omniduplex.models.higgs.rules import RULES, advance, forced, step_one
 from omniduplex.models.unified.delay_pattern import deinterleave
 from omniduplex.pipeline.engine.sampler import SamplingBatch, sample_inverse_cdf
 from omniduplex.pipeline.speech.higgs import HiggsEngine, synthesize
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 
 GREEDY = {"temperature": 0.0, "max_tokens": 36}
 SAMPLED = {"temperature": 0.9, "top_k": 40, "top_p": 0.9, "max_tokens": 30, "seed": 7}
@@ -76,7 +77,7 @@ def run(engine: HiggsEngine, work, abort_at: dict | None = None):
 def alone(model, rules="v3"):
     out = {}
     for w in WORK:
-        out.update(run(HiggsEngine(model, rules=rules, num_blocks=64), [(*w[:4], 0)]))
+        out.update(run(HiggsEngine(model, rules=rules, engine=EngineSettings(num_blocks=64)), [(*w[:4], 0)]))
     return out
 
 
@@ -91,9 +92,9 @@ def same(x, y):
 def test_batched_equals_alone_and_lever_off(model, rules):
     ref = alone(model, rules)
     assert {r for _, r in ref.values()} >= {"stop", "length"} or rules == "transformers"
-    on = HiggsEngine(model, rules=rules, lever=True, num_blocks=64)
+    on = HiggsEngine(model, rules=rules, lever=True, engine=EngineSettings(num_blocks=64))
     same(run(on, WORK), ref)
-    off = HiggsEngine(model, rules=rules, lever=False, num_blocks=64)
+    off = HiggsEngine(model, rules=rules, lever=False, engine=EngineSettings(num_blocks=64))
     same(run(off, WORK), ref)
     assert on.adapter.decode_steps > 0 and on.adapter.state_seconds > 0
 
@@ -102,18 +103,18 @@ def test_preemption_prefix_cache_and_slot_reuse(model):
     ref = alone(model)
     # 14 blocks cannot hold four requests to the end: the youngest are preempted and recomputed from their
     # slot rows
-    tight = HiggsEngine(model, num_blocks=14, max_num_seqs=4)
+    tight = HiggsEngine(model, engine=EngineSettings(num_blocks=14, max_num_seqs=4))
     same(run(tight, WORK), ref)
     prompt_rows = sum(len(tight.prompt(t, v)) for _, t, v, _, _ in WORK)
     assert tight.engine.num_prefill_tokens > prompt_rows  # recomputed rows: preemption happened
     # the same voice twice: the second prompt's voice rows come from the prefix cache, codes unchanged
-    cached = HiggsEngine(model, num_blocks=64)
+    cached = HiggsEngine(model, engine=EngineSettings(num_blocks=64))
     got = run(cached, [WORK[1]])
     again = run(cached, [("b2", *WORK[1][1:4], 0)])
     assert cached.engine.num_cached_tokens > 0
     assert torch.equal(got["b"][0], ref["b"][0]) and torch.equal(again["b2"][0], ref["b"][0])
     # an aborted request frees its slot; the next request takes it over with a clean state
-    eng = HiggsEngine(model, num_blocks=64, max_num_seqs=2)
+    eng = HiggsEngine(model, engine=EngineSettings(num_blocks=64, max_num_seqs=2))
     res = run(eng, [WORK[0], WORK[2], (*WORK[1][:4], 9)], abort_at={"a": 5})
     assert res["a"][1] == "abort"
     same({k: res[k] for k in ("b", "c")}, {k: ref[k] for k in ("b", "c")})
@@ -189,7 +190,7 @@ def test_delayed_reference_layout():
 
 def test_bad_input_clear_errors_others_unaffected(model):
     ref = alone(model)
-    eng = HiggsEngine(model, num_blocks=16)  # 256 rows of context
+    eng = HiggsEngine(model, engine=EngineSettings(num_blocks=16))  # 256 rows of context
     eng.add("a", eng.prompt("Hello there, how are you?"), GREEDY)
     eng.step()
     cfg = model.config
@@ -252,9 +253,8 @@ def test_missing_tensor_named(tmp_path):
 
 def test_synthesize_streamed_equals_one_shot(model):
     pcm, sr = synthesize(model, "Hello there, how are you?", "belinda", GREEDY)
-    frames = run(
-        HiggsEngine(model, num_blocks=64), [("x", "Hello there, how are you?", "belinda", GREEDY, 0)]
-    )["x"][0]
+    engine = HiggsEngine(model, engine=EngineSettings(num_blocks=64))
+    frames = run(engine, [("x", "Hello there, how are you?", "belinda", GREEDY, 0)])["x"][0]
     assert sr == 24000 and pcm.shape == (frames.shape[0] * 960,)
     whole = model.codec.decode(frames.T[None]).reshape(-1)
     assert float((pcm - whole).abs().max()) < 1e-5 and float(whole.abs().max()) > 0.05

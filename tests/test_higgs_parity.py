@@ -13,6 +13,7 @@ from omniduplex.models.higgs.codec_stream import StreamingDecoder
 from omniduplex.models.higgs.model import load_higgs
 from omniduplex.models.higgs.presets import write_higgs_checkpoint
 from omniduplex.pipeline.speech.higgs import HiggsEngine
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 
 MAX_STEPS = 40
 # (preset, seed): prompts (text, voice) per rule set; the seeds were picked so that each rule set has clips
@@ -70,7 +71,7 @@ def setup(request, tmp_path_factory):
 @pytest.mark.parametrize("rules", ["v3", "transformers"])
 def test_greedy_frames_match_transformers(setup, rules):
     key, model, ref, spare, codec = setup
-    engine = HiggsEngine(model, rules=rules, num_blocks=128)
+    engine = HiggsEngine(model, rules=rules, engine=EngineSettings(num_blocks=128))
     prompts = [engine.prompt(t, v) for t, v in CASES[key][rules]]
     ours, reasons = _run(engine, prompts)
     assert set(reasons) == {"stop", "length"}, reasons  # both ends are exercised
@@ -99,7 +100,7 @@ def test_tied_head_preset_matches_transformers(tmp_path):
     assert model.talker.tied.head.modality_heads[0].weight is model.talker.audio_embedding.embedding.weight
     ref, spare = reference_talker(path)
     for rules in ("v3", "transformers"):
-        engine = HiggsEngine(model, rules=rules, num_blocks=64)
+        engine = HiggsEngine(model, rules=rules, engine=EngineSettings(num_blocks=64))
         prompt = engine.prompt("Tied weights.", "en_man")
         (ours,), _ = _run(engine, [prompt], max_tokens=20)
         gen = generate_transformers if rules == "transformers" else generate_v3

@@ -14,6 +14,7 @@ from omniduplex.models.registry import load_model
 from omniduplex.pipeline.config import StageConfig
 from omniduplex.pipeline.engine.speculative import SpeculativeConfig
 from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 from omniduplex.pipeline.stages.llm import LLMWorker
 from omniduplex.pipeline.stages.llm_speculative import make_speculator
 from omniduplex.pipeline.text.spoken import SPOKEN_SYSTEM_PROMPT
@@ -69,9 +70,8 @@ def replies(worker: LLMWorker) -> dict[str, tuple[list[int], str, list]]:
 
 
 def _worker(model, spec=None, draft=None) -> LLMWorker:
-    return LLMWorker(
-        model, num_blocks=256, max_num_seqs=4, max_num_batched_tokens=512, speculative=spec, draft=draft
-    )
+    sizes = EngineSettings(num_blocks=256, max_num_seqs=4, max_num_batched_tokens=512)
+    return LLMWorker(model, sizes, speculative=spec, draft=draft)
 
 
 @pytest.mark.slow
@@ -130,7 +130,8 @@ def test_the_manifest_knob_is_checked_and_reaches_the_engine(model, tmp_path):
 
     m = load_manifest(_manifest(tmp_path, "{method: ngram, k: 3}"))
     assert m.llm_speculative == {"method": "ngram", "k": 3}
-    worker = LLMWorker(model, 64, 4, 256, speculative=SpeculativeConfig.parse(m.llm_speculative))
+    spec = SpeculativeConfig.parse(m.llm_speculative)
+    worker = LLMWorker(model, EngineSettings(64, 4, 256), speculative=spec)
     assert worker.engine.spec.config == SpeculativeConfig("ngram", 3)
     # the stage builder checks the knob before it loads any weights
     with pytest.raises(

@@ -16,6 +16,7 @@ from omniduplex.pipeline.messages import (
     TurnOptions,
     TurnRequest,
 )
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 from omniduplex.pipeline.stages.llm import IncrementalDetokenizer, LLMWorker
 
 
@@ -32,7 +33,7 @@ def model(tmp_path_factory):
 
 @pytest.fixture()
 def worker(model):
-    return LLMWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
+    return LLMWorker(model, EngineSettings(num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256))
 
 
 def turn(rid: str, transcript, asr_ms: float | None = None, **options) -> StageMessage:
@@ -176,10 +177,10 @@ def reused_by(worker: LLMWorker, msg: StageMessage) -> tuple[int, str]:
 def test_prefill_hints_put_the_words_heard_so_far_in_the_prefix_cache(model):
     question = "What is the capital city of France, and what is it famous for?"
     final = turn("t", question, history=HISTORY, system_prompt=SYSTEM, sampling={"max_tokens": 12})
-    cold = LLMWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
+    cold = LLMWorker(model, EngineSettings(num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256))
     cold_reused, cold_text = reused_by(cold, final)
 
-    warm = LLMWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
+    warm = LLMWorker(model, EngineSettings(num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256))
     warm.submit(hint("t", "What is the capital"))
     warm.submit(hint("t", "What is the capital city of France, and what"))  # replaces the first, not run yet
     assert warm.has_work()

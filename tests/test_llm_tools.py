@@ -12,6 +12,7 @@ from tool_models import bench_tools, one_thread, smollm2_dir  # noqa: F401 (fixt
 
 from omniduplex.models.registry import load_model
 from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 from omniduplex.pipeline.stages.llm import LLMWorker
 from omniduplex.pipeline.stages.tool_calls import ARGUMENTS_DELTA, DONE, FAILED, REPEAT_ERROR, STARTED
 from omniduplex.pipeline.text.clauses import clause_ends
@@ -29,7 +30,7 @@ def model():
 
 @pytest.fixture()
 def worker(model):
-    return LLMWorker(model, num_blocks=256, max_num_seqs=4, max_num_batched_tokens=512)
+    return LLMWorker(model, EngineSettings(num_blocks=256, max_num_seqs=4, max_num_batched_tokens=512))
 
 
 def transcript(rid: str, transcript: str, **options) -> StageMessage:
@@ -77,7 +78,7 @@ def test_a_forced_call_streams_and_validates(worker):
 
 
 def test_the_call_loop_is_cut(model):
-    worker = LLMWorker(model, num_blocks=256, max_num_seqs=4, max_tool_calls=1)
+    worker = LLMWorker(model, EngineSettings(num_blocks=256, max_num_seqs=4), max_tool_calls=1)
     outs = run(worker, "t2", WEATHER, tools=bench_tools(), tool_choice="required")
     assert len(events(outs, DONE)) == 1 and outs[-1].meta.finish_reason == "tool_calls"
     # the turn's calls are spent: the next response of the same turn renders no tools and answers

@@ -351,6 +351,7 @@ def test_llm_stage_next_turn_reuses_its_history(smollm):
     """The chat template renders a conversation's earlier turns as the same tokens, so turn 2 computes
     only what follows its last full cached block; the reply equals the no-caching reply."""
     from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
+    from omniduplex.pipeline.stages.engine_build import EngineSettings
     from omniduplex.pipeline.stages.llm import LLMWorker
 
     def turn(worker, rid, transcript, history):
@@ -361,8 +362,8 @@ def test_llm_stage_next_turn_reuses_its_history(smollm):
             outs += worker.step()
         return outs[0].tensors["prompt_ids"].tolist(), "".join(o.meta.text for o in outs)
 
-    on = LLMWorker(smollm, num_blocks=128, max_num_seqs=4, max_num_batched_tokens=256)
-    off = LLMWorker(smollm, num_blocks=128, max_num_seqs=4, enable_prefix_caching=False)
+    on = LLMWorker(smollm, EngineSettings(num_blocks=128, max_num_seqs=4, max_num_batched_tokens=256))
+    off = LLMWorker(smollm, EngineSettings(num_blocks=128, max_num_seqs=4, enable_prefix_caching=False))
     p1, reply1 = turn(on, "t1", "What is the capital of France?", [])
     history = [["user", "What is the capital of France?"], ["assistant", reply1]]
     before = on.engine.num_prefill_tokens
@@ -381,6 +382,7 @@ def test_thinker_stage_reuses_the_text_history_before_the_audio(tmp_path):
     from omniduplex.models.qwen3_omni.talker_prompt import user_token_mask
     from omniduplex.models.tokenizer import load_tokenizer, voice_turn_prompt
     from omniduplex.pipeline.messages import Encoded, StageMessage, TurnOptions
+    from omniduplex.pipeline.stages.engine_build import EngineSettings
     from omniduplex.pipeline.stages.thinker import ThinkerWorker
 
     d = write_checkpoint(tmp_path, "tiny", seed=0)
@@ -403,8 +405,8 @@ def test_thinker_stage_reuses_the_text_history_before_the_audio(tmp_path):
             outs += worker.step()
         return [int(o.tensors["token"]) for o in outs], outs[0].tensors["prompt_hidden"]
 
-    on = ThinkerWorker(model, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
-    off = ThinkerWorker(model, num_blocks=64, max_num_seqs=4, enable_prefix_caching=False)
+    on = ThinkerWorker(model, EngineSettings(num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256))
+    off = ThinkerWorker(model, EngineSettings(num_blocks=64, max_num_seqs=4, enable_prefix_caching=False))
     turn(on, msg("b", history, 7, 1))
     before = on.engine.num_cached_tokens
     c = msg("c", more, 9, 2)

@@ -18,6 +18,7 @@ from omniduplex.pipeline.messages import (
     meta_from_wire,
     meta_to_wire,
 )
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 from omniduplex.pipeline.stages.llm import LLMWorker
 from omniduplex.pipeline.text.spoken import SPOKEN_SYSTEM_PROMPT
 
@@ -47,7 +48,7 @@ def _reused(worker: LLMWorker, msg: StageMessage) -> int:
 
 
 def test_a_second_session_reuses_the_system_prompt_and_tool_schemas(model):
-    worker = LLMWorker(model, num_blocks=256, max_num_seqs=4, max_num_batched_tokens=512)
+    worker = LLMWorker(model, EngineSettings(num_blocks=256, max_num_seqs=4, max_num_batched_tokens=512))
     first, second = _turn("s1-t1", "Where is my order 4217?"), _turn("s2-t1", "Book a table for two at noon.")
     a, b = worker.chat.prepare(first).ids, worker.chat.prepare(second).ids
     shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
@@ -67,7 +68,7 @@ def test_a_prefill_hint_with_the_turns_tools_is_reused_whole(model):
     partial = PartialTranscript(partial_transcript="What's the weather like in", prefill=context)
     assert meta_from_wire(meta_to_wire(partial)) == partial  # the edge carries the tools in a hint's context
     msg = StageMessage("t", {}, partial, last=False)
-    warm = LLMWorker(model, num_blocks=256, max_num_seqs=4, max_num_batched_tokens=512)
+    warm = LLMWorker(model, EngineSettings(num_blocks=256, max_num_seqs=4, max_num_batched_tokens=512))
     warm.submit(msg)
     while warm.has_work():
         assert warm.step() == []  # a hint says nothing

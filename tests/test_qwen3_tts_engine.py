@@ -17,6 +17,7 @@ from omniduplex.models.qwen3_tts.model import load_qwen3_tts
 from omniduplex.models.qwen3_tts.presets import write_tts_checkpoint
 from omniduplex.models.qwen3_tts.prompt import build_prompt
 from omniduplex.pipeline.speech.qwen3_tts import Qwen3TTSEngine, stream_speech
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 
 GOLDEN = Path(__file__).parent / "golden" / "qwen3_tts" / "tiny.npz"
 
@@ -53,7 +54,7 @@ def _run(engine: Qwen3TTSEngine) -> dict[str, list[torch.Tensor]]:
 def test_engine_greedy_matches_reference_batched(setup):
     _, model, golden, cases = setup
     n = int(golden["max_new_tokens"])
-    engine = Qwen3TTSEngine(model, num_blocks=64, max_num_seqs=8)
+    engine = Qwen3TTSEngine(model, EngineSettings(num_blocks=64, max_num_seqs=8))
     for i, case in enumerate(cases):  # all at once: continuous batching, prefill chunks mixed with decodes
         engine.add(f"r{i}", _prompt(model, case), {"temperature": 0.0, "max_tokens": n})
     frames = _run(engine)
@@ -66,7 +67,7 @@ def test_engine_greedy_matches_reference_batched(setup):
 def test_stream_speech_equals_one_shot_decode(setup):
     _, model, _, cases = setup
     prompt = _prompt(model, cases[0])
-    engine = Qwen3TTSEngine(model, num_blocks=64, max_num_seqs=2)
+    engine = Qwen3TTSEngine(model, EngineSettings(num_blocks=64, max_num_seqs=2))
     pieces = list(stream_speech(engine, prompt, {"temperature": 0.0, "max_tokens": 30}))
     assert pieces[0].shape[0] == 1920  # the first chunk is one frame
     engine.add("again", prompt, {"temperature": 0.0, "max_tokens": 30})

@@ -24,6 +24,7 @@ from omniduplex.pipeline.messages import DecoderOutput, StageMessage, TurnOption
 from omniduplex.pipeline.orchestrator import Orchestrator
 from omniduplex.pipeline.runtime.local_backend import LocalBackend
 from omniduplex.pipeline.speech.qwen3_tts import Qwen3TTSEngine
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 from omniduplex.pipeline.stages.qwen3_tts_codec import Qwen3TTSCodecWorker
 from omniduplex.pipeline.topology import QWEN3_TTS, output_rate, topology_for
 from omniduplex.pipeline.workers import build_all
@@ -137,7 +138,7 @@ def test_codec_stage_batches_streams_and_frees_state(model):
 
 def _reference(ckpt, model, voice: str, text: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Greedy frames of ``text`` on an in-process engine → (streamed decode, one-shot decode)."""
-    engine = Qwen3TTSEngine(model, num_blocks=64, max_num_seqs=2)
+    engine = Qwen3TTSEngine(model, EngineSettings(num_blocks=64, max_num_seqs=2))
     prompter = VoicePrompter(model, load_tokenizer(ckpt), 1024)
     engine.add("r", prompter.prompt(text, prompter.voice(voice)), _greedy(n))
     frames = []

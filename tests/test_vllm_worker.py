@@ -27,6 +27,7 @@ from omniduplex.pipeline.messages import (
     TurnRequest,
 )
 from omniduplex.pipeline.runtime.stage_engines import VLLMUnavailableError, check_backends, vllm_installed
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 from omniduplex.pipeline.stages.llm import LLMWorker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,7 +169,8 @@ def test_engine_and_sampling_arguments():
 @needs_vllm
 @pytest.mark.slow
 def test_greedy_ids_and_messages_equal_our_engine_on_smollm2(vworker, smollm_dir):
-    ours = LLMWorker(load_model(smollm_dir, parts=("thinker",), dtype=torch.float32), 256, 8, 512)
+    model = load_model(smollm_dir, parts=("thinker",), dtype=torch.float32)
+    ours = LLMWorker(model, EngineSettings(256, 8, 512))
     for w in (ours, vworker):  # batched: all four turns in flight at once
         for i, text in enumerate(PROMPTS):
             w.submit(turn(f"g{i}", text, max_tokens=48))
@@ -247,7 +249,7 @@ def test_greedy_ids_equal_our_engine_on_the_tiny_qwen3_preset(tmp_path):
 
     cfg = {**text_config("tiny"), "head_dim": 32}
     d = write_checkpoint(tmp_path / "tiny", "tiny", seed=3, text_only=True, config=cfg)
-    ours = LLMWorker(load_model(d, parts=("thinker",), dtype=torch.float32), 256, 8, 512)
+    ours = LLMWorker(load_model(d, parts=("thinker",), dtype=torch.float32), EngineSettings(256, 8, 512))
     w = VLLMLLMWorker(d, vllm_stage(), torch.float32)
     try:
         for x in (ours, w):

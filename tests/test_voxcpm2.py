@@ -20,6 +20,7 @@ from omniduplex.models.voxcpm2.presets import write_voxcpm2_checkpoint
 from omniduplex.models.voxcpm2.prompt import PromptError, TextTokenizer, VoiceBank, build_prompt
 from omniduplex.models.voxcpm2.vae_stream import VAEStream, feed_together
 from omniduplex.pipeline.speech.voxcpm2 import VoxCPM2Engine, synthesize
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 
 LSB = 1 / 32768
 TEXTS = ("Hello the world!", "a b c", "The quick brown fox", "你好世界 in the end", "x")
@@ -71,14 +72,12 @@ def test_batched_equals_alone_and_lever_on_equals_off(setup):
     _, model, tok, bank = setup
     prompts = _prompts(model, tok, bank)
     alone = {}
+    one = EngineSettings(num_blocks=64, max_num_seqs=1)
     for i, p in enumerate(prompts):
-        alone.update(
-            _run(VoxCPM2Engine(model, num_blocks=64, max_num_seqs=1), {0: [(f"r{i}", p, _sampling(i))]})
-        )
+        alone.update(_run(VoxCPM2Engine(model, one), {0: [(f"r{i}", p, _sampling(i))]}))
+    sizes = EngineSettings(num_blocks=96, max_num_seqs=8, max_num_batched_tokens=24)
     for lever in (True, False):
-        engine = VoxCPM2Engine(
-            model, num_blocks=96, max_num_seqs=8, max_num_batched_tokens=24, batch_solver=lever
-        )
+        engine = VoxCPM2Engine(model, sizes, batch_solver=lever)
         joins = {0: [0, 1], 2: [2], 3: [3], 5: [4]}
         got = _run(
             engine, {s: [(f"r{i}", prompts[i], _sampling(i)) for i in ids] for s, ids in joins.items()}
@@ -100,8 +99,9 @@ def test_preempted_request_resumes_where_it_was(setup):
     _, model, tok, _ = setup
     p = build_prompt(model.lm, tok, "Hello the world!", None, model.config.context)
     sp = {"ignore_stop": True, "max_len": 64 - len(p.ids)}  # 4 blocks of rows: the cache holds one at a time
-    want = _run(VoxCPM2Engine(model, num_blocks=8, max_num_seqs=1), {0: [("b", p, {**sp, "seed": 2})]})
-    engine = VoxCPM2Engine(model, num_blocks=4, max_num_seqs=2)
+    solo = VoxCPM2Engine(model, EngineSettings(num_blocks=8, max_num_seqs=1))
+    want = _run(solo, {0: [("b", p, {**sp, "seed": 2})]})
+    engine = VoxCPM2Engine(model, EngineSettings(num_blocks=4, max_num_seqs=2))
     got = _run(engine, {0: [("a", p, {**sp, "seed": 1}), ("b", p, {**sp, "seed": 2})]})
     assert engine.engine.scheduler.num_preemptions > 0
     torch.testing.assert_close(got["b"][0], want["b"][0], rtol=0, atol=1e-5)
@@ -112,7 +112,7 @@ def test_solver_calls_per_step_at_16_concurrent(setup):
     prompts = [build_prompt(model.lm, tok, TEXTS[i % 5], None, model.config.context) for i in range(16)]
     calls = {}
     for lever in (True, False):
-        engine = VoxCPM2Engine(model, num_blocks=256, max_num_seqs=16, batch_solver=lever)
+        engine = VoxCPM2Engine(model, EngineSettings(num_blocks=256, max_num_seqs=16), batch_solver=lever)
         sp = {"ignore_stop": True, "max_len": 4}
         _run(engine, {0: [(f"u{i}", p, {**sp, "seed": i}) for i, p in enumerate(prompts)]})
         calls[lever] = engine.solver_calls / engine.decode_steps
@@ -123,12 +123,12 @@ def test_voice_prefix_is_shared_through_the_prefix_cache(setup):
     _, model, tok, bank = setup
     voice = bank.get("tone")
     a, b = (build_prompt(model.lm, tok, t, voice, model.config.context) for t in ("a b c", "x y"))
-    engine = VoxCPM2Engine(model, num_blocks=64, max_num_seqs=2)
+    engine = VoxCPM2Engine(model, EngineSettings(num_blocks=64, max_num_seqs=2))
     first = _run(engine, {0: [("a", a, {"seed": 1, "max_len": 3})]})
     before = engine.engine.num_cached_tokens
     second = _run(engine, {0: [("b", b, {"seed": 2, "max_len": 3})]})
     assert engine.engine.num_cached_tokens - before >= 16  # the clip prefix: at least one full block
-    cold = VoxCPM2Engine(model, num_blocks=64, max_num_seqs=2, enable_prefix_caching=False)
+    cold = VoxCPM2Engine(model, EngineSettings(num_blocks=64, max_num_seqs=2, enable_prefix_caching=False))
     torch.testing.assert_close(_run(cold, {0: [("b", b, {"seed": 2, "max_len": 3})]})["b"][0], second["b"][0])
     assert first["a"][0].shape[0] == 3
 
@@ -167,8 +167,9 @@ def test_synthesize_speaks_at_48k(setup):
 def test_bad_input_fails_clearly_while_another_request_finishes(setup):
     _, model, tok, bank = setup
     good = build_prompt(model.lm, tok, "a b c", None, model.config.context)
-    want = _run(VoxCPM2Engine(model, num_blocks=64, max_num_seqs=2), {0: [("ok", good, _sampling(1))]})
-    engine = VoxCPM2Engine(model, num_blocks=64, max_num_seqs=4)
+    solo = VoxCPM2Engine(model, EngineSettings(num_blocks=64, max_num_seqs=2))
+    want = _run(solo, {0: [("ok", good, _sampling(1))]})
+    engine = VoxCPM2Engine(model, EngineSettings(num_blocks=64, max_num_seqs=4))
     engine.add("ok", good, _sampling(1))
     seen = [ev.latents for ev in engine.step()]
     tone = (np.zeros(16000, dtype=np.float32), 16000)

@@ -30,6 +30,7 @@ from omniduplex.models.voxcpm2.prompt import TextTokenizer, build_prompt, make_v
 from omniduplex.models.voxcpm2.vae_stream import VAEStream
 from omniduplex.models.weights import packages_dir
 from omniduplex.pipeline.speech.voxcpm2 import VoxCPM2Engine, synthesize
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 
 LSB = 1 / 32768
 TEXTS = ("Hello the world!", "a b 你好世界 in the end")
@@ -95,7 +96,7 @@ def test_tokenizer_matches_reference(pair):
 
 
 def _ours(ours, tok, text, voice, sampling):
-    engine = VoxCPM2Engine(ours, num_blocks=64, max_num_seqs=2)
+    engine = VoxCPM2Engine(ours, EngineSettings(num_blocks=64, max_num_seqs=2))
     engine.add("r", build_prompt(ours.lm, tok, text, voice, ours.config.context), sampling)
     latents, reason = [], None
     while engine.has_unfinished():

@@ -48,11 +48,11 @@ from omniduplex.models.fish_speech.prompt import (
     clone_voice,
 )
 from omniduplex.pipeline.engine.adapters import TalkerAdapter
-from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.speech.family_runner import FamilyRunner, VoiceInfo, known_voice, no_context, refuse
 from omniduplex.pipeline.speech.frame_engine import FrameEngine
 from omniduplex.pipeline.speech.registry import TTSFamily, init_checkpoint, register_family
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 
 NAME = "fish-speech"
 """The family's name (``init-model --arch fish-speech-PRESET``, ``GET /v1/audio/voices``)."""
@@ -68,7 +68,7 @@ class FishSpeechEngine(FrameEngine):
     Args:
         model: a checkpoint loaded with at least ``lm`` (``codec_encoder`` too for :meth:`register_voice`).
         tokenizer: its ``tokenizer.json``.
-        num_blocks, max_num_seqs, max_num_batched_tokens, enable_prefix_caching: see :class:`Engine`.
+        engine: the engine's settings (:class:`EngineSettings`).
         decode_fast_path, static_buffers: the levers (module docstring).
     """
 
@@ -76,10 +76,7 @@ class FishSpeechEngine(FrameEngine):
         self,
         model: FishSpeech,
         tokenizer: Tokenizer,
-        num_blocks: int = 1024,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 1024,
-        enable_prefix_caching: bool = True,
+        engine: EngineSettings = EngineSettings(),
         decode_fast_path: bool = True,
         static_buffers: bool = True,
     ) -> None:
@@ -95,15 +92,7 @@ class FishSpeechEngine(FrameEngine):
         self.adapter = TalkerAdapter(
             self.lm, pad, code0_embed=self.lm.code0_embedding, predictor_filters=None
         )
-        self.engine = Engine(
-            self.adapter,
-            num_blocks,
-            max_num_seqs,
-            max_num_batched_tokens,
-            dtype=dtype,
-            device=pad.device,
-            enable_prefix_caching=enable_prefix_caching,
-        )
+        self.engine = engine.build(self.adapter, self.lm.model.embeddings.weight, "fish-speech")
         self.voices: dict[str, FishVoice] = {}
 
     def set_levers(self, decode_fast_path: bool, static_buffers: bool) -> None:
@@ -259,8 +248,7 @@ class FishRunner(FamilyRunner):
         self.engine = FishSpeechEngine(
             self.model,
             load_tokenizer(model_dir),
-            num_blocks=num_blocks,
-            max_num_seqs=max_num_seqs,
+            EngineSettings(num_blocks=num_blocks, max_num_seqs=max_num_seqs),
             decode_fast_path=lever,
             static_buffers=lever,
         )

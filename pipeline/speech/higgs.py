@@ -18,12 +18,12 @@ from omniduplex.models.higgs.model import Higgs, is_higgs
 from omniduplex.models.higgs.presets import PRESETS
 from omniduplex.models.higgs.prompt import HiggsPrompt, PromptError, Voice, build_prompt, check_codes
 from omniduplex.models.higgs.rules import RULES, V3
-from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.higgs_adapter import ENDED, PLACEHOLDER_ID, HiggsAdapter
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.speech.family_runner import FamilyRunner, VoiceInfo, known_voice, no_context, refuse
 from omniduplex.pipeline.speech.frame_engine import FrameEngine
 from omniduplex.pipeline.speech.registry import TTSFamily, init_checkpoint, register_family
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 
 NAME = "higgs"
 """The family's name (``init-model --arch higgs-PRESET``, ``GET /v1/audio/voices``)."""
@@ -41,7 +41,7 @@ class HiggsEngine(FrameEngine):
             :mod:`omniduplex.models.higgs.rules`.
         lever: batched slot-table decode state (True) or a per-request loop (False).
         max_steps: most steps one request may take.
-        num_blocks, max_num_seqs, max_num_batched_tokens, enable_prefix_caching: see :class:`Engine`.
+        engine: the engine's settings (:class:`EngineSettings`).
 
     Raises:
         ValueError: no talker loaded, or an unknown rule set.
@@ -53,10 +53,7 @@ class HiggsEngine(FrameEngine):
         rules: str = V3.name,
         lever: bool = True,
         max_steps: int = 2048,
-        num_blocks: int = 1024,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 1024,
-        enable_prefix_caching: bool = True,
+        engine: EngineSettings = EngineSettings(),
     ) -> None:
         if model.talker is None:
             raise ValueError("HiggsEngine needs the talker loaded")
@@ -65,16 +62,8 @@ class HiggsEngine(FrameEngine):
         self.model, self.cfg = model, model.config
         cpu_ops.attach(model.talker)
         self.adapter = HiggsAdapter(model.talker, RULES[rules], max_steps=max_steps, lever=lever)
-        self.max_len = min(self.cfg.text.max_position_embeddings, num_blocks * 16)
-        self.engine = Engine(
-            self.adapter,
-            num_blocks,
-            max_num_seqs,
-            max_num_batched_tokens,
-            dtype=model.talker.text_embedding.weight.dtype,
-            device=model.talker.text_embedding.weight.device,
-            enable_prefix_caching=enable_prefix_caching,
-        )
+        self.max_len = min(self.cfg.text.max_position_embeddings, engine.num_blocks * 16)
+        self.engine = engine.build(self.adapter, model.talker.text_embedding.weight, "higgs")
 
     def prompt(
         self, text: str, voice: str | Voice | None = None, ref_codes=None, ref_text: str | None = None
@@ -143,7 +132,7 @@ def synthesize(
     """
     if model.codec is None:
         raise PromptError("speaking needs the codec (load the 'codec' part)")
-    engine = HiggsEngine(model, rules=rules, num_blocks=256, max_num_seqs=1)
+    engine = HiggsEngine(model, rules=rules, engine=EngineSettings(num_blocks=256, max_num_seqs=1))
     engine.add("say", engine.prompt(text, voice, ref_codes, ref_text), sampling)
     stream = StreamingDecoder(model.codec)
     pieces = []
@@ -164,7 +153,8 @@ class HiggsRunner(FamilyRunner):
         from omniduplex.models.higgs.model import load_higgs
 
         self.model = load_higgs(model_dir)
-        self.engine = HiggsEngine(self.model, lever=lever, num_blocks=num_blocks, max_num_seqs=max_num_seqs)
+        sizes = EngineSettings(num_blocks=num_blocks, max_num_seqs=max_num_seqs)
+        self.engine = HiggsEngine(self.model, lever=lever, engine=sizes)
         self.sample_rate = self.ref_rate = self.model.codec.cfg.sample_rate
 
     def voices(self) -> list[VoiceInfo]:

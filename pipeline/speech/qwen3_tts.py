@@ -27,11 +27,11 @@ from omniduplex.models.qwen3_tts.model import SAMPLE_RATE, Qwen3TTS, is_qwen3_tt
 from omniduplex.models.qwen3_tts.presets import PRESETS
 from omniduplex.models.qwen3_tts.prompt import PromptError, TalkerPrompt
 from omniduplex.pipeline.engine.adapters import TalkerAdapter
-from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.speech.family_runner import FamilyRunner, TTSInputError, VoiceInfo, no_context
 from omniduplex.pipeline.speech.frame_engine import FrameEngine
 from omniduplex.pipeline.speech.registry import TTSFamily, init_checkpoint, register_family
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 
 NAME = "qwen3-tts"
 """The family's name (``init-model --arch qwen3-tts``, ``GET /v1/audio/voices``)."""
@@ -45,18 +45,14 @@ class Qwen3TTSEngine(FrameEngine):
 
     Args:
         model: a checkpoint loaded with at least the talker.
-        num_blocks, max_num_seqs, max_num_batched_tokens, enable_prefix_caching: see :class:`Engine`.
-        cuda_graphs: decode steps and the code predictor replay as CUDA graphs on a CUDA device.
+        engine: the engine's settings (:class:`EngineSettings`); with ``cuda_graphs``, decode steps and the
+            code predictor replay as CUDA graphs on a CUDA device.
     """
 
     def __init__(
         self,
         model: Qwen3TTS,
-        num_blocks: int = 1024,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 1024,
-        enable_prefix_caching: bool = True,
-        cuda_graphs: bool = True,
+        engine: EngineSettings = EngineSettings(),
     ) -> None:
         if model.talker is None:
             raise ValueError("Qwen3TTSEngine needs the talker loaded")
@@ -65,17 +61,7 @@ class Qwen3TTSEngine(FrameEngine):
         with torch.no_grad():
             pad = self.talker.text_embed(torch.tensor([model.config.text_ids["tts_pad"]]))[0]
         self.adapter = TalkerAdapter(self.talker, pad)
-        self.engine = Engine(
-            self.adapter,
-            num_blocks,
-            max_num_seqs,
-            max_num_batched_tokens,
-            dtype=self.talker.codec_head.weight.dtype,
-            device=self.talker.codec_head.weight.device,
-            enable_prefix_caching=enable_prefix_caching,
-            graphs="auto" if cuda_graphs else "off",
-            name="tts_talker",
-        )
+        self.engine = engine.build(self.adapter, self.talker.codec_head.weight, "tts_talker")
 
     def add(self, request_id: str, prompt: TalkerPrompt, sampling: dict | None = None) -> None:
         """Queue one utterance. ``sampling``: :class:`SamplingParams` fields over :data:`DEFAULT_SAMPLING`
@@ -145,9 +131,8 @@ class Qwen3TTSRunner(FamilyRunner):
         from omniduplex.models.tokenizer import load_tokenizer
 
         self.model = load_qwen3_tts(model_dir)
-        self.engine = Qwen3TTSEngine(
-            self.model, num_blocks=num_blocks, max_num_seqs=max_num_seqs, enable_prefix_caching=lever
-        )
+        sizes = EngineSettings(num_blocks=num_blocks, max_num_seqs=max_num_seqs, enable_prefix_caching=lever)
+        self.engine = Qwen3TTSEngine(self.model, sizes)
         self.context = min(self.model.config.talker.max_position_embeddings, num_blocks * BLOCK_SIZE)
         self.prompter = VoicePrompter(self.model, load_tokenizer(model_dir), self.context)
         variant = self.model.config.variant

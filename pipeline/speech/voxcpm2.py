@@ -26,11 +26,11 @@ from omniduplex.models.voxcpm2.model import VoxCPM2, is_voxcpm2
 from omniduplex.models.voxcpm2.presets import PRESETS
 from omniduplex.models.voxcpm2.prompt import PromptError, TextTokenizer, Voice, VoxPrompt, build_prompt
 from omniduplex.models.voxcpm2.vae_stream import VAEStream
-from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.engine.voxcpm2_adapter import STOP_ID, VoxCPM2Adapter
 from omniduplex.pipeline.speech.family_runner import FamilyRunner, VoiceInfo, no_context, refuse
 from omniduplex.pipeline.speech.registry import TTSFamily, init_checkpoint, register_family
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 
 NAME = "voxcpm2"
 """The family's name (``init-model --arch voxcpm2-PRESET``, ``GET /v1/audio/voices``)."""
@@ -57,7 +57,7 @@ class VoxCPM2Engine:
 
     Args:
         model: the checkpoint.
-        num_blocks, max_num_seqs, max_num_batched_tokens, enable_prefix_caching: see :class:`Engine`.
+        engine: the engine's settings (:class:`EngineSettings`).
         batch_solver: the lever: one flow-matching solver call for all requests due in a step (``False``:
             one per request, the unbatched tail).
     """
@@ -65,10 +65,7 @@ class VoxCPM2Engine:
     def __init__(
         self,
         model: VoxCPM2,
-        num_blocks: int = 1024,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 1024,
-        enable_prefix_caching: bool = True,
+        engine: EngineSettings = EngineSettings(),
         batch_solver: bool = True,
     ) -> None:
         if model.lm is None:
@@ -77,15 +74,7 @@ class VoxCPM2Engine:
         cpu_ops.attach(self.lm.base_lm)
         cpu_ops.attach(self.lm.residual_lm)
         self.adapter = VoxCPM2Adapter(self.lm, batch_solver)
-        self.engine = Engine(
-            self.adapter,
-            num_blocks,
-            max_num_seqs,
-            max_num_batched_tokens,
-            dtype=self.lm.stop_head.weight.dtype,
-            device=self.lm.stop_head.weight.device,
-            enable_prefix_caching=enable_prefix_caching,
-        )
+        self.engine = engine.build(self.adapter, self.lm.stop_head.weight, "voxcpm2")
 
     @property
     def solver_calls(self) -> int:
@@ -159,7 +148,7 @@ def synthesize(
         raise PromptError("speaking needs the AudioVAE (load the 'vae' part)")
     prompt = build_prompt(model.lm, tok, text, voice, model.config.context)
     rows = len(prompt.ids) + prompt.max_patches
-    engine = engine or VoxCPM2Engine(model, num_blocks=-(-rows // 16) + 1, max_num_seqs=1)
+    engine = engine or VoxCPM2Engine(model, EngineSettings(num_blocks=-(-rows // 16) + 1, max_num_seqs=1))
     stream = VAEStream(model.vae, prompt.context)
     rid = f"synth-{id(stream)}"
     engine.add(rid, prompt, sampling)
@@ -190,9 +179,8 @@ class VoxCPM2Runner(FamilyRunner):
         self.model = load_voxcpm2(model_dir)
         self.tok = TextTokenizer(Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json")))
         self.bank = VoiceBank(self.model.lm, self.model.vae)
-        self.engine = VoxCPM2Engine(
-            self.model, num_blocks=num_blocks, max_num_seqs=max_num_seqs, batch_solver=lever
-        )
+        sizes = EngineSettings(num_blocks=num_blocks, max_num_seqs=max_num_seqs)
+        self.engine = VoxCPM2Engine(self.model, sizes, batch_solver=lever)
         self.sample_rate, self.ref_rate = self.model.sample_rate, self.model.vae.cfg.sample_rate
         self.context = min(self.model.config.context, num_blocks * 16)
 

@@ -10,9 +10,12 @@ streams). ``tests/test_stage_contract.py`` checks every worker class the graphs 
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from omniduplex.pipeline.messages import StageMessage
+
+if TYPE_CHECKING:
+    from omniduplex.pipeline.engine.engine import Engine
 
 
 @runtime_checkable
@@ -56,9 +59,13 @@ class WorkerBase:
 
 
 class EngineGauges(WorkerBase):
-    """Gauges of a worker on our engine (``self.engine``: :class:`~..engine.engine.Engine`)."""
+    """Gauges of a worker on our engine (``self.engine``: :class:`~..engine.engine.Engine`), and its work."""
 
-    engine: object
+    engine: Engine
+
+    def has_work(self) -> bool:
+        """Requests in flight on ``self.engine``."""
+        return self.engine.has_unfinished()
 
     def stats(self) -> dict[str, int]:
         """:func:`~..stage_stats.engine_stats` of ``self.engine``."""

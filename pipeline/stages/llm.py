@@ -53,7 +53,7 @@ from omniduplex.pipeline.stages.chat_prompt import (
     ChatTurn,
 )
 from omniduplex.pipeline.stages.contract import EngineGauges
-from omniduplex.pipeline.stages.engine_build import stage_engine
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 from omniduplex.pipeline.stages.llm_speculative import make_speculator
 from omniduplex.pipeline.stages.tool_calls import EVENT_KEYS
 from omniduplex.pipeline.text.detokenize import IncrementalDetokenizer
@@ -147,10 +147,8 @@ class LLMWorker(EngineGauges):
     Args:
         model: a loaded text LM (``load_model(dir, parts=("thinker",))``); its folder must hold
             ``tokenizer.json`` and may hold a chat template (else ChatML, see :mod:`.chat_template`).
-        num_blocks, max_num_seqs, max_num_batched_tokens: engine sizes (see :class:`Engine`).
-        enable_prefix_caching: reuse the KV of a prompt prefix seen before (a session's next turn renders
-            its history as the same tokens, so it computes only the new turn).
-        cuda_graphs: replay decode steps as CUDA graphs on a CUDA device (the engine's ``graphs="auto"``).
+        engine: the engine's settings (:class:`EngineSettings`); with ``enable_prefix_caching`` a session's
+            next turn renders its history as the same tokens, so it computes only the new turn.
         max_tool_calls: most tool calls per user turn (the call loop is cut there).
         speculative, draft: speculative decoding (the manifest's ``llm_speculative``, parsed) and its draft
             model (``method: draft``), :mod:`.llm_speculative`; a step may then emit several ids of a turn.
@@ -162,11 +160,7 @@ class LLMWorker(EngineGauges):
     def __init__(
         self,
         model: LoadedModel,
-        num_blocks: int = 1024,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 1024,
-        enable_prefix_caching: bool = True,
-        cuda_graphs: bool = True,
+        engine: EngineSettings = EngineSettings(),
         max_tool_calls: int = MAX_TOOL_CALLS,
         speculative: SpeculativeConfig | None = None,
         draft: LoadedModel | None = None,
@@ -177,14 +171,10 @@ class LLMWorker(EngineGauges):
         self.tokenizer, self.template = self.chat.tokenizer, self.chat.template
         self.stop_ids = self.chat.stop_ids
         weight = model.thinker.lm_head.weight
-        sizes = (num_blocks, max_num_seqs, max_num_batched_tokens)
+        sizes = (engine.num_blocks, engine.max_num_seqs, engine.max_num_batched_tokens)
         vocab = model.thinker.cfg.vocab_size
         spec = make_speculator(speculative, draft, self.tokenizer, vocab, sizes, weight.dtype, weight.device)
-        self.engine = stage_engine(
-            DecoderLMAdapter(model.thinker), weight, "llm",
-            num_blocks, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, cuda_graphs,
-            speculator=spec,
-        )
+        self.engine = engine.build(DecoderLMAdapter(model.thinker), weight, "llm", speculator=spec)
         self.turns: dict[str, TurnStream] = {}
         self._ready: list[StageMessage] = []  # skipped turns, emitted at the next step
         self.hinted_tokens = 0  # prompt tokens sent as prefill hints (a gauge for benchmarks)

@@ -17,7 +17,7 @@ from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.messages import DecoderOutput, StageMessage, TurnOptions
 from omniduplex.pipeline.stages.contract import EngineGauges
-from omniduplex.pipeline.stages.engine_build import stage_engine
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 
 
 class ThinkerWorker(EngineGauges):
@@ -28,28 +28,24 @@ class ThinkerWorker(EngineGauges):
     reads (:func:`omniduplex.models.qwen3_omni.talker_prompt.talker_prefill_embeds`); prompt rows are keyed
     by their input embeddings, so audio rows match only on equal audio features.
 
-    ``cuda_graphs``: decode steps replay as CUDA graphs on a CUDA device (:mod:`.engine.decode_graphs`).
+    ``engine``: the engine's settings; with ``cuda_graphs``, decode steps replay as CUDA graphs on a CUDA
+    device (:mod:`.engine.decode_graphs`).
     """
 
     def __init__(
         self,
         model: LoadedModel,
-        num_blocks: int = 1024,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 1024,
-        enable_prefix_caching: bool = True,
-        cuda_graphs: bool = True,
+        engine: EngineSettings = EngineSettings(),
     ) -> None:
         cfg = model.config
         self.config = cfg
         self.thinker = model.thinker
         accept = cfg.talker.accept_hidden_layer if cfg.talker else None
         self.eos = cfg.im_end_token_id
-        self.engine = stage_engine(
+        self.engine = engine.build(
             DecoderLMAdapter(model.thinker, capture_layer=accept, emit_embeds=True),
             model.thinker.lm_head.weight,
             "thinker",
-            num_blocks, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, cuda_graphs,
         )
         self.prompts: dict[str, tuple[torch.Tensor, torch.Tensor, TurnOptions | None]] = {}
 
@@ -80,9 +76,6 @@ class ThinkerWorker(EngineGauges):
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
         self.prompts.pop(request_id, None)
-
-    def has_work(self) -> bool:
-        return self.engine.has_unfinished()
 
     @torch.no_grad()
     def step(self) -> list[StageMessage]:

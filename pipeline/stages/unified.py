@@ -14,32 +14,26 @@ from omniduplex.models.registry import LoadedModel
 from omniduplex.pipeline.engine.unified_adapter import UnifiedAdapter
 from omniduplex.pipeline.messages import DecoderOutput, StageMessage
 from omniduplex.pipeline.stages.contract import EngineGauges
-from omniduplex.pipeline.stages.engine_build import stage_engine
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 
 DEFAULT_MAX_TEXT_TOKENS = 48
 DEFAULT_MAX_AUDIO_FRAMES = 256
 
 
 class UnifiedWorker(EngineGauges):
-    """Continuous batching of every turn in flight over one :class:`UnifiedAdapter` engine (``cuda_graphs``:
-    decode steps replay as CUDA graphs on a CUDA device, :mod:`.engine.decode_graphs`)."""
+    """Continuous batching of every turn in flight over one :class:`UnifiedAdapter` engine (``engine``: its
+    settings; with ``cuda_graphs``, decode steps replay as CUDA graphs on a CUDA device,
+    :mod:`.engine.decode_graphs`)."""
 
     def __init__(
         self,
         model: LoadedModel,
-        num_blocks: int = 1024,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 2048,
+        engine: EngineSettings = EngineSettings(max_num_batched_tokens=2048),
         max_len: int = 4096,
-        enable_prefix_caching: bool = True,
-        cuda_graphs: bool = True,
     ) -> None:
         lm = model.unified
         self.adapter = UnifiedAdapter(lm, max_len=max_len)
-        self.engine = stage_engine(
-            self.adapter, lm.lm_head.weight, "unified",
-            num_blocks, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, cuda_graphs,
-        )
+        self.engine = engine.build(self.adapter, lm.lm_head.weight, "unified")
 
     def submit(self, msg: StageMessage) -> None:
         """Queue a turn. Raises ValueError on a malformed prompt or budget (this turn only)."""
@@ -65,9 +59,6 @@ class UnifiedWorker(EngineGauges):
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
-
-    def has_work(self) -> bool:
-        return self.engine.has_unfinished()
 
     @torch.no_grad()
     def step(self) -> list[StageMessage]:

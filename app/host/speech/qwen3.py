@@ -36,6 +36,7 @@ from omniduplex.models.qwen3_tts.prompt import TalkerPrompt
 from omniduplex.models.qwen3_tts.voice import VoiceError, VoicePrompter, read_ref_audio
 from omniduplex.models.tokenizer import load_tokenizer
 from omniduplex.pipeline.speech.qwen3_tts import Qwen3TTSEngine
+from omniduplex.pipeline.stages.engine_build import EngineSettings
 
 
 def speech_error(e: VoiceError) -> SpeechError:
@@ -87,7 +88,7 @@ class Qwen3Speech(EngineSpeech):
         self.model = load_qwen3_tts(model_dir)
         self.tok = load_tokenizer(model_dir)
         self.variant = self.model.config.variant
-        self.engine = Qwen3TTSEngine(self.model, max_num_seqs=max_num_seqs)
+        self.engine = Qwen3TTSEngine(self.model, EngineSettings(max_num_seqs=max_num_seqs))
         kv_positions = self.engine.engine.kv[0][0].shape[0] * BLOCK_SIZE  # blocks × 16 of one layer
         self.context = min(context or self.model.config.talker.max_position_embeddings, kv_positions)
         self.prompter = VoicePrompter(self.model, self.tok, self.context)

@@ -22,10 +22,13 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Literal
 
 from livekit import rtc
 from livekit.agents import llm, utils
+from livekit.agents.types import NOT_GIVEN, NotGivenOr
+from livekit.agents.utils import is_given
 
 
 class Message:
@@ -154,3 +157,54 @@ class PipelineModel(llm.RealtimeModel):
     async def aclose(self) -> None:
         """Close every session this model made."""
         await asyncio.gather(*(s.aclose() for s in list(self.sessions)))
+
+
+ReplyFuture = asyncio.Future[llm.GenerationCreatedEvent]
+"""What ``generate_reply`` returns: resolves with the reply's ``user_initiated`` generation."""
+
+
+@dataclass
+class ReplyAsk:
+    """What a ``generate_reply`` call asked for: ``instructions`` added to the system prompt for this reply
+    only (``None``: none); ``tools`` / ``tool_choice`` for this reply (``NOT_GIVEN``: the session's)."""
+
+    instructions: str | None
+    tools: NotGivenOr[list[llm.Tool]]
+    tool_choice: NotGivenOr[llm.ToolChoice]
+
+
+class ReplySession(llm.RealtimeSession):
+    """What both plugins' sessions share: no video, and ``generate_reply``'s future.
+
+    A subclass says why no reply can start now (:meth:`_unavailable`) and starts one (:meth:`_start_reply`).
+    """
+
+    def push_video(self, frame: rtc.VideoFrame) -> None:
+        """Ignored: the pipeline takes no video."""
+
+    def generate_reply(
+        self,
+        *,
+        instructions: NotGivenOr[str] = NOT_GIVEN,
+        tool_choice: NotGivenOr[llm.ToolChoice] = NOT_GIVEN,
+        tools: NotGivenOr[list[llm.Tool]] = NOT_GIVEN,
+    ) -> asyncio.Future[llm.GenerationCreatedEvent]:
+        """Start a reply now (see :meth:`_start_reply`); the future resolves with its ``user_initiated``
+        generation, or fails with ``RealtimeError`` (at once, naming :meth:`_unavailable`'s reason, when
+        no reply can start)."""
+        fut: ReplyFuture = asyncio.get_running_loop().create_future()
+        down = self._unavailable()
+        if down is not None:
+            fut.set_exception(llm.RealtimeError(down))
+            return fut
+        text = instructions if is_given(instructions) and instructions else None
+        self._start_reply(fut, ReplyAsk(text, tools, tool_choice))
+        return fut
+
+    def _unavailable(self) -> str | None:
+        """Why no reply can start now, or ``None``."""
+        raise NotImplementedError
+
+    def _start_reply(self, fut: ReplyFuture, ask: ReplyAsk) -> None:
+        """Start the reply ``fut`` waits for, as ``ask`` says."""
+        raise NotImplementedError

@@ -47,7 +47,14 @@ from omniduplex.app.core.tools import CallDone
 from omniduplex.app.surfaces.livekit import tools as lk_tools
 from omniduplex.app.surfaces.livekit.audio import frame_pcm, pcm_frame
 from omniduplex.app.surfaces.livekit.chat_sync import ItemIds, apply_chat_ctx, history_chat_ctx
-from omniduplex.app.surfaces.livekit.generation import Generation, Message, model_error
+from omniduplex.app.surfaces.livekit.generation import (
+    Generation,
+    Message,
+    ReplyAsk,
+    ReplyFuture,
+    ReplySession,
+    model_error,
+)
 from omniduplex.app.surfaces.livekit.turn_signals import SpeechSignals
 
 log = logging.getLogger("omniduplex.livekit")
@@ -58,7 +65,7 @@ MAX_MANUAL_S = 60.0
 """Audio kept for a manual ``commit_audio`` (s); older audio is dropped."""
 
 
-class PipelineRealtimeSession(llm.RealtimeSession):
+class PipelineRealtimeSession(ReplySession):
     """One room conversation over the shared pipeline ``responder``.
 
     Args:
@@ -128,37 +135,22 @@ class PipelineRealtimeSession(llm.RealtimeSession):
             if in_speech and not self.session.in_speech and not self._committed:
                 self._signal(self._signals.dropped())
 
-    def push_video(self, frame: rtc.VideoFrame) -> None:
-        """Ignored: the pipeline takes no video."""
+    def _unavailable(self) -> str | None:
+        return "the realtime session is closed" if self._closed else None
 
-    def generate_reply(
-        self,
-        *,
-        instructions: NotGivenOr[str] = NOT_GIVEN,
-        tool_choice: NotGivenOr[llm.ToolChoice] = NOT_GIVEN,
-        tools: NotGivenOr[list[llm.Tool]] = NOT_GIVEN,
-    ) -> asyncio.Future[llm.GenerationCreatedEvent]:
-        """Start a reply now (a reply in flight is cancelled first). It answers the committed spoken turn,
-        else the conversation as it stands (a trailing user message is the turn's text); ``instructions``
-        add to the system prompt for this reply only, ``tools`` / ``tool_choice`` replace the session's for
-        it. The future resolves with the ``user_initiated`` generation as soon as the pipeline accepted the
-        turn, or fails with ``RealtimeError``."""
-        fut: asyncio.Future[llm.GenerationCreatedEvent] = asyncio.get_running_loop().create_future()
-        if self._closed:
-            fut.set_exception(llm.RealtimeError("the realtime session is closed"))
-            return fut
+    def _start_reply(self, fut: ReplyFuture, ask: ReplyAsk) -> None:
+        """A reply now (a reply in flight is cancelled first). It answers the committed spoken turn, else
+        the conversation as it stands (a trailing user message is the turn's text); ``fut`` resolves as soon
+        as the pipeline accepted the turn."""
         self._reply_future = fut
         try:
             with self._cancelling():
-                turn = self.session.respond(
-                    instructions if is_given(instructions) and instructions else None,
-                    tools=self._reply_tools(tools, tool_choice),
-                )
+                tools = self._reply_tools(ask.tools, ask.tool_choice)
+                turn = self.session.respond(ask.instructions, tools=tools)
         finally:
             self._reply_future = None
         if turn is None and not fut.done():
             fut.set_exception(llm.RealtimeError("the pipeline could not start a reply"))
-        return fut
 
     def interrupt(self) -> None:
         """Cancel the reply in flight (playout flushed, pipeline turn cancelled, history keeps what was

@@ -20,7 +20,13 @@ from livekit.agents.utils import is_given
 from omniduplex.app.core.audio import StreamResampler, to_int16
 from omniduplex.app.core.audio.pcm import mono
 from omniduplex.app.surfaces.livekit.audio import frame_pcm, pcm_frame
-from omniduplex.app.surfaces.livekit.generation import Generation, model_error
+from omniduplex.app.surfaces.livekit.generation import (
+    Generation,
+    ReplyAsk,
+    ReplyFuture,
+    ReplySession,
+    model_error,
+)
 from omniduplex.app.surfaces.livekit.remote_items import RemoteConversation
 from omniduplex.app.surfaces.livekit.remote_link import RealtimeLink
 from omniduplex.app.surfaces.wire.realtime import server_events as se
@@ -40,7 +46,7 @@ RATE = 24_000
 """``audio/pcm`` rate both ways (Hz)."""
 
 
-class RemoteRealtimeSession(llm.RealtimeSession):
+class RemoteRealtimeSession(ReplySession):
     """One room conversation on one ``/v1/realtime`` connection, made by a
     :class:`~.remote.RemoteRealtimeModel` (``model``: its ``options`` say where and how to connect)."""
 
@@ -89,32 +95,20 @@ class RemoteRealtimeSession(llm.RealtimeSession):
             data = base64.b64encode(x.astype("<i2").tobytes()).decode("ascii")
             self.link.send(InputAudioBufferAppend(type="input_audio_buffer.append", audio=data))
 
-    def push_video(self, frame: rtc.VideoFrame) -> None:
-        """Ignored: no video."""
+    def _unavailable(self) -> str | None:
+        if self.link.connected:
+            return None
+        return f"omniduplex server {self.opts.url} unavailable (reconnecting)"
 
-    def generate_reply(
-        self,
-        *,
-        instructions: NotGivenOr[str] = NOT_GIVEN,
-        tool_choice: NotGivenOr[llm.ToolChoice] = NOT_GIVEN,
-        tools: NotGivenOr[list[llm.Tool]] = NOT_GIVEN,
-    ) -> asyncio.Future[llm.GenerationCreatedEvent]:
-        """``response.create`` (after cancelling a response in flight and waiting for its end); the future
+    def _start_reply(self, fut: ReplyFuture, ask: ReplyAsk) -> None:
+        """``response.create`` (after cancelling a response in flight and waiting for its end); ``fut``
         resolves at the matching ``response.created`` and fails with ``RealtimeError`` on a server error,
-        a lost connection, or after ``response_timeout_s``."""
-        fut: asyncio.Future[llm.GenerationCreatedEvent] = asyncio.get_running_loop().create_future()
-        if not self.link.connected:
-            fut.set_exception(
-                llm.RealtimeError(f"omniduplex server {self.opts.url} unavailable (reconnecting)")
-            )
-            return fut
+        a lost connection, or after ``response_timeout_s`` (``ask.tools`` / ``tool_choice``: the server's)."""
         eid = f"event_{secrets.token_hex(8)}"
         self._pending[eid] = fut
-        text = instructions if is_given(instructions) and instructions else None
-        task = asyncio.get_running_loop().create_task(self._create_response(eid, text))
+        task = asyncio.get_running_loop().create_task(self._create_response(eid, ask.instructions))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return fut
 
     async def _create_response(self, eid: str, instructions: str | None) -> None:
         fut = self._pending.get(eid)
