@@ -115,6 +115,8 @@ def test_a_question_that_contains_its_answer_is_refused(tmp_path):
     f.write_text("questions:\n  - {text: 'Is Paris the capital of France?', answers: [paris]}\n")
     with pytest.raises(ValueError, match="contains its own answer"):
         load_questions(f)
+    f.write_text("questions:\n  - {text: 'Goodbye!', answers: [goodbye], echo_ok: true}\n")
+    assert load_questions(f)[0].answers == ("goodbye",)  # a farewell said back is the right reply
     f.write_text("questions:\n  - {text: 'What is the capital of France?', answers: []}\n")
     with pytest.raises(ValueError, match="at least one answer"):
         load_questions(f)
