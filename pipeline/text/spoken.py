@@ -30,14 +30,11 @@ from omniduplex.pipeline.text.speakable import BlockFilter, Verbalizer
 SPOKEN_SYSTEM_PROMPT = (
     "You are a friendly voice assistant. Your replies are spoken aloud, so always answer in English, in one "
     "to three short, plain sentences. Never use lists, numbered steps, headings or markdown: say it as a "
-    "person would on the phone. The user's words come from speech recognition and may contain misheard "
-    "words: reply to what they most likely meant."
+    "person would on the phone."
 )
 """The cascade's default system prompt (what the user hears is speech: short sentences, no lists or
 markdown; English, since the voice is English and SmolLM2 otherwise drifts into French when a question
-mentions Paris; the turn is an ASR transcript, so the likely meaning counts over the words). ``bench qa
---text`` on its 128 questions, Qwen2.5-Coder-0.5B typed: 96 right without the last sentence, 98 with it
-(MODELS.md); "answer first" wording made the 0.5B echo small talk back (94)."""
+mentions Paris)."""
 
 TOOLS_PROMPT = (
     "You are a friendly voice assistant on a phone line. Most questions need no tool: answer them briefly "
