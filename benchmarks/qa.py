@@ -107,18 +107,19 @@ def wer(reference: str, hypothesis: str) -> float:
 
 def load_questions(path: Path = QUESTIONS) -> list[Question]:
     """The questions of ``path`` (YAML: ``questions: [{text, answers, reject, kind, voice, speed, pitch,
-    channel}, ...]``; see :class:`Question`).
+    channel, echo_ok}, ...]``; see :class:`Question`).
 
     Raises:
         ValueError: a question with no text or no answers, one whose accepted answer occurs in its own
-            text (an echo of the question would score right), or an unknown channel, naming the question.
+            text (an echo of the question would score right) unless it says ``echo_ok: true`` (a farewell:
+            "Goodbye!" answers "Goodbye!"), or an unknown channel, naming the question.
     """
     out = []
     for i, q in enumerate(yaml.safe_load(Path(path).read_text())["questions"]):
         text, answers = str(q.get("text", "")).strip(), tuple(str(a) for a in q.get("answers") or ())
         if not text or not answers:
             raise ValueError(f"{path}: question {i + 1} needs a text and at least one answer")
-        if is_right(text, answers):
+        if is_right(text, answers) and not q.get("echo_ok"):
             raise ValueError(f"{path}: question {i + 1} ({text!r}) contains its own answer")
         if q.get("channel", "clean") not in CHANNELS:
             raise ValueError(f"{path}: question {i + 1}: channel {q['channel']!r} is not one of {CHANNELS}")

@@ -14,10 +14,14 @@ then passed through its channel:
 Files are cached under ``<cache>/bench-qa`` by a hash of everything that makes them. Nothing is downloaded:
 espeak-ng and sox come from Debian (``scripts/install.sh``), Piper from its PyPI voice package.
 
-Scoring: :func:`words` lower-cases, splits at punctuation and hyphens and writes spelled numbers as digits
-("twenty-four" → ``24``, "one hundred and twenty" → ``120``), so an answer "24" matches "twenty four" and
-an ASR writing "7" for "seven" makes no word error. :func:`key_words` are a question's content words (stop
-words dropped); the key words are *heard* when every one of them is in the transcript.
+Scoring: :func:`words` is OpenAI Whisper's English text normaliser (the ``whisper-normalizer`` package,
+the normalisation of Whisper's paper and of the Open ASR Leaderboard: lower case, punctuation and fillers
+dropped, contractions expanded, "Mr." → "mister", British spellings American, ~1,700 of them), then
+spelled numbers written as digits ("twenty-four" → ``24``, "one hundred and twenty" → ``120``; its own
+number normaliser is left out: it writes "minus five" as "-5" and keeps a lone "one"), so an answer "24"
+matches "twenty four", an ASR writing "7" for "seven", "colour" for "color" or "what's" for "what is" makes
+no word error. :func:`key_words` are a question's content words (stop words dropped); the key words are
+*heard* when every one of them is in the transcript.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from whisper_normalizer.english import EnglishTextNormalizer
 
 SAMPLE_RATE = 16000
 """Rate of every rendered clip (Hz): what the ASR stage takes."""
@@ -50,12 +55,21 @@ _SCALES = {"hundred": 100, "thousand": 1000, "million": 1_000_000}
 _STOP = (
     "a an the is are was were be do does did of in on at to for from by with and or what which who whom "
     "whose how when where why that this these those there their it its i im me my you your we our us they "
-    "them can could would should will tell please quick question know give name some any s t m"
+    "them can could would should will tell please quick question know give name some any s t m am"
 )
 STOP_WORDS = frozenset(_STOP.split())
-_SPELLING = {"colour": "color", "favourite": "favorite", "centre": "center", "metre": "meter", "grey": "gray"}
-"""British spellings written the American way (an ASR may write either)."""
 """Words a question's key words leave out (function words; the numbers are kept)."""
+
+
+class _Normalizer(EnglishTextNormalizer):
+    """Whisper's English normaliser less its number normaliser (:func:`_number_words` does numbers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.standardize_numbers = lambda s: s
+
+
+_normalize = _Normalizer()
 
 
 def _number_words(tokens: list[str]) -> list[str]:
@@ -107,12 +121,13 @@ def _number_words(tokens: list[str]) -> list[str]:
 
 
 def words(text: str) -> list[str]:
-    """Lower-case words and numbers of ``text``: punctuation and hyphens split words, thousands separators
-    vanish ("1,000" → ``1000``), a decimal point stays ("3.5"), spelled numbers become digits
-    ("twenty-four" → ``24``, "a hundred" → ``a 100``), a few British spellings American ("colour")."""
-    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text.lower())
-    found = re.findall(r"\d+(?:\.\d+)?|[a-z]+", text)
-    return _number_words([_SPELLING.get(w, w) for w in found])
+    """Lower-case words and numbers of ``text`` after Whisper's English normaliser (module docstring):
+    punctuation and hyphens split words, thousands separators vanish ("1,000" → ``1000``), a decimal point
+    stays ("3.5"), contractions expand ("what's" → ``what is``), British spellings become American
+    ("colour" → ``color``), spelled numbers become digits ("twenty-four" → ``24``, "a hundred" →
+    ``a 100``)."""
+    found = re.findall(r"\d+(?:\.\d+)?|[a-z]+", _normalize(text))
+    return _number_words(found)
 
 
 def key_words(text: str) -> list[str]:

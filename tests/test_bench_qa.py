@@ -62,6 +62,9 @@ def test_words_split_hyphens_and_keep_numbers_whole():
         ("two thousand and five", ["2005"]),
         ("bread and butter", ["bread", "and", "butter"]),
         ("What colour is it?", ["what", "color", "is", "it"]),
+        ("Which aeroplane's grey?", ["which", "airplane", "is", "gray"]),  # Whisper's spellings, contractions
+        ("What's twelve minus five?", ["what", "is", "12", "minus", "5"]),  # the operator stays a word
+        ("Um, count from 1 to five.", ["count", "from", "1", "to", "5"]),  # fillers dropped
     ],
 )
 def test_spelled_numbers_become_digits(text, expected):
@@ -81,6 +84,9 @@ def test_key_words_are_the_content_words_and_all_must_be_heard():
     assert key_heard("What is six times seven?", "what is 6 times 7")
     assert not key_heard("What is six times seven?", "what is time times 4")
     assert key_heard("What colour is the sky?", "What color is the sky")
+    assert key_heard("What is the opposite of up?", "What's the opposite of up")
+    assert not key_heard("What is ten minus four?", "What is ten plus four?")
+    assert not key_heard("What do we call water when it freezes?", "What do we call water when it's freezing")
 
 
 def test_bad_answers_are_refused():
@@ -109,6 +115,8 @@ def test_a_question_that_contains_its_answer_is_refused(tmp_path):
     f.write_text("questions:\n  - {text: 'Is Paris the capital of France?', answers: [paris]}\n")
     with pytest.raises(ValueError, match="contains its own answer"):
         load_questions(f)
+    f.write_text("questions:\n  - {text: 'Goodbye!', answers: [goodbye], echo_ok: true}\n")
+    assert load_questions(f)[0].answers == ("goodbye",)  # a farewell said back is the right reply
     f.write_text("questions:\n  - {text: 'What is the capital of France?', answers: []}\n")
     with pytest.raises(ValueError, match="at least one answer"):
         load_questions(f)

@@ -26,3 +26,19 @@ def test_whisper_base_assembles_and_hears_the_example(tmp_path, monkeypatch):
     asr = load_asr(folder, cpu_threads=1)
     text = asr.transcribe(load_audio(ROOT / "examples" / "green_tea.wav", SAMPLE_RATE)).text
     assert "green tea" in text.lower()
+
+
+def test_the_cascade_tells_multilingual_whisper_the_language(tmp_path):
+    """``load_asr`` gives the cascade's Whisper English (a fast en-gb espeak-ng voice was once detected as
+    Thai and transcribed in Thai script); ``language=None`` still detects per utterance (French here)."""
+    from omniduplex.benchmarks.spoken_set import render
+
+    folder = asr_path("whisper-base")
+    english = load_audio(render("Do you know how many minutes there are in an hour?", "en-gb", 180, 50,
+                                "clean", tmp_path), SAMPLE_RATE)  # fmt: skip
+    heard = load_asr(folder, cpu_threads=1).transcribe(english)
+    assert heard.language == "en" and "minutes" in heard.text.lower() and heard.text.isascii()
+    french = load_audio(render("Bonjour, comment allez-vous aujourd'hui?", "fr", 150, 50, "clean", tmp_path),
+                        SAMPLE_RATE)  # fmt: skip
+    assert load_asr(folder, cpu_threads=1, language=None).transcribe(french).language == "fr"
+    assert load_asr(folder, cpu_threads=1).transcribe(french).language == "en"

@@ -44,6 +44,9 @@ class WhisperASR:
         no_speech_threshold: an utterance whose ``<|nospeech|>`` probability exceeds this is silence or
             noise and gives ``Transcript(text="")`` (Whisper's hallucination guard; 0.6 is openai/whisper's
             default). Empty decoded text also gives ``text=""``.
+        language: the spoken language (a Whisper code, ``"en"``) a multilingual model is told, as
+            openai/whisper's ``language=`` option; ``None``: detected per utterance from the encoder output.
+            English-only models (``*.en``) always decode English.
 
     Raises:
         RuntimeError / ValueError: from CTranslate2 when ``model_dir`` is not a Whisper model directory.
@@ -55,6 +58,7 @@ class WhisperASR:
         cpu_threads: int = 1,
         compute_type: str = "int8",
         no_speech_threshold: float = 0.6,
+        language: str | None = None,
     ) -> None:
         self._fw = WhisperModel(
             str(model_dir), device="cpu", compute_type=compute_type, cpu_threads=cpu_threads, num_workers=1
@@ -63,6 +67,7 @@ class WhisperASR:
         self.features = self._fw.feature_extractor
         self.multilingual = bool(self.model.is_multilingual)
         self.no_speech_threshold = no_speech_threshold
+        self.language = language
         self._tokenizers: dict[str, Tokenizer] = {}
         self.window_frames = self.features.nb_max_frames  # 3000 mel frames = 30 s
         self.frames_per_token = 2  # the encoder's stride-2 conv: one encoder position per 20 ms
@@ -140,6 +145,8 @@ class WhisperASR:
     def _languages(self, encoded: ctranslate2.StorageView, n: int) -> list[str]:
         if not self.multilingual:
             return ["en"] * n
+        if self.language is not None:
+            return [self.language] * n
         return [scores[0][0][2:-2] for scores in self.model.detect_language(encoded)]  # "<|fr|>" → "fr"
 
     def _add_words(self, encoded, batch, keep, toks, frames, transcripts) -> None:
@@ -169,7 +176,7 @@ class WhisperASR:
             condition_on_previous_text=False,
             no_speech_threshold=self.no_speech_threshold,
             word_timestamps=True,
-            language=None if self.multilingual else "en",
+            language=self.language if self.multilingual else "en",
         )
         words, texts = [], []
         for s in segments:
