@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 
@@ -116,6 +116,7 @@ def paged_attention(
     max_seq_len: int | None = None,
     max_query_len: int | None = None,
     is_decode_only: bool | None = None,
+    seq_lens_host: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """Causal attention of a flat query batch over the paged KV cache, on the best available backend.
 
@@ -126,6 +127,8 @@ def paged_attention(
 
     Args:
         max_seq_len, max_query_len: host-side bounds that spare device-to-host syncs.
+        seq_lens_host: ``seq_lens`` as host ints when the caller has them: the Triton decode kernel then
+            sizes its split-KV from the real lengths (FlashInfer-style plan), not from ``max_seq_len``.
         is_decode_only: ``True`` promises every query length is 1 (then ``num_tokens == num_seqs``).
             When ``None`` it is inferred from ``max_query_len``, from ``num_tokens != num_seqs``, and
             only as a last resort from ``query_start_loc`` (a device-to-host sync; pass a hint on GPU).
@@ -146,7 +149,14 @@ def paged_attention(
     backend = select_backend(q.device, is_decode_only)
     if backend == "triton" and fits_triton_decode(q, k_cache):
         return paged_decode_attention_triton(
-            q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len=max_seq_len
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            scale,
+            max_seq_len=max_seq_len,
+            seq_lens_host=seq_lens_host,
         )
     if backend == "cpp" and cpu_ops.fits_decode_kernel(q, k_cache):
         decode = torch.ops.omniduplex_cpu.paged_decode_attention

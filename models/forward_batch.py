@@ -27,6 +27,9 @@ class ForwardBatch:
         query_start_loc: int32 ``[S + 1]`` cumulative query counts.
         max_seq_len: host int, ``max(seq_lens)`` (avoids a device sync).
         max_query_len: host int, the longest query run of the batch.
+        seq_lens_host: the same lengths as ``seq_lens`` as host ints, when the step built them on the host
+            (the engine's eager steps; ``None`` in a replayed CUDA graph, whose lengths live on the device):
+            the GPU decode kernel sizes its split-KV from them (``kernels/paged_decode_config.py``).
     """
 
     positions: torch.Tensor
@@ -36,6 +39,7 @@ class ForwardBatch:
     query_start_loc: torch.Tensor
     max_seq_len: int
     max_query_len: int
+    seq_lens_host: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:

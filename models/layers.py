@@ -210,6 +210,8 @@ class Attention(nn.Module):
             return torch.ops.omniduplex_cpu.paged_decode_attention(
                 q, k_cache, v_cache, batch.block_tables, batch.seq_lens, self.scale
             )
+        # the host lengths size the GPU decode kernel's split-KV; the compiled op takes tensors and ints only
+        host = {"seq_lens_host": batch.seq_lens_host} if attend is paged_attention else {}
         return attend(
             q,
             k_cache,
@@ -220,6 +222,7 @@ class Attention(nn.Module):
             self.scale,
             max_seq_len=batch.max_seq_len,
             max_query_len=batch.max_query_len,
+            **host,
         )
 
 

@@ -242,6 +242,7 @@ def test_step_inputs_equal_the_requests_metadata(seed, mirror):
             need = -(-max(seq_lens) // BLOCK_SIZE)
             assert row[: len(table)] == table[:need] and len(row) == need
         assert batch.max_seq_len == max(seq_lens) and batch.max_query_len == max(n for _, n in items)
+        assert batch.seq_lens_host == seq_lens  # the host lengths the GPU decode kernel plans its splits by
         for r, n in items:
             r.num_computed += n
         if mirror:

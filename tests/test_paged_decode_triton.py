@@ -265,7 +265,15 @@ def test_dispatcher_forced_triton_decode(decode, monkeypatch):
     case = mixed_case()
     assert_matches(attention.paged_attention(**case), case)
     assert_matches(attention.paged_attention(**case, max_query_len=1, max_seq_len=33), case)
-    assert len(calls) == 2
+    host = case["seq_lens"].tolist()  # the engine's eager steps pass the real lengths on: a planned split-KV
+    seen = []
+    monkeypatch.setattr(
+        attention,
+        "paged_decode_attention_triton",
+        lambda *a, **k: seen.append(k.get("seq_lens_host")) or real(*a, **k),
+    )
+    assert_matches(attention.paged_attention(**case, max_query_len=1, seq_lens_host=host), case)
+    assert len(calls) == 2 and seen == [host]
     # A batch with a prefill chunk has no Triton kernel: it goes to torch even when triton is forced.
     assert attention.select_backend(torch.device(DEVICE), decode_only=False) == "torch"
 

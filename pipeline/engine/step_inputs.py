@@ -217,6 +217,7 @@ class StepInputs:
             query_start_loc=d["query_start_loc"][: s + 1],
             max_seq_len=max_end,
             max_query_len=max(ns),
+            seq_lens_host=ends,
         )
 
     def row_batch(self, items: list[tuple[Request, int]]) -> ForwardBatch:
@@ -253,6 +254,7 @@ class StepInputs:
             query_start_loc=d["query_start_loc"][: t + 1],
             max_seq_len=max_end,
             max_query_len=1,
+            seq_lens_host=[p + 1 for p in pos],
         )
 
     # -- the static inputs of replayed decode steps -----------------------------------------------------
