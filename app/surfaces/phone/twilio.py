@@ -177,58 +177,28 @@ def _parse_mark(name: str) -> tuple[str, int] | None:
     return (turn_id, int(samples)) if sep and samples.isdigit() else None
 
 
-class TwilioBridge:
-    """One Twilio media stream ↔ one :class:`Session` (the module docstring has the protocol and pacing).
+class TwilioStream:
+    """What both Twilio bridges share: the inbound messages (:meth:`handle`), the ``start`` checks, the
+    caller's μ-law into ``self.port`` (an object with ``push(pcm)`` and ``run(tick)``: the cascade's
+    :class:`~omniduplex.app.core.audio.AudioPort` or the duplex model's port), and the writer task that sends
+    :attr:`outbox` in order. A bridge sets ``self.port`` and implements ``_mark(name)`` (an echoed mark) and
+    ``_tick(now)`` (the port's 20 ms clock); ``_sent(text)`` runs after each frame handed to the socket."""
 
-    Args:
-        call_id: names the session.
-        responder: where replies come from.
-        cfg: session settings; ``output_rate`` is forced to 8000 Hz (the session's playout resamples the
-            responder's audio to the wire rate with its soxr stream).
-        send: sends one text frame to Twilio.
-        lead_ms: reply audio sent ahead of the caller's ear, at most (ms).
-        mark_ms: reply audio between marks (ms).
-        turn_model: the server's shared end-of-turn model (``turn_detection="smart"``), else ``None``.
-        tool_runner: runs the replies' calls on the server (MCP tools, :mod:`omniduplex.app.host.tools`).
-    """
+    kind = "stream"
+    """Names the bridge in its log lines."""
 
-    def __init__(
-        self,
-        call_id: str,
-        responder: Responder,
-        cfg: SessionConfig,
-        send: Callable[[str], Awaitable[None]],
-        lead_ms: int = 100,
-        mark_ms: int = 100,
-        clock: Callable[[], float] = time.monotonic,
-        turn_model=None,
-        tool_runner=None,
-    ) -> None:
-        self.id, self.send, self.clock = call_id, send, clock
-        self.lead_s = lead_ms / 1000.0
-        cfg.output_rate = TELEPHONE_RATE
-        self.session = Session(
-            call_id, responder, self._on_event, cfg, clock=clock,
-            turn_model=turn_model, tool_runner=tool_runner
-        )
-        self.port = AudioPort(self.session, TELEPHONE_RATE, clock=clock)
-        self.mark_samples = max(self.port.out_frame, TELEPHONE_RATE * mark_ms // 1000)
-        self.ear = float("-inf")  # when the caller will have heard everything sent so far (clock s)
+    def _init_stream(self, call_id: str, send: Callable[[str], Awaitable[None]]) -> None:
+        self.id, self.send = call_id, send
         self.stream_sid: str | None = None
         self.call_sid = ""
         self.parameters: dict[str, str] = {}
         self.digits: list[str] = []
         self.errors = 0
         self.outbox: asyncio.Queue[str] = asyncio.Queue()
-        self.sent: dict[str, int] = {}  # reply samples sent per turn
-        self.marked: dict[str, int] = {}  # ... up to the last mark sent
-        self.heard: dict[str, int] = {}  # ... up to the last mark echoed (what the caller heard)
-        self.barge_in_at: float | None = None
-        self.clear_ms: list[float] = []  # BargeIn event → clear handed to the socket (ms)
         self.tasks = Tasks(call_id)
         self.closed = False
 
-    # -- Twilio → session --------------------------------------------------------------------------
+    # -- Twilio → us -------------------------------------------------------------------------------
     def handle(self, text: str | bytes) -> bool:
         """Process one inbound message; ``False`` once the stream has ended (``stop`` or a fatal error).
 
@@ -264,10 +234,11 @@ class TwilioBridge:
         self.stream_sid = ev.start.streamSid or ev.streamSid
         self.call_sid, self.parameters = ev.start.callSid, dict(ev.start.customParameters)
         log.info(
-            "%s: stream %s of call %s started %s", self.id, self.stream_sid, self.call_sid, self.parameters
+            "%s: %s %s of call %s started %s",
+            self.id, self.kind, self.stream_sid, self.call_sid, self.parameters,
         )
-        self._spawn(self.port.run(self._tick), "pace")
-        self._spawn(self._write(), "write")
+        self.tasks.spawn(self.port.run(self._tick), "pace")
+        self.tasks.spawn(self._write(), "write")
         return True
 
     def _media(self, ev: Media) -> bool:
@@ -282,6 +253,76 @@ class TwilioBridge:
         self.port.push(ulaw_decode(ulaw))
         return True
 
+    def _error(self, message: str) -> bool:
+        self.errors += 1
+        log.warning("%s: ignored a bad message: %s", self.id, message)
+        return True
+
+    def _mark(self, name: str) -> None:
+        raise NotImplementedError
+
+    def _tick(self, now: float) -> None:
+        raise NotImplementedError
+
+    # -- us → Twilio -------------------------------------------------------------------------------
+    async def _write(self) -> None:
+        while True:
+            text = await self.outbox.get()
+            try:
+                await self.send(text)
+            except Exception as e:  # the socket went away; the receive loop ends the call
+                log.info("%s: send failed (%s); writer stopped", self.id, e)
+                return
+            self._sent(text)
+
+    def _sent(self, text: str) -> None:
+        """After ``text`` went to the socket (nothing by default)."""
+
+
+class TwilioBridge(TwilioStream):
+    """One Twilio media stream ↔ one :class:`Session` (the module docstring has the protocol and pacing).
+
+    Args:
+        call_id: names the session.
+        responder: where replies come from.
+        cfg: session settings; ``output_rate`` is forced to 8000 Hz (the session's playout resamples the
+            responder's audio to the wire rate with its soxr stream).
+        send: sends one text frame to Twilio.
+        lead_ms: reply audio sent ahead of the caller's ear, at most (ms).
+        mark_ms: reply audio between marks (ms).
+        turn_model: the server's shared end-of-turn model (``turn_detection="smart"``), else ``None``.
+        tool_runner: runs the replies' calls on the server (MCP tools, :mod:`omniduplex.app.host.tools`).
+    """
+
+    def __init__(
+        self,
+        call_id: str,
+        responder: Responder,
+        cfg: SessionConfig,
+        send: Callable[[str], Awaitable[None]],
+        lead_ms: int = 100,
+        mark_ms: int = 100,
+        clock: Callable[[], float] = time.monotonic,
+        turn_model=None,
+        tool_runner=None,
+    ) -> None:
+        self._init_stream(call_id, send)
+        self.clock = clock
+        self.lead_s = lead_ms / 1000.0
+        cfg.output_rate = TELEPHONE_RATE
+        self.session = Session(
+            call_id, responder, self._on_event, cfg, clock=clock,
+            turn_model=turn_model, tool_runner=tool_runner
+        )
+        self.port = AudioPort(self.session, TELEPHONE_RATE, clock=clock)
+        self.mark_samples = max(self.port.out_frame, TELEPHONE_RATE * mark_ms // 1000)
+        self.ear = float("-inf")  # when the caller will have heard everything sent so far (clock s)
+        self.sent: dict[str, int] = {}  # reply samples sent per turn
+        self.marked: dict[str, int] = {}  # ... up to the last mark sent
+        self.heard: dict[str, int] = {}  # ... up to the last mark echoed (what the caller heard)
+        self.barge_in_at: float | None = None
+        self.clear_ms: list[float] = []  # BargeIn event → clear handed to the socket (ms)
+
     def _mark(self, name: str) -> None:
         parsed = _parse_mark(name)
         if parsed is None:
@@ -289,11 +330,6 @@ class TwilioBridge:
             return
         turn_id, samples = parsed
         self.heard[turn_id] = max(self.heard.get(turn_id, 0), samples)
-
-    def _error(self, message: str) -> bool:
-        self.errors += 1
-        log.warning("%s: ignored a bad message: %s", self.id, message)
-        return True
 
     # -- session → Twilio --------------------------------------------------------------------------
     def _on_event(self, ev: SessionEvent) -> None:
@@ -335,19 +371,12 @@ class TwilioBridge:
             self.marked[turn_id] = sent
             self.outbox.put_nowait(mark_message(sid, _mark_name(turn_id, sent)))
 
-    async def _write(self) -> None:
-        while True:
-            text = await self.outbox.get()
-            try:
-                await self.send(text)
-            except Exception as e:  # the socket went away; the receive loop ends the call
-                log.info("%s: send failed (%s); writer stopped", self.id, e)
-                return
-            if self.barge_in_at is not None and text.startswith('{"event": "clear"'):
-                ms = 1000.0 * (self.clock() - self.barge_in_at)
-                self.clear_ms.append(ms)
-                self.barge_in_at = None
-                log.info("%s: clear sent %.1f ms after barge-in detection", self.id, ms)
+    def _sent(self, text: str) -> None:
+        if self.barge_in_at is not None and text.startswith('{"event": "clear"'):
+            ms = 1000.0 * (self.clock() - self.barge_in_at)
+            self.clear_ms.append(ms)
+            self.barge_in_at = None
+            log.info("%s: clear sent %.1f ms after barge-in detection", self.id, ms)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def close(self, reason: str) -> None:
@@ -358,6 +387,3 @@ class TwilioBridge:
         await self.tasks.cancel()
         await self.session.close(reason)
         log.info("%s: closed (%s); %d bad messages", self.id, reason, self.errors)
-
-    def _spawn(self, coro, name: str) -> asyncio.Task:
-        return self.tasks.spawn(coro, name)

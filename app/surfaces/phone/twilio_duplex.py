@@ -12,35 +12,24 @@ model's own business: it hears the caller while it speaks. A mark named ``duplex
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import binascii
 import logging
 from collections.abc import Awaitable, Callable
 
-from omniduplex.app.core.tasks import Tasks
 from omniduplex.app.host.duplex import DuplexService
 from omniduplex.app.host.duplex_port import DuplexPort
 from omniduplex.app.surfaces.phone.twilio import (
-    MEDIA_ENCODING,
-    Dtmf,
-    Mark,
-    Media,
-    ProtocolError,
-    Start,
-    Stop,
+    TwilioStream,
     mark_message,
     media_message,
-    parse_inbound,
 )
-from omniduplex.app.surfaces.wire.g711 import TELEPHONE_RATE, ulaw_decode, ulaw_encode
+from omniduplex.app.surfaces.wire.g711 import TELEPHONE_RATE, ulaw_encode
 
 log = logging.getLogger("omniduplex.phone.twilio")
 
 MARK_PREFIX = "duplex@"
 
 
-class TwilioDuplexBridge:
+class TwilioDuplexBridge(TwilioStream):
     """One Twilio media stream ↔ one duplex engine row (the module docstring has the flow).
 
     Args:
@@ -52,6 +41,8 @@ class TwilioDuplexBridge:
     :meth:`open` joins the engine (raises ``DuplexFull``); :meth:`handle` takes each inbound message.
     """
 
+    kind = "duplex stream"
+
     def __init__(
         self,
         call_id: str,
@@ -59,79 +50,21 @@ class TwilioDuplexBridge:
         send: Callable[[str], Awaitable[None]],
         mark_ms: int = 100,
     ) -> None:
-        self.id, self.send = call_id, send
+        self._init_stream(call_id, send)
         self.port = self.session = DuplexPort(service, call_id, TELEPHONE_RATE, TELEPHONE_RATE)
         self.mark_samples = TELEPHONE_RATE * mark_ms // 1000
-        self.stream_sid: str | None = None
-        self.call_sid = ""
-        self.parameters: dict[str, str] = {}
-        self.digits: list[str] = []
-        self.errors = 0
-        self.outbox: asyncio.Queue[str] = asyncio.Queue()
         self.sent = self.marked = self.heard = 0  # model-audio samples (8 kHz)
         self.media_sent = 0
-        self.tasks = Tasks(call_id)
-        self.closed = False
 
     async def open(self) -> None:
         """Join the engine. Raises DuplexFull when every row is taken."""
         await self.port.open()
 
-    # -- Twilio -> engine --------------------------------------------------------------------------
-    def handle(self, text: str | bytes) -> bool:
-        """Process one inbound message; ``False`` once the stream has ended (``stop`` or a bad format).
-        Bad messages are logged, counted and skipped."""
-        try:
-            ev = parse_inbound(text)
-        except ProtocolError as e:
-            return self._error(str(e))
-        if isinstance(ev, Media):
-            return self._media(ev)
-        if isinstance(ev, Mark):
-            name = ev.mark.name
-            if name.startswith(MARK_PREFIX) and name[len(MARK_PREFIX) :].isdigit():
-                self.heard = max(self.heard, int(name[len(MARK_PREFIX) :]))
-            else:
-                self._error(f"mark {name!r} is not one of ours")
-        elif isinstance(ev, Dtmf):
-            self.digits.append(ev.dtmf.digit)
-        elif isinstance(ev, Start):
-            return self._start(ev)
-        elif isinstance(ev, Stop):
-            log.info("%s: stream stopped by Twilio", self.id)
-            return False
-        return True
-
-    def _start(self, ev: Start) -> bool:
-        if self.stream_sid is not None:
-            return self._error("a second 'start' on this stream")
-        fmt = ev.start.mediaFormat
-        if (fmt.encoding, fmt.sampleRate, fmt.channels) != (MEDIA_ENCODING, TELEPHONE_RATE, 1):
-            self._error(f"unsupported media format {fmt.encoding}/{fmt.sampleRate}/{fmt.channels}")
-            return False
-        self.stream_sid = ev.start.streamSid or ev.streamSid
-        self.call_sid, self.parameters = ev.start.callSid, dict(ev.start.customParameters)
-        log.info("%s: duplex stream %s of call %s started", self.id, self.stream_sid, self.call_sid)
-        self.tasks.spawn(self.port.pacer.run(self._tick), "pace")
-        self.tasks.spawn(self._write(), "write")
-        return True
-
-    def _media(self, ev: Media) -> bool:
-        if self.stream_sid is None:
-            return self._error("'media' before 'start'")
-        if ev.media.track not in ("inbound", "inbound_track"):
-            return True
-        try:
-            ulaw = base64.b64decode(ev.media.payload, validate=True)
-        except (binascii.Error, ValueError):
-            return self._error("'media' payload is not base64")
-        self.port.push(ulaw_decode(ulaw))
-        return True
-
-    def _error(self, message: str) -> bool:
-        self.errors += 1
-        log.warning("%s: ignored a bad message: %s", self.id, message)
-        return True
+    def _mark(self, name: str) -> None:
+        if name.startswith(MARK_PREFIX) and name[len(MARK_PREFIX) :].isdigit():
+            self.heard = max(self.heard, int(name[len(MARK_PREFIX) :]))
+        else:
+            self._error(f"mark {name!r} is not one of ours")
 
     # -- engine -> Twilio --------------------------------------------------------------------------
     def _tick(self, now: float) -> None:
@@ -143,15 +76,6 @@ class TwilioDuplexBridge:
         if self.sent - self.marked >= self.mark_samples:
             self.marked = self.sent
             self.outbox.put_nowait(mark_message(self.stream_sid, f"{MARK_PREFIX}{self.sent}"))
-
-    async def _write(self) -> None:
-        while True:
-            text = await self.outbox.get()
-            try:
-                await self.send(text)
-            except Exception as e:  # the socket went away; the receive loop ends the call
-                log.info("%s: send failed (%s); writer stopped", self.id, e)
-                return
 
     def transcript(self) -> str:
         """The model's text of the audio the caller has heard (per the echoed marks)."""
