@@ -284,7 +284,7 @@ class ProcessBackend(StageProcesses):
         turn share one relay request id, chunk ``seq`` 0, 1, ...)."""
         rid = self.ids.get(item.request_id)
         if rid is None:
-            rid = self.plan.rid(next(self._counter), self.plan.choose(self.live))
+            rid = self.plan.rid(next(self._counter), self.plan.choose(self.live, self.up))
             self.pins[rid] = [self.plan.instance_for(rid, s) for s in self.plan.replicated]
             for i in self.pins[rid]:
                 self.live[i] += 1

@@ -16,7 +16,7 @@ included, goes to that instance for the request's lifetime (its KV cache and str
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 
 from omniduplex.pipeline.config import PipelineConfig
 from omniduplex.pipeline.topology import ORCHESTRATOR
@@ -64,13 +64,16 @@ class ReplicaPlan:
         """The instance of ``stage`` that holds request ``rid``."""
         return self.instances(stage)[self.replica_of(rid, stage)]
 
-    def choose(self, live: Mapping[str, int]) -> dict[str, int]:
+    def choose(self, live: Mapping[str, int], up: Container[str] | None = None) -> dict[str, int]:
         """For each replicated stage, the replica with the fewest live requests (``live``: instance →
-        count; ties go to the lowest index)."""
-        return {
-            s: min(range(self.counts[s]), key=lambda i, s=s: (live.get(self.instances(s)[i], 0), i))
-            for s in self.replicated
-        }
+        count; ties go to the lowest index), among those in ``up`` (the ones running; all of a stage's
+        replicas when none of them is)."""
+        out = {}
+        for s in self.replicated:
+            names = self.instances(s)
+            ready = [i for i in range(len(names)) if up is None or names[i] in up] or range(len(names))
+            out[s] = min(ready, key=lambda i, names=names: (live.get(names[i], 0), i))
+        return out
 
     def rid(self, n: int, choice: Mapping[str, int]) -> int:
         """The relay request id of the ``n``-th request (n ≥ 1) pinned to ``choice`` (stage → replica)."""

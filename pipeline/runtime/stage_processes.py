@@ -19,7 +19,7 @@ import zmq
 
 from omniduplex.pipeline.config import PipelineConfig
 from omniduplex.pipeline.runtime import plugins
-from omniduplex.pipeline.runtime.replicas import ReplicaPlan
+from omniduplex.pipeline.runtime.replicas import ReplicaPlan, stage_of
 from omniduplex.pipeline.runtime.stage_process import StageStartError, kill_leftovers, run_stage
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ class StageProcesses:
         self.up: set[str] = set()  # stages that reported ready and have not died since
         self.late: set[str] = set()  # stages past start_timeout_s at the first start, still awaited
         self.abandoned = threading.Event()  # :meth:`abandon_start` was called
+        self.restarting: dict[str, float] = {}  # replicas restarted, not ready yet → deadline (monotonic s)
         self._poller = None
 
     def _stage_died(self, stage: str, exitcode: int | None) -> None:
@@ -124,12 +125,26 @@ class StageProcesses:
             self.up.add(m["stage"])
         elif kind == "error":
             self._fail(m["request_id"], m["error"], m.get("stage"))
+        elif kind == "fatal" and (s := m["stage"]) in self.restarting:
+            log.error("restart %d of %s failed: %s; trying again", self.restarts[s], s, m["error"])
+            self.procs[s].kill()  # the next check sees it dead and spawns it again
+            del self.restarting[s]
         elif kind == "fatal":
             raise StageStartError(f"stage {m['stage']} failed to start: {m['error']}", m["stage"], m["error"])
 
     def _check_stages(self) -> None:
+        """Restart each dead stage process. A stage with one replica is waited for here (the turns sent
+        meanwhile queue); a replica is not (:attr:`restarting`): the backend thread goes on serving the
+        other replicas' requests, and a replica past ``start_timeout_s`` is killed and tried again."""
         for s, p in self.procs.items():
             if p.is_alive():
+                if s in self.restarting and s in self.up:
+                    del self.restarting[s]
+                elif s in self.restarting and time.monotonic() > self.restarting[s]:
+                    log.error("restart %d of %s: not ready in %g s; trying again", self.restarts[s], s,
+                              self.start_timeout_s)
+                    p.kill()
+                    del self.restarting[s]
                 continue
             kill_leftovers(p)
             self._stage_died(s, p.exitcode)
@@ -139,6 +154,9 @@ class StageProcesses:
                 raise RuntimeError(f"stage {s} died")
             self.restarts[s] += 1
             self._spawn(s)
+            if self.plan.counts[stage_of(s)] > 1:
+                self.restarting[s] = time.monotonic() + self.start_timeout_s
+                continue
             try:
                 self._wait_ready({s})
             except StageStartError as e:
