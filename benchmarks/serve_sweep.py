@@ -103,8 +103,9 @@ CODEC_COUNTS = ("codec_steps", "codec_forwards", "codec_rows")
 
 
 def _codec_counts(stats: dict) -> dict[str, float]:
-    g = stats["stages"].get("code2wav", {})
-    return {k: float(g.get(k, 0)) for k in CODEC_COUNTS}
+    """The counters summed over the Code2Wav stage's replicas (``code2wav``, or ``code2wav@0``, ...)."""
+    gs = [g for s, g in stats["stages"].items() if s.partition("@")[0] == "code2wav"]
+    return {k: float(sum(g.get(k, 0) for g in gs)) for k in CODEC_COUNTS}
 
 
 def _codec_ratios(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -157,13 +158,16 @@ def sweep(
     settle_s: float = 1.5,
     graph_yaml: Path | None = None,
     code2wav_batch: int | None = None,
+    replicas: dict[str, int] | None = None,
 ) -> list[dict]:
     """Measure ``graph`` (``"qwen3-omni"`` or ``"qwen3-tts"``) on ``model_dir`` at each level; returns rows.
     ``results`` (``{graph: {...}}``) collects every graph's rows, written to ``json_out`` after each row.
     ``graph_yaml``: the stage-graph YAML (devices, dtypes; e.g. ``deploy/graph-gpu.yaml``; default: the CPU
     one). ``code2wav_batch``: the Code2Wav stage's most turns per batched forward (its ``max_num_seqs``;
     1 = one forward per turn, the batching lever off; default: the YAML's); rows carry it as
-    ``code2wav_batch`` and the label says it.
+    ``code2wav_batch`` and the label says it. ``replicas``: stage → processes of it (``{"talker": 2}``, as
+    ``replicas:`` in the YAML; stages not in this graph are ignored); rows carry ``replicas`` (stage → count,
+    the replicated stages only) and the label says it.
 
     Raises:
         ValueError: unknown graph, or ``model_dir`` is not a checkpoint of that graph.
@@ -196,6 +200,12 @@ def sweep(
             raise ValueError(f"code2wav_batch must be >= 1, got {code2wav_batch}")
         pcfg.stages["code2wav"] = pcfg.stage("code2wav").model_copy(update={"max_num_seqs": code2wav_batch})
         label = f"{graph} c2w-batch {code2wav_batch}"
+    for stage, n in (replicas or {}).items():
+        if stage in topo.all_stages:
+            pcfg.stages[stage] = pcfg.stage(stage).model_copy(update={"replicas": n})
+    replicated = {s: pcfg.stage(s).replicas for s in topo.all_stages if pcfg.stage(s).replicas > 1}
+    if replicated:
+        label += " " + ",".join(f"{s}={n}" for s, n in replicated.items())
     results = {} if results is None else results
     entry = results.setdefault(graph, {"model": str(model_dir), "anchors": ANCHORS[graph], "rows": []})
     if graph == "qwen3-tts":
@@ -232,6 +242,7 @@ def sweep(
                 row["targets_met"] = targets_met(graph, row)
                 if graph == "qwen3-omni":
                     row["code2wav_batch"] = pcfg.stage("code2wav").max_num_seqs
+                row["replicas"] = replicated
                 entry["rows"].append(row)
                 print(_row_line(label, row), flush=True)
                 if json_out:

@@ -85,6 +85,10 @@ def bench_serve_sweep(
         None, help="Qwen3-Omni: Code2Wav turns per batched forward, comma-separated to compare in one run "
         "(e.g. 64,1: batched, then one forward per turn; default: the graph YAML's max_num_seqs).",
     ),
+    replicas: str | None = typer.Option(
+        None, help="Stage replicas, STAGE=N comma-separated (e.g. talker=2,code2wav=2): N processes of the "
+        "stage, each request pinned to the least-loaded one (the YAML's `replicas:`).",
+    ),
 ) -> None:
     """TTFP p50/p90, RTF, audio-s/s, output tok/s and per-stage time of the Qwen3-Omni and Qwen3-TTS graphs
     over a concurrency sweep, beside vLLM-Omni's published figures and the seed's."""
@@ -106,6 +110,7 @@ def bench_serve_sweep(
     batches = levels(code2wav_batch) if code2wav_batch else [None]
     if min(b or 1 for b in batches) < 1:
         raise typer.BadParameter("--code2wav-batch values must be >= 1")
+    reps = stage_counts(replicas) if replicas else {}
     results: dict = {}
     for g in names:
         model = omni if g == "qwen3-omni" else tts
@@ -116,5 +121,23 @@ def bench_serve_sweep(
         for b in batches if g == "qwen3-omni" else [None]:
             sweep(
                 g, model, counts, rounds, max_tokens, frames, threads, json_out, results,
-                graph_yaml=graph, code2wav_batch=b,
+                graph_yaml=graph, code2wav_batch=b, replicas=reps,
             )
+
+
+def stage_counts(spec: str) -> dict[str, int]:
+    """``"talker=2,code2wav=2"`` → ``{"talker": 2, "code2wav": 2}``.
+
+    Raises:
+        typer.BadParameter: not ``STAGE=N`` pairs, an unknown stage, or N < 1."""
+    from omniduplex.pipeline.stages.kinds import STAGE_KINDS
+
+    out: dict[str, int] = {}
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        stage, _, n = part.partition("=")
+        if stage not in STAGE_KINDS or not n.isdigit() or int(n) < 1:
+            raise typer.BadParameter(
+                f"--replicas: {part!r} is not STAGE=N with N >= 1 (stages: {', '.join(STAGE_KINDS)})"
+            )
+        out[stage] = int(n)
+    return out

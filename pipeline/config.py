@@ -83,6 +83,9 @@ class StageConfig(BaseModel):
     required, the API key is read from the environment variable ``api_key_env`` (default
     ``OPENAI_API_KEY``), ``timeout_s`` bounds the connect and each wait for the next streamed chunk (s).
     ``max_tool_calls``: the LLM stage's most tool calls per user turn, any backend (the call loop is cut).
+    ``replicas``: how many processes of this stage the stage-process backend runs (an int ≥ 1); each request
+    is pinned to the one with the fewest live requests (:mod:`.runtime.replicas`). The in-process backend
+    runs one.
     """
 
     model_config = {"extra": "forbid"}
@@ -107,6 +110,7 @@ class StageConfig(BaseModel):
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = Field(30.0, gt=0)
     max_tool_calls: int = Field(4, ge=0)
+    replicas: int = Field(1, ge=1, strict=True)
 
     @model_validator(mode="after")
     def _backend_keys(self) -> StageConfig:

@@ -7,7 +7,14 @@ import math
 
 import pytest
 
-from omniduplex.benchmarks.serve_sweep import ANCHORS, _codec_ratios, audio_frames, sweep, targets_met
+from omniduplex.benchmarks.serve_sweep import (
+    ANCHORS,
+    _codec_counts,
+    _codec_ratios,
+    audio_frames,
+    sweep,
+    targets_met,
+)
 from omniduplex.models.preset_cache import cached_checkpoint
 
 
@@ -28,6 +35,8 @@ def test_code2wav_ratios_are_read_over_the_level():
     r = _codec_ratios(before, after)
     assert r == {"code2wav_rows_per_forward": 8.0, "code2wav_forwards_per_step": 1.0}
     assert all(math.isnan(v) for v in _codec_ratios(before, before).values())  # no forward in the level
+    replicas = {"stages": {"code2wav@0": before, "code2wav@1": after, "talker": {"codec_rows": 5}}}
+    assert _codec_counts(replicas) == {"codec_steps": 24.0, "codec_forwards": 28.0, "codec_rows": 72.0}
 
 
 @pytest.mark.slow
@@ -52,6 +61,7 @@ def test_sweep_both_graphs_writes_every_row(tmp_path, capsys):
         talker_frames=3,
         json_out=out,
         results=results,
+        replicas={"code2wav": 2, "tts_codec": 3},  # the Qwen3-TTS stage: not in this graph, ignored
     )
     saved = json.loads(out.read_text())
     assert (
@@ -67,11 +77,13 @@ def test_sweep_both_graphs_writes_every_row(tmp_path, capsys):
     assert "ttfp_p50_ms" in tts[0]["targets_met"]  # c = 1 has a target
     (o,) = omni
     assert o["requests"] == 2 and math.isfinite(o["rtf_p50"]) and o["tok_s"] * o["wall_s"] == pytest.approx(6)
-    assert {"thinker.busy_s", "talker.busy_s", "code2wav.busy_s"} <= set(o["stage_busy_s"])
+    assert {"thinker.busy_s", "talker.busy_s", "code2wav@0.busy_s"} <= set(o["stage_busy_s"])
+    assert o["replicas"] == {"code2wav": 2} and tts[0]["replicas"] == {}
     assert o["code2wav_batch"] == 8 and o["code2wav_rows_per_forward"] >= 1  # the CPU YAML: 8 a forward
     assert {"talker_first_frame_ms", "codec_first_chunk_ms", "codec_wait_ms"} <= set(o["ttfp_split_p50_ms"])
     table = capsys.readouterr().out
-    assert "| qwen3-tts | 2 |" in table and "| vLLM-Omni, H20 | 32 | 3772 |" in table
+    assert "| qwen3-tts | 2 |" in table and "| qwen3-omni code2wav=2 | 2 |" in table
+    assert "| vLLM-Omni, H20 | 32 | 3772 |" in table
 
 
 def test_sweep_refuses_a_checkpoint_of_another_graph():

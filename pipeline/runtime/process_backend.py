@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import multiprocessing as mp
 import os
 import queue
 import shutil
@@ -30,16 +29,16 @@ import zmq
 from omniduplex.pipeline.config import PipelineConfig
 from omniduplex.pipeline.messages import StageError, StageMessage
 from omniduplex.pipeline.orchestrator import OutputCallback
-from omniduplex.pipeline.runtime import plugins
+from omniduplex.pipeline.runtime.replicas import stage_of
 from omniduplex.pipeline.runtime.stage_process import (
     StageStartError,
     Wiring,
     edge_config,
     kill_leftovers,
     pack,
-    run_stage,
     unpack,
 )
+from omniduplex.pipeline.runtime.stage_processes import STARTUP_TIMEOUT_S, StageProcesses
 from omniduplex.pipeline.runtime.stage_stats import producer_stats
 from omniduplex.pipeline.topology import ORCHESTRATOR
 from omniduplex.pipeline.workers import prepare
@@ -47,14 +46,12 @@ from omniduplex.relay import ConsumerDied, EdgeConsumer, EdgeProducer, RelayErro
 
 log = logging.getLogger(__name__)
 
-STARTUP_TIMEOUT_S = 180.0
-"""Default time a stage process has to report ready (s); ``ProcessBackend(start_timeout_s=...)``."""
 CHECK_EVERY_S = 1.0
 """Longest the backend thread blocks before it looks at the stage processes anyway (s); a stage's death
 wakes it at once (its process sentinel)."""
 
 
-class ProcessBackend:
+class ProcessBackend(StageProcesses):
     """Stage processes + relay edges. ``restart_on_crash`` restarts a dead stage (default on).
 
     ``start_timeout_s``: how long a stage process has to report ready. A stage restarted after a crash that
@@ -71,29 +68,22 @@ class ProcessBackend:
         start_timeout_s: float = STARTUP_TIMEOUT_S,
         wait_when_late: bool = False,
     ) -> None:
-        self.pcfg, self.restart_on_crash = pcfg, restart_on_crash
-        self.start_timeout_s, self.wait_when_late = start_timeout_s, wait_when_late
-        self.topo = pcfg.topology()
+        super().__init__(pcfg, restart_on_crash, start_timeout_s, wait_when_late)
         self.run_dir = tempfile.mkdtemp(prefix="omniduplex-")
         self.wiring = Wiring(self.run_dir)
-        self.mp = mp.get_context("spawn")
-        self.procs: dict[str, mp.Process] = {}
         self.commands: queue.Queue = queue.Queue()
         self.ids: dict[str, int] = {}
         self.names: dict[int, str] = {}
         self.inflight: set[int] = set()
+        self.pins: dict[int, list[str]] = {}  # replicas each request is pinned to (replicated stages only)
+        self.live = {i: 0 for s in self.plan.replicated for i in self.plan.instances(s)}
+        self.assigned = dict(self.live)
         self.entry_seqs: dict[int, int] = {}  # next chunk seq of turns sent in pieces (backend thread)
         self._counter = itertools.count(1)
-        self.restarts = {s: 0 for s in self.topo.all_stages}
         self.waiting: dict[int, set[str]] = {}  # terminal stages whose ``last`` each turn still awaits
-        self.stage_stats: dict[str, dict] = {}  # last ``stats`` message of each stage
         self.entry_stats: dict[str, dict] = {}  # credits of the orchestrator's own edges (backend thread)
-        self.up: set[str] = set()  # stages that reported ready and have not died since
-        self.late: set[str] = set()  # stages past start_timeout_s at the first start, still awaited
-        self.abandoned = threading.Event()  # :meth:`abandon_start` was called
         self.thread: threading.Thread | None = None
         self.running = False
-        self._poller: zmq.Poller | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -120,19 +110,21 @@ class ProcessBackend:
             s: EdgeProducer(
                 f"{ORCHESTRATOR}-{s}",
                 self.wiring.edge(ORCHESTRATOR, s),
-                edge_config(self.pcfg, ORCHESTRATOR, s),
+                edge_config(self.pcfg, ORCHESTRATOR, stage),
             )
-            for s in self.topo.entry_stages
+            for stage in self.topo.entry_stages
+            for s in self.plan.instances(stage)
         }
         self.inputs = {
             s: EdgeConsumer(f"{s}-{ORCHESTRATOR}", self.wiring.edge(s, ORCHESTRATOR))
-            for s in self.topo.all_stages
-            if s in self.topo.to_orchestrator
+            for stage in self.topo.all_stages
+            if stage in self.topo.to_orchestrator
+            for s in self.plan.instances(stage)
         }
-        for s in self.topo.all_stages:
+        for s in self.instances:
             self._spawn(s)
         try:
-            self._wait_ready(set(self.topo.all_stages), give_up=not self.wait_when_late)
+            self._wait_ready(set(self.instances), give_up=not self.wait_when_late)
         except BaseException:  # a stage failed to start: the others are killed, nothing is left behind
             for p in self.procs.values():
                 p.kill()
@@ -159,14 +151,16 @@ class ProcessBackend:
 
     @property
     def ready(self) -> bool:
-        """Every stage is up (started, and not dead or restarting)."""
-        return self.running and self.up >= set(self.topo.all_stages)
+        """Every stage (every replica) is up (started, and not dead or restarting)."""
+        return self.running and self.up >= set(self.instances)
 
     def stats(self) -> dict:
         """Pipeline gauges: ``stages`` (stage → :func:`.stage_stats.worker_stats`, as last reported, about
         once a second while busy), ``edges`` (``"src->dst"`` → :func:`.stage_stats.producer_stats`),
         ``restarts`` (stage → count), ``up`` (stage → bool), ``late`` (stage → past ``start_timeout_s`` at
-        the first start and not up yet) and ``start_timeout_s``."""
+        the first start and not up yet) and ``start_timeout_s``; a replicated stage is reported per
+        replica (``talker@0``, ``talker@1``, :mod:`.replicas`), and ``replicas`` gives each replica's
+        ``live`` (requests pinned to it now) and ``assigned`` (requests pinned to it since start)."""
         reports = list(self.stage_stats.values())
         edges = {e: dict(v) for r in reports for e, v in r.get("edges", {}).items()}
         edges.update(self.entry_stats)
@@ -174,9 +168,14 @@ class ProcessBackend:
             "stages": {r["stage"]: dict(r.get("worker", {})) for r in reports},
             "edges": edges,
             "restarts": dict(self.restarts),
-            "up": {s: s in self.up for s in self.topo.all_stages},
-            "late": {s: s in self.late and s not in self.up for s in self.topo.all_stages},
+            "up": {s: s in self.up for s in self.instances},
+            "late": {s: s in self.late and s not in self.up for s in self.instances},
             "start_timeout_s": self.start_timeout_s,
+            "replicas": {
+                i: {"live": self.live[i], "assigned": self.assigned[i]}
+                for s in self.plan.replicated
+                for i in self.plan.instances(s)
+            },
         }
 
     def stop(self) -> None:
@@ -210,91 +209,18 @@ class ProcessBackend:
                 os.close(fd)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
-    def kill_stage(self, stage: str) -> None:
-        """Kill a stage process (fault injection for tests and chaos runs)."""
-        self.procs[stage].kill()
-
-    # -- process management ------------------------------------------------------------------------
-    def _spawn(self, stage: str) -> None:
-        p = self.mp.Process(
-            target=run_stage,
-            args=(stage, self.pcfg.model_dump_json(), self.run_dir, plugins.loaded()),
-            name=f"omniduplex-{stage}",
-            daemon=True,
-        )
-        p.start()
-        old = self.procs.get(stage)
-        self.procs[stage] = p
-        if self._poller is not None:
-            if old is not None:
-                self._poller.unregister(old.sentinel)
-            self._poller.register(p.sentinel, zmq.POLLIN)
-        if old is not None:  # dead: reap it and close its sentinel, or every restart leaks a descriptor
-            old.join(timeout=5)
-            with contextlib.suppress(ValueError):
-                old.close()
-
-    def _wait_ready(self, stages: set[str], give_up: bool = True) -> None:
-        """Wait for ``stages`` to report ready, up to ``start_timeout_s`` (past it, with ``give_up`` off: as
-        long as they live, marked :attr:`late`).
-
-        Raises:
-            StageStartError: a stage reported a fatal error, died, or (``give_up``) did not report in time;
-                :meth:`abandon_start` was called.
-        """
-        deadline = time.monotonic() + self.start_timeout_s
-        while stages:
-            if self.abandoned.is_set():
-                raise StageStartError(f"start abandoned (the server is stopping): {sorted(stages)} not up")
-            while self.status.poll(100 if stages else 0):
-                self._on_status(self.status.recv_json())
-                stages -= self.up
-            for s in sorted(stages):
-                if not self.procs[s].is_alive():
-                    while self.status.poll(200):  # its fatal report may still be on the way
-                        self._on_status(self.status.recv_json())
-                    raise StageStartError(
-                        f"stage {s} exited with code {self.procs[s].exitcode} during start-up", s
-                    )
-            if stages and time.monotonic() > deadline and not self.late >= stages:
-                limit = f"not ready after {self.start_timeout_s:g} s (the start limit: --start-timeout)"
-                if give_up:
-                    raise StageStartError(f"stages {sorted(stages)} {limit}")
-                log.warning("stages %s %s: still waiting for them", sorted(stages), limit)
-                self.late |= stages
-
-    def _on_status(self, m: dict) -> None:
-        """One status-bus message (see :mod:`.stage_process`)."""
-        kind = m.get("kind")
-        if kind == "stats":
-            self.stage_stats[m["stage"]] = m
-        elif kind == "ready":
-            self.up.add(m["stage"])
-        elif kind == "error":
-            self._fail(m["request_id"], m["error"], m.get("stage"))
-        elif kind == "fatal":
-            raise StageStartError(f"stage {m['stage']} failed to start: {m['error']}", m["stage"], m["error"])
-
-    def _check_stages(self) -> None:
-        for s, p in self.procs.items():
-            if p.is_alive():
-                continue
-            kill_leftovers(p)
+    def _stage_died(self, instance: str, exitcode: int | None) -> None:
+        """Fail the turns ``instance`` held: all in flight for a stage with one replica, else the ones
+        pinned to that replica (the others keep running on theirs)."""
+        stage = stage_of(instance)
+        if self.plan.counts[stage] == 1:
             for rid in sorted(self.inflight):
-                self._fail(rid, f"stage {s} died (exit code {p.exitcode}); the turn was lost", s)
-            self.up.discard(s)
-            self.stage_stats.pop(s, None)
-            if not self.restart_on_crash:
-                raise RuntimeError(f"stage {s} died")
-            self.restarts[s] += 1
-            self._spawn(s)
-            try:
-                self._wait_ready({s})
-            except StageStartError as e:
-                # the restart failed (a fatal report, or not ready in time): end that process, so the next
-                # check sees it dead and tries again; the backend thread and the other stages keep running
-                log.error("restart %d of stage %s failed: %s; trying again", self.restarts[s], s, e)
-                self.procs[s].kill()
+                self._fail(rid, f"stage {stage} died (exit code {exitcode}); the turn was lost", stage)
+            return
+        replica = self.plan.instances(stage).index(instance)
+        for rid in sorted(r for r in self.inflight if instance in self.pins.get(r, ())):
+            error = f"stage {stage} replica {replica} died (exit code {exitcode}); the turn was lost"
+            self._fail(rid, error, instance)
 
     # -- backend thread ------------------------------------------------------------------------------
     def _fail(self, rid: int, error: str, stage: str | None = None) -> None:
@@ -358,14 +284,19 @@ class ProcessBackend:
         turn share one relay request id, chunk ``seq`` 0, 1, ...)."""
         rid = self.ids.get(item.request_id)
         if rid is None:
-            rid = next(self._counter)
+            rid = self.plan.rid(next(self._counter), self.plan.choose(self.live, self.up))
+            self.pins[rid] = [self.plan.instance_for(rid, s) for s in self.plan.replicated]
+            for i in self.pins[rid]:
+                self.live[i] += 1
+                self.assigned[i] += 1
             self.ids[item.request_id], self.names[rid] = rid, item.request_id
             self.inflight.add(rid)
             self.waiting[rid] = set(self.topo.terminal_stages)
         seq = self.entry_seqs.pop(rid, 0)
         if not item.last:
             self.entry_seqs[rid] = seq + 1
-        for s, producer in self.to_entry.items():
+        for s in self.topo.entry_stages:
+            producer = self.to_entry[self.plan.instance_for(rid, s)]
             payload = pack(item, (ORCHESTRATOR, s), self.topo)
             try:
                 try:
@@ -376,13 +307,13 @@ class ProcessBackend:
                 self._fail(rid, f"{ORCHESTRATOR}->{s}: {type(e).__name__}: {e}")
                 break
 
-    def _receive(self, stage: str) -> None:
-        """Deliver every complete message waiting on ``stage``'s edge to the orchestrator."""
-        consumer = self.inputs[stage]
+    def _receive(self, instance: str) -> None:
+        """Deliver every complete message waiting on ``instance``'s edge to the orchestrator."""
+        consumer = self.inputs[instance]
         try:
             m = consumer.recv(timeout_s=0)
             while m is not None:
-                self._deliver(stage, m)
+                self._deliver(stage_of(instance), m)
                 m = consumer.recv(timeout_s=0)
         except RelayError:
             pass  # the stage died; _check_stages handles it
@@ -406,6 +337,8 @@ class ProcessBackend:
 
     def _forget(self, rid: int) -> None:
         self.inflight.discard(rid)
+        for i in self.pins.pop(rid, ()):
+            self.live[i] -= 1
         self.entry_seqs.pop(rid, None)
         self.waiting.pop(rid, None)
         name = self.names.pop(rid, None)

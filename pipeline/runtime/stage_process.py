@@ -116,11 +116,19 @@ def describe(e: BaseException) -> str:
 
 
 class StageLoop:
-    """One stage process's sockets and worker; :meth:`run` until the orchestrator says ``stop``."""
+    """One stage process's sockets and worker; :meth:`run` until the orchestrator says ``stop``.
 
-    def __init__(self, stage: str, pcfg: PipelineConfig, wiring: Wiring, ctx: zmq.Context, status) -> None:
+    ``instance``: the stage, or one replica of it (``talker@1``, :mod:`.replicas`): it reads one input edge
+    from each instance of its upstream stage and sends each request to the instance of each downstream stage
+    the request is pinned to."""
+
+    def __init__(self, instance: str, pcfg: PipelineConfig, wiring: Wiring, ctx: zmq.Context, status) -> None:
+        from omniduplex.pipeline.runtime.replicas import ReplicaPlan, stage_of
         from omniduplex.pipeline.workers import build_worker
 
+        stage = stage_of(instance)
+        self.instance, self.plan = instance, ReplicaPlan(pcfg)
+        self.replica = self.plan.instances(stage).index(instance)
         self.stage, self.status, self.topo = stage, status, pcfg.topology()
         self.kind = STAGE_KINDS[stage]
         scfg = pcfg.stage(stage)
@@ -128,16 +136,17 @@ class StageLoop:
         self.control = ctx.socket(zmq.SUB)
         self.control.connect(wiring.control)
         self.control.setsockopt(zmq.SUBSCRIBE, b"")
-        self.producers: dict[str, EdgeProducer] = {}
-        self.consumer: EdgeConsumer | None = None
+        self.producers: dict[str, EdgeProducer] = {}  # by downstream instance
+        self.consumers: list[EdgeConsumer] = []  # one per upstream instance
         self.worker: StageWorker | None = None
         try:
             for dst in self.topo.out_edges(stage):
-                self.producers[dst] = EdgeProducer(
-                    f"{stage}-{dst}", wiring.edge(stage, dst), edge_config(pcfg, stage, dst)
-                )
-            src = self.topo.upstream(stage)
-            self.consumer = EdgeConsumer(f"{src}-{stage}", wiring.edge(src, stage))
+                for d in self.plan.instances(dst):
+                    self.producers[d] = EdgeProducer(
+                        f"{instance}-{d}", wiring.edge(instance, d), edge_config(pcfg, stage, dst)
+                    )
+            for src in self.plan.instances(self.topo.upstream(stage)):
+                self.consumers.append(EdgeConsumer(f"{src}-{instance}", wiring.edge(src, instance)))
             self.worker = build_worker(stage, pcfg.model, scfg, pcfg.chunking, pcfg.side_asr)
         except BaseException:
             self.close()
@@ -152,14 +161,14 @@ class StageLoop:
         ``stop`` from the orchestrator, or once idle if the server process is gone (SIGKILL, OOM kill)."""
         poller = zmq.Poller()
         poller.register(self.control, zmq.POLLIN)
-        inputs = self.consumer.sockets
+        inputs = [sock for c in self.consumers for sock in c.sockets]
         for sock in inputs:
             poller.register(sock, zmq.POLLIN)
         wait_s = 0.0
         while True:
             if not self.worker.has_work():
                 if os.getppid() != self.parent_pid:  # the server was killed outright: no orphans
-                    print(f"omniduplex stage {self.stage}: server process gone; exiting", file=sys.stderr)
+                    print(f"omniduplex stage {self.instance}: server process gone; exiting", file=sys.stderr)
                     self.close()  # unlinks this stage's slot pools
                     return
                 wait_s = min(IDLE_WAIT_S, self.reporter.wait_s())
@@ -179,23 +188,25 @@ class StageLoop:
         the credits of each output edge."""
         return {
             "kind": "stats",
-            "stage": self.stage,
+            "stage": self.instance,
             "worker": {**worker_stats(self.worker), "busy_s": self.busy_s},
-            "edges": {f"{self.stage}->{dst}": producer_stats(p) for dst, p in self.producers.items()},
+            "edges": {f"{self.instance}->{dst}": producer_stats(p) for dst, p in self.producers.items()},
         }
 
     def close(self) -> None:
         """Close the edges, and the worker when it holds resources of its own (vLLM's engine processes)."""
         for p in self.producers.values():
             p.close()
-        if self.consumer is not None:
-            self.consumer.close()
+        for c in self.consumers:
+            c.close()
         if self.worker is not None:  # None: the build failed
             self.worker.close()
 
     def _fail(self, rid: str, error: str) -> None:
         self.worker.abort(rid)
-        self.status.send_json({"kind": "error", "stage": self.stage, "request_id": int(rid), "error": error})
+        self.status.send_json(
+            {"kind": "error", "stage": self.instance, "request_id": int(rid), "error": error}
+        )
 
     def _control(self) -> bool:
         """Handle the control bus; ``True`` on ``stop`` (the edges are closed)."""
@@ -206,26 +217,30 @@ class StageLoop:
                 return True
             if cmd.startswith("abort "):
                 rid = cmd.split()[1]
+                if self.plan.replica_of(int(rid), self.stage) != self.replica:
+                    continue  # pinned to another replica of this stage
                 self.worker.abort(rid)
-                self.consumer.abort(int(rid))
+                for c in self.consumers:
+                    c.abort(int(rid))
                 for p in self.producers.values():
                     p.abort(int(rid))
         return False
 
     def _receive(self) -> None:
-        """Submit every complete message waiting on the input edge."""
-        try:
-            m = self.consumer.recv(timeout_s=0)
-            while m is not None:
-                try:
-                    self.worker.submit(unpack(m.request_id, m.tensors, m.last))
-                except Exception as e:  # bad input for this request only
-                    self._fail(str(m.request_id), f"{self.stage}: {e}")
-                m = self.consumer.recv(timeout_s=0)
-        except RelayError:
-            # upstream stage stopped or died: its turns are failed by the orchestrator, which restarts
-            # it; our consumer re-attaches when the new producer binds (a monitor event wakes us).
-            pass
+        """Submit every complete message waiting on the input edges."""
+        for consumer in self.consumers:
+            try:
+                m = consumer.recv(timeout_s=0)
+                while m is not None:
+                    try:
+                        self.worker.submit(unpack(m.request_id, m.tensors, m.last))
+                    except Exception as e:  # bad input for this request only
+                        self._fail(str(m.request_id), f"{self.stage}: {e}")
+                    m = consumer.recv(timeout_s=0)
+            except RelayError:
+                # upstream stage stopped or died: its turns are failed by the orchestrator, which restarts
+                # it; our consumer re-attaches when the new producer binds (a monitor event wakes us).
+                pass
 
     def _step(self) -> bool:
         """One worker step; its outputs go downstream. ``False`` when it produced nothing."""
@@ -238,7 +253,8 @@ class StageLoop:
             if (error := self.kind.check_output(msg)) is not None:  # the wrong kind fails its turn only
                 self._fail(msg.request_id, error)
                 continue
-            for dst, producer in self.producers.items():
+            for dst in self.topo.out_edges(self.stage):
+                producer = self.producers[self.plan.instance_for(int(msg.request_id), dst)]
                 partial = is_partial_transcript(msg)
                 if dst != ORCHESTRATOR and not goes_downstream(msg):
                     continue  # a partial transcript without prefill context is for captions only
@@ -267,8 +283,8 @@ class StageStartFailed(Exception):
 
 
 def stage_main(stage: str, pcfg_json: str, run_dir: str, plugin_names: Sequence[str] = ()) -> None:
-    """Entry point of a stage process (``multiprocessing`` spawn target); ``plugin_names``: the parent's
-    plugins, imported first (:func:`.plugins.load`).
+    """Entry point of a stage process (``multiprocessing`` spawn target); ``stage``: the stage or one replica
+    of it (``talker@1``); ``plugin_names``: the parent's plugins, imported first (:func:`.plugins.load`).
 
     Raises:
         StageStartFailed: start-up failed (from the exception that made it, reported on the status bus).
