@@ -26,6 +26,14 @@ def scrubbed_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("OMNIDUPLEX_")}
 
 
+def moshi_tiny(folder: Path) -> Path:
+    """A random ``moshi-tiny`` checkpoint written to ``folder`` by ``omniduplex init-model`` (returns it)."""
+    cli = [sys.executable, "-m", "omniduplex.cli.main"]
+    args = ["init-model", "--arch", "moshi-tiny", "--out", str(folder)]
+    subprocess.run([*cli, *args], env=scrubbed_env(), check=True)
+    return folder
+
+
 class Served:
     """``omniduplex serve ARGS...`` on a free loopback port (a context manager).
 

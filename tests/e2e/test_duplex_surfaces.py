@@ -9,15 +9,13 @@ row; the cascade answers beside it."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 
 import httpx
 import numpy as np
 import pytest
 import websockets
+from served import Served, moshi_tiny
 
 from omniduplex.benchmarks.phone import TwilioCaller
 from omniduplex.benchmarks.webrtc_client import VoiceClient
@@ -25,45 +23,15 @@ from omniduplex.benchmarks.webrtc_client import VoiceClient
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """The server's ``host:port`` once ``/readyz`` answers 200."""
-    folder = tmp_path_factory.mktemp("moshi") / "tiny"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNIDUPLEX_")}
-    cli = [sys.executable, "-m", "omniduplex.cli.main"]
-    subprocess.run([*cli, "init-model", "--arch", "moshi-tiny", "--out", str(folder)], env=env, check=True)
-    port = free_port()
-    args = ["serve", "--port", str(port), "--model", "tiny", "--in-process"]
-    args += ["--duplex-model", str(folder), "--duplex-sessions", "2", "--duplex-surfaces", "phone,kiosk"]
-    args += ["--max-tokens", "4", "--talker-max-tokens", "4", "--media-timeout", "2"]
-    proc = subprocess.Popen([*cli, *args], env=env)
-    base = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert proc.poll() is None, "serve exited"
-            assert time.monotonic() < deadline, "serve not ready"
-            try:
-                if httpx.get(f"http://{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    folder = moshi_tiny(tmp_path_factory.mktemp("moshi") / "tiny")
+    args = ["--model", "tiny", "--in-process", "--duplex-model", str(folder), "--duplex-sessions", "2"]
+    args += ["--duplex-surfaces", "phone,kiosk", "--max-tokens", "4", "--talker-max-tokens", "4"]
+    args += ["--media-timeout", "2"]
+    with Served(*args, ready_timeout_s=600) as srv:
+        yield f"127.0.0.1:{srv.port}"
 
 
 def stats(base: str) -> dict:

@@ -13,60 +13,29 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
 import numpy as np
 import pytest
 import websockets
 from openai import AsyncOpenAI
+from served import Served, moshi_tiny
 
 pytestmark = pytest.mark.slow
 KEY = "sk-duplex-test"
 FRAME_BYTES = 3840  # 80 ms of PCM16 at 24 kHz
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """The server's base URL, once ``/readyz`` answers 200."""
-    folder = tmp_path_factory.mktemp("moshi") / "tiny"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNIDUPLEX_")}
-    cli = [sys.executable, "-m", "omniduplex.cli.main"]
-    subprocess.run([*cli, "init-model", "--arch", "moshi-tiny", "--out", str(folder)], env=env, check=True)
-    port = free_port()
-    args = ["serve", "--port", str(port), "--model", "tiny", "--in-process", "--api-key", KEY]
-    args += ["--duplex-model", str(folder), "--duplex-sessions", "2", "--max-tokens", "4"]
-    args += ["--talker-max-tokens", "4", "--duplex-resume-s", "3"]
-    proc = subprocess.Popen([*cli, *args], env=env)
-    base = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert proc.poll() is None, "serve exited"
-            assert time.monotonic() < deadline, "serve not ready"
-            try:
-                if httpx.get(f"http://{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    folder = moshi_tiny(tmp_path_factory.mktemp("moshi") / "tiny")
+    args = ["--model", "tiny", "--in-process", "--api-key", KEY, "--duplex-model", str(folder)]
+    args += ["--duplex-sessions", "2", "--max-tokens", "4", "--talker-max-tokens", "4"]
+    args += ["--duplex-resume-s", "3"]
+    with Served(*args, ready_timeout_s=600) as srv:
+        yield f"127.0.0.1:{srv.port}"
 
 
 def connect(base: str):
