@@ -230,3 +230,22 @@ def unstack_states(stacked, parts: list) -> None:
     elif isinstance(stacked, Chain):
         for i, sub in enumerate(stacked.parts):
             unstack_states(sub, [p.parts[i] for p in parts])
+
+
+def check_batch_rows(streams: list, decoder_of: str, codes: torch.Tensor, what: str) -> None:
+    """Raise ``ValueError`` (naming ``what``) for single-row streams that cannot be decoded as one batch:
+    none, a closed one, a stream with ``batch != 1`` or of another decoder than the first stream's (the
+    attribute named ``decoder_of``), one stream twice, bad codes (the decoder's ``check_codes``), or
+    ``codes`` int64 ``[B, Q, n]`` with ``B != len(streams)``. Checks only: nothing is changed."""
+    if not streams:
+        raise ValueError(f"{what}: no streams")
+    decoder = getattr(streams[0], decoder_of)
+    for s in streams:
+        s.check_open("push")
+        if s.batch != 1 or getattr(s, decoder_of) is not decoder:
+            raise ValueError(f"{what}: streams must be single-row streams of one decoder")
+    if len({id(s) for s in streams}) != len(streams):
+        raise ValueError(f"{what}: a stream appears twice")
+    decoder.check_codes(codes)
+    if codes.shape[0] != len(streams):
+        raise ValueError(f"{what}: codes must be [{len(streams)}, Q, n], got {list(codes.shape)}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from omniduplex.models.conv_stream import stack_states, unstack_states
+from omniduplex.models.conv_stream import check_batch_rows, stack_states, unstack_states
 from omniduplex.models.qwen3_omni.code2wav_stream import Code2WavStream
 
 
@@ -50,18 +50,7 @@ def row_positions(streams: list[Code2WavStream], frames: int, device: torch.devi
 
 def check_rows(streams: list[Code2WavStream], codes: torch.Tensor) -> None:
     """Raise ``ValueError`` for a batch :func:`push_together` cannot take (nothing is changed)."""
-    if not streams:
-        raise ValueError("code2wav batch: no streams")
-    model = streams[0].model
-    for s in streams:
-        s.check_open("push")
-        if s.batch != 1 or s.model is not model:
-            raise ValueError("code2wav batch: streams must be single-row streams of one decoder")
-    if len({id(s) for s in streams}) != len(streams):
-        raise ValueError("code2wav batch: a stream appears twice")
-    model.check_codes(codes)
-    if codes.shape[0] != len(streams):
-        raise ValueError(f"code2wav batch: codes must be [{len(streams)}, Q, n], got {list(codes.shape)}")
+    check_batch_rows(streams, "model", codes, "code2wav batch")
     if len({stack_key(s) for s in streams}) != 1:
         raise ValueError("code2wav batch: streams before and after their first push cannot stack")
 

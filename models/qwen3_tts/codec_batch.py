@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from omniduplex.models.conv_stream import Chain, ConvTransposeStream, Residual
+from omniduplex.models.conv_stream import Chain, ConvTransposeStream, Residual, check_batch_rows
 from omniduplex.models.conv_stream import stack_states as _stack_convs
 from omniduplex.models.conv_stream import unstack_states as _unstack_convs
 from omniduplex.models.qwen3_omni.code2wav import rope
@@ -95,18 +95,8 @@ def push_together(streams: list[CodecStream], codes: torch.Tensor) -> torch.Tens
     """
     if len(streams) == 1:
         return streams[0].push(codes)
-    if not streams:
-        raise ValueError("codec batch: no streams")
+    check_batch_rows(streams, "decoder", codes, "codec batch")
     decoder = streams[0].decoder
-    for s in streams:
-        s.check_open("push")
-        if s.batch != 1 or s.decoder is not decoder:
-            raise ValueError("codec batch: streams must be single-row streams of one decoder")
-    if len({id(s) for s in streams}) != len(streams):
-        raise ValueError("codec batch: a stream appears twice")
-    decoder.check_codes(codes)
-    if codes.shape[0] != len(streams):
-        raise ValueError(f"codec batch: codes must be [{len(streams)}, Q, n], got {list(codes.shape)}")
     crops = {tuple(c.crop for c in _transposed(s.convs)) for s in streams}
     if len(crops) != 1:
         raise ValueError("codec batch: streams at different transposed-conv crops cannot stack")
