@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from omniduplex.cli.bench_duplex import bench_duplex, bench_duplex_prompts
 from omniduplex.cli.bench_speech import bench_serve_sweep, bench_tts, bench_tts_stream
 from omniduplex.cli.options import levels as _levels
 
@@ -22,6 +23,8 @@ ROOT = Path(__file__).parents[1]
 bench.command("tts")(bench_tts)
 bench.command("tts-stream")(bench_tts_stream)
 bench.command("serve-sweep")(bench_serve_sweep)
+bench.command("duplex")(bench_duplex)
+bench.command("duplex-prompts")(bench_duplex_prompts)
 
 
 @bench.command("code2wav")
@@ -346,60 +349,6 @@ def bench_cfg(
     if dtype not in ("bfloat16", "float32"):
         raise typer.BadParameter(f"--dtype {dtype!r}: choose bfloat16 or float32")
     run(model, concurrency, frames, cfg_scale, json_out, threads, dtype, repeats, text_tokens)
-
-
-@bench.command("duplex")
-def bench_duplex(
-    model: Path | None = typer.Option(None, help="Moshi folder (default: a random preset)."),
-    preset: str = typer.Option("small", help="Random preset when no --model: tiny, small or 7b."),
-    sessions: str = typer.Option("1,2,4,6,8", help="Session counts of the tick curve."),
-    ticks: int = typer.Option(40, help="Timed ticks per session count."),
-    threads: int = typer.Option(1, help="torch intra-op threads (1: the small matmuls do not split well)."),
-    full_context: bool = typer.Option(True, help="Attend over the whole context window (steady state)."),
-    graphs: str = typer.Option("off", help="off, twin, cuda or auto (CUDA graphs per batch bucket)."),
-    dialog_sessions: int = typer.Option(4, help="Sessions in the synthetic-dialog run (0: skip it)."),
-    dialog_seconds: float = typer.Option(20.0, help="Length of each synthetic dialog."),
-    device: str = typer.Option("cpu", help="cpu or cuda."),
-    dtype: str = typer.Option(
-        "auto", help="LM weights: float32, bfloat16 or auto (bf16 on a GPU or an AMX CPU, else fp32)."
-    ),
-    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON."),
-) -> None:
-    """Full-duplex frame engine: sessions vs tick time p50/p99, underruns, Full-Duplex-Bench measures."""
-    from omniduplex.benchmarks.duplex import run
-
-    if dtype not in ("auto", "float32", "bfloat16"):
-        raise typer.BadParameter(f"--dtype {dtype!r}: choose auto, float32 or bfloat16")
-    counts = [int(x) for x in sessions.split(",") if x.strip()]
-    run(
-        model,
-        preset,
-        counts,
-        ticks,
-        threads,
-        full_context,
-        graphs,
-        dialog_sessions,
-        dialog_seconds,
-        device,
-        dtype,
-        json_out,
-    )
-
-
-@bench.command("duplex-prompts")
-def bench_duplex_prompts(
-    preset: str = typer.Option("small", help="Random preset: tiny, small or 7b."),
-    sessions: int = typer.Option(4, help="Steady sessions beside the row that joins with prompts."),
-    ticks: int = typer.Option(60, help="Timed ticks of each kind."),
-    prompt_frames: int = typer.Option(25, help="Prompt length in 80 ms frames."),
-    threads: int = typer.Option(1, help="torch intra-op threads."),
-    full_context: bool = typer.Option(True, help="Attend over the whole context window (steady state)."),
-) -> None:
-    """Voice / role prompt prefill vs the other sessions' tick p50/p99 (prefilling row vs a plain one)."""
-    from omniduplex.benchmarks.duplex_prompts import run
-
-    run(preset, sessions, ticks, prompt_frames, threads, full_context)
 
 
 @bench.command("relay", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
