@@ -58,16 +58,21 @@ def test_a_wide_beam_finds_the_exhaustive_best_and_beam_one_is_greedy(seed):
     assert beam_search(dec.step, dec.log_probs(()), EOS, 1, max_tokens).ids == prefix
 
 
-def test_a_beam_never_ranks_below_greedy_on_this_decoder_and_bad_arguments_are_errors():
-    wins = 0
+def test_a_beam_and_patience_find_better_sequences_than_greedy_and_bad_arguments_are_errors():
+    wins = patient_wins = 0
     for seed in range(30):
-        g, b = PrefixDecoder(seed), PrefixDecoder(seed)
+        g, b, p = PrefixDecoder(seed), PrefixDecoder(seed), PrefixDecoder(seed)
         one = beam_search(g.step, g.log_probs(()), EOS, 1, 5)
         four = beam_search(b.step, b.log_probs(()), EOS, 4, 5)
+        patient = beam_search(p.step, p.log_probs(()), EOS, 4, 5, patience=2.0)
         wins += four.rank > one.rank + 1e-9
-    assert wins > 0  # the search is not greedy in disguise
+        patient_wins += patient.rank > four.rank + 1e-9
+        assert patient.rank >= four.rank - 1e-9  # waiting for more finished ones never ranks lower here
+    assert wins > 0 and patient_wins > 0  # neither is greedy (or the classic stop) in disguise
     with pytest.raises(ValueError, match="beam and max_tokens"):
         beam_search(lambda t, p: np.zeros((1, VOCAB)), np.zeros(VOCAB), EOS, 0, 3)
+    with pytest.raises(ValueError, match="patience"):
+        beam_search(lambda t, p: np.zeros((1, VOCAB)), np.zeros(VOCAB), EOS, 2, 3, patience=0.5)
     with pytest.raises(ValueError, match=r"\[vocab\]"):
         beam_search(lambda t, p: np.zeros((1, VOCAB)), np.zeros((1, VOCAB)), EOS, 2, 3)
 

@@ -41,7 +41,7 @@ class Hypothesis:
 
 
 def beam_search(
-    step: StepFn, first_log_probs: np.ndarray, eos_id: int, beam: int, max_tokens: int
+    step: StepFn, first_log_probs: np.ndarray, eos_id: int, beam: int, max_tokens: int, patience: float = 1.0
 ) -> Hypothesis:
     """The best hypothesis of a beam search (see the module docstring).
 
@@ -52,15 +52,21 @@ def beam_search(
         eos_id: the end-of-sequence token id.
         beam: hypotheses kept per step (≥ 1; 1 is greedy decoding).
         max_tokens: most tokens per hypothesis, end-of-sequence not counted (≥ 1).
+        patience: the search stops once ``round(beam * patience)`` hypotheses have finished (Kasai et al.
+            2022, "Beam Decoding with Controlled Patience", arXiv:2204.05424; Whisper's ``--patience``);
+            1.0 is the classic stopping rule.
 
     Returns:
         The best :class:`Hypothesis` by :attr:`Hypothesis.rank`.
 
     Raises:
-        ValueError: ``beam`` or ``max_tokens`` below 1, or ``first_log_probs`` not 1-D.
+        ValueError: ``beam`` or ``max_tokens`` below 1, ``patience`` below 1, or ``first_log_probs`` not 1-D.
     """
     if beam < 1 or max_tokens < 1:
         raise ValueError(f"beam and max_tokens must be >= 1, got {beam} and {max_tokens}")
+    if patience < 1.0:
+        raise ValueError(f"patience must be >= 1.0, got {patience}")
+    enough = max(1, round(beam * patience))
     if first_log_probs.ndim != 1:
         raise ValueError(f"first_log_probs must be [vocab], got shape {first_log_probs.shape}")
     live = [Hypothesis((), 0.0, False)]
@@ -84,7 +90,7 @@ def beam_search(
             if len(kept) == beam:
                 break
         live = kept
-        if len(finished) >= beam or not live or n == max_tokens - 1:
+        if len(finished) >= enough or not live or n == max_tokens - 1:
             break
         log_probs = step(np.array([h.ids[-1] for h in live], np.int64), np.array(parents, np.int64))
     return max(finished or live, key=lambda h: h.rank)

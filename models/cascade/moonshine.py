@@ -72,9 +72,13 @@ LONG_S = 20.0
 """Utterances longer than this (s) are cut at pauses into 6–15 s pieces (:func:`~.streaming_asr.split_points`)
 and each piece decoded alone: on a 44 s clip one pass appended a made-up sentence."""
 BEAM = 4
-"""Beam of the decode. On the 128 clips of ``omniduplex bench asr`` (MODELS.md) beam 4 heard every key
-word of 67% of the questions against greedy decoding's 63% (clean voices 74% vs 71%), at ~1.6× the decode
-time; beam 8 68% at ~4×."""
+"""Beam of the decode. On the 128 clips of ``omniduplex bench asr`` (MODELS.md), against greedy decoding:
+word error 18.5% → 15.3%, every key word heard 63% → 67% (clean voices 71% → 74%, phone band 27% → 42%),
+at about twice the decode time (greedy and beam side by side in MODELS.md)."""
+PATIENCE = 2.0
+"""Beam search patience (:func:`~.beam_search.beam_search`): stop after ``2 × BEAM`` finished hypotheses.
+With the classic 1.0, the empty and differently-cased hypotheses that end early filled the quota before
+"How do I make a cup of green tea?" could end on its question mark (``examples/green_tea.wav``)."""
 QUIET_DB, FLOOR_RMS, MARGIN_S = 30.0, 3e-4, 0.05
 """Leading/trailing audio quieter than ``QUIET_DB`` below the loudest 20 ms frame (or than ``FLOOR_RMS``,
 -70 dBFS) is cut off, keeping ``MARGIN_S`` s, before decoding: Moonshine base sometimes ends at once
@@ -228,7 +232,7 @@ class MoonshineASR:
             return run(len(self.steps) - 1, tokens, True)  # merged: one graph; int8: the cached graph
 
         first = run(0, np.array([START_ID], np.int64), False)[0]
-        return list(beam_search(step, first, EOS_ID, self.beam, max_tokens).ids)
+        return list(beam_search(step, first, EOS_ID, self.beam, max_tokens, PATIENCE).ids)
 
     def _one(self, wave: np.ndarray) -> Transcript:
         duration = wave.size / SAMPLE_RATE
