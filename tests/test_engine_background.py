@@ -12,7 +12,7 @@ from omniduplex.models.registry import load_model
 from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
 from omniduplex.pipeline.engine.engine import Engine
 from omniduplex.pipeline.engine.request import Request, SamplingParams
-from omniduplex.pipeline.engine.scheduler import BACKGROUND_TOKENS
+from omniduplex.pipeline.engine.scheduler import BACKGROUND_BESIDE, BACKGROUND_TOKENS
 from tests.test_engine import run, sequential_greedy
 
 
@@ -31,8 +31,8 @@ def test_background_prefill_is_chunked_and_a_turn_goes_first(thinker):
     turn = Request("turn", [7] * 40, SamplingParams(max_tokens=4))
     engine.add_request(turn)
     plan = engine.scheduler.schedule()
-    # the turn is planned first and whole; the hint only takes its capped chunk after it
-    assert [(r.request_id, n) for r, n in plan.items] == [("turn", 40), ("hint", BACKGROUND_TOKENS)]
+    # the turn is planned first and whole; the hint only takes a few rows beside it
+    assert [(r.request_id, n) for r, n in plan.items] == [("turn", 40), ("hint", BACKGROUND_BESIDE)]
 
 
 def test_background_rows_per_step_are_capped_over_all_background_requests(thinker):
@@ -46,6 +46,16 @@ def test_background_rows_per_step_are_capped_over_all_background_requests(thinke
         engine.step()
     assert sum(p.num_tokens for p in plans) == 4 * 20
     assert all(0 < p.num_tokens <= BACKGROUND_TOKENS for p in plans)
+
+
+def test_a_decode_step_carries_only_a_few_background_rows(thinker):
+    engine = Engine(DecoderLMAdapter(thinker), num_blocks=64, max_num_batched_tokens=256)
+    turn = Request("turn", [7] * 10, SamplingParams(max_tokens=8))
+    engine.add_request(turn)
+    engine.step()  # prefilled: it decodes from now on
+    engine.add_request(Request("hint", list(range(3, 63)), SamplingParams(max_tokens=1), background=True))
+    plan = engine.scheduler.schedule()
+    assert [(r.request_id, n) for r, n in plan.items] == [("turn", 1), ("hint", BACKGROUND_BESIDE)]
 
 
 def test_a_turn_reuses_the_rows_its_hint_computed(thinker):

@@ -6,7 +6,8 @@ request is preempted (its blocks freed, recomputed later). Then waiting requests
 arrival order while budget, sequence slots and free blocks allow. Requests with nothing pending
 (a Talker waiting for Thinker text) are skipped without losing their place. Background requests (a turn's
 prefill hint while the user still speaks) are planned after all others, in the budget left and at most
-:data:`BACKGROUND_TOKENS` rows a step (their prefill is chunked), so they never hold back a turn.
+:data:`BACKGROUND_TOKENS` rows a step (:data:`BACKGROUND_BESIDE` in a step with other rows; their prefill is
+chunked), so they never hold back a turn nor stretch a decode step much.
 
 With a :class:`.prefix_cache.PrefixCache`, a request admitted without KV (new, or preempted) first takes
 the cached blocks of its longest matching prefix and is planned only for the rows after it; after each
@@ -28,6 +29,10 @@ BACKGROUND_TOKENS = 16
 during a step waits for at most this many background rows (one 16-token KV block; for the 1.5B on one
 thread ~0.3 s of prefill where 64 hint rows at once took ~1-3 s on the shared 2-core host,
 ``omniduplex bench phone``)."""
+BACKGROUND_BESIDE = 4
+"""Rows of background requests a step with other rows (decodes, a turn's prefill) takes at most: 16 hint rows
+beside one decode row made a 1.5B decode step ~5x longer (0.12 → 0.66 s, loaded host), 4 rows cost about a
+batch of 4 (an 8960×1536 Q4_K product: 0.62 ms at 1 row, 1.05 ms at 4, 4.35 ms at 16)."""
 
 
 @dataclass
@@ -71,6 +76,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_reused_tokens = 0  # rows taken from the prefix cache at admissions
         self.background_tokens = background_tokens
+        self.background_beside = min(BACKGROUND_BESIDE, background_tokens)
 
     def add(self, req: Request) -> None:
         """Queue a request (with its CFG companion, if any).
@@ -108,13 +114,14 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         """The next step's plan: foreground requests as the module doc says, then background ones
-        (:attr:`Request.background`) in the budget left, at most :attr:`background_tokens` rows of them."""
+        (:attr:`Request.background`) in the budget left: at most :attr:`background_tokens` rows of them in a
+        step of their own, :attr:`background_beside` beside other rows (a decode step stays short)."""
         out = ScheduledBatch()
         budget = self._plan_running(out, self.max_num_batched_tokens, background=False)
         if out.preempted:
             return out
         budget = self._admit(out, budget, background=False)
-        rest = min(budget, self.background_tokens)
+        rest = min(budget, self.background_beside if out.items else self.background_tokens)
         if rest > 0:
             rest = self._plan_running(out, rest, background=True)
             if out.preempted:
