@@ -48,14 +48,35 @@ def test_background_rows_per_step_are_capped_over_all_background_requests(thinke
     assert all(0 < p.num_tokens <= BACKGROUND_TOKENS for p in plans)
 
 
-def test_a_decode_step_carries_only_a_few_background_rows(thinker):
+def test_a_decode_step_carries_no_background_rows(thinker):
     engine = Engine(DecoderLMAdapter(thinker), num_blocks=64, max_num_batched_tokens=256)
     turn = Request("turn", [7] * 10, SamplingParams(max_tokens=8))
     engine.add_request(turn)
     engine.step()  # prefilled: it decodes from now on
+    hint = Request("hint", list(range(3, 63)), SamplingParams(max_tokens=1), background=True)
+    engine.add_request(hint)
+    sched, plans = engine.scheduler, []
+    real = sched.schedule
+
+    def recording():  # the real plan, recorded
+        plan = real()
+        plans.append([(r.request_id, n) for r, n in plan.items])
+        return plan
+
+    sched.schedule = recording
+    while engine.has_unfinished():
+        engine.step()
+    assert plans[:7] == [[("turn", 1)]] * 7  # the decodes alone, on their one-row path
+    assert plans[7:] == [[("hint", BACKGROUND_TOKENS)]] * 3 + [[("hint", 60 - 3 * BACKGROUND_TOKENS)]]
+    assert len(turn.output_ids) == 8 and hint.num_prefill_computed == 60
+
+
+def test_a_turn_prefill_carries_a_few_background_rows(thinker):
+    engine = Engine(DecoderLMAdapter(thinker), num_blocks=64, max_num_batched_tokens=256)
     engine.add_request(Request("hint", list(range(3, 63)), SamplingParams(max_tokens=1), background=True))
+    engine.add_request(Request("turn", [7] * 10, SamplingParams(max_tokens=8)))
     plan = engine.scheduler.schedule()
-    assert [(r.request_id, n) for r, n in plan.items] == [("turn", 1), ("hint", BACKGROUND_BESIDE)]
+    assert [(r.request_id, n) for r, n in plan.items] == [("turn", 10), ("hint", BACKGROUND_BESIDE)]
 
 
 def test_a_turn_reuses_the_rows_its_hint_computed(thinker):

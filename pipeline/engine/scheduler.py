@@ -6,8 +6,8 @@ request is preempted (its blocks freed, recomputed later). Then waiting requests
 arrival order while budget, sequence slots and free blocks allow. Requests with nothing pending
 (a Talker waiting for Thinker text) are skipped without losing their place. Background requests (a turn's
 prefill hint while the user still speaks) are planned after all others, in the budget left and at most
-:data:`BACKGROUND_TOKENS` rows a step (:data:`BACKGROUND_BESIDE` in a step with other rows; their prefill is
-chunked), so they never hold back a turn nor stretch a decode step much.
+:data:`BACKGROUND_TOKENS` rows a step (:data:`BACKGROUND_BESIDE` beside a prefill, none beside decode rows
+alone; their prefill is chunked), so they never hold back a turn nor stretch a decode step.
 
 With a :class:`.prefix_cache.PrefixCache`, a request admitted without KV (new, or preempted) first takes
 the cached blocks of its longest matching prefix and is planned only for the rows after it; after each
@@ -30,9 +30,10 @@ during a step waits for at most this many background rows (one 16-token KV block
 thread ~0.3 s of prefill where 64 hint rows at once took ~1-3 s on the shared 2-core host,
 ``omniduplex bench phone``)."""
 BACKGROUND_BESIDE = 4
-"""Rows of background requests a step with other rows (decodes, a turn's prefill) takes at most: 16 hint rows
-beside one decode row made a 1.5B decode step ~5x longer (0.12 → 0.66 s, loaded host), 4 rows cost about a
-batch of 4 (an 8960×1536 Q4_K product: 0.62 ms at 1 row, 1.05 ms at 4, 4.35 ms at 16)."""
+"""Rows of background requests a step with a foreground prefill takes at most. A step of decode rows alone
+takes none: any prefill row beside them moves the step off the quantized one-call decode layer, and 4 or 16
+hint rows beside one decode row made a 1.5B decode step ~4-5x longer (0.12-0.17 → 0.63-0.76 s, loaded
+host)."""
 
 
 @dataclass
@@ -115,13 +116,16 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         """The next step's plan: foreground requests as the module doc says, then background ones
         (:attr:`Request.background`) in the budget left: at most :attr:`background_tokens` rows of them in a
-        step of their own, :attr:`background_beside` beside other rows (a decode step stays short)."""
+        step of their own, :attr:`background_beside` beside a prefill, none beside decode rows alone (a decode
+        step keeps its fused one-row path and stays short; hints then wait for a step without decodes)."""
         out = ScheduledBatch()
         budget = self._plan_running(out, self.max_num_batched_tokens, background=False)
         if out.preempted:
             return out
         budget = self._admit(out, budget, background=False)
-        rest = min(budget, self.background_beside if out.items else self.background_tokens)
+        decode_only = bool(out.items) and all(n == 1 and r.num_computed >= r.num_prompt for r, n in out.items)
+        cap = 0 if decode_only else self.background_beside if out.items else self.background_tokens
+        rest = min(budget, cap)
         if rest > 0:
             rest = self._plan_running(out, rest, background=True)
             if out.preempted:
