@@ -8,7 +8,13 @@ ways, marks, ``clear``) and measures, per call:
 * **speech end → first media**: from the caller's last voiced frame sent to the first reply ``media``
   message with audible audio received (ms; the server's endpointing silence included: a phone user's wait);
 * the same at the server (``speech_end_to_first_audio_ms`` of ``/metrics``: from the end of speech the VAD
-  saw to the first reply frame sent).
+  saw to the first reply frame sent);
+* where a level's time goes, medians over its calls (:data:`SPLIT`, the orchestrator's
+  :attr:`~omniduplex.pipeline.orchestrator.Orchestrator.ttfp_splits`): turn committed → first audio out of
+  the pipeline (``ttfp``) and its parts: ASR (submit → transcript), LLM first token (transcript → first reply
+  token), LLM first clause (transcript → first clause audio, less the TTS parts), the first clause's wait in
+  the TTS stage behind other calls' pieces, and its synthesis. The rest of speech end → first media is the
+  endpointing silence, the session's pacing and the wire.
 
 Levels run one after another (default c = 1, 4); p50/p90 over the calls of a level. Protocol:
 twilio.com/docs/voice/media-streams/websocket-messages.
@@ -39,6 +45,17 @@ AUDIBLE = 100
 VOICED_RMS = 330.0
 """A caller frame counts as speech above this RMS (int16; about -40 dBFS): the end of speech is the last
 such frame of an utterance, not the end of its file (a WAV's trailing quiet is not speech)."""
+
+
+SPLIT = {
+    "ttfp_ms": "TTFP",
+    "asr_wall_ms": "ASR",
+    "llm_first_token_ms": "LLM 1st token",
+    "llm_first_clause_ms": "LLM 1st clause",
+    "tts_wait_ms": "TTS wait",
+    "tts_first_chunk_ms": "TTS 1st piece",
+}
+"""The TTFP split the table prints (key of a ``ttfp_splits`` entry → column), ms."""
 
 
 def _rms(frame: np.ndarray) -> float:
@@ -221,6 +238,8 @@ def run(
     try:
         asyncio.run(_call(url, q, timeout))  # warm-up
         for c in levels:
+            splits = srv.state.orchestrator.ttfp_splits
+            splits.clear()
             got = asyncio.run(_level(url, q, c, timeout))
             ok = [x for x in got if x is not None]
             results[c] = {
@@ -228,15 +247,18 @@ def run(
                 "first_media_p50_ms": _pct(ok, 50),
                 "first_media_p90_ms": _pct(ok, 90),
                 "timeouts": len(got) - len(ok),
+                "split_p50_ms": {k: _pct([s[k] for s in splits if k in s], 50) for k in SPLIT},
             }
         server = srv.state.metrics().get("speech_end_to_first_audio_ms", {})
     finally:
         srv.stop()
     print(f"\nphone benchmark (Twilio Media Streams, μ-law 8 kHz): question {question.name}")
-    print("| c | speech end → first media p50 ms | p90 | timeouts |")
-    print("|---|---|---|---|")
+    cols = " | ".join(f"{name} p50" for name in SPLIT.values())
+    print(f"| c | speech end → first media p50 ms | p90 | timeouts | {cols} |")
+    print("|---|---|---|---|" + "---|" * len(SPLIT))
     for c, m in results.items():
-        print(f"| {c} | {m['first_media_p50_ms']:.0f} | {m['first_media_p90_ms']:.0f} | {m['timeouts']} |")
+        row = [m["first_media_p50_ms"], m["first_media_p90_ms"], m["timeouts"], *m["split_p50_ms"].values()]
+        print(f"| {c} | " + " | ".join(f"{x:.0f}" for x in row) + " |")
     if server:
         print(f"server-side speech end → first audio, all calls: {json.dumps(server)}")
     if json_out:

@@ -165,7 +165,9 @@ class AudioOutput(Meta):
     """An audio stage's piece (tensor ``pcm`` float32): ``text`` the words it speaks (cascade TTS),
     ``chunk`` its index, ``tts_ms`` its synthesis time, ``talker_ms`` / ``codec_ms`` the Qwen3-TTS and
     Qwen3-Omni graphs' TTFP split (ms), ``codec_wait_ms`` (Qwen3-Omni: the first frame's wait at the Code2Wav
-    stage for its first chunk to fill and be decoded, ms), ``skipped`` passed on from the LLM."""
+    stage for its first chunk to fill and be decoded, ms), ``tts_wait_ms`` (cascade TTS, a clause's first
+    piece: the clause's wait in the stage for its turn, from its last word's arrival to its synthesis start,
+    ms), ``skipped`` passed on from the LLM."""
 
     text: str | None = None
     chunk: int | None = None
@@ -173,6 +175,7 @@ class AudioOutput(Meta):
     talker_ms: float | None = None
     codec_ms: float | None = None
     codec_wait_ms: float | None = None
+    tts_wait_ms: float | None = None
     skipped: str | None = None
 
 

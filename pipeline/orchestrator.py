@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
@@ -44,6 +45,9 @@ from omniduplex.pipeline.messages import (
 from omniduplex.pipeline.text.detokenize import IncrementalDetokenizer
 from omniduplex.pipeline.topology import Topology
 from omniduplex.pipeline.turn_state import PartialCallback, TurnState
+
+TTFP_SPLITS_KEPT = 256
+"""How many turns' TTFP splits :attr:`Orchestrator.ttfp_splits` keeps."""
 
 log = logging.getLogger("omniduplex.orchestrator")
 
@@ -92,6 +96,10 @@ class Orchestrator:
         self.backend, self.tok, self.record = backend, tokenizer, record
         self.output_rate, self.side_transcript = output_rate, side_transcript
         self.turns: dict[str, TurnState] = {}
+        self.ttfp_splits: deque[dict[str, float]] = deque(maxlen=TTFP_SPLITS_KEPT)
+        """The latest turns' TTFP and its split at their first audio (``ttfp_ms`` and
+        :meth:`.turn_state.TurnState.split_ttfp`'s parts, ms), oldest first: what a benchmark reads, also of
+        turns cancelled after their first audio."""
         self.loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
         self.live_asr = tuple(backend.topo.entry_stages) == ("asr",)
@@ -272,11 +280,17 @@ class Orchestrator:
         if self.record and "codes" in msg.tensors:
             turn.codes.append(msg.tensors["codes"].tolist())
 
+    def _on_audio(self, turn: TurnState, msg: StageMessage) -> None:
+        first = turn.t_first_audio is None
+        turn.read_audio(msg, self.output_rate)
+        if first and turn.t_first_audio is not None:
+            self.ttfp_splits.append({"ttfp_ms": 1000 * (turn.t_first_audio - turn.t_submit), **turn.stage_ms})
+
     _handlers: dict[type[Meta], Callable[[Orchestrator, TurnState, StageMessage], None]] = {
         StageError: _on_error,
         PartialTranscript: lambda self, turn, msg: turn.read_partial(msg),
         Transcript: lambda self, turn, msg: turn.read_transcript(msg),
         DecoderOutput: _on_decoder,
-        AudioOutput: lambda self, turn, msg: turn.read_audio(msg, self.output_rate),
+        AudioOutput: _on_audio,
     }
     """Message kind → its handler."""

@@ -37,6 +37,7 @@ class TurnState:
     detok: IncrementalDetokenizer | None
     t_submit: float = field(default_factory=time.perf_counter)
     t_transcript: float | None = None
+    t_first_text: float | None = None
     t_first_audio: float | None = None
     stage_ms: dict[str, float] = field(default_factory=dict)
     samples: int = 0
@@ -81,6 +82,10 @@ class TurnState:
             self.prompt_ids = msg.tensors["prompt_ids"].tolist()
         ids = msg.tensors["token"].tolist()
         self.token_ids += ids
+        if ids and self.t_first_text is None:
+            self.t_first_text = time.perf_counter()
+            if self.t_transcript is not None:
+                self.stage_ms["llm_first_token_ms"] = 1000 * (self.t_first_text - self.t_transcript)
         for call in out.calls:  # a call's events, as the LLM stage made them, before the message's text
             self.queue.put_nowait(replace(call, request_id=self.request_id))
         delta = out.text if out.text is not None else self.detok.push_many(ids, final=msg.last)
@@ -124,9 +129,11 @@ class TurnState:
         queueing. Qwen3-Omni the same two (the Talker from the Thinker's first token) and ``codec_wait_ms``
         (the first frame at the Code2Wav stage → its first chunk decoded: the chunk handoff).
         Cascade: ``asr_ms`` (the ASR stage's compute; ``asr_wall_ms``: submit → transcript, waits and relay
-        hops included), ``tts_first_chunk_ms`` (synthesis of the first clause) and
-        ``llm_first_clause_ms`` (transcript out → first clause audio, less that synthesis: the LLM's
-        prefill and the tokens of its first clause, plus relay hops)."""
+        hops included), ``llm_first_token_ms`` (transcript → the LLM's first reply token here: its prefill
+        and first step, relay hops included), ``tts_first_chunk_ms`` (synthesis of the first clause),
+        ``tts_wait_ms`` (the first clause's wait in the TTS stage behind other turns' pieces) and
+        ``llm_first_clause_ms`` (transcript out → first clause audio, less that synthesis and that wait: the
+        LLM's prefill and the tokens of its first clause, plus relay hops)."""
         if out.talker_ms is not None:  # Qwen3-TTS / -Omni graph: the talker's first frame, then its decode
             self.stage_ms["talker_first_frame_ms"] = out.talker_ms
             self.stage_ms["codec_first_chunk_ms"] = out.codec_ms or 0.0
@@ -134,6 +141,10 @@ class TurnState:
             self.stage_ms["codec_wait_ms"] = out.codec_wait_ms
         if out.tts_ms is None or self.t_transcript is None:
             return
-        tts = out.tts_ms
+        tts, wait = out.tts_ms, out.tts_wait_ms or 0.0
         self.stage_ms["tts_first_chunk_ms"] = tts
-        self.stage_ms["llm_first_clause_ms"] = max(0.0, 1000 * (self.t_first_audio - self.t_transcript) - tts)
+        if out.tts_wait_ms is not None:
+            self.stage_ms["tts_wait_ms"] = wait
+        self.stage_ms["llm_first_clause_ms"] = max(
+            0.0, 1000 * (self.t_first_audio - self.t_transcript) - tts - wait
+        )

@@ -199,6 +199,21 @@ def test_new_turns_first_clauses_go_out_one_per_step_in_arrival_order(tts):
     assert all(s[0].meta.chunk == 0 and s[0].tensors["pcm"].numel() > 0 for s in firsts)
 
 
+def test_each_clause_first_piece_reports_its_wait_behind_other_turns(tts):
+    w = TTSWorker(tts)
+    for rid in ("a", "b", "c"):
+        feed(w, rid, f"Reply {rid} starts here. And it goes on for a while longer.")
+    firsts = [w.step()[0] for _ in range(3)]
+    waits = [m.meta.tts_wait_ms for m in firsts]
+    synth = [m.meta.tts_ms for m in firsts]
+    assert all(x is not None and x >= 0 for x in waits)
+    # b's clause was ready before a's piece was made, c's before a's and b's: they waited that long at least
+    assert waits[1] >= synth[0] and waits[2] >= synth[0] + synth[1]
+    rest = drain(w)
+    pieces = [m for m in rest if not m.last and m.tensors["pcm"].numel()]
+    assert any(m.meta.tts_wait_ms is None for m in pieces)  # a clause's later pieces carry none
+
+
 def test_empty_reply_ends_with_one_empty_message(tts):
     w = TTSWorker(tts)
     skipped = DecoderOutput(text="", skipped="empty transcript", turn=TurnOptions())

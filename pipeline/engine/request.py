@@ -83,6 +83,8 @@ class Request:
     step's draft ids, input rows after the pending one), ``draft_probs`` (float64 ``[k, V]``, the draft
     distributions of sampled drafts; ``None`` for deterministic ones), ``num_draft_tokens`` /
     ``num_accepted_tokens`` (drafts verified / kept, summed over the request's steps).
+    ``background``: work that may wait (a prefill hint): planned after the other requests of a step, a
+    chunk of at most :data:`.scheduler.BACKGROUND_TOKENS` rows a step.
     Accounting: ``num_cached_tokens`` (prompt rows taken from the prefix cache at first admission; ``-1``
     before it), ``num_prefill_computed`` (prompt rows run through the model, recomputations included).
     """
@@ -113,6 +115,7 @@ class Request:
     draft_probs: torch.Tensor | None = None
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    background: bool = False
 
     def __post_init__(self) -> None:
         if self.companion is not None:

@@ -4,7 +4,10 @@ Every step: running requests first, oldest first, each taking its pending tokens
 a chunk for a prefill) from the step's token budget; when KV blocks run out the youngest running
 request is preempted (its blocks freed, recomputed later). Then waiting requests are admitted in
 arrival order while budget, sequence slots and free blocks allow. Requests with nothing pending
-(a Talker waiting for Thinker text) are skipped without losing their place.
+(a Talker waiting for Thinker text) are skipped without losing their place. Background requests (a turn's
+prefill hint while the user still speaks) are planned after all others, in the budget left and at most
+:data:`BACKGROUND_TOKENS` rows a step (:data:`BACKGROUND_BESIDE` beside a prefill, none beside decode rows
+alone; their prefill is chunked), so they never hold back a turn nor stretch a decode step.
 
 With a :class:`.prefix_cache.PrefixCache`, a request admitted without KV (new, or preempted) first takes
 the cached blocks of its longest matching prefix and is planned only for the rows after it; after each
@@ -20,6 +23,17 @@ from omniduplex.models.forward_batch import BLOCK_SIZE
 from omniduplex.pipeline.engine.block_manager import BlockAllocator, blocks_for
 from omniduplex.pipeline.engine.prefix_cache import PrefixCache
 from omniduplex.pipeline.engine.request import Request, Status
+
+BACKGROUND_TOKENS = 16
+"""Rows of background requests (prefill hints) one step takes at most: a foreground request that arrives
+during a step waits for at most this many background rows (one 16-token KV block; for the 1.5B on one
+thread ~0.3 s of prefill where 64 hint rows at once took ~1-3 s on the shared 2-core host,
+``omniduplex bench phone``)."""
+BACKGROUND_BESIDE = 4
+"""Rows of background requests a step with a foreground prefill takes at most. A step of decode rows alone
+takes none: any prefill row beside them moves the step off the quantized one-call decode layer, and 4 or 16
+hint rows beside one decode row made a 1.5B decode step ~4-5x longer (0.12-0.17 → 0.63-0.76 s, loaded
+host)."""
 
 
 @dataclass
@@ -42,6 +56,7 @@ class Scheduler:
         max_num_seqs: most requests running at once.
         max_num_batched_tokens: token budget of one step (prefill chunks + decodes).
         prefix_cache: reuse and register full blocks across requests (``None``: prefix caching off).
+        background_tokens: most rows of background requests (:attr:`Request.background`) in one step.
     """
 
     def __init__(
@@ -50,6 +65,7 @@ class Scheduler:
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 512,
         prefix_cache: PrefixCache | None = None,
+        background_tokens: int = BACKGROUND_TOKENS,
     ) -> None:
         self.allocator = allocator
         self.prefix_cache = prefix_cache
@@ -60,6 +76,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
         self.num_reused_tokens = 0  # rows taken from the prefix cache at admissions
+        self.background_tokens = background_tokens
+        self.background_beside = min(BACKGROUND_BESIDE, background_tokens)
 
     def add(self, req: Request) -> None:
         """Queue a request (with its CFG companion, if any).
@@ -96,14 +114,34 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch:
+        """The next step's plan: foreground requests as the module doc says, then background ones
+        (:attr:`Request.background`) in the budget left: at most :attr:`background_tokens` rows of them in a
+        step of their own, :attr:`background_beside` beside a prefill, none beside decode rows alone (a decode
+        step keeps its fused one-row path and stays short; hints then wait for a step without decodes)."""
         out = ScheduledBatch()
-        budget = self.max_num_batched_tokens
+        budget = self._plan_running(out, self.max_num_batched_tokens, background=False)
+        if out.preempted:
+            return out
+        budget = self._admit(out, budget, background=False)
+        decode_only = bool(out.items) and all(n == 1 and r.num_computed >= r.num_prompt for r, n in out.items)
+        cap = 0 if decode_only else self.background_beside if out.items else self.background_tokens
+        rest = min(budget, cap)
+        if rest > 0:
+            rest = self._plan_running(out, rest, background=True)
+            if out.preempted:
+                return out
+            self._admit(out, rest, background=True)
+        return out
+
+    def _plan_running(self, out: ScheduledBatch, budget: int, background: bool) -> int:
+        """Plan the running requests of one kind (``background`` or not) into ``out``; returns the budget
+        left."""
         # oldest first, so the preemption victim (the youngest) is never one already planned this step
         self.running.sort(key=lambda r: r.arrival)
         for req in list(self.running):
             if budget == 0:
                 break
-            if req.status is not Status.RUNNING:
+            if req.status is not Status.RUNNING or req.background is not background:
                 continue
             ns = self._chunk(req, budget, bool(out.items))
             if not any(ns):
@@ -120,11 +158,16 @@ class Scheduler:
             if req.status is Status.RUNNING:
                 out.items += [(r, n) for r, n in zip(req.group, ns) if n]
                 budget -= sum(ns)
-        if out.preempted:
-            return out
+        return budget
+
+    def _admit(self, out: ScheduledBatch, budget: int, background: bool) -> int:
+        """Admit waiting requests of one kind in arrival order while budget, sequence slots and free blocks
+        allow (the other kind keeps its place in the queue); returns the budget left."""
         skipped = []
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            req = self.waiting.popleft()
+        order = list(self.waiting)
+        mine = deque(r for r in order if r.background is background)
+        while mine and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = mine.popleft()
             reused = self._reuse_prefix(req)
             ns = self._chunk(req, budget, bool(out.items))
             if not any(ns):
@@ -133,7 +176,7 @@ class Scheduler:
                 continue
             if not self._grow(req, ns):
                 self._unreuse(reused)
-                self.waiting.appendleft(req)
+                mine.appendleft(req)
                 break
             for r in reused:
                 self.num_reused_tokens += r.num_computed
@@ -144,8 +187,9 @@ class Scheduler:
             self.running.append(req)
             out.items += [(r, n) for r, n in zip(req.group, ns) if n]
             budget -= sum(ns)
-        self.waiting.extendleft(reversed(skipped))
-        return out
+        left = {id(r) for r in [*mine, *skipped]}
+        self.waiting = deque(r for r in order if r.background is not background or id(r) in left)
+        return budget
 
     @staticmethod
     def _chunk(req: Request, budget: int, others_planned: bool) -> list[int]:

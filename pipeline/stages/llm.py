@@ -19,15 +19,17 @@ grammar-constrained (:mod:`omniduplex.pipeline.engine.grammar`): every call's ar
 tool's schema. A transcript with no letters or digits does not reach the engine: one message ``token``
 int64 ``[0]``, meta ``text=""``, ``skipped="empty transcript"`` + turn meta, ``last=True``.
 
-Prefill while the user speaks: before a turn's message, the ASR stage may send ``last=False`` messages of
-the turn still being spoken (meta ``partial_transcript`` and ``prefill`` = ``{system_prompt, history}``,
-with the turn's ``tools`` / ``tool_choice`` when it has tools, see :mod:`.asr`). Each is a *prefill
-hint*: the chat of the partial transcript, cut where a longer transcript
-could tokenize differently (:meth:`ChatPrompter.hint_ids`), is prefilled as a one-token request whose output
-is dropped; its full KV blocks stay in the prefix cache, so at end of turn the turn's prompt finds the system
-prompt, history and the words already heard computed and prefills only the rest (the idea of issue 24 item
-3; prefix caching: vLLM's automatic prefix caching, Kwon et al. 2023). A newer hint of a turn replaces one
-not yet run; the turn's own message drops a hint still queued. Hints produce no output and fail silently.
+Prefill while the user speaks: before a turn's message, the ASR stage may send ``last=False`` messages of the
+turn still being spoken (meta ``partial_transcript`` and ``prefill`` = ``{system_prompt, history}``, with the
+turn's ``tools`` / ``tool_choice`` when it has tools, see :mod:`.asr`). Each is a *prefill hint*: the chat of
+the partial transcript, cut where a longer transcript could tokenize differently
+(:meth:`ChatPrompter.hint_ids`), is prefilled as a one-token background request (planned after every turn of a
+step, a chunk of at most :data:`~omniduplex.pipeline.engine.scheduler.BACKGROUND_TOKENS` rows a step: a turn
+that ends never waits behind a long hint prefill) whose output is dropped; its full KV blocks stay in the
+prefix cache, so at end of turn the turn's prompt finds the system prompt, history and the words already heard
+computed and prefills only the rest (the idea of issue 24 item 3; prefix caching: vLLM's automatic prefix
+caching, Kwon et al. 2023). A newer hint of a turn replaces one not yet run; the turn's own message drops a
+hint still queued. Hints produce no output and fail silently.
 """
 
 from __future__ import annotations
@@ -241,7 +243,9 @@ class LLMWorker(EngineGauges):
             return
         self.engine.abort(rid + HINT_SUFFIX)
         try:
-            self.engine.add_request(Request(rid + HINT_SUFFIX, ids, SamplingParams(max_tokens=1)))
+            self.engine.add_request(
+                Request(rid + HINT_SUFFIX, ids, SamplingParams(max_tokens=1), background=True)
+            )
         except ValueError:
             return
         self.hinted_tokens += len(ids)

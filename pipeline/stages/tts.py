@@ -48,6 +48,7 @@ class _Turn(TextTurn):
     resampler: soxr.ResampleStream | None  # None when the voice already speaks at the output rate
     speaking: tuple[str, Iterator[Piece]] | None = None  # the clause being spoken, and its pieces to come
     started: bool = False  # some audio has gone out
+    ready_at: float | None = None  # when the oldest clause not yet spoken became ready (perf_counter s)
 
 
 class TTSWorker(WorkerBase):
@@ -75,6 +76,9 @@ class TTSWorker(WorkerBase):
             ValueError: not a ``DecoderOutput`` (this turn only).
         """
         add_text_delta(msg, self._aborted, self.turns, self._new_turn)
+        t = self.turns.get(msg.request_id)
+        if t is not None and t.clauses and t.ready_at is None:
+            t.ready_at = time.perf_counter()
 
     def stats(self) -> dict[str, int]:
         """``batch_size``: the turns open (each step speaks a clause of those ready, round robin)."""
@@ -107,8 +111,11 @@ class TTSWorker(WorkerBase):
 
     def _speak(self, rid: str, t: _Turn) -> StageMessage:
         t0 = time.perf_counter()
+        wait_ms = None
         if t.speaking is None:
             text = t.clauses.popleft()
+            wait_ms = 1000 * (t0 - t.ready_at) if t.ready_at is not None else None
+            t.ready_at = t0 if t.clauses else None
             t.speaking = text, self.tts.stream(text, FIRST_PIECE_FRAMES if t.chunk == 0 else PIECE_FRAMES)
         text, pieces = t.speaking
         piece = next(pieces)
@@ -118,7 +125,8 @@ class TTSWorker(WorkerBase):
             if t.finished and not t.clauses:  # the turn's final piece keeps the resampler's tail
                 pcm = torch.cat([pcm, self._flush(t)])
         tts_ms = 1000 * (time.perf_counter() - t0)
-        meta = AudioOutput(text=text if piece.last else "", chunk=t.chunk, tts_ms=tts_ms, skipped=t.skipped)
+        said = text if piece.last else ""
+        meta = AudioOutput(text=said, chunk=t.chunk, tts_ms=tts_ms, tts_wait_ms=wait_ms, skipped=t.skipped)
         t.chunk += piece.last
         t.started = t.started or pcm.numel() > 0
         return StageMessage(rid, {"pcm": pcm}, meta, last=False)
