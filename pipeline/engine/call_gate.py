@@ -1,0 +1,87 @@
+"""The calibrated call decision: whether a reply offered tools (``tool_choice: auto``) starts with a call.
+
+Greedy decoding decides "call or answer" by the single most likely first token, which is a poor rule: the
+probability of calling is spread over several tokens that open a call (a code fence, ``{"``, ``<tool_call>``)
+and the text's over many words, so the argmax calls at a call probability of 0.17 for one request and
+answers in words at 0.42 for another (Qwen2.5-Coder-1.5B on ``bench tools``: it called a tool for "What do
+you call frozen water?" and answered "Where is my order? The number is 48213." itself). The gate decides on
+the whole mass instead, at the reply's first sampled token:
+
+``p_call`` = the softmax probability (temperature 1, the model's own distribution, before any sampling
+filter) of the ids whose text can open a call (:func:`call_start_ids`); if ``p_call >= threshold`` only
+those ids may be sampled (the grammar then forces a well-formed call), else none of them may (the reply is
+words). A threshold is a calibration of one model: ``bench tools`` prints the trade-off (right calls against
+spurious ones) per threshold, and ``MODELS.md`` ("Tool calling") gives the curve that chose
+:data:`DEFAULT_CALL_THRESHOLD`. The decision is deterministic under sampling too: the words are sampled,
+whether to call is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from omniduplex.models.cascade.tool_prompt import BARE_PREFIX, CALL_OPEN, FENCE
+
+CALL_TRIGGERS = (CALL_OPEN, BARE_PREFIX, FENCE)
+"""Texts that open a call under the ``auto`` grammar (:mod:`.grammar`: tagged, bare, fenced)."""
+DEFAULT_CALL_THRESHOLD = 0.3
+"""The LLM stage's default ``call_threshold``: on Qwen2.5-Coder-1.5B (``bench tools --text``, 24 requests
+that need a tool, 8 that do not) the no-tool requests' ``p_call`` reached 0.29 and 22 of the 24 tool
+requests' lay above 0.30; the 0.5B's calls do not separate by any threshold (figures in ``MODELS.md``)."""
+
+
+def call_start_ids(decoded_vocab: list[bytes], triggers: tuple[str, ...] = CALL_TRIGGERS) -> list[int]:
+    """Ids of the tokens that can open a call: their text, leading whitespace removed, is a non-empty
+    prefix of a trigger or starts with one (``"`"``, ``"```"``, ``"```json"``, ``' {"'``, ``"<tool_call>"``).
+
+    Args:
+        decoded_vocab: each id's text as UTF-8 bytes (xgrammar's ``TokenizerInfo.decoded_vocab``); ids
+            whose bytes are not valid UTF-8 on their own (parts of a multi-byte character) open no call.
+    """
+    out = []
+    for i, raw in enumerate(decoded_vocab):
+        try:
+            text = raw.decode("utf-8").lstrip()
+        except UnicodeDecodeError:
+            continue
+        if text and any(t.startswith(text) or text.startswith(t) for t in triggers):
+            out.append(i)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class CallGate:
+    """The decision rule of the module docstring for one vocabulary.
+
+    Attributes:
+        start_ids: int64 ``[N]``, the ids that open a call (:func:`call_start_ids`).
+        threshold: the ``p_call`` (0..1) from which the reply calls.
+    """
+
+    start_ids: torch.Tensor
+    threshold: float
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"call_threshold must be in [0, 1], got {self.threshold}")
+        if self.start_ids.dtype != torch.int64 or self.start_ids.dim() != 1 or not len(self.start_ids):
+            raise ValueError("start_ids must be a non-empty int64 [N] tensor")
+
+    def p_call(self, row: torch.Tensor) -> float:
+        """``p_call`` of one logits row (``[V]``, any float dtype)."""
+        return float(row.float().softmax(-1)[self.start_ids.to(row.device)].sum())
+
+    def decide_(self, row: torch.Tensor) -> bool:
+        """Apply the decision to a logits row ``[V]`` in place (the ids of the other side set to ``-inf``);
+        whether the reply calls."""
+        start = self.start_ids.to(row.device)
+        calls = self.p_call(row) >= self.threshold
+        if calls:
+            keep = row[start].clone()
+            row.fill_(float("-inf"))
+            row[start] = keep
+        else:
+            row[start] = float("-inf")
+        return calls
