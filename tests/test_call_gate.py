@@ -102,3 +102,26 @@ def test_in_the_engine_threshold_zero_always_calls_and_one_never(tiny):
             assert json.loads(calls[0].arguments) is not None and calls[0].name in schemas
     for text in _replies(tiny, 1.0):  # no call may open at the first id
         assert text[:1] not in "<{`", text
+
+
+def test_only_a_turns_first_reply_under_auto_is_gated(tiny, tmp_path):
+    from omniduplex.pipeline.config import StageConfig
+    from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
+    from omniduplex.pipeline.stages.chat_prompt import ChatPrompter
+
+    d = write_checkpoint(tmp_path, "tiny", seed=5, text_only=True)
+    chat = ChatPrompter(d, {})
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+    result = {"type": "function_call_output", "call_id": "c1", "output": '{"conditions": "rain"}'}
+
+    def gated(said: str = "Weather in Paris?", **update) -> bool:
+        opts = TurnOptions(tools=bench_tools(), tool_choice="auto").model_copy(update=update)
+        return chat.prepare(StageMessage("t", {}, Transcript(transcript=said, turn=opts))).call_gate
+
+    assert gated()
+    assert not gated(tool_choice="required") and not gated(tool_choice="none")
+    # a continuation after the tool's result: the model's own choice (the gate never pushes a second call)
+    assert not gated("", user_text="", history=[["user", "Weather in Paris?"], call, result])
+    with pytest.raises(ValueError, match="call_threshold"):
+        StageConfig(call_threshold=1.5)
+    assert StageConfig(call_threshold=None).call_threshold is None

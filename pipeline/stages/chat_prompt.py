@@ -17,6 +17,7 @@ from omniduplex.models.cascade.chat_template import ChatTemplate, encode_chat, l
 from omniduplex.models.cascade.tool_prompt import (
     CALL_OPEN,
     ToolSet,
+    answered_since_user,
     calls_since_user,
     chat_messages,
     history_item,
@@ -131,7 +132,9 @@ class ChatPrompter:
 
     def tools(self, rid: str, opts: TurnOptions, messages: list[dict]) -> ToolSet:
         """The turn's :class:`ToolSet` (``tools``, ``tool_choice``), with no tool left to call once the
-        turn has made :attr:`max_tool_calls` calls (the call loop is cut).
+        turn has made :attr:`max_tool_calls` calls (the call loop is cut); in a continuation after tool
+        results, the functions that returned one are not offered again (``answered``: one call per need;
+        ``bench tools``: Qwen2.5-Coder-0.5B called the unit converter again after its result).
 
         Raises:
             ValueError: a bad tool or choice, naming the field (``turn 7: tools[1].parameters: ...``).
@@ -142,6 +145,9 @@ class ChatPrompter:
             raise ValueError(f"turn {rid}: {e}") from None
         if tools.active and calls_since_user(messages_items(messages)) >= self.max_tool_calls:
             return ToolSet(tools.tools, "none")
+        if tools.active and messages and messages[-1].get("role") != "user":  # a continuation
+            items = [history_item(i, it, f"turn {rid}: history") for i, it in enumerate(opts.history or [])]
+            tools = replace(tools, answered=answered_since_user(items))
         return tools
 
     def hint_ids(self, rid: str, opts: TurnOptions, transcript: str) -> list[int]:
