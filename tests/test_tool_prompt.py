@@ -171,38 +171,35 @@ def test_a_spoken_reply_that_may_not_call_is_decoded_without_json_tokens():
     assert not ids & set(auto.sampling.suppress_token_ids)
 
 
-def test_a_function_that_returned_a_result_is_not_offered_again_in_the_turn():
-    """One call per need: after get_weather's result the continuation may not call get_weather again (the
-    0.5B called the converter a second time instead of saying the result), but may call another function,
-    and may retry a call that failed (``{"error": ...}``); a new user turn offers everything again."""
-    from omniduplex.pipeline.engine.grammar import TokenizerGrammars
+def test_a_call_of_a_function_that_returned_a_result_is_refused_in_the_turn():
+    """One call per need: after get_weather's result, a continuation that calls get_weather again, even with
+    other arguments, is refused as a repeat (the 0.5B called the converter again with other numbers instead
+    of saying the result); another function may be called, a failed call (``{"error": ...}``) retried, and a
+    new user message starts afresh."""
     from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
     from omniduplex.pipeline.stages.chat_prompt import ChatPrompter
+    from omniduplex.pipeline.stages.tool_calls import DONE, FAILED, REPEAT_ERROR
+    from omniduplex.pipeline.text.reply_text import ReplyStream
 
     chat = ChatPrompter(smollm2_dir(), {})
     call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
 
     def continuation(output: str, after: list | None = None):
-        history = [["user", "Weather in Paris?"], call, {"type": "function_call_output", "call_id": "c1",
-                                                          "output": output}] + (after or [])  # fmt: skip
+        result = {"type": "function_call_output", "call_id": "c1", "output": output}
+        history = [["user", "Weather in Paris?"], call, result] + (after or [])
         opts = TurnOptions(tools=bench_tools(), tool_choice="auto", history=history, user_text="")
         return chat.prepare(StageMessage("t", {}, Transcript(transcript="", turn=opts)))
 
-    done = continuation('{"city": "Paris", "conditions": "rain"}')
-    names = {t.name for t in done.tools.callable}
-    assert "get_weather" not in names and "get_order_status" in names and done.tools.active
-    # the grammar offers only the others: a get_weather block cannot even start
-    grammars = TokenizerGrammars(chat.tokenizer, len(chat.tokenizer.get_vocab()), chat.stop_ids)
-    matcher = grammars.compile_tools(done.tools).matcher()
-    text = '<tool_call>\n{"name": "get_weather"'
-    assert not all(matcher.accept_string(c) for c in text)
-    assert "get_weather" in {t.name for t in continuation('{"error": "timeout"}').tools.callable}  # a retry
-    again = continuation("rain", [["user", "And tomorrow?"]])
-    assert again.tools.answered == frozenset()
-    # every function answered: the continuation is words only
-    only = TurnOptions(tools=[bench_tools()[2]], tool_choice="auto")
-    history = [["user", "Weather in Paris?"], call,
-               {"type": "function_call_output", "call_id": "c1", "output": "rain"}]  # fmt: skip
-    opts = only.model_copy(update={"history": history, "user_text": ""})
-    last = chat.prepare(StageMessage("t", {}, Transcript(transcript="", turn=opts)))
-    assert not last.tools.active and last.reply["max_calls"] == 0
+    turn = continuation('{"city": "Paris", "conditions": "rain"}')
+    assert turn.reply["answered"] == frozenset({"get_weather"})
+    stream = ReplyStream(**turn.reply)
+    other = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"}}\n</tool_call>'
+    metas = stream.push(other) + stream.finish("stop")[0]
+    assert [m[FAILED].error for m in metas if FAILED in m] == [REPEAT_ERROR]
+    assert not any(DONE in m for m in metas)
+    stream = ReplyStream(**turn.reply)
+    order = '<tool_call>\n{"name": "get_order_status", "arguments": {"order_id": "4217"}}\n</tool_call>'
+    metas = stream.push(order) + stream.finish("stop")[0]
+    assert [m[DONE].name for m in metas if DONE in m] == ["get_order_status"]
+    assert continuation('{"error": "timeout"}').reply["answered"] == frozenset()  # a retry is allowed
+    assert continuation("rain", [["user", "And in Lyon?"]]).reply["answered"] == frozenset()

@@ -91,28 +91,24 @@ class ToolSet:
     Attributes:
         tools: the functions, in the order given.
         choice: ``"auto"``, ``"none"``, ``"required"``, or the name of the one function to call.
-        answered: names of functions that already returned a result in this turn: not offered again (one
-            call per need; several values of one function are asked for as parallel calls in one reply).
     """
 
     tools: tuple[FunctionTool, ...]
     choice: str
-    answered: frozenset[str] = frozenset()
 
     @property
     def active(self) -> bool:
-        """Whether the model may call a tool (one not answered yet, and a choice other than ``none``)."""
-        return bool(self.callable)
+        """Whether the model may call a tool (some tool, and a choice other than ``none``)."""
+        return bool(self.tools) and self.choice != "none"
 
     @property
     def callable(self) -> tuple[FunctionTool, ...]:
-        """The tools a call may name: all of them, the one forced, or none; less those :attr:`answered`."""
-        if not self.tools or self.choice == "none":
+        """The tools a call may name: all of them, the one forced, or none."""
+        if not self.active:
             return ()
-        named = self.tools
-        if self.choice not in CHOICES:
-            named = tuple(t for t in self.tools if t.name == self.choice)
-        return tuple(t for t in named if t.name not in self.answered)
+        if self.choice in CHOICES:
+            return self.tools
+        return tuple(t for t in self.tools if t.name == self.choice)
 
     @property
     def forced(self) -> bool:
@@ -122,7 +118,7 @@ class ToolSet:
     def key(self) -> str:
         """A canonical string of the set (sorted JSON), for caching what is compiled from it."""
         tools = [[t.name, t.description, t.parameters] for t in self.tools]
-        return json.dumps([tools, self.choice, sorted(self.answered)], sort_keys=True, separators=(",", ":"))
+        return json.dumps([tools, self.choice], sort_keys=True, separators=(",", ":"))
 
 
 def _check_schema(schema: dict, field: str) -> None:
@@ -287,25 +283,22 @@ def result_text(output: str) -> str:
     return "\n".join(f"{k}: {_plain(v)}" for k, v in value.items()) if isinstance(value, dict) else output
 
 
-def answered_since_user(items: list) -> frozenset[str]:
-    """Names of the functions whose calls after the last user entry of history ``items`` (checked entries,
-    :func:`history_item`) returned a result; a call whose output is ``{"error": ...}`` (a failed call,
-    :mod:`omniduplex.app.core.tools`) does not count: the model may retry it."""
+def answered_since_user(items: list[dict]) -> frozenset[str]:
+    """Names of the functions whose calls after the last user message of chat ``messages``-like ``items``
+    (:func:`chat_messages` output) returned a result; a call whose output reads ``error: ...`` (a failed
+    call's ``{"error": ...}``, :mod:`omniduplex.app.core.tools`, through :func:`result_text`) does not
+    count: the model may retry it."""
     names: dict[str, str] = {}
     out: set[str] = set()
-    for it in items:
-        if it.get("role") == "user":
+    for m in items:
+        if m.get("role") == "user":
             names.clear()
             out.clear()
-        elif it.get("type") == "function_call":
-            names[it["call_id"]] = it["name"]
-        elif it.get("type") == "function_call_output" and it["call_id"] in names:
-            try:
-                value = json.loads(it["output"])
-            except ValueError:
-                value = None
-            if not (isinstance(value, dict) and "error" in value):
-                out.add(names[it["call_id"]])
+        for c in m.get("tool_calls") or ():
+            names[c.get("id", "")] = c.get("function", c)["name"]
+        answered = m.get("role") == "tool" and m.get("tool_call_id") in names
+        if answered and not str(m.get("content", "")).startswith("error: "):
+            out.add(names[m["tool_call_id"]])
     return frozenset(out)
 
 

@@ -132,9 +132,7 @@ class ChatPrompter:
 
     def tools(self, rid: str, opts: TurnOptions, messages: list[dict]) -> ToolSet:
         """The turn's :class:`ToolSet` (``tools``, ``tool_choice``), with no tool left to call once the
-        turn has made :attr:`max_tool_calls` calls (the call loop is cut); in a continuation after tool
-        results, the functions that returned one are not offered again (``answered``: one call per need;
-        ``bench tools``: Qwen2.5-Coder-0.5B called the unit converter again after its result).
+        turn has made :attr:`max_tool_calls` calls (the call loop is cut).
 
         Raises:
             ValueError: a bad tool or choice, naming the field (``turn 7: tools[1].parameters: ...``).
@@ -145,9 +143,6 @@ class ChatPrompter:
             raise ValueError(f"turn {rid}: {e}") from None
         if tools.active and calls_since_user(messages_items(messages)) >= self.max_tool_calls:
             return ToolSet(tools.tools, "none")
-        if tools.active and messages and messages[-1].get("role") != "user":  # a continuation
-            items = [history_item(i, it, f"turn {rid}: history") for i, it in enumerate(opts.history or [])]
-            tools = replace(tools, answered=answered_since_user(items))
         return tools
 
     def hint_ids(self, rid: str, opts: TurnOptions, transcript: str) -> list[int]:
@@ -222,7 +217,7 @@ class ChatPrompter:
         if tools.active:  # the calls left to the turn, and their tokens beyond the text budget
             left = self.max_tool_calls - calls_since_user(messages_items(messages))
             gate = tools.choice == "auto" and left == self.max_tool_calls
-            reply.update(max_calls=left, made=calls_made(messages))
+            reply.update(max_calls=left, made=calls_made(messages), answered=answered_since_user(messages))
             reply.setdefault("text_budget", sampling.max_tokens)
             sampling = replace(sampling, max_tokens=sampling.max_tokens + CALL_TOKENS * left)
         elif tools.tools:  # tool_choice none, or the call limit reached: no call
