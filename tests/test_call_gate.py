@@ -27,19 +27,19 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_the_decision_is_on_the_call_mass_not_the_argmax():
-    starts = torch.tensor([1, 2], dtype=torch.int64)
-    gate = CallGate(starts, threshold=0.3)
-    # the argmax is a word (id 0: 0.4), but the two call-opening ids hold 0.2 + 0.2 = 0.4 >= 0.3: a call
-    probs = torch.tensor([0.4, 0.2, 0.2, 0.1, 0.1])
-    row = probs.log()
+    # ids 1, 2 open a call (2 a whole opener, 1 a partial one), 4 is blank
+    starts, whole, blank = (torch.tensor(i, dtype=torch.int64) for i in ([1, 2], [2], [4]))
+    gate = CallGate(starts, 0.3, whole, blank)
+    # the argmax is a word (id 0: 0.4), but the two call-opening ids hold 0.25 + 0.15 = 0.4 >= 0.3: a call,
+    # opened by the whole opener (id 2), though the partial one (id 1) is likelier
+    row = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.1]).log()
     assert math.isclose(gate.p_call(row), 0.4, rel_tol=1e-5)
     assert gate.decide_(row)
-    assert torch.isinf(row[[0, 3, 4]]).all() and int(row.argmax()) in (1, 2)
-    # the argmax opens a call (id 1: 0.25) but the call mass is 0.25 < 0.3: words
-    row = torch.tensor([0.2, 0.25, 0.0, 0.2, 0.35]).clamp_min(1e-9).log()
-    row[3] = math.log(0.2)
+    assert torch.isinf(row[[0, 1, 3, 4]]).all() and int(row.argmax()) == 2
+    # the argmax opens a call (id 1: 0.25) but the call mass is 0.25 < 0.3: words, not after a blank (id 4)
+    row = torch.tensor([0.2, 0.25, 1e-9, 0.2, 0.35]).log()
     assert not gate.decide_(row)
-    assert torch.isinf(row[starts]).all() and int(row.argmax()) not in (1, 2)
+    assert torch.isinf(row[[1, 2, 4]]).all() and int(row.argmax()) in (0, 3)
 
 
 def test_a_bad_threshold_or_id_set_is_refused():
@@ -47,6 +47,8 @@ def test_a_bad_threshold_or_id_set_is_refused():
         CallGate(torch.tensor([1]), threshold=1.5)
     with pytest.raises(ValueError, match="start_ids"):
         CallGate(torch.tensor([], dtype=torch.int64), threshold=0.3)
+    with pytest.raises(ValueError, match="whole_ids"):
+        CallGate(torch.tensor([1]), 0.3, torch.tensor([1.0]))
 
 
 def test_the_call_opening_ids_of_qwen25():
@@ -55,12 +57,15 @@ def test_the_call_opening_ids_of_qwen25():
     decoded = [b""] * (max(vocab.values()) + 1)
     for i in vocab.values():
         decoded[i] = tok.decode([i], skip_special_tokens=False).encode()
-    ids = set(call_start_ids(decoded))
+    start, whole, blank = (set(ids) for ids in call_start_ids(decoded))
     for opener in ("<tool_call>", "```", '{"', "<"):
-        assert tok.token_to_id(opener) in ids, opener
+        assert tok.token_to_id(opener) in start, opener
+    assert {tok.token_to_id("<tool_call>"), tok.token_to_id("```")} <= whole <= start
+    assert tok.token_to_id("<") not in whole and tok.token_to_id('{"') not in whole  # partial openers
     for word in ("Hello", "The", " The", "Sure", "\n", "{}"):  # words, space and an empty object open no call
         i = tok.encode(word, add_special_tokens=False).ids
-        assert len(i) == 1 and i[0] not in ids, word
+        assert len(i) == 1 and i[0] not in start, word
+    assert tok.token_to_id("\n") in blank and tok.token_to_id("Hello") not in blank
 
 
 @pytest.fixture(scope="module")

@@ -137,7 +137,7 @@ class TokenizerGrammars:
         self.vocab_size, self.cache_size = vocab_size, cache_size
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
-        self._start_ids: torch.Tensor | None = None
+        self._start_ids: list[torch.Tensor] | None = None
         self.compilations = 0  # grammars compiled (cache misses), for tests and benchmarks
 
     def compile_tools(self, tools: ToolSet) -> CompiledGrammar | None:
@@ -171,9 +171,10 @@ class TokenizerGrammars:
             ValueError: a threshold outside [0, 1].
         """
         if self._start_ids is None:
-            ids = call_start_ids(self.info.decoded_vocab)
-            self._start_ids = torch.tensor(ids, dtype=torch.int64)
-        return replace(grammar, gate=CallGate(self._start_ids, threshold))
+            found = call_start_ids(self.info.decoded_vocab)
+            self._start_ids = [torch.tensor(i, dtype=torch.int64) for i in found]
+        start, whole, blank = self._start_ids
+        return replace(grammar, gate=CallGate(start, threshold, whole, blank))
 
     def _compile(self, tools: ToolSet):
         from xgrammar.structural_tag import (
