@@ -28,10 +28,11 @@ from omniduplex.models.cascade.tool_prompt import BARE_PREFIX, CALL_OPEN, FENCE
 
 CALL_TRIGGERS = (CALL_OPEN, BARE_PREFIX, FENCE)
 """Texts that open a call under the ``auto`` grammar (:mod:`.grammar`: tagged, bare, fenced)."""
-DEFAULT_CALL_THRESHOLD = 0.3
+DEFAULT_CALL_THRESHOLD = 0.35
 """The LLM stage's default ``call_threshold``: on Qwen2.5-Coder-1.5B (``bench tools --text``, 24 requests
-that need a tool, 8 that do not) the no-tool requests' ``p_call`` reached 0.29 and 22 of the 24 tool
-requests' lay above 0.30; the 0.5B's calls do not separate by any threshold (figures in ``MODELS.md``)."""
+that need a tool, 8 that do not) the no-tool requests' ``p_call`` reached 0.29-0.31 and 21 of the 24 tool
+requests' lay above 0.35, with the system prompt's date in one line or with :func:`~omniduplex.pipeline.text.
+spoken.date_context`; the 0.5B's calls do not separate by any threshold (figures in ``MODELS.md``)."""
 
 
 def call_start_ids(
