@@ -20,6 +20,7 @@ under sampling too: the words are sampled, whether to call is not.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -39,15 +40,16 @@ def call_start_ids(
     decoded_vocab: list[bytes], triggers: tuple[str, ...] = CALL_TRIGGERS
 ) -> tuple[list[int], list[int], list[int]]:
     """``(start, whole, blank)`` ids of a vocabulary: ``start`` the tokens that can open a call (their
-    text, leading whitespace removed, is a non-empty prefix of a trigger or starts with one: ``"`"``,
-    ``"```"``, ``"```json"``, ``' {"'``, ``"<tool_call>"``), ``whole`` those of them that hold a whole
-    trigger (``"```"``, ``"<tool_call>"``), ``blank`` the tokens of whitespace only.
+    text, whitespace removed, is a non-empty prefix of a trigger or starts with one: ``"`"``, ``"{"`` and a
+    newline, ``"```"``, ``"```json"``, ``' {"'``, ``"<tool_call>"``), ``whole`` those of them that hold a
+    whole trigger (``"```"``, ``"<tool_call>"``), ``blank`` the tokens of whitespace only.
 
     Args:
         decoded_vocab: each id's text as UTF-8 bytes (xgrammar's ``TokenizerInfo.decoded_vocab``); ids
             whose bytes are not valid UTF-8 on their own (parts of a multi-byte character) are none of these.
     """
     start, whole, blank = [], [], []
+    bare = [re.sub(r"\s", "", t) for t in triggers]
     for i, raw in enumerate(decoded_vocab):
         try:
             text = raw.decode("utf-8")
@@ -55,10 +57,10 @@ def call_start_ids(
             continue
         if text and not text.strip():
             blank.append(i)
-        text = text.lstrip()
-        if text and any(t.startswith(text) or text.startswith(t) for t in triggers):
+        text = re.sub(r"\s", "", text)  # the parser reads a call written with any spacing ('{\n"name"')
+        if text and any(t.startswith(text) or text.startswith(t) for t in bare):
             start.append(i)
-            if any(text.startswith(t) for t in triggers):
+            if any(text.startswith(t) for t in bare):
                 whole.append(i)
     return start, whole, blank
 
