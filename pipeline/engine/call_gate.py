@@ -40,7 +40,7 @@ def call_start_ids(
     decoded_vocab: list[bytes], triggers: tuple[str, ...] = CALL_TRIGGERS
 ) -> tuple[list[int], list[int], list[int]]:
     """``(start, whole, blank)`` ids of a vocabulary: ``start`` the tokens that can open a call (their
-    text, whitespace removed, holds a trigger or ends with a trigger's start: ``"`"``, ``"{"`` and a
+    text, whitespace removed, is a non-empty prefix of a trigger or starts with one: ``"`"``, ``"{"`` and a
     newline, ``"```"``, ``"```json"``, ``' {"'``, ``"<tool_call>"``), ``whole`` those of them that hold a
     whole trigger (``"```"``, ``"<tool_call>"``), ``blank`` the tokens of whitespace only.
 
@@ -58,8 +58,7 @@ def call_start_ids(
         if text and not text.strip():
             blank.append(i)
         text = re.sub(r"\s", "", text)  # the parser reads a call written with any spacing ('{\n"name"')
-        # a trigger in the text, or its end a trigger's start ('{{': the parser reads '{{"name"' as a call)
-        if any(t in text or any(t.startswith(text[k:]) for k in range(len(text))) for t in bare):
+        if text and any(t.startswith(text) or text.startswith(t) for t in bare):
             start.append(i)
             if any(text.startswith(t) for t in bare):
                 whole.append(i)
