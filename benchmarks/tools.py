@@ -25,6 +25,7 @@ with masks (``auto``: free text; ``required``: JSON of calls) and without, inter
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import statistics
@@ -38,6 +39,7 @@ import yaml
 from omniduplex.benchmarks.qa import is_right
 from omniduplex.pipeline.events import CallFailed
 from omniduplex.pipeline.messages import Transcript, TurnOptions
+from omniduplex.pipeline.text.spoken import date_context
 
 REQUESTS = Path(__file__).with_name("tools.yaml")
 
@@ -70,10 +72,12 @@ class TurnResult:
 
 
 def load(path: Path = REQUESTS) -> tuple[list[dict], list[ToolRequest], str]:
-    """``(tools, requests, date line)`` of the request file.
+    """``(tools, requests, date line)`` of the request file; the date line is
+    :func:`~omniduplex.pipeline.text.spoken.date_context` of its ``today``.
 
     Raises:
-        ValueError: a request whose expected call names no tool, or whose ``uses``/``output`` is missing.
+        ValueError: a request whose expected call names no tool, or whose ``uses``/``output`` is missing;
+            a ``weekday`` that is not ``today``'s.
     """
     raw = yaml.safe_load(Path(path).read_text())
     tools = raw["tools"]
@@ -90,7 +94,10 @@ def load(path: Path = REQUESTS) -> tuple[list[dict], list[ToolRequest], str]:
         uses = tuple(str(u) for u in r.get("uses") or ())
         answers = tuple(str(a) for a in r.get("answers") or ())
         out.append(ToolRequest(r["text"], call, r.get("output"), uses, answers))
-    return tools, out, f"Today is {raw['weekday']}, {raw['today']}."
+    today = datetime.date.fromisoformat(str(raw["today"]))
+    if today.strftime("%A") != raw["weekday"]:
+        raise ValueError(f"{path}: {raw['today']} is a {today.strftime('%A')}, not a {raw['weekday']}")
+    return tools, out, date_context(today)
 
 
 # -- scoring ---------------------------------------------------------------------------------------------
@@ -351,11 +358,11 @@ def grammar_cost(worker, tools: list[dict], concurrency: int = 8, steps: int = 3
 
 
 def print_table(rows: list[tuple[str, dict, float]], cost: dict[str, dict] | None) -> None:
-    print("model                          n   right tool  right args  spurious  valid   cut", end="")
+    print("model                               n   right tool  right args  spurious  valid   cut", end="")
     print("  in words  answers  time s")
     for name, agg, secs in rows:
         print(
-            f"{name:<30} {agg['n']:>2}   {agg['right_tool']:>9.0%}  {agg['right_args']:>10.0%}  "
+            f"{name:<35} {agg['n']:>2}   {agg['right_tool']:>9.0%}  {agg['right_args']:>10.0%}  "
             f"{agg['spurious']:>8.0%}  {agg['valid']:>5.0%}  {agg['cut']:>4.0%}  "
             f"{agg['uses_result']:>8.0%}  "
             f"{agg['answer_right']:>7.0%}  {secs:>6.0f}"
@@ -372,8 +379,16 @@ def print_table(rows: list[tuple[str, dict, float]], cost: dict[str, dict] | Non
         print()
 
 
-def run(models: list[tuple[str, str]], limit: int | None, json_out: Path | None, cost: bool = True) -> None:
-    """The text-mode bench over ``models`` (``(name, manifest)``): a table row each, and the grammar cost."""
+def run(
+    models: list[tuple[str, str]],
+    limit: int | None,
+    json_out: Path | None,
+    cost: bool = True,
+    thresholds: list[float | None] | None = None,
+) -> None:
+    """The text-mode bench over ``models`` (``(name, manifest)``): a table row each (per LLM-stage
+    ``call_threshold`` of ``thresholds`` when given, ``None`` = off: the trade-off curve of the calibrated
+    call decision, :mod:`omniduplex.pipeline.engine.call_gate`), and the grammar cost."""
     tools, requests, date = load()
     if limit is not None:
         needs = [r for r in requests if r.call][:limit]
@@ -382,14 +397,20 @@ def run(models: list[tuple[str, str]], limit: int | None, json_out: Path | None,
     rows, costs, dump = [], {}, {}
     for name, manifest in models:
         worker = llm_worker(manifest)
-        results, secs = run_model(worker, requests, tools, date)
-        scores = [score(r, res, schemas) for r, res in zip(requests, results)]
-        rows.append((name, aggregate(scores), secs))
-        dump[name] = [{"request": r.text, **asdict(res), **s} for r, res, s in zip(requests, results, scores)]
+        for t in thresholds or [worker.call_threshold]:
+            worker.call_threshold = t
+            row = f"{name} τ={t if t is not None else 'off'}" if thresholds else name
+            results, secs = run_model(worker, requests, tools, date)
+            scores = [score(r, res, schemas) for r, res in zip(requests, results)]
+            rows.append((row, aggregate(scores), secs))
+            dump[row] = [
+                {"request": r.text, **asdict(res), **s} for r, res, s in zip(requests, results, scores)
+            ]
+            print_table(rows[-1:], None)
         if cost:
             costs[name] = grammar_cost(worker, tools)
+            print_table([], {name: costs[name]})
         del worker
-        print_table(rows[-1:], {name: costs[name]} if cost else None)
     print()
     print_table(rows, costs)
     if json_out is not None:

@@ -445,6 +445,12 @@ def bench_tools(
     cost: bool = typer.Option(True, "--cost/--no-cost", help="Grammar cost per decode step at c=8."),
     libs: bool = typer.Option(False, "--libs", help="Compare xgrammar and llguidance on our tokenizers."),
     json_out: Path | None = typer.Option(None, "--json", help="Write every request's result as JSON."),
+    call_threshold: list[str] | None = typer.Option(
+        None,
+        "--call-threshold",
+        help="--text: the LLM stage's call_threshold (0..1, or 'off': the first token's argmax), a row "
+        "each; repeatable (the trade-off curve). Default: the stage's default.",
+    ),
 ) -> None:
     """Tool calling: right tool, right arguments, no spurious call, the answer using the result, per model
     (grammar-constrained decoding on our engine), and the grammar's cost per decode step; --spoken: the
@@ -461,8 +467,9 @@ def bench_tools(
             libs_main([resolve(m)[1] for m in model or ["smollm2-135m", "qwen2.5-coder-0.5b"]])
             return
         models = [resolve(m) for m in model or ["qwen2.5-coder-1.5b"]]
+        thresholds = [None if t == "off" else float(t) for t in call_threshold] if call_threshold else None
         if text:
-            run(models, limit, json_out, cost)
+            run(models, limit, json_out, cost, thresholds)
         if spoken:
             from omniduplex.benchmarks.tools_spoken import run as run_spoken
 

@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from omniduplex.models.qwen3_tts.codec import STREAM_CHUNK, STREAM_FIRST_CHUNK
+from omniduplex.pipeline.engine.call_gate import DEFAULT_CALL_THRESHOLD
 from omniduplex.pipeline.stages.kinds import STAGE_KINDS
 from omniduplex.pipeline.topology import Topology, topology_for, with_side_asr
 
@@ -83,6 +84,9 @@ class StageConfig(BaseModel):
     required, the API key is read from the environment variable ``api_key_env`` (default
     ``OPENAI_API_KEY``), ``timeout_s`` bounds the connect and each wait for the next streamed chunk (s).
     ``max_tool_calls``: the LLM stage's most tool calls per user turn, any backend (the call loop is cut).
+    ``call_threshold``: the LLM stage's calibrated call decision on our engine (:mod:`.engine.call_gate`:
+    a turn's first reply under ``tool_choice: auto`` calls when the model's probability of opening a call
+    is at least this); ``null``: the first token's argmax decides.
     ``replicas``: how many processes of this stage the stage-process backend runs (an int ≥ 1); each request
     is pinned to the one with the fewest live requests (:mod:`.runtime.replicas`). The in-process backend
     runs one.
@@ -110,6 +114,7 @@ class StageConfig(BaseModel):
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = Field(30.0, gt=0)
     max_tool_calls: int = Field(4, ge=0)
+    call_threshold: float | None = Field(DEFAULT_CALL_THRESHOLD, ge=0, le=1)
     replicas: int = Field(1, ge=1, strict=True)
 
     @model_validator(mode="after")

@@ -298,6 +298,7 @@ def _llm_worker(manifest, cfg: StageConfig) -> StageWorker:
         model,
         _engine_settings(cfg),
         max_tool_calls=cfg.max_tool_calls,
+        call_threshold=cfg.call_threshold,
         speculative=spec,
         draft=draft,
     )

@@ -27,7 +27,9 @@ def test_the_request_set(bench):
         args = {k: ("x" if v == "*" else v) for k, v in r.call["arguments"].items()}
         jsonschema.validate(args, schemas[r.call["name"]])
         assert r.uses and isinstance(r.output, dict)
-    assert date == "Today is Friday, 2026-11-27."
+    # the date line names today and the days after, so "tomorrow" and "Sunday" have one right date
+    assert date.startswith("Today is Friday, 2026-11-27. Tomorrow is Saturday, 2026-11-28; then Sunday")
+    assert "24-hour clock" in date
 
 
 def test_normalise_and_args_match():

@@ -169,3 +169,37 @@ def test_a_spoken_reply_that_may_not_call_is_decoded_without_json_tokens():
     assert not ids & set(written.sampling.suppress_token_ids)
     auto = prepare(tool_choice="auto")  # calls need braces
     assert not ids & set(auto.sampling.suppress_token_ids)
+
+
+def test_a_call_of_a_function_that_returned_a_result_is_refused_in_the_turn():
+    """One call per need: after get_weather's result, a continuation that calls get_weather again, even with
+    other arguments, is refused as a repeat (the 0.5B called the converter again with other numbers instead
+    of saying the result); another function may be called, a failed call (``{"error": ...}``) retried, and a
+    new user message starts afresh."""
+    from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
+    from omniduplex.pipeline.stages.chat_prompt import ChatPrompter
+    from omniduplex.pipeline.stages.tool_calls import DONE, FAILED, REPEAT_ERROR
+    from omniduplex.pipeline.text.reply_text import ReplyStream
+
+    chat = ChatPrompter(smollm2_dir(), {})
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+
+    def continuation(output: str, after: list | None = None):
+        result = {"type": "function_call_output", "call_id": "c1", "output": output}
+        history = [["user", "Weather in Paris?"], call, result] + (after or [])
+        opts = TurnOptions(tools=bench_tools(), tool_choice="auto", history=history, user_text="")
+        return chat.prepare(StageMessage("t", {}, Transcript(transcript="", turn=opts)))
+
+    turn = continuation('{"city": "Paris", "conditions": "rain"}')
+    assert turn.reply["answered"] == frozenset({"get_weather"})
+    stream = ReplyStream(**turn.reply)
+    other = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"}}\n</tool_call>'
+    metas = stream.push(other) + stream.finish("stop")[0]
+    assert [m[FAILED].error for m in metas if FAILED in m] == [REPEAT_ERROR]
+    assert not any(DONE in m for m in metas)
+    stream = ReplyStream(**turn.reply)
+    order = '<tool_call>\n{"name": "get_order_status", "arguments": {"order_id": "4217"}}\n</tool_call>'
+    metas = stream.push(order) + stream.finish("stop")[0]
+    assert [m[DONE].name for m in metas if DONE in m] == ["get_order_status"]
+    assert continuation('{"error": "timeout"}').reply["answered"] == frozenset()  # a retry is allowed
+    assert continuation("rain", [["user", "And in Lyon?"]]).reply["answered"] == frozenset()

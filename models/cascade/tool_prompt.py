@@ -283,6 +283,25 @@ def result_text(output: str) -> str:
     return "\n".join(f"{k}: {_plain(v)}" for k, v in value.items()) if isinstance(value, dict) else output
 
 
+def answered_since_user(items: list[dict]) -> frozenset[str]:
+    """Names of the functions whose calls after the last user message of chat ``messages``-like ``items``
+    (:func:`chat_messages` output) returned a result; a call whose output reads ``error: ...`` (a failed
+    call's ``{"error": ...}``, :mod:`omniduplex.app.core.tools`, through :func:`result_text`) does not
+    count: the model may retry it."""
+    names: dict[str, str] = {}
+    out: set[str] = set()
+    for m in items:
+        if m.get("role") == "user":
+            names.clear()
+            out.clear()
+        for c in m.get("tool_calls") or ():
+            names[c.get("id", "")] = c.get("function", c)["name"]
+        answered = m.get("role") == "tool" and m.get("tool_call_id") in names
+        if answered and not str(m.get("content", "")).startswith("error: "):
+            out.add(names[m["tool_call_id"]])
+    return frozenset(out)
+
+
 def calls_since_user(items: list[dict]) -> int:
     """Function calls in the history after its last user message (the calls of the turn in progress)."""
     n = 0

@@ -49,7 +49,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -63,6 +63,7 @@ from omniduplex.models.cascade.tool_prompt import (
     FENCE,
     ToolSet,
 )
+from omniduplex.pipeline.engine.call_gate import CallGate, call_start_ids
 
 JSON_MAX_WHITESPACE = 1
 """Most consecutive whitespace characters between JSON tokens inside a call block."""
@@ -79,11 +80,14 @@ class GrammarError(ValueError):
 @dataclass(frozen=True, eq=False)
 class CompiledGrammar:
     """A grammar compiled against one tokenizer: ``compiled`` (xgrammar's ``CompiledGrammar``), the
-    ``vocab_size`` of the logits it masks, and a ``key`` naming it (for logs and tests)."""
+    ``vocab_size`` of the logits it masks, a ``key`` naming it (for logs and tests), and the ``gate`` that
+    decides at the first sampled token whether the reply calls (:mod:`.call_gate`; ``None``: the grammar
+    alone, greedy or sampled, decides)."""
 
     compiled: Any
     vocab_size: int
     key: str
+    gate: CallGate | None = None
 
     def matcher(self):
         """A fresh xgrammar ``GrammarMatcher`` at the start of the grammar."""
@@ -133,6 +137,7 @@ class TokenizerGrammars:
         self.vocab_size, self.cache_size = vocab_size, cache_size
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
+        self._start_ids: list[torch.Tensor] | None = None
         self.compilations = 0  # grammars compiled (cache misses), for tests and benchmarks
 
     def compile_tools(self, tools: ToolSet) -> CompiledGrammar | None:
@@ -157,6 +162,19 @@ class TokenizerGrammars:
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         return compiled
+
+    def gated(self, grammar: CompiledGrammar, threshold: float) -> CompiledGrammar:
+        """``grammar`` (an ``auto`` tool grammar) with the calibrated call decision at ``threshold``
+        (:class:`~.call_gate.CallGate`; the call-opening ids of this vocabulary found once).
+
+        Raises:
+            ValueError: a threshold outside [0, 1].
+        """
+        if self._start_ids is None:
+            found = call_start_ids(self.info.decoded_vocab)
+            self._start_ids = [torch.tensor(i, dtype=torch.int64) for i in found]
+        start, whole, blank = self._start_ids
+        return replace(grammar, gate=CallGate(start, threshold, whole, blank))
 
     def _compile(self, tools: ToolSet):
         from xgrammar.structural_tag import (
@@ -252,6 +270,9 @@ class GrammarBank:
             self._bitmask = torch.full((rows_needed, self.width), -1, dtype=torch.int32)
         bitmask = self._bitmask[: len(reqs)]
         for i in rows:
+            gate = reqs[i].sampling.grammar.gate
+            if gate is not None and not reqs[i].output_ids:  # the reply's first token: call or words
+                gate.decide_(logits[i])
             self._matcher(reqs[i]).fill_next_token_bitmask(bitmask, i)
         if logits.device.type != "cpu":
             bitmask = bitmask.to(logits.device, non_blocking=True)

@@ -17,6 +17,7 @@ from omniduplex.models.cascade.chat_template import ChatTemplate, encode_chat, l
 from omniduplex.models.cascade.tool_prompt import (
     CALL_OPEN,
     ToolSet,
+    answered_since_user,
     calls_since_user,
     chat_messages,
     history_item,
@@ -51,13 +52,17 @@ class ChatTurn:
     """A turn ready for an engine: ``ids`` the chat prompt's token ids, ``sampling`` its decoding controls
     (the stop ids included), ``turn`` the turn's options to hand on (without ``sampling``/``tools``/
     ``tool_choice``), ``tools`` what the reply may call (the call limit applied), ``reply`` the
-    :class:`~omniduplex.pipeline.text.reply_text.ReplyStream` arguments of its output."""
+    :class:`~omniduplex.pipeline.text.reply_text.ReplyStream` arguments of its output, ``call_gate``
+    whether the reply's first token decides call or words by the calibrated rule
+    (:mod:`omniduplex.pipeline.engine.call_gate`): a turn's first reply under ``tool_choice: auto``; a
+    continuation after tool results is left to the model, so that the gate never pushes a second call."""
 
     ids: list[int]
     sampling: SamplingParams
     turn: TurnOptions
     tools: ToolSet = field(default_factory=lambda: ToolSet((), "auto"))
     reply: dict = field(default_factory=dict)
+    call_gate: bool = False
 
 
 class ChatPrompter:
@@ -208,9 +213,11 @@ class ChatPrompter:
             reply["max_sentences"] = sentence_budget(transcript or _last_user_text(messages))
             reply.update(text_budget=sampling.max_tokens, finish_sentence=True)
             sampling = replace(sampling, max_tokens=sampling.max_tokens + SENTENCE_GRACE_TOKENS)
+        gate = False
         if tools.active:  # the calls left to the turn, and their tokens beyond the text budget
             left = self.max_tool_calls - calls_since_user(messages_items(messages))
-            reply.update(max_calls=left, made=calls_made(messages))
+            gate = tools.choice == "auto" and left == self.max_tool_calls
+            reply.update(max_calls=left, made=calls_made(messages), answered=answered_since_user(messages))
             reply.setdefault("text_budget", sampling.max_tokens)
             sampling = replace(sampling, max_tokens=sampling.max_tokens + CALL_TOKENS * left)
         elif tools.tools:  # tool_choice none, or the call limit reached: no call
@@ -219,7 +226,7 @@ class ChatPrompter:
             if reply["speech"]:  # words, not a call written as JSON text (a small model after a result)
                 banned += self.json_token_ids
             sampling = replace(sampling, suppress_token_ids=(*sampling.suppress_token_ids, *banned))
-        return ChatTurn(ids, sampling, turn, tools, reply)
+        return ChatTurn(ids, sampling, turn, tools, reply, gate)
 
 
 def handed_on(opts: TurnOptions) -> TurnOptions:

@@ -45,6 +45,7 @@ from tokenizers import Tokenizer
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.registry import LoadedModel
 from omniduplex.pipeline.engine.adapters import DecoderLMAdapter
+from omniduplex.pipeline.engine.call_gate import DEFAULT_CALL_THRESHOLD
 from omniduplex.pipeline.engine.grammar import TokenizerGrammars
 from omniduplex.pipeline.engine.request import Request, SamplingParams
 from omniduplex.pipeline.engine.speculative import SpeculativeConfig
@@ -154,6 +155,9 @@ class LLMWorker(EngineGauges):
         max_tool_calls: most tool calls per user turn (the call loop is cut there).
         speculative, draft: speculative decoding (the manifest's ``llm_speculative``, parsed) and its draft
             model (``method: draft``), :mod:`.llm_speculative`; a step may then emit several ids of a turn.
+        call_threshold: the calibrated call decision of a turn's first reply under ``tool_choice: auto``
+            (:mod:`omniduplex.pipeline.engine.call_gate`): it calls when the model's probability of opening
+            a call is at least this; ``None``: the first token's argmax decides (plain greedy).
 
     Raises:
         CheckpointError: no ``tokenizer.json``, no eos token, or a model without a text decoder.
@@ -166,7 +170,11 @@ class LLMWorker(EngineGauges):
         max_tool_calls: int = MAX_TOOL_CALLS,
         speculative: SpeculativeConfig | None = None,
         draft: LoadedModel | None = None,
+        call_threshold: float | None = DEFAULT_CALL_THRESHOLD,
     ) -> None:
+        if call_threshold is not None and not 0.0 <= call_threshold <= 1.0:
+            raise ValueError(f"call_threshold must be in [0, 1], got {call_threshold}")
+        self.call_threshold = call_threshold
         if model.thinker is None or model.thinker.model is None:
             raise CheckpointError(f"{model.path}: not a text LM checkpoint (no decoder loaded)")
         self.chat = ChatPrompter(model.path, model.raw_config, max_tool_calls)
@@ -213,7 +221,10 @@ class LLMWorker(EngineGauges):
             self._ready.append(turn)
             return
         if turn.tools.tools:  # every call's arguments parse and satisfy their schema; none when none allowed
-            turn.sampling = replace(turn.sampling, grammar=self.grammars.compile_tools(turn.tools))
+            grammar = self.grammars.compile_tools(turn.tools)
+            if turn.call_gate and self.call_threshold is not None:
+                grammar = self.grammars.gated(grammar, self.call_threshold)
+            turn.sampling = replace(turn.sampling, grammar=grammar)
         self.engine.add_request(Request(rid, turn.ids, turn.sampling))
         self.turns[rid] = TurnStream(turn, self.tokenizer, self.stop_ids)
 

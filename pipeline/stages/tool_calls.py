@@ -50,7 +50,8 @@ EVENT_KEYS = (STARTED, ARGUMENTS_DELTA, DONE, FAILED)
 """The :class:`~omniduplex.pipeline.messages.DecoderOutput` fields of call events, in the order they come
 within one message."""
 REPEAT_ERROR = "the same call (same function, same arguments) was already made in this turn"
-"""Why a repeated call fails: one call per need (the turn already has that call's output)."""
+"""Why a repeated call fails: one call per need (the turn already has that call's output, or that function's
+result: a call of it with other arguments is refused too, :class:`~..text.reply_text.ReplyStream`)."""
 
 
 def call_key(name: str, arguments) -> tuple[str, str]:

@@ -47,6 +47,11 @@ class ReplyStream:
         made: :func:`~.tool_calls.call_key` of the calls the turn has made already; a call repeating one
             (or one earlier in this reply) ends a ``CallFailed`` (:data:`~.tool_calls.REPEAT_ERROR`)
             and the reply ends: one call per need.
+        answered: names of the functions that returned a result in this turn already
+            (:func:`~omniduplex.models.cascade.tool_prompt.answered_since_user`): a call of one, with any
+            arguments, is refused the same way (``bench tools``: Qwen2.5-Coder-0.5B called the unit converter
+            again with other numbers instead of saying its result). Refused rather than masked out: a grammar
+            without the function turned the model's repeat into calls of other tools.
         finish_sentence: once ``text_budget`` is spent, a spoken reply with a sentence budget ends after the
             sentence being said instead of at once (the engine's ``max_tokens`` then holds a grace beyond the
             budget, :data:`~omniduplex.pipeline.stages.chat_prompt.SENTENCE_GRACE_TOKENS`): never cut
@@ -64,7 +69,9 @@ class ReplyStream:
         max_sentences: int | None = None,
         made: set | frozenset = frozenset(),
         finish_sentence: bool = False,
+        answered: frozenset[str] = frozenset(),
     ) -> None:
+        self.answered = answered
         self.spoken = SpokenReply(strip=speech, max_sentences=max_sentences) if speech else None
         self.max_sentences = max_sentences
         self.made = set(made)  # call_key of the calls the turn has made (one call per need)
@@ -80,6 +87,10 @@ class ReplyStream:
     def unspoken(self) -> str:
         """The text dropped after the last complete clause when the reply ran out of tokens."""
         return self.spoken.unspoken if self.spoken else ""
+
+    def _repeats(self, done) -> bool:
+        """Whether a finished call repeats one of the turn (same call, or a function already answered)."""
+        return call_key(done.name, done.arguments) in self.made or done.name in self.answered
 
     def push(self, delta: str, tokens: int = 1) -> list[dict]:
         """Add the text of ``tokens`` sampled tokens; the meta of the messages to send (at least one)."""
@@ -134,7 +145,7 @@ class ReplyStream:
             if key == DONE and self.max_calls == 0:  # tool_choice none: a block written anyway is no call
                 refused = "no tool call is allowed in this reply"
                 key, value = FAILED, CallFailed(value.call_id, value.name, refused)
-            elif key == DONE and call_key(value.name, value.arguments) in self.made:  # a repeat
+            elif key == DONE and self._repeats(value):  # one call per need
                 key, value = FAILED, CallFailed(value.call_id, value.name, REPEAT_ERROR)
                 self.stop = self.stop or ("tool_calls" if self.done else "stop")  # the model is looping
             elif key == DONE:

@@ -22,6 +22,7 @@ cut by its token budget mid-sentence ("3. Once") sounds broken. Three parts, all
 
 from __future__ import annotations
 
+import datetime
 import re
 
 from omniduplex.pipeline.text.clauses import ABBREVIATIONS, clause_ends
@@ -82,9 +83,33 @@ def sentence_ends(text: str) -> list[int]:
     return out
 
 
+DATE_DAYS = 7
+"""Days after today that :func:`date_context` names with their weekday and date."""
+
+
+def date_context(today: datetime.date, days: int = DATE_DAYS) -> str:
+    """The date line of a system prompt whose tools take dates and times: today and the next ``days`` days
+    with their weekdays and ISO dates (``YYYY-MM-DD``, the format of JSON Schema's ``date``), and that times
+    are written on the 24-hour clock. A small model left to count days itself books "tomorrow" as today and
+    "7 pm" as 17:00 (``bench tools``, ``MODELS.md``).
+
+    >>> date_context(datetime.date(2026, 11, 27), days=2).split(". ")[:2]
+    ['Today is Friday, 2026-11-27', 'Tomorrow is Saturday, 2026-11-28; then Sunday, 2026-11-29']
+    """
+    def day(k: int) -> str:
+        d = today + datetime.timedelta(days=k)
+        return f"{d.strftime('%A')}, {d.isoformat()}"
+
+    after = "; then " + "; ".join(day(k) for k in range(2, days + 1)) if days > 1 else ""
+    return (
+        f"Today is {day(0)}. Tomorrow is {day(1)}{after}. "
+        "Times are on the 24-hour clock: 1 pm is 13:00, 9 pm is 21:00."
+    )
+
+
 def spoken_tools_prompt(descriptions: list[str], date: str = "") -> str:
     """The system prompt for a spoken turn that offers tools, whose ``descriptions`` (one per tool, as in its
-    definition) say what each does; ``date`` (e.g. ``"Today is Friday, 2026-11-27."``) is appended when given.
+    definition) say what each does; ``date`` (a date line, e.g. :func:`date_context`) is appended when given.
     ``bench tools`` chose this form: on Qwen2.5-Coder-1.5B the plain spoken prompt made the model describe
     calls in words, and a prompt without the tools' uses made it call tools for general questions (figures in
     ``MODELS.md``).
