@@ -203,3 +203,29 @@ def test_a_call_of_a_function_that_returned_a_result_is_refused_in_the_turn():
     assert [m[DONE].name for m in metas if DONE in m] == ["get_order_status"]
     assert continuation('{"error": "timeout"}').reply["answered"] == frozenset()  # a retry is allowed
     assert continuation("rain", [["user", "And in Lyon?"]]).reply["answered"] == frozenset()
+
+
+def test_a_voice_turn_with_tools_gets_the_spoken_tools_prompt_and_todays_date():
+    """The server's turn options (app/core/replies.py): the cascade's spoken default prompt becomes the
+    tools prompt `bench tools` measures when the turn offers tools; a prompt the owner chose is kept."""
+    import datetime
+    from types import SimpleNamespace
+
+    from omniduplex.app.core.replies import OrchestratorResponder
+    from omniduplex.pipeline.messages import TurnOptions
+    from omniduplex.pipeline.text.spoken import SPOKEN_SYSTEM_PROMPT, date_context
+
+    tool = {"type": "function", "name": "get_order_status", "description": "Look up an order's status.",
+            "parameters": {"type": "object", "properties": {}}}  # fmt: skip
+    spoken = OrchestratorResponder(
+        SimpleNamespace(output_rate=24000), TurnOptions(system_prompt=SPOKEN_SYSTEM_PROMPT)
+    )
+    with_tools = spoken._turn_options([], {"tools": [tool], "instructions": "Be brief."})
+    assert "look up an order's status" in with_tools.system_prompt
+    assert date_context(datetime.date.today()) in with_tools.system_prompt
+    assert with_tools.system_prompt.endswith("\n\nBe brief.") and with_tools.tool_choice == "auto"
+    assert spoken._turn_options([], {}).system_prompt == SPOKEN_SYSTEM_PROMPT  # no tools: the spoken one
+    owner = OrchestratorResponder(
+        SimpleNamespace(output_rate=24000), TurnOptions(system_prompt="You are Ada.")
+    )
+    assert owner._turn_options([], {"tools": [tool]}).system_prompt == "You are Ada."

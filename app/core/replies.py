@@ -11,6 +11,7 @@ it the open turn's audio and gets partial transcripts back; ``start`` then finis
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -27,6 +28,7 @@ from omniduplex.pipeline.events import (
 )
 from omniduplex.pipeline.messages import Prefill, TurnOptions
 from omniduplex.pipeline.orchestrator import Orchestrator
+from omniduplex.pipeline.text.spoken import SPOKEN_SYSTEM_PROMPT, date_context, spoken_tools_prompt
 
 __all__ = [
     "LiveTranscription",
@@ -129,9 +131,16 @@ class OrchestratorResponder:
     def _turn_options(self, history: list[list[str]], opts: dict[str, Any]) -> TurnOptions:
         """The pipeline's options of a turn: the server's defaults, the history, and the reply's options
         (``system_prompt``, ``instructions``, ``voice``, ``tools``, ``tool_choice``, ``sampling``,
-        ``spoken``, ``say``)."""
+        ``spoken``, ``say``). A turn with tools whose prompt would be the cascade's spoken default
+        (:data:`~omniduplex.pipeline.text.spoken.SPOKEN_SYSTEM_PROMPT`) gets the spoken tools prompt with
+        today's date instead (:func:`~omniduplex.pipeline.text.spoken.spoken_tools_prompt`,
+        :func:`~omniduplex.pipeline.text.spoken.date_context`), the prompt ``bench tools`` measures."""
         d = self.defaults
         prompt = opts.get("system_prompt") or d.system_prompt or DEFAULT_SYSTEM_PROMPT
+        if opts.get("tools") and prompt == SPOKEN_SYSTEM_PROMPT:  # the cascade's default, with tools:
+            # what `bench tools` measures — the tools' uses, when not to call, today's date
+            uses = [t.get("description", "") for t in opts["tools"] if isinstance(t, dict)]
+            prompt = spoken_tools_prompt(uses, date_context(datetime.date.today()))
         if opts.get("instructions"):
             prompt = f"{prompt}\n\n{opts['instructions']}"
         turn = d.model_copy(update={"history": history, "system_prompt": prompt})
