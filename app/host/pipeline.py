@@ -57,10 +57,11 @@ def tiny_model() -> Path:
 
 
 def resolve_model(model: str | Path | None) -> str:
-    """``None`` (or ``"default"``, or ``"quality"``, its name before it was the default) → :func:`default_model`
-    (the cascade with Qwen2.5-Coder-1.5B); ``"tiny"`` → :func:`tiny_model`; ``"fast"`` → the cascade with
-    Qwen2.5-Coder-0.5B (:func:`~omniduplex.models.cascade.manifest.fast_manifest`); ``"small"`` → the cascade
-    with SmolLM2-135M (:func:`~omniduplex.models.cascade.manifest.small_manifest`); anything else as given.
+    """``None`` (or ``"default"``, or ``"quality"``, its name before it was the default) →
+    :func:`default_model` (the cascade with Qwen2.5-Coder-1.5B); ``"tiny"`` → :func:`tiny_model`;
+    ``"fast"`` → the cascade with Qwen2.5-Coder-0.5B
+    (:func:`~omniduplex.models.cascade.manifest.fast_manifest`); ``"small"`` → the cascade with SmolLM2-135M
+    (:func:`~omniduplex.models.cascade.manifest.small_manifest`); anything else as given.
 
     Raises:
         WeightsError: the weights a name needs are missing or corrupted (one line naming the fix).
