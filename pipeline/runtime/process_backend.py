@@ -328,12 +328,12 @@ class ProcessBackend(StageProcesses):
             self._fail(m.request_id, f"{stage}: {e}", stage)
             return
         msg.request_id = name
-        self.on_output(msg)
         waiting = self.waiting.get(m.request_id)
         if m.last and waiting is not None and stage in waiting:
             waiting.discard(stage)
-            if not waiting:
-                self._forget(m.request_id)
+            if not waiting:  # released before the orchestrator sees the end (as in _fail): a caller that
+                self._forget(m.request_id)  # reads stats() on "done" finds the request no longer live
+        self.on_output(msg)
 
     def _forget(self, rid: int) -> None:
         self.inflight.discard(rid)
