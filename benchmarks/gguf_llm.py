@@ -71,17 +71,19 @@ def _our_worker(gguf: Path, engine: str, max_seqs: int):
     from omniduplex.kernels.cpu_linear import prepack_linears
     from omniduplex.kernels.int8_linear import quantize_linears
     from omniduplex.models.cascade.gguf_import import cached_import
-    from omniduplex.models.cascade.gguf_quantized import quantize_from_gguf
+    from omniduplex.models.cascade.gguf_quantized import load_quantized
     from omniduplex.models.registry import load_model
     from omniduplex.models.weights import cache_dir
     from omniduplex.pipeline.stages.engine_build import EngineSettings
     from omniduplex.pipeline.stages.llm import LLMWorker
 
     dtype = torch.bfloat16 if engine in ("bf16", "int8") else torch.float32
-    model = load_model(cached_import(gguf, cache_dir() / "gguf"), parts=("thinker",), dtype=dtype)
+    folder = cached_import(gguf, cache_dir() / "gguf")
     if engine == "quantized":
-        quantize_from_gguf(model.thinker, gguf)
-    elif engine == "int8":
+        model = load_quantized(folder, gguf, dtype)
+    else:
+        model = load_model(folder, parts=("thinker",), dtype=dtype)
+    if engine == "int8":
         quantize_linears(model.thinker)
     prepack_linears(model.thinker)
     return LLMWorker(model, EngineSettings(1024, max_seqs, 1024))

@@ -87,12 +87,10 @@ def _compare(plain, fast, metas: list[dict], tag: str) -> tuple[bool, list[int],
 def _load(gguf: Path):
     from omniduplex.kernels.cpu_linear import prepack_linears
     from omniduplex.models.cascade.gguf_import import cached_import
-    from omniduplex.models.cascade.gguf_quantized import quantize_from_gguf
-    from omniduplex.models.registry import load_model
+    from omniduplex.models.cascade.gguf_quantized import load_quantized
     from omniduplex.models.weights import cache_dir
 
-    model = load_model(cached_import(gguf, cache_dir() / "gguf"), parts=("thinker",), dtype=torch.float32)
-    quantize_from_gguf(model.thinker, gguf)
+    model = load_quantized(cached_import(gguf, cache_dir() / "gguf"), gguf)
     prepack_linears(model.thinker)
     return model
 

@@ -124,17 +124,16 @@ def _open(path: Path):
 def _check_headers(paths: set[Path]) -> None:
     """Reject truncated files: the header's largest data offset must fit in the file."""
     for p in sorted(paths):
-        raw = p.read_bytes()[:8]
-        if len(raw) < 8:
-            raise CheckpointError(f"{p.name}: truncated safetensors file (no header)")
-        n = int.from_bytes(raw, "little")
-        size = p.stat().st_size
-        if 8 + n > size:
-            raise CheckpointError(
-                f"{p.name}: truncated safetensors file (header claims {n} bytes, file {size})"
-            )
-        with p.open("rb") as fh:
-            fh.seek(8)
+        with p.open("rb") as fh:  # the header only: a 6 GB shard is not read into memory to check it
+            raw = fh.read(8)
+            if len(raw) < 8:
+                raise CheckpointError(f"{p.name}: truncated safetensors file (no header)")
+            n = int.from_bytes(raw, "little")
+            size = p.stat().st_size
+            if 8 + n > size:
+                raise CheckpointError(
+                    f"{p.name}: truncated safetensors file (header claims {n} bytes, file {size})"
+                )
             try:
                 header = json.loads(fh.read(n))
             except json.JSONDecodeError as e:

@@ -75,6 +75,12 @@ class MergedLinear(nn.Linear):
         self.parts = tuple(parts.items())
 
 
+def rope_inv_freq(head_dim: int, theta: float, device: str | torch.device | None = None) -> torch.Tensor:
+    """RoPE's inverse frequencies ``theta^(-2i/D)``, fp32 ``[head_dim // 2]`` (Su et al. 2021)."""
+    i = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float()
+    return 1.0 / (theta ** (i / head_dim))
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE (Su et al. 2021, "RoFormer"), rotate-half layout, ``inv_freq = theta^(-2i/D)``.
 
@@ -85,8 +91,8 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, theta: float, table_dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self.head_dim, self.theta = head_dim, theta
+        self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta), persistent=False)
         self.table_dtype = table_dtype
         """``cos``/``sin`` rounded to this dtype (and back to fp32) when set: Fish Speech's
         ``precompute_freqs_cis`` stores its table in bf16 (``fish_speech/models/text2semantic/llama.py``)."""

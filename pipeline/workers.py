@@ -286,13 +286,14 @@ def _llm_worker(manifest, cfg: StageConfig) -> StageWorker:
             _prepack(draft.thinker, cfg)
     weights = choose_weights() if manifest.llm_weights == "auto" else manifest.llm_weights  # or "float"
     dtype = torch.bfloat16 if weights == "bf16" else _dtype(cfg)
-    model = load_model(llm_dir, parts=("thinker",), dtype=dtype, device=cfg.device)
+    if manifest.llm_quantized:  # GGUF blocks on our C++ kernels, no float copy (cascade/gguf_quantized.py)
+        from omniduplex.models.cascade.gguf_quantized import load_quantized
+
+        model = load_quantized(llm_dir, manifest.llm, dtype)
+    else:
+        model = load_model(llm_dir, parts=("thinker",), dtype=dtype, device=cfg.device)
     if weights == "int8":  # per-channel int8 on aten's weight-only kernel (kernels/int8_linear.py)
         quantize_linears(model.thinker)
-    if manifest.llm_quantized:  # GGUF blocks on our quantized kernels (models/cascade/gguf_quantized.py)
-        from omniduplex.models.cascade.gguf_quantized import quantize_from_gguf
-
-        quantize_from_gguf(model.thinker, manifest.llm)
     _prepack(model.thinker, cfg)
     return LLMWorker(
         model,

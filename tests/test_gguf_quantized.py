@@ -16,7 +16,7 @@ from test_llama_gguf import prefill_logits, tiny_hf_llama, write_tiny_gguf
 from test_qwen2_gguf import engine_greedy, tiny_hf_qwen2, write_qwen2_gguf
 
 from omniduplex.models.cascade.gguf_import import import_gguf
-from omniduplex.models.cascade.gguf_quantized import QuantEmbedding, QuantLinear, quantize_from_gguf
+from omniduplex.models.cascade.gguf_quantized import QuantEmbedding, QuantLinear, load_quantized
 from omniduplex.models.checkpoint import CheckpointError
 from omniduplex.models.registry import load_model
 
@@ -67,10 +67,16 @@ def test_quantized_qwen2_matches_its_dequantized_import(tmp_path):
     deq = load_model(import_gguf(src, tmp_path / "imported"), parts=("thinker",))
     ids = list(range(40, 70))
     want = prefill_logits(deq.thinker, ids)
-    model = load_model(tmp_path / "imported", parts=("thinker",))
-    counts = quantize_from_gguf(model.thinker, src)
+    model = load_quantized(tmp_path / "imported", src)  # built on meta: no float copy of the projections
+    kinds = [m.types for m in model.thinker.modules() if isinstance(m, QuantLinear)]
     # per layer: qkv = Q5_0 (q, k) + Q8_0 (v), o Q4_1, gate_up Q5_0, down Q5_0; plus lm_head Q8_0
-    assert counts == {"Q5_0": 6, "Q8_0": 3, "Q4_1": 2}
+    assert sorted(kinds) == sorted([(6, 8), (3,), (6,), (6,)] * 2 + [(8,)])
+    assert not any(t.is_meta for t in [*model.thinker.parameters(), *model.thinker.buffers()])
+    rope = model.thinker.model.rotary.inv_freq
+    assert torch.equal(rope, deq.thinker.model.rotary.inv_freq)
+    norms = [n for n, p in deq.thinker.named_parameters() if n.endswith("norm.weight")]
+    assert norms
+    assert all(torch.equal(model.thinker.get_parameter(n), deq.thinker.get_parameter(n)) for n in norms)
     attn = model.thinker.model.layers[0].self_attn
     assert isinstance(attn.qkv_proj, QuantLinear) and attn.qkv_proj.types == (6, 8)
     assert attn.qkv_proj.bias is not None  # Qwen2's q/k/v biases kept
@@ -90,8 +96,7 @@ def test_quantized_llama_unpermutes_q_k_rows(tmp_path):
     src = tmp_path / "q.gguf"
     requantize(tmp_path / "f32.gguf", src, {"blk.": "Q8_0", "token_embd": "Q4_1"})
     deq = load_model(import_gguf(src, tmp_path / "imported"), parts=("thinker",))
-    model = load_model(tmp_path / "imported", parts=("thinker",))
-    quantize_from_gguf(model.thinker, src)
+    model = load_quantized(tmp_path / "imported", src)  # tied: the LM head from token_embd
     ids = [5, 17, 250, 3, 99, 42, 7, 7, 128, 64]
     assert rel(prefill_logits(model.thinker, ids), prefill_logits(deq.thinker, ids)) < 0.03
 
@@ -101,11 +106,11 @@ def test_unsupported_quant_type_is_one_line(tmp_path):
     write_qwen2_gguf(tmp_path / "f32.gguf", ref)
     src = tmp_path / "q40.gguf"
     requantize(tmp_path / "f32.gguf", src, {"ffn_up": "Q4_0"})
-    model = load_model(import_gguf(src, tmp_path / "imported"), parts=("thinker",))
+    imported = import_gguf(src, tmp_path / "imported")
     with pytest.raises(
         CheckpointError, match=r"q40\.gguf: tensor blk\.0\.ffn_up\.weight has quant type Q4_0"
     ) as e:
-        quantize_from_gguf(model.thinker, src)
+        load_quantized(imported, src)
     assert "\n" not in str(e.value)
 
 
@@ -146,7 +151,7 @@ def test_real_qwen_05b_quantized_greedy_equals_dequantized(tmp_path_factory):
     seqs = [p + w for p, w in zip(prompts, want)]
     spans = [slice(len(p) - 1, len(s) - 1) for p, s in zip(prompts, seqs)]  # logits of the 32 replies
     ref = torch.cat([prefill_logits(model.thinker, s)[sp] for s, sp in zip(seqs, spans)])
-    quantize_from_gguf(model.thinker, src)
+    model = load_quantized(d, src)
     got = torch.cat([prefill_logits(model.thinker, s)[sp] for s, sp in zip(seqs, spans)])
     # The int8 activation rounding moves logits by ~0.05 (mean |difference| 0.045 measured on these
     # sequences), so positions where fp32's two best tokens are closer than TIE logits are near-ties that
@@ -188,8 +193,7 @@ def test_decode_step_in_one_call_equals_the_per_op_path(tmp_path):
     write_qwen2_gguf(tmp_path / "f32.gguf", ref)
     src = tmp_path / "q.gguf"
     requantize(tmp_path / "f32.gguf", src, QWEN2_KINDS)
-    th = load_model(import_gguf(src, tmp_path / "imported"), parts=("thinker",)).thinker
-    quantize_from_gguf(th, src)
+    th = load_quantized(import_gguf(src, tmp_path / "imported"), src).thinker
     layers = th.model.layers
     assert all(layer.quant_key >= 0 for layer in layers)
     assert cpu_ops.attach(th)  # the per-op path then runs the same C++ norms, RoPE and attention

@@ -137,6 +137,28 @@ def test_qwen2_gguf_import_greedy_matches_transformers(tmp_path):
     assert tok_cfg["chat_template"] == CHATML_TEMPLATE and tok_cfg["eos_token"] == "<|im_end|>"
 
 
+def test_gguf_import_in_shards_equals_one_file(tmp_path, monkeypatch):
+    """An import larger than ``SHARD_BYTES`` is written one shard at a time (with the HF index) and loads to
+    the same tensors as the one-file import."""
+    from omniduplex.models.cascade import gguf_import
+    from omniduplex.models.checkpoint import INDEX_FILE
+
+    ref = tiny_hf_qwen2(tmp_path / "hf", seed=8)
+    src = tmp_path / "tiny-qwen2.gguf"
+    write_qwen2_gguf(src, ref)
+    whole = import_gguf(src, tmp_path / "whole")
+    monkeypatch.setattr(gguf_import, "SHARD_BYTES", 64 * 1024)  # the tiny model's ~0.4 MB in several shards
+    sharded = import_gguf(src, tmp_path / "sharded")
+    shards = sorted(sharded.glob("model-*-of-*.safetensors"))
+    index = json.loads((sharded / INDEX_FILE).read_text())
+    assert len(shards) > 2 and not (sharded / "model.safetensors").exists()
+    assert set(index["weight_map"].values()) == {f.name for f in shards}
+    assert gguf_import.is_complete(sharded) and gguf_import.is_complete(whole)
+    a = load_model(whole, parts=("thinker",)).thinker.state_dict()
+    b = load_model(sharded, parts=("thinker",)).thinker.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_qwen2_tokenizer_splits_single_digits(tmp_path):
     from tokenizers import Tokenizer
 

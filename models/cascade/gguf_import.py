@@ -8,7 +8,8 @@ and writes:
 
 * ``config.json``: a ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` config from the ``<arch>.*`` and
   ``tokenizer.ggml.*`` keys (``qwen2``: q/k/v biases, no o_proj bias, rope theta from the GGUF).
-* ``model.safetensors``: float32 tensors under the Hugging Face names. llama.cpp's converter
+* ``model.safetensors`` (or shards of at most :data:`SHARD_BYTES` with their index, written one at a time):
+  float32 tensors under the Hugging Face names. llama.cpp's converter
   (``convert_hf_to_gguf.py``, ``LlamaModel.permute``) reorders the rows of ``q_proj``/``k_proj`` of every
   head from rotate-half order ``[2, head_dim/2]`` to interleaved pairs ``[head_dim/2, 2]`` for its
   GPT-J-style RoPE; :func:`unpermute_rope_rows` undoes that, since our attention rotates halves.
@@ -39,7 +40,7 @@ from safetensors.torch import save_file
 
 from omniduplex.kernels.once import one_time_step
 from omniduplex.models.cascade.gguf_tokenizer import GGUFMeta, build_tokenizer, token_ids
-from omniduplex.models.checkpoint import CheckpointError
+from omniduplex.models.checkpoint import INDEX_FILE, CheckpointError
 from omniduplex.models.weights import sha256_file
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -47,7 +48,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _PERMUTED_ROPE = frozenset({"llama"})
 """Architectures whose q/k rows llama.cpp's converter permutes for GPT-J-style RoPE."""
 SOURCE_FILE = "gguf_source.json"
-_REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", SOURCE_FILE)
+_REQUIRED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", SOURCE_FILE)
 
 # Per-layer GGUF tensor names (gguf ``tensor_mapping``) → HF ``LlamaForCausalLM`` names.
 _LAYER_NAMES = {
@@ -193,11 +194,13 @@ def _import(src: Path, out_dir: Path, sha256: str | None, replace: bool) -> Path
             f"{src.name}: GGUF architecture {arch!r} is not supported (only {', '.join(ARCHITECTURES)})"
         )
     tokenizer = build_tokenizer(meta, src)
-    tensors, kinds = _tensors(reader, meta, src)
+    names = {_hf_name(t.name, src): t for t in reader.tensors}
+    if "model.embed_tokens.weight" not in names:
+        raise CheckpointError(f"{src.name}: GGUF has no token_embd.weight")
     tok_ids = token_ids(meta)
-    vocab = tensors["model.embed_tokens.weight"].shape[0]
-    tied = "lm_head.weight" not in tensors
-    attn_bias = "model.layers.0.self_attn.q_proj.bias" in tensors
+    vocab = int(names["model.embed_tokens.weight"].shape[-1])  # ggml order: [hidden, vocab]
+    tied = "lm_head.weight" not in names
+    attn_bias = "model.layers.0.self_attn.q_proj.bias" in names
     config = _config(meta, src, vocab, tied, attn_bias, tok_ids)
     tokens = list(meta.need("tokenizer.ggml.tokens"))
     if len(tokens) > vocab:
@@ -225,8 +228,7 @@ def _import(src: Path, out_dir: Path, sha256: str | None, replace: bool) -> Path
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        del tensors
+        kinds = _write_shards(reader, meta, src, tmp)
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         tokenizer.save(str(tmp / "tokenizer.json"))
         (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
@@ -261,25 +263,50 @@ def _open(src: Path):
         raise CheckpointError(f"{src.name}: not a readable GGUF file ({type(e).__name__}: {e})") from e
 
 
-def _tensors(reader, meta: GGUFMeta, src: Path) -> tuple[dict[str, torch.Tensor], Counter]:
+SHARD_BYTES = 1 << 30
+"""Largest float32 shard written (bytes): an import holds one shard's tensors at a time, so a 1.5B GGUF is
+not dequantised into 6 GB of memory at once (Hugging Face's ``max_shard_size`` layout and index)."""
+
+
+def _write_shards(reader, meta: GGUFMeta, src: Path, out: Path) -> Counter:
+    """Dequantise ``reader``'s tensors into ``out`` as float32 safetensors under HF names, one shard of at
+    most :data:`SHARD_BYTES` in memory at a time: ``model.safetensors`` when one shard holds them all, else
+    ``model-0000k-of-0000n.safetensors`` + ``model.safetensors.index.json``. Returns the count of source
+    tensors per GGML type."""
     arch = meta.need("general.architecture")
     heads = int(meta.need(f"{arch}.attention.head_count"))
     kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
     permuted = arch in _PERMUTED_ROPE
-    out: dict[str, torch.Tensor] = {}
-    kinds: Counter = Counter()
+    shards: list[list] = [[]]
+    size = 0
     for t in reader.tensors:
-        name = _hf_name(t.name, src)
-        w = _dequantize(t, src)
-        if permuted and ".self_attn.q_proj." in name:
-            w = unpermute_rope_rows(w, heads)
-        elif permuted and ".self_attn.k_proj." in name:
-            w = unpermute_rope_rows(w, kv_heads)
-        out[name] = w
-        kinds[t.tensor_type.name] += 1
-    if "model.embed_tokens.weight" not in out:
-        raise CheckpointError(f"{src.name}: GGUF has no token_embd.weight")
-    return out, kinds
+        nbytes = 4 * int(np.prod([int(n) for n in t.shape.tolist()]))
+        if shards[-1] and size + nbytes > SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append(t)
+        size += nbytes
+    kinds: Counter = Counter()
+    weight_map: dict[str, str] = {}
+    for k, group in enumerate(shards, 1):
+        fname = "model.safetensors" if len(shards) == 1 else f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        part: dict[str, torch.Tensor] = {}
+        for t in group:
+            name = _hf_name(t.name, src)
+            w = _dequantize(t, src)
+            if permuted and ".self_attn.q_proj." in name:
+                w = unpermute_rope_rows(w, heads)
+            elif permuted and ".self_attn.k_proj." in name:
+                w = unpermute_rope_rows(w, kv_heads)
+            part[name] = w
+            weight_map[name] = fname
+            kinds[t.tensor_type.name] += 1
+        save_file(part, str(out / fname), metadata={"format": "pt"})
+        del part
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": 4 * sum(int(np.prod(t.shape.tolist())) for t in reader.tensors)}}
+        (out / INDEX_FILE).write_text(json.dumps({**index, "weight_map": weight_map}, indent=2))
+    return kinds
 
 
 def _move_into_place(tmp: Path, out_dir: Path) -> None:
@@ -307,7 +334,8 @@ def _claim(tmp: Path, out_dir: Path) -> None:
 
 def is_complete(model_dir: Path) -> bool:
     """Whether ``model_dir`` holds every file :func:`import_gguf` writes."""
-    return all((model_dir / f).is_file() for f in _REQUIRED_FILES)
+    weights = (model_dir / "model.safetensors").is_file() or (model_dir / INDEX_FILE).is_file()
+    return weights and all((model_dir / f).is_file() for f in _REQUIRED_FILES)
 
 
 def cached_import(gguf_path: str | Path, cache_root: str | Path) -> Path:

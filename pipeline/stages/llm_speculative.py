@@ -30,13 +30,13 @@ def load_draft(path: str | Path, dtype: torch.dtype, device, cache: Path) -> Loa
     folder = cached_import(src, cache / "gguf") if src.suffix == ".gguf" else src
     if not folder.is_dir():
         raise CheckpointError(f"draft model {src}: neither a checkpoint folder nor a .gguf file")
+    if src.suffix == ".gguf":  # on its quantized blocks, never the float copy
+        from omniduplex.models.cascade.gguf_quantized import load_quantized
+
+        return load_quantized(folder, src, dtype)
     model = load_model(folder, parts=("thinker",), dtype=dtype, device=device)
     if model.thinker is None or model.thinker.model is None:
         raise CheckpointError(f"draft model {src}: not a text LM checkpoint")
-    if src.suffix == ".gguf":
-        from omniduplex.models.cascade.gguf_quantized import quantize_from_gguf
-
-        quantize_from_gguf(model.thinker, src)
     return model
 
 
