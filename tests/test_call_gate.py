@@ -57,7 +57,7 @@ def test_the_call_opening_ids_of_qwen25():
     decoded = [b""] * (max(vocab.values()) + 1)
     for i in vocab.values():
         decoded[i] = tok.decode([i], skip_special_tokens=False).encode()
-    start, whole, blank = (set(ids) for ids in call_start_ids(decoded))
+    start, whole, no_first = (set(ids) for ids in call_start_ids(decoded))
     for opener in ("<tool_call>", "```", '{"', "<"):
         assert tok.token_to_id(opener) in start, opener
     assert {tok.token_to_id("<tool_call>"), tok.token_to_id("```")} <= whole <= start
@@ -66,7 +66,13 @@ def test_the_call_opening_ids_of_qwen25():
         i = tok.encode(word, add_special_tokens=False).ids
         assert len(i) == 1 and i[0] not in start, word
     (newline,) = tok.encode("\n", add_special_tokens=False).ids
-    assert newline in blank and tok.token_to_id("Hello") not in blank
+    assert newline in no_first and tok.token_to_id("Hello") not in no_first
+    for markup in ("{{", "{}", "[", " <", "`"):  # no spoken reply starts with markup (nor a call after it)
+        i = tok.encode(markup, add_special_tokens=False).ids
+        assert len(i) == 1 and i[0] in no_first, markup
+    for word in ("Hello", " The", "I", '"', "1", "(", "."):
+        i = tok.encode(word, add_special_tokens=False).ids
+        assert len(i) == 1 and i[0] not in no_first, word
 
 
 @pytest.fixture(scope="module")

@@ -173,8 +173,8 @@ class TokenizerGrammars:
         if self._start_ids is None:
             found = call_start_ids(self.info.decoded_vocab)
             self._start_ids = [torch.tensor(i, dtype=torch.int64) for i in found]
-        start, whole, blank = self._start_ids
-        return replace(grammar, gate=CallGate(start, threshold, whole, blank))
+        start, whole, no_first = self._start_ids
+        return replace(grammar, gate=CallGate(start, threshold, whole, no_first))
 
     def _compile(self, tools: ToolSet):
         from xgrammar.structural_tag import (
