@@ -301,6 +301,50 @@ def test_a_partial_superseded_by_the_end_of_turn_is_never_sent():
     assert not worker.has_work()
 
 
+class BeamASR(CountingASR):
+    """A beam-search model: records the beam each call asked for (``None``: its own)."""
+
+    beam = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.beams: list[int | None] = []
+
+    def transcribe_batch(self, waves, beam=None):
+        self.beams.append(beam)
+        return super().transcribe_batch(waves)
+
+
+def test_a_step_with_several_turns_decodes_greedily_and_one_turn_keeps_the_beam():
+    worker = ASRWorker(BeamASR(), hypothesis_every_s=None)
+    wave = torch.from_numpy(burst(1.0))
+    worker.submit(StageMessage("a", {"waveform": wave}, TurnRequest(), last=True))
+    (one,) = worker.step()
+    assert one.meta.transcript == "said" and worker.asr.beams == [None] and worker.greedy_steps == 0
+    for rid in ("b", "c"):  # two callers' turns end together: decoded in turn, greedily
+        worker.submit(StageMessage(rid, {"waveform": wave}, TurnRequest(), last=True))
+    assert len(worker.step()) == 2 and worker.asr.calls[-1] == 2
+    assert worker.asr.beams == [None, 1] and worker.greedy_steps == 1
+    # a model without a beam is never asked for one; greedy_from=None keeps the beam under load
+    plain = ASRWorker(CountingASR(), hypothesis_every_s=None)
+    steady = ASRWorker(BeamASR(), hypothesis_every_s=None, greedy_from=None)
+    for w in (plain, steady):
+        for rid in ("b", "c"):
+            w.submit(StageMessage(rid, {"waveform": wave}, TurnRequest(), last=True))
+        assert len(w.step()) == 2
+    assert steady.asr.beams == [None] and plain.greedy_steps == steady.greedy_steps == 0
+
+
+def test_moonshine_beam_per_call_equals_the_model_at_that_beam(asr, speech):
+    clip = speech[: 3 * SR]
+    greedy = MoonshineASR(locate_moonshine_base(), cpu_threads=1, beam=1)
+    assert asr.beam > 1
+    assert asr.transcribe_batch([clip], beam=1)[0].text == greedy.transcribe(clip).text
+    assert asr.transcribe_batch([clip])[0].text == asr.transcribe(clip).text
+    with pytest.raises(ValueError, match="beam must be >= 1"):
+        asr.transcribe_batch([clip], beam=0)
+
+
 def test_stage_rejects_a_too_short_streamed_turn_and_aborts(asr):
     worker = ASRWorker(asr)
     worker.submit(StageMessage("t", {"waveform": torch.zeros(100)}, AsrPiece()))

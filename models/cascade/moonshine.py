@@ -184,12 +184,14 @@ class MoonshineASR:
         """One utterance: :meth:`transcribe_batch` of one."""
         return self.transcribe_batch([waveform])[0]
 
-    def transcribe_batch(self, waveforms: list[np.ndarray]) -> list[Transcript]:
+    def transcribe_batch(self, waveforms: list[np.ndarray], beam: int | None = None) -> list[Transcript]:
         """Transcribe utterances, one encoder + beam-search decode each (the graphs take no padding mask, so
         utterances of different lengths are not stacked; each result equals the utterance alone).
 
         Args:
             waveforms: float32 mono ``[samples]`` at 16 kHz each, in [-1, 1].
+            beam: hypotheses of this call's beam search (``None``: :attr:`beam`; 1: greedy, the ASR stage's
+                choice when several turns wait).
 
         Returns:
             One :class:`~.asr.Transcript` per waveform, in order (``text`` "" when nothing is decoded).
@@ -200,11 +202,13 @@ class MoonshineASR:
         for i, w in enumerate(waveforms):
             if w.ndim != 1 or w.size == 0:
                 raise ValueError(f"waveform {i}: need a non-empty 1-D 16 kHz array, got shape {w.shape}")
-        return [self._one(np.asarray(w, dtype=np.float32)) for w in waveforms]
+        if beam is not None and beam < 1:
+            raise ValueError(f"beam must be >= 1, got {beam}")
+        return [self._one(np.asarray(w, dtype=np.float32), beam or self.beam) for w in waveforms]
 
-    def token_ids(self, wave: np.ndarray) -> list[int]:
+    def token_ids(self, wave: np.ndarray, beam: int | None = None) -> list[int]:
         """Token ids (no ``<s>``/``</s>``) of one float32 16 kHz ``[samples]`` waveform, by a beam search of
-        :attr:`beam` hypotheses (:func:`~.beam_search.beam_search`; 1: greedy), at most
+        ``beam`` hypotheses (default :attr:`beam`; :func:`~.beam_search.beam_search`; 1: greedy), at most
         :data:`TOKENS_PER_S` per second of audio."""
         if wave.size < MIN_SAMPLES:
             wave = np.pad(wave, (0, MIN_SAMPLES - wave.size))
@@ -232,20 +236,20 @@ class MoonshineASR:
             return run(len(self.steps) - 1, tokens, True)  # merged: one graph; int8: the cached graph
 
         first = run(0, np.array([START_ID], np.int64), False)[0]
-        return list(beam_search(step, first, EOS_ID, self.beam, max_tokens, PATIENCE).ids)
+        return list(beam_search(step, first, EOS_ID, beam or self.beam, max_tokens, PATIENCE).ids)
 
-    def _one(self, wave: np.ndarray) -> Transcript:
+    def _one(self, wave: np.ndarray, beam: int) -> Transcript:
         duration = wave.size / SAMPLE_RATE
         if duration > LONG_S:  # trained on short segments: past ~20 s it drifts into made-up text
             from omniduplex.models.cascade.streaming_asr import ChunkPolicy, split_points
 
             b = split_points(wave, ChunkPolicy(pause_ms=300, min_chunk_s=6.0, max_chunk_s=15.0, search_s=4.0))
-            texts = [self._one(wave[s:e]).text for s, e in zip(b, b[1:])]
+            texts = [self._one(wave[s:e], beam).text for s, e in zip(b, b[1:])]
             return Transcript(" ".join(t for t in texts if t), [], "en", duration)
         speech = trim_quiet(wave)
         if speech is None:
             return Transcript("", [], "en", duration)
-        text = self.tokenizer.decode(self.token_ids(speech)).strip()
+        text = self.tokenizer.decode(self.token_ids(speech, beam)).strip()
         return Transcript(text, [], "en", duration)
 
 

@@ -33,6 +33,10 @@ of turn, it covers all the sound and nothing is left to decode then) while it is
 2-core CPU; Moonshine's cost follows the audio length. A model too slow for both gets its turns whole, as
 without pieces (no partials).
 
+Load-aware decoding: a beam-search model (Moonshine, beam 4) decodes greedily in a step that holds the audio
+of several turns (``greedy_from``): the stage decodes them one after another, and at c = 4 the beam's ~2×
+decode time would stand between each caller's end of speech and its reply. One caller keeps the beam.
+
 A typed turn (meta ``user_text``, e.g. a Realtime ``conversation.item.create``) needs no transcription:
 its text is the transcript, sent on at once with no ``words``, and its waveform may be empty.
 """
@@ -80,6 +84,11 @@ class ASRWorker(BatchGauges):
             (``None``: partials carry closed chunks only).
         hypothesis_budget: :data:`HYPOTHESIS_BUDGET` (share of the period).
         pause_budget_ms: :data:`PAUSE_HYPOTHESIS_BUDGET_MS` (ms).
+        greedy_from: a step that decodes the audio of this many turns or more asks a beam-search model
+            (``transcribe_batch(waves, beam=1)``, :class:`~omniduplex.models.cascade.moonshine.MoonshineASR`)
+            for greedy decoding: its turns decode one after another, so at c = 4 the beam's ~2× decode time
+            would stand between each caller's end of speech and its reply (``None``: always the model's
+            beam).
     """
 
     def __init__(
@@ -90,8 +99,10 @@ class ASRWorker(BatchGauges):
         hypothesis_every_s: float | None = 0.4,
         hypothesis_budget: float = HYPOTHESIS_BUDGET,
         pause_budget_ms: float = PAUSE_HYPOTHESIS_BUDGET_MS,
+        greedy_from: int | None = 2,
     ) -> None:
         self.asr, self.max_batch = asr, max_batch
+        self.greedy_from = greedy_from if getattr(asr, "beam", 1) > 1 else None
         self.hypothesis_budget, self.pause_budget_ms = hypothesis_budget, pause_budget_ms
         self.pending: list[StageMessage] = []
         self.policy, self.hypothesis_every_s = policy or ChunkPolicy(), hypothesis_every_s
@@ -101,6 +112,7 @@ class ASRWorker(BatchGauges):
         self.dirty: list[str] = []  # streams with new audio since their last step
         self.held: dict[str, StageMessage] = {}  # each stream's newest partial, sent at the next step
         self.stream_decode_ms = 0.0  # running mean of the steps' decode time (ms)
+        self.greedy_steps = 0  # steps decoded greedily because several turns waited (greedy_from)
 
     def submit(self, msg: StageMessage) -> None:
         """Queue a turn.
@@ -188,8 +200,11 @@ class ASRWorker(BatchGauges):
         pause = self.stream_decode_ms <= self.pause_budget_ms
         jobs = [self.streams[rid].jobs(periodic, pause) for rid in streamed]
         t0 = time.perf_counter()
+        turns = len(waves) + sum(1 for j in jobs if j)
+        extra = {"beam": 1} if self.greedy_from is not None and turns >= self.greedy_from else {}
+        self.greedy_steps += bool(extra)
         results = (
-            self.asr.transcribe_batch(waves + [w for j in jobs for w in j]) if waves or any(jobs) else []
+            self.asr.transcribe_batch(waves + [w for j in jobs for w in j], **extra) if turns else []
         )
         asr_ms = 1000 * (time.perf_counter() - t0)
         if results:  # every decode counts: a model too slow for hypotheses must be seen to get faster
