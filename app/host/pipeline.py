@@ -57,22 +57,23 @@ def tiny_model() -> Path:
 
 
 def resolve_model(model: str | Path | None) -> str:
-    """``None`` (or ``"default"``, or ``"fast"``) → :func:`default_model` (the cascade with
-    Qwen2.5-Coder-0.5B); ``"tiny"`` → :func:`tiny_model`; ``"quality"`` → the cascade with Qwen2.5-Coder-1.5B
-    (:func:`~omniduplex.models.cascade.manifest.quality_manifest`); ``"small"`` → the cascade with
-    SmolLM2-135M (:func:`~omniduplex.models.cascade.manifest.small_manifest`); anything else as given.
+    """``None`` (or ``"default"``, or ``"quality"``, its name before it was the default) →
+    :func:`default_model` (the cascade with Qwen2.5-Coder-1.5B); ``"tiny"`` → :func:`tiny_model`;
+    ``"fast"`` → the cascade with Qwen2.5-Coder-0.5B
+    (:func:`~omniduplex.models.cascade.manifest.fast_manifest`); ``"small"`` → the cascade with SmolLM2-135M
+    (:func:`~omniduplex.models.cascade.manifest.small_manifest`); anything else as given.
 
     Raises:
         WeightsError: the weights a name needs are missing or corrupted (one line naming the fix).
     """
-    if model is None or str(model) in ("default", "fast"):
+    if model is None or str(model) in ("default", "quality"):
         return str(default_model())
     if str(model) == "tiny":
         return str(tiny_model())
-    if str(model) in ("quality", "small"):
-        from omniduplex.models.cascade.manifest import quality_manifest, small_manifest
+    if str(model) in ("fast", "small"):
+        from omniduplex.models.cascade.manifest import fast_manifest, small_manifest
 
-        return str((quality_manifest if str(model) == "quality" else small_manifest)(cache_dir()))
+        return str((fast_manifest if str(model) == "fast" else small_manifest)(cache_dir()))
     return str(model)
 
 

