@@ -48,6 +48,7 @@ def manifest(tmp_path_factory):
         m.asr,
         m.llm,
         m.tts,
+        llm_quantized=m.llm_quantized,  # as init-cascade wrote it: the default LLM on its quantized blocks
         tts_voice={"tts_voice": m.tts_voice, "tts_max_frames": MAX_FRAMES},
     )
     return path

@@ -51,7 +51,9 @@ def manifest(request, tmp_path_factory):
     assert res.exit_code == 0, res.output
     path = Path(json.loads(res.output.strip().splitlines()[-1])["manifest"])
     m = load_manifest(path)
-    write_manifest(path, m.asr, m.llm, m.tts, tts_voice={"tts_max_frames": FRAMES})  # short clauses
+    # short clauses; the LLM as init-cascade wrote it (the default's quantized blocks, not its fp32 import)
+    short = {"tts_max_frames": FRAMES}
+    write_manifest(path, m.asr, m.llm, m.tts, llm_quantized=m.llm_quantized, tts_voice=short)
     return request.param, path
 
 
@@ -73,7 +75,8 @@ def one_shot(w: RunnerTTSStageWorker, family: str, text: str) -> torch.Tensor:
 
 def test_stage_speaks_each_clause_with_the_family_engine(manifest):
     family, path = manifest
-    assert load_manifest(path).tts_is_checkpoint and output_rate(path) == 24000
+    m = load_manifest(path)
+    assert m.tts_is_checkpoint and m.llm_quantized and output_rate(path) == 24000
     w = build_worker("tts", path, StageConfig(num_kv_blocks=64), ChunkingConfig())
     assert isinstance(w, RunnerTTSStageWorker) and w.output_rate == 24000
     w.sampling = GREEDY[family]
@@ -100,9 +103,10 @@ def test_stage_speaks_each_clause_with_the_family_engine(manifest):
 def test_a_voice_the_family_lacks_fails_the_stage_start(manifest):
     family, path = manifest
     m = load_manifest(path)
-    write_manifest(path.with_name("bad.yaml"), m.asr, m.llm, m.tts, tts_voice={"tts_voice": "alloy"})
+    bad = path.with_name("bad.yaml")
+    write_manifest(bad, m.asr, m.llm, m.tts, llm_quantized=m.llm_quantized, tts_voice={"tts_voice": "alloy"})
     with pytest.raises(TTSInputError, match="alloy"):
-        build_worker("tts", path.with_name("bad.yaml"), StageConfig(num_kv_blocks=64), ChunkingConfig())
+        build_worker("tts", bad, StageConfig(num_kv_blocks=64), ChunkingConfig())
 
 
 @pytest.mark.slow
