@@ -97,12 +97,15 @@ class FunctionCall:
 
 @dataclass
 class CallStarted:
-    """The model started call ``index`` (0, 1, ... within the reply) of function ``name``."""
+    """The model started call ``index`` (0, 1, ... within the reply) of function ``name``; ``filler``: the
+    words the reply says as the call opens (the turn's ``call_filler``, spoken in the same request's audio
+    while the call is written and run; ``""``: none)."""
 
     call_id: str
     name: str
     index: int = 0
     request_id: str = ""
+    filler: str = ""
     kind: ClassVar[str] = "tool_call"
     phase: ClassVar[str] = "started"
 

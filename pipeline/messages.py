@@ -41,8 +41,10 @@ class TurnOptions(BaseModel):
     dicts); ``sampling`` / ``talker_sampling``: :class:`~.engine.request.SamplingParams` fields; ``tools`` /
     ``tool_choice``: OpenAI function tools (:mod:`omniduplex.models.cascade.tool_prompt`); ``spoken``:
     ``False`` for a text-only reply (chat completions); ``say``: words said as written instead of a
-    generated reply (a tool call's filler or apology); ``user_text``: a typed turn's words; ``speaker`` /
-    ``voice``: the voice; ``max_text_tokens``, ``max_audio_frames``, ``cfg_scale``: the unified LM's."""
+    generated reply (a tool call's filler or apology); ``call_filler``: words a spoken reply says as soon as
+    it opens a call of one of ``call_filler_tools`` (the session's server-run tools), while the call is
+    written and run; ``user_text``: a typed turn's words; ``speaker`` / ``voice``: the voice;
+    ``max_text_tokens``, ``max_audio_frames``, ``cfg_scale``: the unified LM's."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -60,6 +62,8 @@ class TurnOptions(BaseModel):
     tool_choice: str | dict[str, Any] | None = None
     spoken: bool | None = None
     say: str | None = None
+    call_filler: str | None = None
+    call_filler_tools: list[str] | None = None
 
 
 class Meta(BaseModel):

@@ -163,3 +163,24 @@ def test_no_call_is_made_when_none_is_allowed():
     assert not any(DONE in m for m in metas)
     failed = [m[FAILED] for m in metas if FAILED in m]
     assert failed and "no tool call is allowed" in failed[0].error and not hasattr(failed[0], "arguments")
+
+
+@given(st.lists(st.integers(0, len(REPLY)), max_size=30))
+def test_the_filler_is_said_once_as_a_server_run_call_opens(cuts):
+    """``filler`` goes out with the ``CallStarted`` of the first call of a ``filler_for`` function (its text,
+    after the event; the event names it), not with a call of another function, and only once a reply."""
+    filler = "One moment, let me check."
+    stream = ReplyStream(speech=True, calls=True, filler=filler, filler_for=frozenset({"get_weather"}))
+    metas = [m for p in _split(REPLY, cuts) for m in stream.push(p)]
+    metas += stream.finish("stop")[0]
+    assert all(_meta_order_ok(m) for m in metas)
+    started = [m for m in metas if STARTED in m]
+    assert [m[STARTED].name for m in started] == ["get_order_status", "get_weather"]
+    assert started[0][STARTED].filler == "" and filler not in started[0]["text"]
+    assert started[1][STARTED].filler == filler and started[1]["text"].startswith(filler)
+    said = "".join(m["text"] for m in metas)
+    assert said.count(filler) == 1 and said.index(filler) > said.index("Let me check both.")
+    twice = ReplyStream(calls=True, filler=filler, filler_for=frozenset({"get_order_status", "get_weather"}))
+    metas = twice.push(REPLY)
+    assert [m[STARTED].filler for m in metas if STARTED in m] == [filler, ""]  # once per reply
+    assert not any(m.get(STARTED) and m[STARTED].filler for m in ReplyStream(calls=True).push(REPLY))

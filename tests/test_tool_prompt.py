@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from tool_models import bench_tools, qwen05_dir, smollm2_dir
@@ -229,3 +230,55 @@ def test_a_voice_turn_with_tools_gets_the_spoken_tools_prompt_and_todays_date():
         SimpleNamespace(output_rate=24000), TurnOptions(system_prompt="You are Ada.")
     )
     assert owner._turn_options([], {"tools": [tool]}).system_prompt == "You are Ada."
+
+
+def test_a_server_run_tool_gets_the_filler_as_its_call_opens():
+    """The session offers its runner's filler with the runner's tools (not a client's); the server's turn
+    options carry it; the LLM stage's reply says it with the call's ``CallStarted`` (spoken replies only),
+    and the session then says no second filler while the call runs, nor in the reply's continuation."""
+    from types import SimpleNamespace
+
+    from omniduplex.app.core.history import History
+    from omniduplex.app.core.replies import OrchestratorResponder
+    from omniduplex.app.core.reply import Reply
+    from omniduplex.app.core.session_config import SessionConfig
+    from omniduplex.app.core.tool_turns import ToolCalls
+    from omniduplex.pipeline.events import CallStarted
+    from omniduplex.pipeline.messages import StageMessage, Transcript, TurnOptions
+    from omniduplex.pipeline.stages.chat_prompt import ChatPrompter
+    from omniduplex.pipeline.stages.tool_calls import STARTED
+    from omniduplex.pipeline.text.reply_text import ReplyStream
+
+    orders, _, weather = bench_tools()[:3]  # the runner's order lookup; the client's own weather tool
+    runner = SimpleNamespace(tools=[orders], filler_text="One moment.", filler_after_s=0.8)
+    calls = ToolCalls("s", History(), lambda e: None, SessionConfig(tools=[weather]), runner, time.monotonic)
+    offered = calls.offer()
+    assert offered["call_filler"] == "One moment." and offered["call_filler_tools"] == ["get_order_status"]
+    runner.filler_after_s = 0  # the filler switched off: none offered
+    assert "call_filler" not in calls.offer()
+
+    responder = OrchestratorResponder(SimpleNamespace(output_rate=24000), TurnOptions())
+    opts = responder._turn_options([], offered)
+    assert opts.call_filler == "One moment." and opts.call_filler_tools == ["get_order_status"]
+    chat = ChatPrompter(smollm2_dir(), {})
+
+    def prepare(**update):
+        turn = Transcript(transcript="Where is order 4217?", turn=opts.model_copy(update=update))
+        return chat.prepare(StageMessage("t", {}, turn))
+
+    spoken = prepare()
+    assert spoken.reply["filler"] == "One moment." and spoken.reply["filler_for"] == {"get_order_status"}
+    assert "filler" not in prepare(spoken=False).reply  # chat completions: no filler
+    assert "filler" not in prepare(tool_choice="none").reply  # no call possible
+    block = '<tool_call>\n{"name": "get_order_status", "arguments": {"order_id": "4217"}}\n</tool_call>'
+    metas = ReplyStream(**spoken.reply).push(block)
+    started = next(m for m in metas if STARTED in m)
+    assert started[STARTED].filler == "One moment." and started["text"].strip() == "One moment."
+
+    r = Reply("t1", 0.0, 0.0, options=offered)
+    calls.on_event(r, CallStarted("c1", "get_order_status", filler="One moment."))
+    assert r.filled
+    sent = []
+    starter = SimpleNamespace(start=lambda rid, wave, history, options: sent.append(options), events=len)
+    calls.continue_reply(r, starter)
+    assert sent and "call_filler" not in sent[0] and sent[0]["tools"] == offered["tools"]

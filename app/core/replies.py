@@ -131,9 +131,10 @@ class OrchestratorResponder:
     def _turn_options(self, history: list[list[str]], opts: dict[str, Any]) -> TurnOptions:
         """The pipeline's options of a turn: the server's defaults, the history, and the reply's options
         (``system_prompt``, ``instructions``, ``voice``, ``tools``, ``tool_choice``, ``sampling``,
-        ``spoken``, ``say``). A turn with tools whose prompt would be the cascade's spoken default
-        (:data:`~omniduplex.pipeline.text.spoken.SPOKEN_SYSTEM_PROMPT`) gets the spoken tools prompt with
-        today's date instead (:func:`~omniduplex.pipeline.text.spoken.spoken_tools_prompt`,
+        ``spoken``, ``say``, ``call_filler`` / ``call_filler_tools``). A turn with tools whose prompt
+        would be the cascade's spoken default
+        (:data:`~omniduplex.pipeline.text.spoken.SPOKEN_SYSTEM_PROMPT`) gets the spoken tools prompt
+        with today's date instead (:func:`~omniduplex.pipeline.text.spoken.spoken_tools_prompt`,
         :func:`~omniduplex.pipeline.text.spoken.date_context`), the prompt ``bench tools`` measures."""
         d = self.defaults
         prompt = opts.get("system_prompt") or d.system_prompt or DEFAULT_SYSTEM_PROMPT
@@ -154,6 +155,9 @@ class OrchestratorResponder:
             turn.spoken = False
         if isinstance(opts.get("say"), str):
             turn.say = opts["say"]
+        if opts.get("tools") and opts.get("call_filler"):  # said as a server-run call opens
+            turn.call_filler = opts["call_filler"]
+            turn.call_filler_tools = list(opts.get("call_filler_tools") or [])
         return turn
 
     def events(self, turn_id: str) -> AsyncIterator[ReplyEvent]:

@@ -37,7 +37,7 @@ class Reply:
     n_calls: int = 0  # function calls the reply made (all its continuations included)
     client_calls: int = 0  # calls its client must answer (a continuation waits for none)
     segments: int = 0  # continuations started after server-run calls
-    filled: bool = False  # a filler was said while a slow server-run call ran
+    filled: bool = False  # a filler was said: as a server-run call opened, or while a slow one ran
     made: set[tuple[str, str]] = field(default_factory=set)  # (name, canonical arguments) of calls made
     repeated: bool = False  # the last segment repeated a call already made (its continuation calls no tool)
     failed: str = ""  # the pipeline failed it (why); the apology then plays, and it ends with reason error

@@ -64,7 +64,11 @@ class ToolCalls:
     def offer(self, override: dict[str, Any] | None = None) -> dict[str, Any]:
         """The ``tools`` / ``tool_choice`` options of a reply: the client's tools (``override``, a response's
         own when it has a ``tools`` key, else the session's ``cfg.tools``) and the runner's, whose names the
-        client's do not take; ``{}`` when none."""
+        client's do not take; ``{}`` when none. With a runner that has a filler (``filler_text``, and
+        ``filler_after_s`` not 0) also ``call_filler`` / ``call_filler_tools``: the reply says the filler as
+        it opens a call of a server-run tool (the LLM stage, :class:`~omniduplex.pipeline.text.reply_text.
+        ReplyStream`), so the caller hears it within a second, not after the call is written and has run
+        ``filler_after_s``; a client's own tools get none (its client speaks for them)."""
         if override is not None and "tools" in override:
             tools = list(override.get("tools") or [])
             choice = override.get("tool_choice", self.cfg.tool_choice)
@@ -73,7 +77,14 @@ class ToolCalls:
         if self.runner is not None:
             taken = {_name(t) for t in tools}
             tools += [t for t in self.runner.tools if _name(t) not in taken]
-        return {"tools": tools, "tool_choice": choice or "auto"} if tools else {}
+        if not tools:
+            return {}
+        out: dict[str, Any] = {"tools": tools, "tool_choice": choice or "auto"}
+        ours = [_name(t) for t in tools if self.runs_here(_name(t))]
+        filler = getattr(self.runner, "filler_text", "")
+        if filler and ours and getattr(self.runner, "filler_after_s", None):
+            out.update(call_filler=filler, call_filler_tools=ours)
+        return out
 
     def runs_here(self, name: str) -> bool:
         """Whether the session runs a call of ``name`` (one of its runner's tools) rather than its client."""
@@ -84,6 +95,7 @@ class ToolCalls:
         runner, ``r.calls`` to be run)."""
         tid = r.turn_id
         if isinstance(ev, CallStarted | CallArgumentsDelta):
+            r.filled |= isinstance(ev, CallStarted) and bool(ev.filler)  # said as the call opened
             self.emit(ToolCall(self.name, tid, ev))
         elif isinstance(ev, CallDone):
             key = call_key(ev.name, ev.arguments)
@@ -174,7 +186,8 @@ class ToolCalls:
         calls' outputs, answering no new user text; its event stream. Raises what ``responder.start`` does."""
         r.segments += 1
         rid = r.request_id = f"{r.turn_id}.{r.segments}"
-        base = {k: v for k, v in r.options.items() if k not in ("tools", "tool_choice")}
+        skip = ("tools", "tool_choice", *(("call_filler", "call_filler_tools") if r.filled else ()))
+        base = {k: v for k, v in r.options.items() if k not in skip}
         options = {**base, **self.continuation(r), "user_text": ""}
         responder.start(rid, np.zeros(0, np.float32), self.history.snapshot(), options)
         return responder.events(rid)

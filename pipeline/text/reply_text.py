@@ -58,6 +58,11 @@ class ReplyStream:
             mid-sentence unless the grace runs out too.
         max_sentences: most sentences a spoken reply says (:func:`~omniduplex.pipeline.text.spoken.
             sentence_budget`); once said, :attr:`stop` is ``"stop"`` (the reply is complete).
+        filler: words said once, as the reply opens a call of one of ``filler_for`` (the session's
+            server-run tools): the text of the message that carries the ``CallStarted``, whose ``filler``
+            names it. On a CPU the call takes a second or two to write and the tool its own time: the line
+            is not silent meanwhile.
+        filler_for: the function names whose calls get the filler.
     """
 
     def __init__(
@@ -70,8 +75,11 @@ class ReplyStream:
         made: set | frozenset = frozenset(),
         finish_sentence: bool = False,
         answered: frozenset[str] = frozenset(),
+        filler: str = "",
+        filler_for: frozenset[str] = frozenset(),
     ) -> None:
         self.answered = answered
+        self.filler, self.filler_for = filler, filler_for
         self.spoken = SpokenReply(strip=speech, max_sentences=max_sentences) if speech else None
         self.max_sentences = max_sentences
         self.made = set(made)  # call_key of the calls the turn has made (one call per need)
@@ -157,4 +165,7 @@ class ReplyStream:
             if out[-1]["text"] or any(EVENT_KEYS.index(k) >= rank for k in out[-1] if k in EVENT_KEYS):
                 out.append({"text": ""})  # each message: events in EVENT_KEYS order, then text
             out[-1][key] = value
+            if key == STARTED and self.filler and value.name in self.filler_for:
+                value.filler, self.filler = self.filler, ""  # once per reply
+                out[-1]["text"] += value.filler + " "
         return out
