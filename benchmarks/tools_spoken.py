@@ -11,9 +11,8 @@ of the caller's speech (the turn's submit, as the session commits it):
 
 * ``answer_ms``: first reply audio of a request that needs no tool (TTFP);
 * ``call_ms``: the call complete (``CallDone``): when a session starts the tool;
-* ``filler_ms``: when the caller hears the filler of a tool slower than the runner's filler delay: the
-  call complete + ``FILLER_AFTER_S`` + the filler's own first audio (measured: the runner's filler text
-  said through the TTS stage, as ``tool_turns.ToolCalls.say`` sends it);
+* ``filler_ms``: the first audio of a request that makes a call: the runner's filler, said as the reply
+  opens the call (the session offers it as ``call_filler``: ``tool_turns.ToolCalls.offer``);
 * ``result_ms``: from the tool's output (the continuation submitted with the call and its output in the
   history, as the session does) to the first audio of the result sentence.
 """
@@ -30,7 +29,6 @@ import numpy as np
 
 from omniduplex.benchmarks import qa
 from omniduplex.benchmarks.tools import ToolRequest, TurnResult, aggregate, refused_repeat, score
-from omniduplex.pipeline.messages import TurnOptions
 
 VOICES = (
     ("en-us", 160, 50), ("en", 175, 40), ("en-us+f3", 150, 60), ("en-gb", 140, 45), ("en-us+m3", 185, 55)
@@ -46,6 +44,7 @@ class SpokenTurn:
     transcript: str = ""
     result: TurnResult = field(default_factory=TurnResult)
     answer_ms: float | None = None
+    filler_ms: float | None = None
     call_ms: float | None = None
     result_ms: float | None = None
     error: str | None = None
@@ -87,7 +86,9 @@ async def ask(orch, request: ToolRequest, wav: np.ndarray, meta) -> SpokenTurn:
     orch.submit(np.concatenate([wav, np.zeros(int(qa.ENDPOINT_S * 16000), np.float32)]), meta, request_id=rid)
     first = await _turn(orch, rid, t0, turn)
     calls = turn.result.calls
-    if not calls:
+    if calls:
+        turn.filler_ms = first  # the filler, said as the call opened
+    else:
         turn.answer_ms = first
     if request.call is None or not calls or calls[0]["name"] != request.call["name"]:
         return turn
@@ -99,7 +100,7 @@ async def ask(orch, request: ToolRequest, wav: np.ndarray, meta) -> SpokenTurn:
         history += [{"type": "function_call", **c},
                     {"type": "function_call_output", "call_id": c["call_id"], "output": json.dumps(output)}]
     t1 = time.perf_counter()
-    cont = meta.model_copy(update={"history": history, "user_text": ""})
+    cont = meta.model_copy(update={"history": history, "user_text": "", "call_filler": None})
     rid = orch.submit(np.zeros(0, np.float32), cont)
     follow = SpokenTurn()
     turn.result_ms = await _turn(orch, rid, t1, follow)
@@ -108,16 +109,6 @@ async def ask(orch, request: ToolRequest, wav: np.ndarray, meta) -> SpokenTurn:
         turn.result_ms = await _turn(orch, rid, t1, follow)
     turn.result.follow_up, turn.result.follow_up_calls = follow.result.said, len(follow.result.calls)
     return turn
-
-
-async def filler_first_audio_ms(orch, meta: TurnOptions) -> float | None:
-    """ms from submitting the runner's filler (said as written, ``say``) to its first audio."""
-    from omniduplex.app.host.tools.runner import FILLER_TEXT
-
-    t0 = time.perf_counter()
-    say = meta.model_copy(update={"say": FILLER_TEXT + " ", "user_text": ""})
-    rid = orch.submit(np.zeros(0, np.float32), say)
-    return await _turn(orch, rid, t0, SpokenTurn())
 
 
 def _p(xs: list[float], q: float) -> float:
@@ -129,7 +120,7 @@ def run_manifest(manifest: str, requests: list[ToolRequest], tools: list[dict], 
                  processes: bool = False) -> dict:
     """Every request spoken through the cascade of ``manifest``; the aggregate scores and timings."""
     from omniduplex.app.host.pipeline import RespondOptions, new_orchestrator
-    from omniduplex.app.host.tools.runner import FILLER_AFTER_S
+    from omniduplex.app.host.tools.runner import FILLER_TEXT
     from omniduplex.models.weights import cache_dir
     from omniduplex.pipeline.audio_io import load_audio
     from omniduplex.pipeline.config import load_graph
@@ -139,14 +130,15 @@ def run_manifest(manifest: str, requests: list[ToolRequest], tools: list[dict], 
     wavs = [load_audio(qa.speak(q, cache_dir() / "bench-tools"), 16000) for q in questions]
     system = spoken_tools_prompt([t.get("description", "") for t in tools], date)
     meta = RespondOptions(greedy=True, max_tokens=64).meta("cascade")
-    meta = meta.model_copy(update={"system_prompt": system, "tools": tools, "tool_choice": "auto"})
+    names = [t["name"] for t in tools]  # as a session offers its runner's tools, with the filler
+    meta = meta.model_copy(update={"system_prompt": system, "tools": tools, "tool_choice": "auto",
+                                   "call_filler": FILLER_TEXT, "call_filler_tools": names})
     orch = new_orchestrator(load_graph(None, model=manifest), processes=processes)
 
     async def main():
         await orch.start()
         try:
             await ask(orch, requests[0], wavs[0], meta)  # warm-up (not counted)
-            filler = await filler_first_audio_ms(orch, meta)
             turns = []
             for r, w in zip(requests, wavs):
                 turns.append(await ask(orch, r, w, meta))
@@ -154,11 +146,11 @@ def run_manifest(manifest: str, requests: list[ToolRequest], tools: list[dict], 
                 calls = [(c["name"], c["arguments"]) for c in t.result.calls]
                 print(f"  heard {t.transcript[:56]!r} | said {t.result.said[:60]!r} | calls {calls} | "
                       f"then {t.result.follow_up!r}", flush=True)
-            return turns, filler
+            return turns
         finally:
             await orch.stop()
 
-    turns, filler = asyncio.run(main())
+    turns = asyncio.run(main())
     schemas = {t["name"]: t["parameters"] for t in tools}
     agg = aggregate([score(r, t.result, schemas) for r, t in zip(requests, turns)])
     calls = [t.call_ms for t in turns if t.call_ms is not None]
@@ -167,11 +159,11 @@ def run_manifest(manifest: str, requests: list[ToolRequest], tools: list[dict], 
         "wer": statistics.mean(qa.wer(r.text, t.transcript) for r, t in zip(requests, turns)),
         "answer_ms": [t.answer_ms for t in turns if t.answer_ms is not None],
         "call_ms": calls,
-        "filler_ms": [c + 1000 * FILLER_AFTER_S + filler for c in calls] if filler is not None else [],
+        "filler_ms": [t.filler_ms for t in turns if t.filler_ms is not None],
         "result_ms": [t.result_ms for t in turns if t.result_ms is not None],
         "turns": [
             {"request": r.text, "transcript": t.transcript, **t.result.__dict__, "answer_ms": t.answer_ms,
-             "call_ms": t.call_ms, "result_ms": t.result_ms, "error": t.error}
+             "filler_ms": t.filler_ms, "call_ms": t.call_ms, "result_ms": t.result_ms, "error": t.error}
             for r, t in zip(requests, turns)
         ],
     }
