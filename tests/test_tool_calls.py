@@ -184,3 +184,20 @@ def test_the_filler_is_said_once_as_a_server_run_call_opens(cuts):
     metas = twice.push(REPLY)
     assert [m[STARTED].filler for m in metas if STARTED in m] == [filler, ""]  # once per reply
     assert not any(m.get(STARTED) and m[STARTED].filler for m in ReplyStream(calls=True).push(REPLY))
+
+
+def test_when_every_tool_runs_on_the_server_the_filler_goes_out_with_the_opener():
+    """``filler_for=None``: the filler is said as soon as the call's opener is written (before its name
+    streams), and the call's ``CallStarted`` names it; the text said before the call comes first."""
+    filler = "One moment, let me check."
+    stream = ReplyStream(speech=True, calls=True, filler=filler, filler_for=None)
+    block = call_block("get_weather", {"city": "Paris"})
+    cut = block.index("<tool_call>") + len("<tool_call>")
+    opener, rest = block[:cut], block[cut:]
+    metas = stream.push("Sure.") + stream.push(opener)
+    assert not any(STARTED in m for m in metas) and "".join(m["text"] for m in metas).endswith(filler + " ")
+    later = [m for p in rest for m in stream.push(p)] + stream.finish("stop")[0]
+    (started,) = [m[STARTED] for m in later if STARTED in m]
+    assert started.filler == filler and filler not in "".join(m["text"] for m in later)
+    said = "".join(m["text"] for m in metas + later)
+    assert said.index("Sure.") < said.index(filler) and said.count(filler) == 1

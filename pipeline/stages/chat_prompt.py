@@ -219,7 +219,9 @@ class ChatPrompter:
             gate = tools.choice == "auto" and left == self.max_tool_calls
             reply.update(max_calls=left, made=calls_made(messages), answered=answered_since_user(messages))
             if reply["speech"] and opts.call_filler:  # said as a server-run call opens (ReplyStream)
-                reply.update(filler=opts.call_filler, filler_for=frozenset(opts.call_filler_tools or ()))
+                here = frozenset(opts.call_filler_tools or ())
+                every = {t.name for t in tools.tools} <= here  # then said at the opener, before the name
+                reply.update(filler=opts.call_filler, filler_for=None if every else here)
             reply.setdefault("text_budget", sampling.max_tokens)
             sampling = replace(sampling, max_tokens=sampling.max_tokens + CALL_TOKENS * left)
         elif tools.tools:  # tool_choice none, or the call limit reached: no call

@@ -59,10 +59,11 @@ class ReplyStream:
         max_sentences: most sentences a spoken reply says (:func:`~omniduplex.pipeline.text.spoken.
             sentence_budget`); once said, :attr:`stop` is ``"stop"`` (the reply is complete).
         filler: words said once, as the reply opens a call of one of ``filler_for`` (the session's
-            server-run tools): the text of the message that carries the ``CallStarted``, whose ``filler``
-            names it. On a CPU the call takes a second or two to write and the tool its own time: the line
-            is not silent meanwhile.
-        filler_for: the function names whose calls get the filler.
+            server-run tools); the ``CallStarted`` of that call names it (``filler``). On a CPU the call takes
+            a second or two to write and the tool its own time: the line is not silent meanwhile.
+        filler_for: the function names whose calls get the filler: the filler is the text of the message
+            that carries the call's ``CallStarted``; ``None``: every call (all the offered tools run on the
+            server), and the filler goes out with the call's opener (``<tool_call>``), before its name.
     """
 
     def __init__(
@@ -76,10 +77,11 @@ class ReplyStream:
         finish_sentence: bool = False,
         answered: frozenset[str] = frozenset(),
         filler: str = "",
-        filler_for: frozenset[str] = frozenset(),
+        filler_for: frozenset[str] | None = frozenset(),
     ) -> None:
         self.answered = answered
         self.filler, self.filler_for = filler, filler_for
+        self.filler_said = ""  # said at a call's opener, not yet named by its CallStarted
         self.spoken = SpokenReply(strip=speech, max_sentences=max_sentences) if speech else None
         self.max_sentences = max_sentences
         self.made = set(made)  # call_key of the calls the turn has made (one call per need)
@@ -104,6 +106,15 @@ class ReplyStream:
         """Add the text of ``tokens`` sampled tokens; the meta of the messages to send (at least one)."""
         was_in_block = self.parser is not None and self.parser.in_block
         segments = self.parser.push(delta) if self.parser else [("text", delta)]
+        opened = self.parser is not None and not was_in_block and self.parser.in_block
+        if opened and self.filler and self.filler_for is None:  # any call gets it: say it at the opener
+            self.filler_said, self.filler = self.filler, ""
+            metas = self.push_segments(segments, tokens, was_in_block)
+            if self.spoken is not None:  # what was said before the call is complete, then the filler
+                metas[-1]["text"] += self.spoken.finish("stop")
+                self.spoken = SpokenReply(self.spoken.md is not None, self.max_sentences)
+            metas[-1]["text"] += self.filler_said + " "
+            return metas
         return self.push_segments(segments, tokens, was_in_block)
 
     def push_segments(self, segments: list, tokens: int = 0, was_in_block: bool = False) -> list[dict]:
@@ -138,6 +149,10 @@ class ReplyStream:
             reason = "tool_calls"
         return metas, reason
 
+    def _fills(self, name: str) -> bool:
+        """Whether a call of ``name`` gets the filler (``filler_for`` ``None``: every call)."""
+        return self.filler_for is None or name in self.filler_for
+
     def _say(self, text: str) -> str:
         return self.spoken.push(text) if self.spoken else text
 
@@ -165,7 +180,9 @@ class ReplyStream:
             if out[-1]["text"] or any(EVENT_KEYS.index(k) >= rank for k in out[-1] if k in EVENT_KEYS):
                 out.append({"text": ""})  # each message: events in EVENT_KEYS order, then text
             out[-1][key] = value
-            if key == STARTED and self.filler and value.name in self.filler_for:
+            if key == STARTED and self.filler_said:  # said at its opener
+                value.filler, self.filler_said = self.filler_said, ""
+            elif key == STARTED and self.filler and self._fills(value.name):
                 value.filler, self.filler = self.filler, ""  # once per reply
                 out[-1]["text"] += value.filler + " "
         return out
