@@ -228,7 +228,7 @@ def _import(src: Path, out_dir: Path, sha256: str | None, replace: bool) -> Path
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
-        kinds = _write_shards(reader, meta, src, tmp)
+        kinds = _write_shards(names, meta, src, tmp)
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         tokenizer.save(str(tmp / "tokenizer.json"))
         (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
@@ -268,31 +268,31 @@ SHARD_BYTES = 1 << 30
 not dequantised into 6 GB of memory at once (Hugging Face's ``max_shard_size`` layout and index)."""
 
 
-def _write_shards(reader, meta: GGUFMeta, src: Path, out: Path) -> Counter:
-    """Dequantise ``reader``'s tensors into ``out`` as float32 safetensors under HF names, one shard of at
-    most :data:`SHARD_BYTES` in memory at a time: ``model.safetensors`` when one shard holds them all, else
-    ``model-0000k-of-0000n.safetensors`` + ``model.safetensors.index.json``. Returns the count of source
-    tensors per GGML type."""
+def _write_shards(names: dict, meta: GGUFMeta, src: Path, out: Path) -> Counter:
+    """Dequantise the GGUF tensors ``names`` (HF name → GGUF tensor) into ``out`` as float32 safetensors,
+    one shard of at most :data:`SHARD_BYTES` in memory at a time: ``model.safetensors`` when one shard holds
+    them all, else ``model-0000k-of-0000n.safetensors`` + ``model.safetensors.index.json``. Returns the count
+    of source tensors per GGML type."""
     arch = meta.need("general.architecture")
     heads = int(meta.need(f"{arch}.attention.head_count"))
     kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
     permuted = arch in _PERMUTED_ROPE
-    shards: list[list] = [[]]
+    sizes = {name: 4 * int(np.prod([int(n) for n in t.shape.tolist()])) for name, t in names.items()}
+    shards: list[list[str]] = [[]]
     size = 0
-    for t in reader.tensors:
-        nbytes = 4 * int(np.prod([int(n) for n in t.shape.tolist()]))
+    for name, nbytes in sizes.items():
         if shards[-1] and size + nbytes > SHARD_BYTES:
             shards.append([])
             size = 0
-        shards[-1].append(t)
+        shards[-1].append(name)
         size += nbytes
     kinds: Counter = Counter()
     weight_map: dict[str, str] = {}
     for k, group in enumerate(shards, 1):
         fname = "model.safetensors" if len(shards) == 1 else f"model-{k:05d}-of-{len(shards):05d}.safetensors"
         part: dict[str, torch.Tensor] = {}
-        for t in group:
-            name = _hf_name(t.name, src)
+        for name in group:
+            t = names[name]
             w = _dequantize(t, src)
             if permuted and ".self_attn.q_proj." in name:
                 w = unpermute_rope_rows(w, heads)
@@ -304,8 +304,8 @@ def _write_shards(reader, meta: GGUFMeta, src: Path, out: Path) -> Counter:
         save_file(part, str(out / fname), metadata={"format": "pt"})
         del part
     if len(shards) > 1:
-        index = {"metadata": {"total_size": 4 * sum(int(np.prod(t.shape.tolist())) for t in reader.tensors)}}
-        (out / INDEX_FILE).write_text(json.dumps({**index, "weight_map": weight_map}, indent=2))
+        index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
+        (out / INDEX_FILE).write_text(json.dumps(index, indent=2))
     return kinds
 
 

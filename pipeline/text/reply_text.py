@@ -110,10 +110,7 @@ class ReplyStream:
         if opened and self.filler and self.filler_for is None:  # any call gets it: say it at the opener
             self.filler_said, self.filler = self.filler, ""
             metas = self.push_segments(segments, tokens, was_in_block)
-            if self.spoken is not None:  # what was said before the call is complete, then the filler
-                metas[-1]["text"] += self.spoken.finish("stop")
-                self.spoken = SpokenReply(self.spoken.md is not None, self.max_sentences)
-            metas[-1]["text"] += self.filler_said + " "
+            metas[-1]["text"] += self._before_call() + self.filler_said + " "
             return metas
         return self.push_segments(segments, tokens, was_in_block)
 
@@ -149,6 +146,14 @@ class ReplyStream:
             reason = "tool_calls"
         return metas, reason
 
+    def _before_call(self) -> str:
+        """The rest of what was said before a call, complete (the spoken text starts afresh after it)."""
+        if self.spoken is None:
+            return ""
+        rest = self.spoken.finish("stop")
+        self.spoken = SpokenReply(self.spoken.md is not None, self.max_sentences)
+        return rest
+
     def _fills(self, name: str) -> bool:
         """Whether a call of ``name`` gets the filler (``filler_for`` ``None``: every call)."""
         return self.filler_for is None or name in self.filler_for
@@ -162,9 +167,8 @@ class ReplyStream:
             if key == "text":
                 out[-1]["text"] += self._say(value)
                 continue
-            if key == STARTED and self.spoken is not None:  # what was said before the call is complete
-                out[-1]["text"] += self.spoken.finish("stop")
-                self.spoken = SpokenReply(self.spoken.md is not None, self.max_sentences)
+            if key == STARTED:
+                out[-1]["text"] += self._before_call()
             if key == DONE and self.max_calls == 0:  # tool_choice none: a block written anyway is no call
                 refused = "no tool call is allowed in this reply"
                 key, value = FAILED, CallFailed(value.call_id, value.name, refused)
